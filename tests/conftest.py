@@ -1,0 +1,30 @@
+"""Shared fixtures. Everything here runs on CPU; no test touches CUDA at collection time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vitfast
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def tiny_config(**overrides) -> vitfast.ViTConfig:
+    """A small ViT (32x32 images, 8x8 patches, 2 blocks) for fast tests."""
+    fields = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=7)
+    fields.update(overrides)
+    return vitfast.ViTConfig(**fields)
+
+
+def randomize(model: torch.nn.Module, scale: float = 0.05) -> torch.nn.Module:
+    """Give every parameter non-trivial random values (norm scales around 1, everything else
+    around 0), so a parameter loaded into the wrong place changes the output."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            is_norm_scale = p.ndim == 1 and "norm" in name and name.endswith("weight")
+            p.copy_((1.0 if is_norm_scale else 0.0) + scale * torch.randn_like(p))
+    return model

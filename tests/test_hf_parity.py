@@ -1,0 +1,99 @@
+"""Parity against Hugging Face `transformers`: random HF models saved with `save_pretrained`,
+loaded by vitfast, logits compared in fp32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vitfast
+
+transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e .[test])")
+
+ATOL = 1e-5
+
+
+def _hf_vit(**kw):
+    cfg = transformers.ViTConfig(**kw)
+    model = transformers.ViTForImageClassification(cfg).eval()
+    with torch.no_grad():  # HF inits LayerNorm to (1, 0) and biases to 0: perturb them all
+        for name, p in model.named_parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return model
+
+
+HF_CONFIGS = {
+    "base-like": dict(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                      intermediate_size=256, num_labels=10, qkv_bias=True),
+    "no-qkv-bias-tanh": dict(image_size=48, patch_size=16, hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
+                             intermediate_size=200, num_labels=5, qkv_bias=False, hidden_act="gelu_pytorch_tanh",
+                             layer_norm_eps=1e-6),
+    "patch4-2ch": dict(image_size=24, patch_size=4, num_channels=2, hidden_size=32, num_hidden_layers=2,
+                       num_attention_heads=2, intermediate_size=64, num_labels=3),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(HF_CONFIGS))
+def test_hf_directory_logits_match(tmp_path, name):
+    hf = _hf_vit(**HF_CONFIGS[name])
+    hf.save_pretrained(tmp_path)
+    model = vitfast.load_checkpoint(tmp_path)
+    c = hf.config
+    assert model.config.embed_dim == c.hidden_size and model.config.num_heads == c.num_attention_heads
+    assert model.config.qkv_bias == c.qkv_bias and model.config.norm_eps == c.layer_norm_eps
+    x = torch.randn(3, c.num_channels, c.image_size, c.image_size)
+    with torch.no_grad():
+        expected = hf(pixel_values=x).logits
+        got = model(x)
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+
+def test_hf_state_dict_alone_loads(tmp_path):
+    """A bare HF state dict (transformers 5 in-memory names, no config.json): the config is read
+    off the shapes with HF's eps 1e-12; the head count cannot be, so it warns and takes config=."""
+    hf = _hf_vit(**HF_CONFIGS["base-like"])
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    with pytest.warns(UserWarning, match="num_heads cannot be read"):
+        guessed = vitfast.load_checkpoint(tmp_path / "pytorch_model.bin")
+    assert guessed.config.norm_eps == 1e-12 and guessed.config.num_classes == 10
+    model = vitfast.load_checkpoint(tmp_path / "pytorch_model.bin", config=guessed.config.replace(num_heads=4))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(pixel_values=x).logits, atol=ATOL, rtol=0)
+
+
+def test_hf_higher_resolution_matches_interpolate_pos_encoding(tmp_path):
+    hf = _hf_vit(**HF_CONFIGS["base-like"])
+    hf.save_pretrained(tmp_path)
+    model = vitfast.load_checkpoint(tmp_path, img_size=56)
+    assert model.pos_embed.shape[1] == 1 + 7 * 7
+    x = torch.randn(2, 3, 56, 56)
+    with torch.no_grad():
+        expected = hf(pixel_values=x, interpolate_pos_encoding=True).logits
+        got = model(x)
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+
+def test_hf_deit_distilled_matches(tmp_path):
+    cfg = transformers.DeiTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=128, num_labels=6)  # fmt: skip
+    hf = transformers.DeiTForImageClassificationWithTeacher(cfg).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    hf.save_pretrained(tmp_path)
+    model = vitfast.load_checkpoint(tmp_path)
+    assert model.config.distilled
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(pixel_values=x).logits, atol=ATOL, rtol=0)
+
+
+def test_hf_preprocessor_config_is_read(tmp_path):
+    hf = _hf_vit(**HF_CONFIGS["base-like"])
+    hf.save_pretrained(tmp_path)
+    processor = transformers.ViTImageProcessor(image_mean=[0.1, 0.2, 0.3], image_std=[0.4, 0.5, 0.6], size=32)
+    processor.save_pretrained(tmp_path)
+    cfg = vitfast.load_checkpoint(tmp_path).config
+    assert cfg.mean == (0.1, 0.2, 0.3) and cfg.std == (0.4, 0.5, 0.6)
+    assert cfg.interpolation == "bilinear" and cfg.crop_pct == 1.0

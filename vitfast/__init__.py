@@ -1,0 +1,30 @@
+"""vitfast: fast, faithful Vision Transformer inference.
+
+Reference ViT/DeiT/hybrid models in plain PyTorch that load timm and Hugging Face checkpoints
+exactly, plus (as they land) Triton kernels, ONNX/TensorRT export, benchmarks and serving.
+"""
+
+__version__ = "0.1.0"
+
+from .checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from .config import ViTConfig  # noqa: E402
+from .errors import CheckpointError, ConfigError, InputError, VitfastError  # noqa: E402
+from .model import VisionTransformer  # noqa: E402
+from .preprocessing import preprocess  # noqa: E402
+from .registry import create_model, get_config, list_models  # noqa: E402
+
+__all__ = [
+    "__version__",
+    "ViTConfig",
+    "VisionTransformer",
+    "create_model",
+    "get_config",
+    "list_models",
+    "load_checkpoint",
+    "save_checkpoint",
+    "preprocess",
+    "VitfastError",
+    "ConfigError",
+    "CheckpointError",
+    "InputError",
+]

@@ -1,0 +1,231 @@
+"""Loading and saving checkpoints: vitfast, timm and Hugging Face formats, auto-detected.
+
+Nothing pickled is ever executed: `.pth`/`.bin` files go through `torch.load(weights_only=True)`
+and safetensors is preferred everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from . import __version__
+from .config import ViTConfig
+from .convert import StateDict, detect_format, hf_config_to_vit, hf_to_timm, infer_timm_config
+from .errors import CheckpointError, ConfigError
+from .pos_embed import resample_pos_embed
+
+FORMAT_TAG = "vitfast"
+MAX_LISTED = 12  # keys shown per category in a mismatch error
+
+
+def save_checkpoint(model: torch.nn.Module, path: str | os.PathLike) -> Path:
+    """Write `model`'s weights as safetensors with its `ViTConfig` JSON in the metadata.
+
+    The file is written under a temporary name and renamed, so a failure leaves no partial file.
+    """
+    config = getattr(model, "config", None)
+    if not isinstance(config, ViTConfig):
+        raise ConfigError("save_checkpoint needs a vitfast model (one with a ViTConfig in .config)")
+    path = Path(path)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    metadata = {"format": FORMAT_TAG, "vitfast_version": __version__, "config": config.to_json()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    *,
+    config: ViTConfig | None = None,
+    img_size: int | tuple[int, int] | None = None,
+):
+    """Load a reference `VisionTransformer` (eval mode) from any supported checkpoint.
+
+    Formats, detected from the contents:
+      - vitfast: safetensors written by `save_checkpoint` (config in the metadata);
+      - timm: a state dict (`.pth`/`.bin`/`.safetensors`, keys like `blocks.0.attn.qkv.weight`),
+        config given or inferred from tensor shapes;
+      - Hugging Face: a `ViTForImageClassification`/`ViTModel`/DeiT directory (`config.json` and
+        `model.safetensors` or `pytorch_model.bin`, sharded or not) or such a state dict alone.
+    `config` overrides the detected config. `img_size` (or a config whose patch grid differs
+    from the checkpoint's) resizes the position embeddings bicubically over the patch grid,
+    keeping class/distillation/register tokens apart: timm's antialiased resize for timm and
+    vitfast checkpoints, Hugging Face's `interpolate_pos_encoding` for HF ones.
+    """
+    from .model import VisionTransformer
+
+    path = Path(path)
+    source_cfg, sd, fmt = _read(path)
+    if config is not None:
+        if not isinstance(config, ViTConfig):
+            raise ConfigError(f"config must be a ViTConfig, got {type(config).__name__}")
+        cfg = config
+    else:
+        cfg = source_cfg
+    if img_size is not None:
+        cfg = cfg.replace(img_size=img_size)
+    if "pos_embed" in sd:
+        sd["pos_embed"] = _fit_pos_embed(sd["pos_embed"], source_cfg, cfg, antialias=fmt != "hf")
+    model = VisionTransformer(cfg)
+    _check_keys(sd, model.state_dict(), path, cfg)
+    model.load_state_dict(sd, strict=True)
+    return model.eval()
+
+
+# ---------------------------------------------------------------------------- reading
+def _read(path: Path) -> tuple[ViTConfig, StateDict, str]:
+    """(config stored or inferred, state dict in timm names, 'vitfast' | 'timm' | 'hf')."""
+    if path.is_dir():
+        return _read_hf_dir(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    sd, metadata = _read_tensors(path)
+    if metadata.get("format") == FORMAT_TAG and "config" in metadata:
+        try:
+            return ViTConfig.from_json(metadata["config"]), sd, FORMAT_TAG
+        except ConfigError as exc:
+            raise CheckpointError(f"{path}: the config stored in this vitfast checkpoint is invalid: {exc}") from None
+    sd = _unwrap(sd)
+    if detect_format(sd) == "hf":
+        sd = hf_to_timm(sd)
+        return infer_timm_config(sd, norm_eps=1e-12), sd, "hf"  # HF's default layer_norm_eps
+    return infer_timm_config(sd), sd, "timm"
+
+
+def _read_hf_dir(path: Path) -> tuple[ViTConfig, StateDict, str]:
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise CheckpointError(f"{path} is a directory without config.json; expected a Hugging Face model directory")
+    sd: StateDict = {}
+    if (path / "model.safetensors").exists():
+        sd = _read_tensors(path / "model.safetensors")[0]
+    elif (path / "model.safetensors.index.json").exists():
+        index = _read_json(path / "model.safetensors.index.json")
+        for shard in sorted(set(index.get("weight_map", {}).values())):
+            sd.update(_read_tensors(path / shard)[0])
+    elif (path / "pytorch_model.bin").exists():
+        sd = _read_tensors(path / "pytorch_model.bin")[0]
+    else:
+        raise CheckpointError(f"{path} has config.json but no model.safetensors or pytorch_model.bin")
+    if detect_format(sd) != "hf":
+        raise CheckpointError(f"{path}: the weights next to config.json are not Hugging Face ViT weights")
+    sd = hf_to_timm(sd)
+    pre_file = path / "preprocessor_config.json"
+    pre = _read_json(pre_file) if pre_file.exists() else None
+    return hf_config_to_vit(_read_json(cfg_file), pre, sd), sd, "hf"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is not readable JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} must hold a JSON object")
+    return data
+
+
+def _read_tensors(path: Path) -> tuple[StateDict, dict[str, str]]:
+    """Tensors and safetensors metadata; the container is sniffed, not guessed from the suffix."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if len(head) < 8:
+        raise CheckpointError(f"{path} is empty or truncated ({len(head)} bytes); re-download or re-save it")
+    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":  # torch zip archive or legacy pickle
+        return _torch_load(path), {}
+    try:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(
+            f"{path} is not a readable checkpoint (neither safetensors nor a torch file: {_first_line(exc)}); "
+            "it may be truncated or corrupt: re-download or re-save it"
+        ) from None
+
+
+def _torch_load(path: Path) -> StateDict:
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for bad archives; all mean the same here
+        msg = _first_line(exc)
+        if "Weights only load failed" in str(exc):
+            raise CheckpointError(
+                f"refusing to load {path}: it contains pickled objects other than tensors, and vitfast never "
+                "executes pickled code; re-save just the state dict (or safetensors) from a trusted environment"
+            ) from None
+        raise CheckpointError(f"{path} is corrupt or truncated ({msg}); re-download or re-save it") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path} holds a {type(obj).__name__}, not a state dict of tensors")
+    return obj
+
+
+def _unwrap(obj: dict[str, Any]) -> StateDict:
+    """Training checkpoints nest the weights ('model', 'state_dict', ...) and DDP prefixes 'module.'."""
+    for key in ("model", "state_dict", "model_state_dict", "model_ema"):
+        if isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    sd = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    if sd and all(k.startswith("module.") for k in sd):
+        sd = {k[len("module.") :]: v for k, v in sd.items()}
+    return sd
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+# ---------------------------------------------------------------------------- fitting
+def _fit_pos_embed(pos: torch.Tensor, src: ViTConfig, dst: ViTConfig, *, antialias: bool) -> torch.Tensor:
+    """Resample position embeddings when the target patch grid differs from the source's."""
+    prefix = 0 if dst.no_embed_class else dst.num_prefix_tokens
+    n_grid = pos.shape[1] - prefix
+    if src.num_patches == n_grid:
+        old_grid = src.grid_size
+    elif n_grid > 0 and math.isqrt(n_grid) ** 2 == n_grid:
+        old_grid = (math.isqrt(n_grid),) * 2
+    else:
+        return pos  # does not fit at all: _check_keys reports the shape mismatch
+    if old_grid == dst.grid_size:
+        return pos
+    return resample_pos_embed(pos, dst.grid_size, num_prefix_tokens=prefix, old_grid=old_grid, antialias=antialias)
+
+
+def _check_keys(sd: StateDict, expected: StateDict, path: Path, cfg: ViTConfig) -> None:
+    missing = [k for k in expected if k not in sd]
+    unexpected = [k for k in sd if k not in expected]
+    mismatched = [
+        f"{k} (checkpoint {list(sd[k].shape)} vs model {list(expected[k].shape)})"
+        for k in expected
+        if k in sd and sd[k].shape != expected[k].shape
+    ]
+    if not (missing or unexpected or mismatched):
+        return
+    parts = []
+    for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", mismatched)):
+        if keys:
+            shown = ", ".join(keys[:MAX_LISTED]) + (f", ... ({len(keys) - MAX_LISTED} more)" if len(keys) > MAX_LISTED else "")
+            parts.append(f"{len(keys)} {label}: {shown}")
+    name = cfg.name or f"embed_dim={cfg.embed_dim}, depth={cfg.depth}, num_classes={cfg.num_classes}"
+    raise CheckpointError(
+        f"{path} does not fit the model ({name}): " + "; ".join(parts)
+        + ". Pass the matching config= (or let vitfast infer it by passing none)"
+    )

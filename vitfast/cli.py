@@ -1,0 +1,112 @@
+"""`vitfast` command line. User errors: one line on stderr, exit code 2 (`--debug` for the traceback)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from typing import Any
+
+from . import __version__
+from .errors import ConfigError, VitfastError
+
+
+def console():
+    """A rich console; when piped, wide enough that tables are not squeezed into ellipses."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .info import collect
+
+    info = collect()
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"vitfast {info['vitfast']} on Python {info['python']}", show_header=False)
+    for name, version in info["versions"].items():
+        table.add_row(name, version or "[dim]not installed[/dim]")
+    gpu = info["gpu"]
+    table.add_row("GPU", f"{gpu['name']} (compute capability {gpu['compute_capability']}, CUDA {gpu['cuda']})" if gpu["available"] else "no GPU")
+    table.add_row("TensorRT", "available" if info["tensorrt_available"] else "not installed (pip install tensorrt, on a machine with an NVIDIA GPU)")
+    table.add_row("Triton interpreter", "on (TRITON_INTERPRET=1)" if info["triton_interpret"] else "off")
+    console().print(table)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from .flops import count_macs, count_params
+    from .registry import get_config, list_models
+
+    names = list_models(args.filter)
+    if not names:
+        raise ConfigError(f"no registered model matches {args.filter!r}; run `vitfast models` to see them all")
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        cfg = get_config(name)
+        macs = count_macs(cfg)
+        rows.append(
+            dict(
+                name=name, params_m=round(count_params(cfg) / 1e6, 3), gmacs=round(macs / 1e9, 3),
+                gflops=round(2 * macs / 1e9, 3), img_size=cfg.img_size, patch_size=cfg.patch_size,
+                embed_dim=cfg.embed_dim, depth=cfg.depth, num_heads=cfg.num_heads, num_classes=cfg.num_classes,
+            )
+        )  # fmt: skip
+    if args.json:
+        print(json.dumps({"models": rows}))
+        return 0
+    from rich.table import Table
+
+    table = Table(title="vitfast models (GFLOPs = 2 x GMACs, one image)")
+    table.add_column("name", no_wrap=True)
+    for col in ("params M", "GMACs", "GFLOPs", "img", "patch", "dim", "depth", "heads", "classes"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            r["name"], f"{r['params_m']:.2f}", f"{r['gmacs']:.2f}", f"{r['gflops']:.2f}", str(r["img_size"]),
+            str(r["patch_size"]), str(r["embed_dim"]), str(r["depth"]), str(r["num_heads"]), str(r["num_classes"]),
+        )  # fmt: skip
+    console().print(table)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vitfast", description="Fast, faithful Vision Transformer inference.")
+    parser.add_argument("--version", action="version", version=f"vitfast {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("info", parents=[common], help="versions, GPU and compute capability, TensorRT, interpreter mode")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("models", parents=[common], help="registered variants with parameters and GFLOPs")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--filter", metavar="PATTERN", help="shell-style name filter, e.g. 'deit*'")
+    p.set_defaults(func=cmd_models)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except VitfastError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"vitfast: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("vitfast: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""`ViTConfig`: one frozen, validated description of a Vision Transformer.
+
+Field names follow timm's `VisionTransformer` arguments (`img_size`, `patch_size`, `embed_dim`,
+...) and timm's preprocessing names (`mean`, `std`, `crop_pct`, `interpolation`), so a timm user
+can read a config at a glance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+INCEPTION_MEAN = (0.5, 0.5, 0.5)  # timm's name for the [-1, 1] normalisation of the original ViT
+INCEPTION_STD = (0.5, 0.5, 0.5)
+
+GLOBAL_POOLS = ("token", "avg")
+ACT_LAYERS = ("gelu", "gelu_tanh")
+INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """A ViT / DeiT / hybrid ViT. Validated on construction; round-trips through JSON.
+
+    `patch_size` is the total stride from pixels to tokens. For a hybrid model
+    (`hybrid_layers` set) the ResNet-v2 stem reduces by `4 * 2**(len(hybrid_layers) - 1)`
+    and the projection's kernel covers the rest (1 for timm's `*_r50_s16_*`).
+    """
+
+    img_size: int | tuple[int, int] = 224
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    global_pool: str = "token"
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    init_values: float | None = None  # LayerScale init (DeiT-III); None = no layer scale
+    class_token: bool = True
+    distilled: bool = False  # DeiT distillation token and second head
+    reg_tokens: int = 0  # register tokens (Darcet et al. 2023)
+    no_embed_class: bool = False  # position embeddings cover patches only (DeiT-III, reg models)
+    fc_norm: bool | None = None  # None: timm's rule, norm after pooling iff global_pool == "avg"
+    representation_size: int | None = None  # pre-logits Linear + tanh of the original ViT head
+    norm_eps: float = 1e-6
+    act_layer: str = "gelu"  # "gelu" (erf) or "gelu_tanh"
+    drop_rate: float = 0.0
+    pos_drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    proj_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    hybrid_layers: tuple[int, ...] | None = None  # ResNet-v2 stage depths, e.g. (3, 4, 9) for R50
+    mean: tuple[float, ...] = INCEPTION_MEAN
+    std: tuple[float, ...] = INCEPTION_STD
+    crop_pct: float = 0.9
+    interpolation: str = "bicubic"
+    name: str | None = field(default=None, compare=False)  # registry name it came from, if any
+
+    def __post_init__(self) -> None:
+        # Normalise JSON lists into tuples so equal configs compare and hash equal.
+        if isinstance(self.img_size, (list, tuple)):
+            object.__setattr__(self, "img_size", tuple(int(s) for s in self.img_size))
+        for name in ("mean", "std"):
+            values = tuple(float(v) for v in getattr(self, name))
+            if len(values) != self.in_chans and len(set(values)) == 1:
+                values = values[:1] * self.in_chans  # a uniform normalisation fits any channel count
+            object.__setattr__(self, name, values)
+        if self.hybrid_layers is not None:
+            object.__setattr__(self, "hybrid_layers", tuple(int(d) for d in self.hybrid_layers))
+        self._validate()
+
+    # ---------------------------------------------------------------- derived sizes
+    @property
+    def img_hw(self) -> tuple[int, int]:
+        return (self.img_size, self.img_size) if isinstance(self.img_size, int) else self.img_size
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        h, w = self.img_hw
+        return h // self.patch_size, w // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        gh, gw = self.grid_size
+        return gh * gw
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return int(self.class_token) + int(self.distilled) + self.reg_tokens
+
+    @property
+    def seq_len(self) -> int:
+        return self.num_patches + self.num_prefix_tokens
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    @property
+    def mlp_hidden(self) -> int:
+        return int(round(self.embed_dim * self.mlp_ratio))
+
+    @property
+    def use_fc_norm(self) -> bool:
+        return self.global_pool == "avg" if self.fc_norm is None else self.fc_norm
+
+    @property
+    def hybrid_reduction(self) -> int:
+        """Stride of the ResNet-v2 stem (1 for a plain ViT)."""
+        if self.hybrid_layers is None:
+            return 1
+        return 4 * 2 ** (len(self.hybrid_layers) - 1)
+
+    # ---------------------------------------------------------------- validation
+    def _validate(self) -> None:
+        def bad(msg: str) -> None:
+            raise ConfigError(f"invalid ViTConfig{f' {self.name!r}' if self.name else ''}: {msg}")
+
+        hw = self.img_hw
+        if len(hw) != 2 or min(hw) <= 0:
+            bad(f"img_size must be a positive int or (height, width), got {self.img_size!r}")
+        for key in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) <= 0:
+                bad(f"{key} must be a positive integer, got {getattr(self, key)!r}")
+        if hw[0] % self.patch_size or hw[1] % self.patch_size:
+            fit = [s // self.patch_size * self.patch_size or self.patch_size for s in hw]
+            bad(
+                f"img_size {hw[0]}x{hw[1]} is not divisible by patch_size {self.patch_size}; "
+                f"use a multiple of {self.patch_size}, e.g. img_size={fit[0] if fit[0] == fit[1] else tuple(fit)}"
+            )
+        if self.embed_dim % self.num_heads:
+            divisors = [h for h in range(1, self.embed_dim + 1) if self.embed_dim % h == 0]
+            close = sorted(divisors, key=lambda h: abs(h - self.num_heads))[:3]
+            bad(
+                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}; "
+                f"num_heads that divide it: {', '.join(map(str, sorted(close)))}"
+            )
+        if self.num_classes < 0:
+            bad(f"num_classes must be >= 0 (0 = no classifier), got {self.num_classes}")
+        if self.mlp_ratio <= 0 or self.mlp_hidden <= 0:
+            bad(f"mlp_ratio must be > 0, got {self.mlp_ratio}")
+        if self.global_pool not in GLOBAL_POOLS:
+            bad(f"global_pool must be one of {GLOBAL_POOLS}, got {self.global_pool!r}")
+        if self.global_pool == "token" and not self.class_token:
+            bad('global_pool="token" needs class_token=True; use global_pool="avg" without a class token')
+        if self.distilled and not (self.class_token and self.global_pool == "token"):
+            bad('distilled (DeiT) models need class_token=True and global_pool="token"')
+        if self.reg_tokens < 0:
+            bad(f"reg_tokens must be >= 0, got {self.reg_tokens}")
+        if self.act_layer not in ACT_LAYERS:
+            bad(f"act_layer must be one of {ACT_LAYERS}, got {self.act_layer!r}")
+        if self.interpolation not in INTERPOLATIONS:
+            bad(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
+        if not 0 < self.crop_pct <= 1:
+            bad(f"crop_pct must be in (0, 1], got {self.crop_pct}")
+        if not self.norm_eps > 0:
+            bad(f"norm_eps must be > 0, got {self.norm_eps}")
+        for key in ("drop_rate", "pos_drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate"):
+            if not 0 <= getattr(self, key) < 1:
+                bad(f"{key} must be in [0, 1), got {getattr(self, key)}")
+        if len(self.mean) != self.in_chans or len(self.std) != self.in_chans:
+            bad(
+                f"mean and std need one value per input channel ({self.in_chans}), got {self.mean} and {self.std}; "
+                f"pass mean= and std= with {self.in_chans} values"
+            )
+        if any(s <= 0 for s in self.std):
+            bad(f"std values must be > 0, got {self.std}")
+        if self.representation_size is not None and self.representation_size <= 0:
+            bad(f"representation_size must be > 0 or None, got {self.representation_size}")
+        if self.representation_size is not None and self.distilled:
+            bad("representation_size (pre-logits) is not supported together with distilled=True")
+        if self.hybrid_layers is not None:
+            if not self.hybrid_layers or any(d <= 0 for d in self.hybrid_layers):
+                bad(f"hybrid_layers must be one or more positive stage depths, got {self.hybrid_layers}")
+            if self.patch_size % self.hybrid_reduction:
+                bad(
+                    f"patch_size {self.patch_size} must be a multiple of the hybrid stem's stride "
+                    f"{self.hybrid_reduction} (hybrid_layers={self.hybrid_layers})"
+                )
+
+    # ---------------------------------------------------------------- (de)serialisation
+    def replace(self, **overrides: Any) -> "ViTConfig":
+        """A copy with some fields changed (unknown field names raise `ConfigError`)."""
+        check_field_names(overrides)
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        for key, value in out.items():
+            if isinstance(value, tuple):
+                out[key] = list(value)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ViTConfig":
+        check_field_names(data)
+        return cls(**data)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ViTConfig":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"config is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config JSON must be an object, got {type(data).__name__}")
+        return cls.from_dict(data)
+
+
+FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ViTConfig))
+
+
+def check_field_names(data: dict[str, Any]) -> None:
+    unknown = [k for k in data if k not in FIELD_NAMES]
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, FIELD_NAMES, n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ConfigError(f"unknown ViTConfig field(s): {', '.join(hints)}")

@@ -1,0 +1,22 @@
+"""User-facing errors.
+
+Every error a user can cause (bad config, bad checkpoint, bad input) is a `VitfastError`; the CLI
+prints its message as one line and exits 2. Each also subclasses the builtin a Python caller
+would expect (`ValueError`, ...), so `except ValueError` keeps working.
+"""
+
+
+class VitfastError(Exception):
+    """Base class: a problem the user can fix; the message says what and how."""
+
+
+class ConfigError(VitfastError, ValueError):
+    """An invalid model configuration or an unknown model name."""
+
+
+class CheckpointError(VitfastError, ValueError):
+    """A checkpoint that cannot be read, is unsafe, or does not fit the model."""
+
+
+class InputError(VitfastError, ValueError):
+    """Images of the wrong shape, dtype or channel count."""

@@ -1,0 +1,70 @@
+"""Parameter and multiply-accumulate counts from a config alone (no weights, no forward pass).
+
+MACs count the matrix products (linear layers, convolutions, q k^T and attn v); GFLOPs = 2 x GMACs.
+Normalisation, softmax and activations are left out, as fvcore/timm and most papers do.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import ViTConfig
+
+
+def count_params(config: ViTConfig) -> int:
+    """Exact parameter count, built on the meta device (no memory is allocated)."""
+    from .model import VisionTransformer
+
+    with torch.device("meta"):
+        model = VisionTransformer(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def count_macs(config: ViTConfig) -> int:
+    """Multiply-accumulates of one forward pass for one image."""
+    c = config
+    dim, n_tokens = c.embed_dim, c.seq_len
+    if c.hybrid_layers is None:
+        macs = c.num_patches * c.in_chans * c.patch_size**2 * dim
+    else:
+        macs, feat_hw, feat_ch = _resnet_macs(c)
+        k = c.patch_size // c.hybrid_reduction
+        macs += c.num_patches * feat_ch * k * k * dim
+    per_block = (
+        n_tokens * dim * 3 * dim  # qkv projection
+        + 2 * n_tokens * n_tokens * dim  # q k^T and attn v, all heads
+        + n_tokens * dim * dim  # output projection
+        + 2 * n_tokens * dim * c.mlp_hidden  # fc1 and fc2
+    )
+    macs += c.depth * per_block
+    head_in = dim
+    if c.representation_size:
+        macs += dim * c.representation_size
+        head_in = c.representation_size
+    macs += head_in * c.num_classes * (2 if c.distilled else 1)
+    return macs
+
+
+def _conv_out(size: int, stride: int) -> int:
+    return -(-size // stride)  # TF 'SAME' padding: ceil(size / stride)
+
+
+def _resnet_macs(c: ViTConfig) -> tuple[int, tuple[int, int], int]:
+    """(MACs, feature map size, channels) of the hybrid ResNet-v2 stem."""
+    h, w = c.img_hw
+    h, w = _conv_out(h, 2), _conv_out(w, 2)
+    macs = h * w * c.in_chans * 64 * 49  # 7x7/2 stem conv
+    h, w = _conv_out(h, 2), _conv_out(w, 2)  # 3x3/2 max-pool
+    chs = 64
+    for i, depth in enumerate(c.hybrid_layers):
+        out_chs, mid = 256 * 2**i, 64 * 2**i
+        for b in range(depth):
+            stride = 2 if (i > 0 and b == 0) else 1
+            oh, ow = _conv_out(h, stride), _conv_out(w, stride)
+            if b == 0:
+                macs += oh * ow * chs * out_chs  # 1x1 projection shortcut
+            macs += h * w * chs * mid  # conv1 1x1
+            macs += oh * ow * mid * mid * 9  # conv2 3x3 (strided)
+            macs += oh * ow * mid * out_chs  # conv3 1x1
+            h, w, chs = oh, ow, out_chs
+    return macs, (h, w), chs

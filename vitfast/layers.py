@@ -1,0 +1,169 @@
+"""Reference ViT layers in plain PyTorch (timm's parameter names, so checkpoints map 1:1).
+
+Shapes: B batch, N tokens, C = embed_dim, H heads, D = C // H head_dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import InputError
+
+
+class PatchEmbed(nn.Module):
+    """Image [B, in_chans, H, W] -> patch tokens [B, N, C] with a stride = kernel = patch Conv2d."""
+
+    def __init__(self, img_size: tuple[int, int], patch_size: int, in_chans: int, embed_dim: int):
+        super().__init__()
+        self.img_size = img_size
+        self.in_chans = in_chans
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_image_shape(x, self.in_chans, self.img_size)
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+def check_image_shape(x: torch.Tensor, in_chans: int, img_size: tuple[int, int]) -> None:
+    """Raise `InputError` naming the expected shape (shape checks are static under tracing)."""
+    if x.ndim != 4:
+        raise InputError(
+            f"expected images as a [B, {in_chans}, {img_size[0]}, {img_size[1]}] float tensor, "
+            f"got {x.ndim} dims {tuple(x.shape)}; uint8 [B, H, W, 3] images go through vitfast.preprocess first"
+        )
+    if not x.is_floating_point():
+        raise InputError(
+            f"expected normalised float images, got dtype {x.dtype}; uint8 [B, H, W, 3] images go through "
+            f"vitfast.preprocess (resize, crop, mean/std) first"
+        )
+    if x.shape[1] != in_chans:
+        raise InputError(
+            f"expected {in_chans} input channels, got {x.shape[1]} (shape {tuple(x.shape)}); "
+            f"images must be [B, C, H, W] with C = {in_chans}"
+        )
+    if tuple(x.shape[2:]) != tuple(img_size):
+        raise InputError(
+            f"expected images of {img_size[0]}x{img_size[1]}, got {x.shape[2]}x{x.shape[3]}; resize the "
+            f"input, or load the checkpoint with img_size={x.shape[2] if x.shape[2] == x.shape[3] else tuple(x.shape[2:])} "
+            f"to resize the position embeddings"
+        )
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with one fused qkv Linear.
+
+    Two paths with the same math: `F.scaled_dot_product_attention` (default) and an explicit
+    softmax(q k^T / sqrt(D)) v that can return the attention probabilities and exports to ONNX
+    as plain MatMul/Softmax. `fused_attn = False` selects the explicit path.
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.fused_attn = True
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        """x [B, N, C] -> [B, N, C]; with `return_attention`, also probabilities [B, H, N, N]."""
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # each [B, H, N, D]
+        attn = None
+        if self.fused_attn and not return_attention:
+            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+        else:
+            attn = (q * self.scale) @ k.transpose(-2, -1)
+            attn = attn.softmax(dim=-1)
+            x = self.attn_drop(attn) @ v
+        x = self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, C)))
+        return (x, attn) if return_attention else x
+
+
+class Mlp(nn.Module):
+    """fc1 -> GELU (erf or tanh form) -> fc2, [B, N, C] -> [B, N, C]."""
+
+    def __init__(self, dim: int, hidden: int, act_layer: str = "gelu", drop: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU(approximate="tanh" if act_layer == "gelu_tanh" else "none")
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class LayerScale(nn.Module):
+    """Per-channel learned scale of a residual branch (Touvron et al., CaiT / DeiT-III)."""
+
+    def __init__(self, dim: int, init_values: float):
+        super().__init__()
+        self.gamma = nn.Parameter(init_values * torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+class DropPath(nn.Module):
+    """Stochastic depth per sample; the identity in eval mode."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.p
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x))."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_hidden: int,
+        *,
+        qkv_bias: bool = True,
+        init_values: float | None = None,
+        norm_eps: float = 1e-6,
+        act_layer: str = "gelu",
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        drop_path: float = 0.0,
+        attn_layer: type[nn.Module] = Attention,
+        mlp_layer: type[nn.Module] = Mlp,
+        norm_layer: type[nn.Module] = nn.LayerNorm,
+    ):
+        super().__init__()
+        self.norm1 = norm_layer(dim, eps=norm_eps)
+        self.attn = attn_layer(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop)
+        self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
+        self.drop_path1 = DropPath(drop_path)
+        self.norm2 = norm_layer(dim, eps=norm_eps)
+        self.mlp = mlp_layer(dim, mlp_hidden, act_layer=act_layer, drop=proj_drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
+        self.drop_path2 = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        """x [B, N, C] -> [B, N, C]; with `return_attention`, also [B, H, N, N] probabilities."""
+        attn = None
+        if return_attention:
+            y, attn = self.attn(self.norm1(x), return_attention=True)
+        else:
+            y = self.attn(self.norm1(x))
+        x = x + self.drop_path1(self.ls1(y))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return (x, attn) if return_attention else x

@@ -1,0 +1,146 @@
+"""The reference Vision Transformer (Dosovitskiy et al. 2021), with DeiT, DeiT-III, register and
+hybrid variants, in plain PyTorch.
+
+Parameter names are timm's, so `model.state_dict()` is a timm state dict. Layers are injected
+by class (`block_fn`, `attn_layer`, `mlp_layer`, `norm_layer`) so fused versions can replace
+them without touching the weights.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+from .config import ViTConfig
+from .hybrid import HybridEmbed
+from .layers import Attention, Block, Mlp, PatchEmbed
+
+
+class VisionTransformer(nn.Module):
+    """images [B, in_chans, H, W] (normalised float) -> logits [B, num_classes].
+
+    With `num_classes=0` the head is the identity and `forward` returns pooled features [B, C].
+    """
+
+    def __init__(
+        self,
+        config: ViTConfig,
+        *,
+        block_fn: type[nn.Module] = Block,
+        attn_layer: type[nn.Module] = Attention,
+        mlp_layer: type[nn.Module] = Mlp,
+        norm_layer: type[nn.Module] = nn.LayerNorm,
+    ):
+        super().__init__()
+        c = self.config = config
+        dim = c.embed_dim
+        self.num_prefix_tokens = c.num_prefix_tokens
+        if c.hybrid_layers is not None:
+            self.patch_embed = HybridEmbed(c.img_hw, c.patch_size, c.in_chans, dim, c.hybrid_layers)
+        else:
+            self.patch_embed = PatchEmbed(c.img_hw, c.patch_size, c.in_chans, dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if c.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if c.distilled else None
+        self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, dim)) if c.reg_tokens else None
+        embed_len = c.num_patches if c.no_embed_class else c.seq_len
+        self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, dim))
+        self.pos_drop = nn.Dropout(c.pos_drop_rate)
+
+        drop_path = [c.drop_path_rate * i / max(c.depth - 1, 1) for i in range(c.depth)]  # linear decay rule
+        self.blocks = nn.Sequential(
+            *[
+                block_fn(
+                    dim,
+                    c.num_heads,
+                    c.mlp_hidden,
+                    qkv_bias=c.qkv_bias,
+                    init_values=c.init_values,
+                    norm_eps=c.norm_eps,
+                    act_layer=c.act_layer,
+                    attn_drop=c.attn_drop_rate,
+                    proj_drop=c.proj_drop_rate,
+                    drop_path=drop_path[i],
+                    attn_layer=attn_layer,
+                    mlp_layer=mlp_layer,
+                    norm_layer=norm_layer,
+                )
+                for i in range(c.depth)
+            ]
+        )
+        # timm's rule: with average pooling the final norm moves after the pooling (fc_norm).
+        self.norm = nn.Identity() if c.use_fc_norm else norm_layer(dim, eps=c.norm_eps)
+        self.fc_norm = norm_layer(dim, eps=c.norm_eps) if c.use_fc_norm else nn.Identity()
+        if c.representation_size:
+            self.pre_logits = nn.Sequential(
+                OrderedDict(fc=nn.Linear(dim, c.representation_size), act=nn.Tanh())
+            )
+        else:
+            self.pre_logits = nn.Identity()
+        self.head_drop = nn.Dropout(c.drop_rate)
+        head_in = c.representation_size or dim
+        self.head = nn.Linear(head_in, c.num_classes) if c.num_classes else nn.Identity()
+        if c.distilled:
+            self.head_dist = nn.Linear(dim, c.num_classes) if c.num_classes else nn.Identity()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Random init in the ViT/timm style (truncated normal 0.02, zero biases, unit LayerNorm)."""
+        for p in (self.pos_embed, self.cls_token, self.dist_token, self.reg_token):
+            if p is not None:
+                nn.init.trunc_normal_(p, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    # ---------------------------------------------------------------- forward
+    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Patch tokens [B, N, C] -> [B, prefix + N, C] with class/dist/register tokens prepended."""
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        if self.config.no_embed_class:
+            x = x + self.pos_embed
+            return torch.cat(prefix + [x], dim=1) if prefix else x
+        if prefix:
+            x = torch.cat(prefix + [x], dim=1)
+        return x + self.pos_embed
+
+    def forward_features(self, x: torch.Tensor, return_attention: bool = False):
+        """images -> tokens [B, prefix + N, C] after the final norm.
+
+        With `return_attention=True`, returns `(tokens, attentions)` where `attentions` is a list of
+        `depth` tensors [B, heads, T, T] of attention probabilities (T = prefix + N), computed on
+        the explicit math path.
+        """
+        x = self.pos_drop(self._pos_embed(self.patch_embed(x)))
+        if not return_attention:
+            return self.norm(self.blocks(x))
+        attentions = []
+        for block in self.blocks:
+            x, attn = block(x, return_attention=True)
+            attentions.append(attn)
+        return self.norm(x), attentions
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """tokens [B, T, C] -> logits [B, num_classes] (or pooled features with `pre_logits`)."""
+        if self.config.distilled:
+            cls, dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])
+            if pre_logits:
+                return (cls + dist) / 2
+            return (self.head(cls) + self.head_dist(dist)) / 2  # DeiT inference: mean of both heads
+        x = x[:, self.num_prefix_tokens :].mean(dim=1) if self.config.global_pool == "avg" else x[:, 0]
+        x = self.head_drop(self.pre_logits(self.fc_norm(x)))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    # ---------------------------------------------------------------- helpers
+    def set_fused_attn(self, enabled: bool) -> "VisionTransformer":
+        """Select SDPA (True) or the explicit math path (False, ONNX-friendly) in every Attention."""
+        for m in self.modules():
+            if hasattr(m, "fused_attn"):
+                m.fused_attn = enabled
+        return self

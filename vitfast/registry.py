@@ -1,0 +1,123 @@
+"""Named model variants, under timm's names and with timm's default preprocessing.
+
+`num_classes` follows the default pretrained tag timm picks for the name (0 where that tag is a
+headless ImageNet-21k or DINO checkpoint).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from .config import IMAGENET_MEAN, IMAGENET_STD, ViTConfig
+from .errors import ConfigError
+
+# (embed_dim, depth, num_heads) of the ViT paper / DeiT sizes.
+SIZES = {
+    "tiny": (192, 12, 3),
+    "small": (384, 12, 6),
+    "base": (768, 12, 12),
+    "large": (1024, 24, 16),
+    "huge": (1280, 32, 16),
+}
+
+
+def _vit(size: str, patch: int, img: int, **kw: Any) -> dict[str, Any]:
+    dim, depth, heads = SIZES[size]
+    crop = 1.0 if img >= 384 else 0.9
+    return dict(img_size=img, patch_size=patch, embed_dim=dim, depth=depth, num_heads=heads, crop_pct=crop) | kw
+
+
+_DEIT = dict(mean=IMAGENET_MEAN, std=IMAGENET_STD)
+_DEIT3 = dict(init_values=1e-6, no_embed_class=True, **_DEIT)
+
+_REGISTRY: dict[str, dict[str, Any]] = {
+    # ViT (Dosovitskiy et al.), timm's augreg / original weights
+    "vit_tiny_patch16_224": _vit("tiny", 16, 224),
+    "vit_tiny_patch16_384": _vit("tiny", 16, 384),
+    "vit_small_patch32_224": _vit("small", 32, 224),
+    "vit_small_patch32_384": _vit("small", 32, 384),
+    "vit_small_patch16_224": _vit("small", 16, 224),
+    "vit_small_patch16_384": _vit("small", 16, 384),
+    "vit_small_patch8_224": _vit("small", 8, 224, num_classes=0, **_DEIT),  # DINO weights
+    "vit_base_patch32_224": _vit("base", 32, 224),
+    "vit_base_patch32_384": _vit("base", 32, 384),
+    "vit_base_patch16_224": _vit("base", 16, 224),
+    "vit_base_patch16_384": _vit("base", 16, 384),
+    "vit_base_patch8_224": _vit("base", 8, 224),
+    "vit_large_patch32_224": _vit("large", 32, 224, num_classes=0),
+    "vit_large_patch32_384": _vit("large", 32, 384),
+    "vit_large_patch16_224": _vit("large", 16, 224),
+    "vit_large_patch16_384": _vit("large", 16, 384),
+    "vit_large_patch14_224": _vit("large", 14, 224),
+    "vit_huge_patch14_224": _vit("huge", 14, 224, num_classes=0),
+    # global average pooling, register tokens (Darcet et al. 2023)
+    "vit_base_patch16_gap_224": _vit("base", 16, 224, num_heads=16, class_token=False, global_pool="avg", fc_norm=False),
+    "vit_base_patch16_reg4_gap_256": _vit(
+        "base", 16, 256, class_token=False, global_pool="avg", reg_tokens=4, no_embed_class=True
+    ),
+    # DeiT (Touvron et al. 2021), with and without the distillation token
+    "deit_tiny_patch16_224": _vit("tiny", 16, 224, **_DEIT),
+    "deit_small_patch16_224": _vit("small", 16, 224, **_DEIT),
+    "deit_base_patch16_224": _vit("base", 16, 224, **_DEIT),
+    "deit_base_patch16_384": _vit("base", 16, 384, **_DEIT),
+    "deit_tiny_distilled_patch16_224": _vit("tiny", 16, 224, distilled=True, **_DEIT),
+    "deit_small_distilled_patch16_224": _vit("small", 16, 224, distilled=True, **_DEIT),
+    "deit_base_distilled_patch16_224": _vit("base", 16, 224, distilled=True, **_DEIT),
+    "deit_base_distilled_patch16_384": _vit("base", 16, 384, distilled=True, **_DEIT),
+    # DeiT-III: layer scale, position embeddings on patches only
+    "deit3_small_patch16_224": _vit("small", 16, 224, **_DEIT3),
+    "deit3_small_patch16_384": _vit("small", 16, 384, **_DEIT3),
+    "deit3_base_patch16_224": _vit("base", 16, 224, **_DEIT3),
+    "deit3_base_patch16_384": _vit("base", 16, 384, **_DEIT3),
+    "deit3_large_patch16_224": _vit("large", 16, 224, **_DEIT3),
+    "deit3_large_patch16_384": _vit("large", 16, 384, **_DEIT3),
+    # hybrids: ResNet-v2 (BiT) stem, stride 16 or 32, tokens from its last stage
+    "vit_base_r50_s16_224": _vit("base", 16, 224, hybrid_layers=(3, 4, 9), num_classes=0),
+    "vit_base_r50_s16_384": _vit("base", 16, 384, hybrid_layers=(3, 4, 9)),
+    "vit_small_r26_s32_224": _vit("small", 32, 224, hybrid_layers=(2, 2, 2, 2)),
+    "vit_small_r26_s32_384": _vit("small", 32, 384, hybrid_layers=(2, 2, 2, 2)),
+    "vit_large_r50_s32_224": _vit("large", 32, 224, hybrid_layers=(3, 4, 6, 3)),
+    "vit_large_r50_s32_384": _vit("large", 32, 384, hybrid_layers=(3, 4, 6, 3)),
+    # CIFAR-sized model for tests, demos and quick experiments (not a timm name)
+    "vit_cifar_patch4_32": dict(
+        img_size=32, patch_size=4, embed_dim=48, depth=4, num_heads=4, mlp_ratio=4.0, num_classes=10,
+        act_layer="gelu_tanh", mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616), crop_pct=1.0,
+    ),
+}  # fmt: skip
+
+
+def list_models(pattern: str | None = None) -> list[str]:
+    """Registered names, sorted; `pattern` is a shell-style filter such as ``"deit*"``."""
+    import fnmatch
+
+    names = sorted(_REGISTRY)
+    return [n for n in names if fnmatch.fnmatch(n, pattern)] if pattern else names
+
+
+def get_config(name: str, **overrides: Any) -> ViTConfig:
+    """The config registered as `name` (a timm tag after a dot is ignored), with overrides applied."""
+    base = name.split(".", 1)[0]
+    if base not in _REGISTRY:
+        close = difflib.get_close_matches(base, _REGISTRY, n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError(f"unknown model {name!r}{hint} (`vitfast models` lists them all)")
+    fields = dict(_REGISTRY[base], name=base)
+    cfg = ViTConfig.from_dict(fields)
+    return cfg.replace(**overrides) if overrides else cfg
+
+
+def create_model(name_or_config: str | ViTConfig, **overrides: Any):
+    """Build the reference `VisionTransformer` (random init, eval mode) from a name or a config.
+
+    >>> create_model("vit_tiny_patch16_224", img_size=32, num_classes=10)
+    """
+    from .model import VisionTransformer
+
+    if isinstance(name_or_config, ViTConfig):
+        cfg = name_or_config.replace(**overrides) if overrides else name_or_config
+    elif isinstance(name_or_config, str):
+        cfg = get_config(name_or_config, **overrides)
+    else:
+        raise ConfigError(f"create_model takes a model name or a ViTConfig, got {type(name_or_config).__name__}")
+    return VisionTransformer(cfg).eval()
