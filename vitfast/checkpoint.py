@@ -72,7 +72,7 @@ def load_checkpoint(
     from .model import VisionTransformer
 
     path = Path(path)
-    source_cfg, sd, fmt = _read(path)
+    source_cfg, sd, fmt = _read(path, warn=config is None)
     if config is not None:
         if not isinstance(config, ViTConfig):
             raise ConfigError(f"config must be a ViTConfig, got {type(config).__name__}")
@@ -90,7 +90,7 @@ def load_checkpoint(
 
 
 # ---------------------------------------------------------------------------- reading
-def _read(path: Path) -> tuple[ViTConfig, StateDict, str]:
+def _read(path: Path, warn: bool = True) -> tuple[ViTConfig, StateDict, str]:
     """(config stored or inferred, state dict in timm names, 'vitfast' | 'timm' | 'hf')."""
     if path.is_dir():
         return _read_hf_dir(path)
@@ -105,8 +105,8 @@ def _read(path: Path) -> tuple[ViTConfig, StateDict, str]:
     sd = _unwrap(sd)
     if detect_format(sd) == "hf":
         sd = hf_to_timm(sd)
-        return infer_timm_config(sd, norm_eps=1e-12), sd, "hf"  # HF's default layer_norm_eps
-    return infer_timm_config(sd), sd, "timm"
+        return infer_timm_config(sd, norm_eps=1e-12, warn=warn), sd, "hf"  # HF's default layer_norm_eps
+    return infer_timm_config(sd, warn=warn), sd, "timm"
 
 
 def _read_hf_dir(path: Path) -> tuple[ViTConfig, StateDict, str]:
@@ -170,7 +170,7 @@ def _torch_load(path: Path) -> StateDict:
                 f"refusing to load {path}: it contains pickled objects other than tensors, and vitfast never "
                 "executes pickled code; re-save just the state dict (or safetensors) from a trusted environment"
             ) from None
-        raise CheckpointError(f"{path} is corrupt or truncated ({msg}); re-download or re-save it") from None
+        raise CheckpointError(f"{path} is truncated or corrupt ({msg}); re-download or re-save it") from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path} holds a {type(obj).__name__}, not a state dict of tensors")
     return obj

@@ -159,8 +159,8 @@ def _hf_preprocessing(pre: dict[str, Any], in_chans: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- timm
-def infer_timm_config(sd: StateDict, *, norm_eps: float = 1e-6) -> ViTConfig:
-    """Read a `ViTConfig` off a timm-named state dict's tensor shapes."""
+def infer_timm_config(sd: StateDict, *, norm_eps: float = 1e-6, warn: bool = True) -> ViTConfig:
+    """Read a `ViTConfig` off a timm-named state dict's tensor shapes (`warn` on a guessed head count)."""
     from .registry import _REGISTRY
 
     def has(key: str) -> bool:
@@ -222,11 +222,12 @@ def infer_timm_config(sd: StateDict, *, norm_eps: float = 1e-6) -> ViTConfig:
         fields["num_heads"] = known[0]["num_heads"]
     elif dim % 64 == 0:
         fields["num_heads"] = dim // 64
-        warnings.warn(
-            f"num_heads cannot be read from weights; assuming head_dim 64 ({dim // 64} heads). "
-            "Pass config= to load_checkpoint if that is wrong.",
-            stacklevel=3,
-        )
+        if warn:
+            warnings.warn(
+                f"num_heads cannot be read from weights; assuming head_dim 64 ({dim // 64} heads). "
+                "Pass config= to load_checkpoint if that is wrong.",
+                stacklevel=4,
+            )
     else:
         raise CheckpointError(f"cannot infer num_heads for embed_dim {dim}; pass config= to load_checkpoint")
     return ViTConfig(**fields)

@@ -1,0 +1,41 @@
+# vitfast developer commands. Everything runs inside .venv/ (created on first use, reused after).
+#
+# PyTorch: TORCH_SPEC pins the build installed before the package. The default, torch==2.13.0,
+# resolves to a local CPU wheel on the project's dev/CI machines and to the regular PyPI build
+# (CUDA on Linux x86-64) elsewhere. Override it for another build, e.g.
+#   make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-timm clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip "setuptools>=68" wheel
+	$(PY) -m pip install --quiet $(TORCH_SPEC)
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/vitfast info
+	$(VENV)/bin/vitfast models --filter 'vit_*_patch16_224'
+	$(PY) -m vitfast.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+# timm parity: timm needs torchvision, which only installs beside torch 2.14.1 (a CUDA build,
+# about 5.5 GB); kept out of `make test` and its venv for that reason.
+TIMM_VENV := .venv-timm
+test-timm:
+	test -x $(TIMM_VENV)/bin/python || $(PYTHON) -m venv $(TIMM_VENV)
+	$(TIMM_VENV)/bin/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1 timm
+	$(TIMM_VENV)/bin/python -m pip install --quiet -e ".[test]"
+	$(TIMM_VENV)/bin/python -m pytest -q tests/test_timm_parity.py
+
+clean:
+	rm -rf $(VENV) $(TIMM_VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,212 @@
+"""Checkpoint round trips, format conversion from known tensors, position-embedding resizing
+and every way a checkpoint can be bad."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import vitfast
+from conftest import randomize, tiny_config
+from vitfast import CheckpointError
+
+
+def _marked_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A state dict where every tensor holds values unique to its key (key index * 1000 + position)."""
+    return {
+        k: (i * 1000 + torch.arange(v.numel(), dtype=torch.float32)).reshape(v.shape) / 1e4
+        for i, (k, v) in enumerate(model.state_dict().items())
+    }
+
+
+# ---------------------------------------------------------------------------- round trips
+def test_vitfast_save_load_is_exact(tmp_path):
+    cfg = tiny_config(distilled=True, init_values=0.5, name="tiny-test")
+    model = randomize(vitfast.create_model(cfg))
+    path = vitfast.save_checkpoint(model, tmp_path / "sub" / "m.safetensors")
+    assert os.listdir(tmp_path / "sub") == ["m.safetensors"]  # no temporary file left behind
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+    assert meta["format"] == "vitfast" and vitfast.ViTConfig.from_json(meta["config"]) == cfg
+    loaded = vitfast.load_checkpoint(path)
+    assert loaded.config == cfg and not loaded.training
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+
+
+def test_save_refuses_a_non_vitfast_model(tmp_path):
+    with pytest.raises(vitfast.ConfigError, match="needs a vitfast model"):
+        vitfast.save_checkpoint(torch.nn.Linear(2, 2), tmp_path / "x.safetensors")
+
+
+@pytest.mark.parametrize("suffix", [".pth", ".bin", ".safetensors"])
+def test_timm_state_dict_lands_in_the_right_places(tmp_path, suffix):
+    cfg = tiny_config(reg_tokens=1, init_values=1e-6)
+    sd = _marked_state_dict(vitfast.create_model(cfg))
+    path = tmp_path / f"timm{suffix}"
+    save_file(sd, path) if suffix == ".safetensors" else torch.save(sd, path)
+    loaded = vitfast.load_checkpoint(path, config=cfg)
+    for key, value in loaded.state_dict().items():
+        assert torch.equal(value, sd[key]), key
+
+
+def test_timm_config_is_inferred_from_shapes(tmp_path):
+    cfg = vitfast.get_config("deit_small_distilled_patch16_224", depth=2, img_size=64, num_classes=4)
+    torch.save(vitfast.create_model(cfg).state_dict(), tmp_path / "m.pth")
+    with pytest.warns(UserWarning, match="assuming head_dim 64"):  # depth 2 matches no registry entry
+        inferred = vitfast.load_checkpoint(tmp_path / "m.pth").config
+    for field in ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "distilled", "num_classes", "mlp_ratio"):
+        assert getattr(inferred, field) == getattr(cfg, field), field
+
+
+@pytest.mark.parametrize("wrap", ["model", "state_dict", "module-prefix"])
+def test_training_checkpoint_wrappers_are_unwrapped(tmp_path, wrap):
+    cfg = tiny_config()
+    sd = _marked_state_dict(vitfast.create_model(cfg))
+    obj = {"module." + k: v for k, v in sd.items()} if wrap == "module-prefix" else {wrap: sd, "epoch": 3}
+    torch.save(obj, tmp_path / "ckpt.pth")
+    loaded = vitfast.load_checkpoint(tmp_path / "ckpt.pth", config=cfg)
+    assert torch.equal(loaded.pos_embed, sd["pos_embed"])
+
+
+def test_hf_names_are_converted_and_qkv_fused_in_order(tmp_path):
+    """Hand-written HF-format state dict (transformers 4.x names): q, k, v rows stack in that order."""
+    cfg = tiny_config(depth=1)
+    C = cfg.embed_dim
+    t = lambda *shape: torch.randn(*shape)  # noqa: E731
+    hf = {
+        "vit.embeddings.cls_token": t(1, 1, C),
+        "vit.embeddings.position_embeddings": t(1, cfg.seq_len, C),
+        "vit.embeddings.patch_embeddings.projection.weight": t(C, 3, 8, 8),
+        "vit.embeddings.patch_embeddings.projection.bias": t(C),
+        "vit.layernorm.weight": t(C), "vit.layernorm.bias": t(C),
+        "classifier.weight": t(7, C), "classifier.bias": t(7),
+    }  # fmt: skip
+    layer = "vit.encoder.layer.0."
+    for name, shape in {
+        "attention.attention.query": (C, C), "attention.attention.key": (C, C), "attention.attention.value": (C, C),
+        "attention.output.dense": (C, C), "intermediate.dense": (4 * C, C), "output.dense": (C, 4 * C),
+        "layernorm_before": (C,), "layernorm_after": (C,),
+    }.items():  # fmt: skip
+        hf[layer + name + ".weight"] = t(*shape)
+        hf[layer + name + ".bias"] = t(shape[0])
+    save_file(hf, tmp_path / "model.safetensors")
+    m = vitfast.load_checkpoint(tmp_path / "model.safetensors", config=cfg.replace(norm_eps=1e-12))
+    qkv = m.blocks[0].attn.qkv.weight
+    assert torch.equal(qkv[:C], hf[layer + "attention.attention.query.weight"])
+    assert torch.equal(qkv[C : 2 * C], hf[layer + "attention.attention.key.weight"])
+    assert torch.equal(qkv[2 * C :], hf[layer + "attention.attention.value.weight"])
+    assert torch.equal(m.blocks[0].attn.qkv.bias[C : 2 * C], hf[layer + "attention.attention.key.bias"])
+    assert torch.equal(m.blocks[0].mlp.fc2.weight, hf[layer + "output.dense.weight"])
+    assert torch.equal(m.blocks[0].norm2.bias, hf[layer + "layernorm_after.bias"])
+    assert torch.equal(m.head.weight, hf["classifier.weight"])
+
+
+# ---------------------------------------------------------------------------- position embeddings
+@pytest.mark.parametrize(
+    "overrides, prefix",
+    [(dict(), 1), (dict(distilled=True), 2), (dict(no_embed_class=True, init_values=0.1), 0), (dict(reg_tokens=2), 3)],
+)
+def test_pos_embed_resized_bicubic_with_prefix_tokens_kept(tmp_path, overrides, prefix):
+    cfg = tiny_config(**overrides)
+    model = randomize(vitfast.create_model(cfg))
+    vitfast.save_checkpoint(model, tmp_path / "m.safetensors")
+    big = vitfast.load_checkpoint(tmp_path / "m.safetensors", img_size=56)
+    assert big.config.img_size == 56 and big.config.grid_size == (7, 7)
+    old = model.pos_embed.detach()
+    grid = old[:, prefix:].reshape(1, 4, 4, -1).permute(0, 3, 1, 2)
+    expected = F.interpolate(grid, size=(7, 7), mode="bicubic", align_corners=False, antialias=True)
+    expected = torch.cat([old[:, :prefix], expected.permute(0, 2, 3, 1).reshape(1, 49, -1)], 1)
+    torch.testing.assert_close(big.pos_embed.detach(), expected)
+    with torch.no_grad():
+        assert big(torch.randn(2, 3, 56, 56)).shape == (2, cfg.num_classes)
+
+
+def test_pos_embed_resized_for_a_config_with_another_grid(tmp_path):
+    cfg = tiny_config()
+    torch.save(vitfast.create_model(cfg).state_dict(), tmp_path / "m.pth")
+    model = vitfast.load_checkpoint(tmp_path / "m.pth", config=cfg.replace(img_size=(32, 64)))
+    assert model.pos_embed.shape == (1, 1 + 4 * 8, 64)
+
+
+# ---------------------------------------------------------------------------- bad checkpoints
+def test_missing_file(tmp_path):
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
+        vitfast.load_checkpoint(tmp_path / "nope.pth")
+
+
+def test_empty_file(tmp_path):
+    (tmp_path / "empty.pth").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="empty or truncated"):
+        vitfast.load_checkpoint(tmp_path / "empty.pth")
+
+
+def test_garbage_bytes(tmp_path):
+    (tmp_path / "junk.bin").write_bytes(os.urandom(4096))
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        vitfast.load_checkpoint(tmp_path / "junk.bin")
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "torch"])
+def test_truncated_file(tmp_path, fmt):
+    model = vitfast.create_model(tiny_config())
+    path = tmp_path / f"m.{fmt}"
+    vitfast.save_checkpoint(model, path) if fmt == "safetensors" else torch.save(model.state_dict(), path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        vitfast.load_checkpoint(path)
+
+
+class _Exploit:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))  # would create the marker file if ever unpickled
+
+
+def test_pickle_that_runs_code_is_refused(tmp_path):
+    marker = tmp_path / "pwned"
+    sd = vitfast.create_model(tiny_config()).state_dict()
+    torch.save({"state_dict": sd, "payload": _Exploit(str(marker))}, tmp_path / "evil.pth")
+    with pytest.raises(CheckpointError, match="never executes pickled code"):
+        vitfast.load_checkpoint(tmp_path / "evil.pth")
+    assert not marker.exists()
+
+
+def test_other_architecture_is_named(tmp_path):
+    resnet_like = {"conv1.weight": torch.zeros(64, 3, 7, 7), "bn1.weight": torch.zeros(64), "fc.weight": torch.zeros(10, 64)}
+    torch.save(resnet_like, tmp_path / "resnet.pth")
+    with pytest.raises(CheckpointError, match=r"not a Vision Transformer.*conv1\.weight"):
+        vitfast.load_checkpoint(tmp_path / "resnet.pth")
+
+
+def test_mismatch_lists_missing_unexpected_and_shapes(tmp_path):
+    cfg = tiny_config()
+    sd = vitfast.create_model(cfg).state_dict()
+    del sd["blocks.1.norm2.bias"]
+    sd["blocks.0.attn.q_norm.weight"] = torch.ones(16)
+    torch.save(sd, tmp_path / "m.pth")
+    with pytest.raises(CheckpointError) as err:
+        vitfast.load_checkpoint(tmp_path / "m.pth", config=cfg.replace(num_classes=5))
+    msg = str(err.value)
+    assert "1 missing: blocks.1.norm2.bias" in msg
+    assert "1 unexpected: blocks.0.attn.q_norm.weight" in msg
+    assert "head.weight (checkpoint [7, 64] vs model [5, 64])" in msg
+
+
+def test_hf_directory_problems(tmp_path):
+    (tmp_path / "noconfig").mkdir()
+    with pytest.raises(CheckpointError, match="without config.json"):
+        vitfast.load_checkpoint(tmp_path / "noconfig")
+    (tmp_path / "noweights").mkdir()
+    (tmp_path / "noweights" / "config.json").write_text('{"model_type": "vit"}')
+    with pytest.raises(CheckpointError, match="no model.safetensors or pytorch_model.bin"):
+        vitfast.load_checkpoint(tmp_path / "noweights")

@@ -1,0 +1,100 @@
+"""ViTConfig validation, JSON round trip and the name registry."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import vitfast
+from vitfast import ConfigError, ViTConfig
+
+
+def test_json_round_trip_every_registered_model():
+    for name in vitfast.list_models():
+        cfg = vitfast.get_config(name)
+        again = ViTConfig.from_json(cfg.to_json())
+        assert again == cfg and again.name == name
+        assert json.loads(cfg.to_json())["img_size"] == cfg.img_size
+
+
+def test_non_square_image_size_round_trips():
+    cfg = ViTConfig(img_size=(32, 48), patch_size=16, embed_dim=64, num_heads=4)
+    assert cfg.grid_size == (2, 3) and cfg.num_patches == 6 and cfg.seq_len == 7
+    assert ViTConfig.from_json(cfg.to_json()) == cfg
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(img_size=225, patch_size=16), "not divisible by patch_size 16"),
+        (dict(embed_dim=100, num_heads=12), "not divisible by num_heads 12"),
+        (dict(global_pool="token", class_token=False), 'global_pool="token" needs class_token=True'),
+        (dict(global_pool="max"), "global_pool must be one of"),
+        (dict(act_layer="relu"), "act_layer must be one of"),
+        (dict(in_chans=1, mean=(0.4, 0.5, 0.6)), "one value per input channel"),
+        (dict(depth=0), "depth must be a positive integer"),
+        (dict(drop_path_rate=1.5), "drop_path_rate must be in [0, 1)"),
+        (dict(hybrid_layers=(3, 4, 9), patch_size=8), "multiple of the hybrid stem's stride 16"),
+        (dict(distilled=True, global_pool="avg"), "distilled"),
+        (dict(num_classes=-1), "num_classes must be >= 0"),
+        (dict(crop_pct=0), "crop_pct must be in (0, 1]"),
+    ],
+)
+def test_invalid_configs_name_the_problem(fields, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        ViTConfig(**fields)
+
+
+def test_divisibility_error_suggests_a_fix():
+    with pytest.raises(ConfigError, match=r"img_size=224"):
+        ViTConfig(img_size=230, patch_size=16)
+    with pytest.raises(ConfigError, match=r"num_heads that divide it: .*12"):
+        ViTConfig(embed_dim=768, num_heads=11)
+
+
+def test_unknown_field_suggests_close_name():
+    with pytest.raises(ConfigError, match=r"'embed_dims' \(did you mean 'embed_dim'\?\)"):
+        ViTConfig.from_dict({"embed_dims": 64})
+    with pytest.raises(ConfigError, match="did you mean 'num_heads'"):
+        vitfast.get_config("vit_tiny_patch16_224", num_head=3)
+
+
+def test_from_json_rejects_garbage():
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        ViTConfig.from_json("{not json")
+    with pytest.raises(ConfigError, match="must be an object"):
+        ViTConfig.from_json("[1, 2]")
+
+
+def test_unknown_model_name_suggests_close_names():
+    with pytest.raises(ConfigError, match=r"unknown model 'vit_base_patch16_244'.*did you mean vit_base_patch16_224"):
+        vitfast.create_model("vit_base_patch16_244")
+
+
+def test_timm_pretrained_tag_is_accepted():
+    cfg = vitfast.get_config("vit_base_patch16_224.augreg2_in21k_ft_in1k")
+    assert cfg.name == "vit_base_patch16_224"
+
+
+def test_uniform_normalisation_follows_channel_count():
+    cfg = vitfast.get_config("vit_tiny_patch16_224", in_chans=1)
+    assert cfg.mean == (0.5,) and cfg.std == (0.5,)
+    with pytest.raises(ConfigError, match="pass mean= and std= with 1 values"):
+        vitfast.get_config("deit_tiny_patch16_224", in_chans=1)
+
+
+def test_registry_covers_the_required_families():
+    names = set(vitfast.list_models())
+    for size in ("tiny", "small", "base", "large", "huge"):
+        assert any(n.startswith(f"vit_{size}_patch") for n in names)
+    for name in ("deit_tiny_patch16_224", "deit_small_patch16_224", "deit_base_patch16_224",
+                 "deit_tiny_distilled_patch16_224", "deit_small_distilled_patch16_224",
+                 "deit_base_distilled_patch16_224", "vit_base_r50_s16_224", "vit_base_r50_s16_384",
+                 "vit_cifar_patch4_32"):  # fmt: skip
+        assert name in names
+    cifar = vitfast.get_config("vit_cifar_patch4_32")
+    assert (cifar.img_size, cifar.patch_size, cifar.embed_dim, cifar.depth, cifar.num_heads, cifar.mlp_hidden) == (
+        32, 4, 48, 4, 4, 192
+    ) and cifar.act_layer == "gelu_tanh"
+    assert vitfast.list_models("deit*") == sorted(n for n in names if n.startswith("deit"))

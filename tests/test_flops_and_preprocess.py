@@ -1,0 +1,84 @@
+"""MAC counts against torch's FLOP counter, and preprocessing against a hand-made expectation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.flop_counter import FlopCounterMode
+
+import vitfast
+from vitfast.flops import count_macs, count_params
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [
+        ("vit_base_patch16_224", {}),
+        ("deit_tiny_distilled_patch16_224", {}),
+        ("vit_base_patch16_reg4_gap_256", {}),
+        ("vit_base_r50_s16_224", dict(depth=2)),
+        ("vit_small_r26_s32_224", dict(img_size=96, depth=1)),
+        ("vit_cifar_patch4_32", dict(representation_size=32)),
+    ],
+)
+def test_mac_count_matches_torch_flop_counter(name, overrides):
+    cfg = vitfast.get_config(name, **overrides)
+    with torch.device("meta"):
+        model = vitfast.create_model(cfg).set_fused_attn(False)
+        x = torch.empty(1, cfg.in_chans, *cfg.img_hw)
+    with FlopCounterMode(display=False) as counter:
+        model(x)
+    assert count_macs(cfg) == counter.get_total_flops() // 2
+
+
+def test_vit_base_numbers():
+    cfg = vitfast.get_config("vit_base_patch16_224")
+    assert 17.5e9 <= count_macs(cfg) <= 17.6e9
+    assert count_params(cfg) == 86_567_656
+
+
+def _gradient_image(w, h):
+    x = np.linspace(0, 255, w, dtype=np.float32)[None, :, None]
+    y = np.linspace(0, 255, h, dtype=np.float32)[:, None, None]
+    return np.concatenate([np.broadcast_to(x, (h, w, 1)), np.broadcast_to(y, (h, w, 1)), np.full((h, w, 1), 128.0)], 2).astype(np.uint8)
+
+
+def test_preprocess_resize_crop_normalise():
+    cfg = vitfast.get_config("vit_cifar_patch4_32", crop_pct=0.5, interpolation="bilinear")
+    img = _gradient_image(128, 96)  # landscape: shorter side 96 -> 64, width 128 -> 85
+    out = vitfast.preprocess(img, cfg)
+    assert out.shape == (1, 3, 32, 32) and out.dtype == torch.float32
+    resized = Image.fromarray(img).resize((85, 64), Image.Resampling.BILINEAR)
+    left, top = round((85 - 32) / 2), round((64 - 32) / 2)
+    crop = np.asarray(resized.crop((left, top, left + 32, top + 32)), dtype=np.float32) / 255
+    expected = (crop - np.array(cfg.mean, dtype=np.float32)) / np.array(cfg.std, dtype=np.float32)
+    np.testing.assert_allclose(out[0].permute(1, 2, 0).numpy(), expected, atol=1e-6)
+
+
+def test_preprocess_batches_pil_arrays_and_tensors_alike():
+    cfg = vitfast.get_config("vit_cifar_patch4_32")
+    imgs = np.stack([_gradient_image(40, 40), _gradient_image(40, 40)[::-1].copy()])
+    from_array = vitfast.preprocess(imgs, cfg)
+    from_tensor = vitfast.preprocess(torch.from_numpy(imgs), cfg)
+    from_pil = vitfast.preprocess([Image.fromarray(i) for i in imgs], cfg)
+    assert from_array.shape == (2, 3, 32, 32)
+    assert torch.equal(from_array, from_tensor) and torch.equal(from_array, from_pil)
+    model = vitfast.create_model(cfg)
+    with torch.no_grad():
+        assert model(from_array).shape == (2, 10)
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (np.zeros((8, 8, 3), dtype=np.float32), "must be uint8"),
+        (np.zeros((8, 8, 4), dtype=np.uint8), r"expected a uint8 image \[H, W, 3\]"),
+        (np.zeros((2, 2, 8, 8, 3), dtype=np.uint8), "got shape"),
+        ([], "empty batch"),
+    ],
+)
+def test_preprocess_rejects_bad_images(bad, message):
+    with pytest.raises(vitfast.InputError, match=message):
+        vitfast.preprocess(bad, vitfast.get_config("vit_cifar_patch4_32"))

@@ -1,0 +1,195 @@
+"""The reference model against an independent functional re-implementation (float64), plus
+shapes, attention maps, pooling variants and input errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitfast
+from conftest import randomize, tiny_config
+from vitfast import InputError
+
+
+def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """The ViT forward written out from the paper with raw tensor ops on a state dict."""
+    p = cfg.patch_size
+    B = x.shape[0]
+    gh, gw = x.shape[2] // p, x.shape[3] // p
+    # patchify by reshaping (not a conv) so the check is independent of PatchEmbed
+    patches = x.reshape(B, cfg.in_chans, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, -1)
+    w = sd["patch_embed.proj.weight"].reshape(cfg.embed_dim, -1)
+    t = patches @ w.T + sd["patch_embed.proj.bias"]
+    prefix = [sd[k].expand(B, -1, -1) for k in ("cls_token", "dist_token", "reg_token") if k in sd]
+    if cfg.no_embed_class:
+        t = torch.cat(prefix + [t + sd["pos_embed"]], 1)
+    else:
+        t = torch.cat(prefix + [t], 1) + sd["pos_embed"]
+    H, D = cfg.num_heads, cfg.head_dim
+    attns = []
+
+    def ln(v, name):
+        mu = v.mean(-1, keepdim=True)
+        var = ((v - mu) ** 2).mean(-1, keepdim=True)
+        return (v - mu) / torch.sqrt(var + cfg.norm_eps) * sd[name + ".weight"] + sd[name + ".bias"]
+
+    def gelu(v):
+        if cfg.act_layer == "gelu_tanh":
+            return 0.5 * v * (1 + torch.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3)))
+        return 0.5 * v * (1 + torch.erf(v / math.sqrt(2)))
+
+    for i in range(cfg.depth):
+        b = f"blocks.{i}."
+        h = ln(t, b + "norm1")
+        qkv = h @ sd[b + "attn.qkv.weight"].T + sd.get(b + "attn.qkv.bias", 0)
+        q, k, v = (qkv[..., j * cfg.embed_dim : (j + 1) * cfg.embed_dim].reshape(B, -1, H, D).transpose(1, 2) for j in range(3))
+        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D), -1)
+        attns.append(a)
+        o = (a @ v).transpose(1, 2).reshape(B, -1, cfg.embed_dim) @ sd[b + "attn.proj.weight"].T + sd[b + "attn.proj.bias"]
+        t = t + o * sd.get(b + "ls1.gamma", 1)
+        h = gelu(ln(t, b + "norm2") @ sd[b + "mlp.fc1.weight"].T + sd[b + "mlp.fc1.bias"])
+        t = t + (h @ sd[b + "mlp.fc2.weight"].T + sd[b + "mlp.fc2.bias"]) * sd.get(b + "ls2.gamma", 1)
+    if "norm.weight" in sd:
+        t = ln(t, "norm")
+    if cfg.distilled:
+        head = lambda v, n: v @ sd[n + ".weight"].T + sd[n + ".bias"]  # noqa: E731
+        return (head(t[:, 0], "head") + head(t[:, 1], "head_dist")) / 2, attns
+    pooled = t[:, cfg.num_prefix_tokens :].mean(1) if cfg.global_pool == "avg" else t[:, 0]
+    if "fc_norm.weight" in sd:
+        pooled = ln(pooled, "fc_norm")
+    if "pre_logits.fc.weight" in sd:
+        pooled = torch.tanh(pooled @ sd["pre_logits.fc.weight"].T + sd["pre_logits.fc.bias"])
+    return pooled @ sd["head.weight"].T + sd["head.bias"], attns
+
+
+VARIANTS = {
+    "plain": tiny_config(),
+    "no-qkv-bias-tanh-gelu": tiny_config(qkv_bias=False, act_layer="gelu_tanh", norm_eps=1e-12),
+    "avg-pool-fc-norm": tiny_config(class_token=False, global_pool="avg"),
+    "avg-pool-with-cls": tiny_config(global_pool="avg", fc_norm=False),
+    "distilled": tiny_config(distilled=True),
+    "deit3-layer-scale": tiny_config(init_values=0.1, no_embed_class=True),
+    "registers": tiny_config(reg_tokens=3, class_token=False, global_pool="avg", no_embed_class=True),
+    "registers-with-cls": tiny_config(reg_tokens=2),
+    "pre-logits": tiny_config(representation_size=48),
+    "odd-sizes": tiny_config(img_size=(40, 24), patch_size=8, embed_dim=36, num_heads=3, mlp_ratio=2.5, in_chans=2),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_matches_functional_reference_in_float64(name):
+    cfg = VARIANTS[name]
+    model = randomize(vitfast.create_model(cfg)).double()
+    x = torch.randn(3, cfg.in_chans, *cfg.img_hw, dtype=torch.float64)
+    expected, expected_attn = functional_vit({k: v for k, v in model.state_dict().items()}, cfg, x)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected, atol=1e-10, rtol=1e-10)
+        tokens, attns = model.forward_features(x, return_attention=True)
+    assert len(attns) == cfg.depth
+    for got, ref in zip(attns, expected_attn):
+        assert got.shape == (3, cfg.num_heads, cfg.seq_len, cfg.seq_len)
+        torch.testing.assert_close(got, ref, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+def test_sdpa_and_math_paths_agree(dtype, atol):
+    cfg = tiny_config(img_size=56, patch_size=8)  # 49 patches + cls = 50 tokens
+    model = randomize(vitfast.create_model(cfg)).to(dtype)
+    x = torch.randn(2, 3, 56, 56, dtype=dtype)
+    with torch.no_grad():
+        fused = model(x)
+        math_path = model.set_fused_attn(False)(x)
+    torch.testing.assert_close(fused, math_path, atol=atol, rtol=0)
+
+
+def test_attention_maps_are_probabilities_and_tokens_unchanged():
+    model = randomize(vitfast.create_model(tiny_config()))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        plain = model.forward_features(x)
+        tokens, attns = model.forward_features(x, return_attention=True)
+    torch.testing.assert_close(tokens, plain, atol=1e-5, rtol=1e-5)  # SDPA vs math path
+    for a in attns:
+        torch.testing.assert_close(a.sum(-1), torch.ones_like(a.sum(-1)))
+        assert (a >= 0).all()
+
+
+def test_batch_elements_are_independent():
+    model = randomize(vitfast.create_model(tiny_config()))
+    x = torch.randn(5, 3, 32, 32)
+    with torch.no_grad():
+        whole = model(x)
+        one_by_one = torch.cat([model(x[i : i + 1]) for i in range(5)])
+    torch.testing.assert_close(whole, one_by_one, atol=1e-5, rtol=0)
+
+
+def test_dropout_and_drop_path_only_act_in_training():
+    cfg = tiny_config(drop_rate=0.3, attn_drop_rate=0.3, proj_drop_rate=0.3, drop_path_rate=0.5, pos_drop_rate=0.3)
+    model = randomize(vitfast.create_model(cfg))
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        a, b = model(x), model(x)
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+        model.train()
+        assert not torch.allclose(model(x), a)
+
+
+def test_hybrid_forward_shapes_and_stride():
+    cfg = vitfast.get_config("vit_small_r26_s32_224", img_size=64, depth=1, num_classes=3)
+    model = vitfast.create_model(cfg)
+    with torch.no_grad():
+        tokens = model.forward_features(torch.randn(1, 3, 64, 64))
+    assert tokens.shape == (1, 1 + 2 * 2, 384)
+    assert model.patch_embed.backbone.num_features == 2048
+
+
+def test_features_only_model():
+    model = vitfast.create_model(tiny_config(num_classes=0))
+    with torch.no_grad():
+        assert model(torch.randn(2, 3, 32, 32)).shape == (2, 64)
+
+
+def test_wrong_channel_count_is_a_clear_error():
+    model = vitfast.create_model(tiny_config())
+    with pytest.raises(InputError, match="expected 3 input channels, got 1"):
+        model(torch.randn(1, 1, 32, 32))
+
+
+def test_wrong_image_size_says_expected_size_and_img_size_fix():
+    model = vitfast.create_model(tiny_config())
+    with pytest.raises(InputError, match=r"expected images of 32x32, got 48x48.*img_size=48"):
+        model(torch.randn(1, 3, 48, 48))
+
+
+def test_uint8_and_channels_last_inputs_are_refused_with_the_fix():
+    model = vitfast.create_model(tiny_config())
+    with pytest.raises(InputError, match="vitfast.preprocess"):
+        model(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
+    with pytest.raises(InputError, match="got 3 dims"):
+        model(torch.randn(3, 32, 32))
+
+
+def test_layers_are_injected_by_class():
+    class CountingAttention(vitfast.layers.Attention):
+        calls = 0
+
+        def forward(self, x, return_attention=False):
+            CountingAttention.calls += 1
+            return super().forward(x, return_attention)
+
+    model = vitfast.VisionTransformer(tiny_config(), attn_layer=CountingAttention).eval()
+    with torch.no_grad():
+        model(torch.randn(1, 3, 32, 32))
+    assert CountingAttention.calls == 2
+    assert set(model.state_dict()) == set(vitfast.create_model(tiny_config()).state_dict())
+
+
+def test_gelu_forms_differ_as_expected():
+    x = torch.linspace(-4, 4, 101, dtype=torch.float64)
+    erf = vitfast.layers.Mlp(1, 1, "gelu").act(x)
+    tanh = vitfast.layers.Mlp(1, 1, "gelu_tanh").act(x)
+    torch.testing.assert_close(erf, F.gelu(x))
+    assert 0 < (erf - tanh).abs().max() < 1e-3
