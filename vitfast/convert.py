@@ -213,8 +213,8 @@ def infer_timm_config(sd: StateDict, *, norm_eps: float = 1e-6, warn: bool = Tru
         num_classes=sd["head.weight"].shape[0] if has("head.weight") else 0,
         norm_eps=norm_eps,
         hybrid_layers=hybrid,
-        mean=INCEPTION_MEAN if in_chans == 3 else (0.5,) * in_chans,
-        std=INCEPTION_STD if in_chans == 3 else (0.5,) * in_chans,
+        mean=INCEPTION_MEAN,  # not stored in weights: timm's ViT default (broadcast to in_chans)
+        std=INCEPTION_STD,
     )
     shape_keys = ("embed_dim", "depth", "class_token", "reg_tokens", "hybrid_layers")
     known = [r for r in _REGISTRY.values() if all(r.get(k, ViTConfig.__dataclass_fields__[k].default) == fields[k] for k in shape_keys)]
