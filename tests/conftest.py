@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
+# Kernels run under Triton's CPU interpreter unless GPU testing is asked for explicitly; this
+# must happen before anything imports triton.
+if os.environ.get("VITFAST_TEST_DEVICE", "cpu") != "cuda":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 import torch
 
@@ -11,6 +18,16 @@ import vitfast
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def device() -> str:
+    """'cpu' under the Triton interpreter, 'cuda' with VITFAST_TEST_DEVICE=cuda (checked at run time)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "cpu"
+    if not torch.cuda.is_available():
+        pytest.skip("VITFAST_TEST_DEVICE=cuda but no CUDA GPU is visible")
+    return "cuda"
 
 
 def tiny_config(**overrides) -> vitfast.ViTConfig:

@@ -10,6 +10,7 @@ from .checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from .config import ViTConfig  # noqa: E402
 from .errors import CheckpointError, ConfigError, InputError, VitfastError  # noqa: E402
 from .model import VisionTransformer  # noqa: E402
+from .optimize import optimize, restore  # noqa: E402
 from .preprocessing import preprocess  # noqa: E402
 from .registry import create_model, get_config, list_models  # noqa: E402
 
@@ -22,6 +23,8 @@ __all__ = [
     "list_models",
     "load_checkpoint",
     "save_checkpoint",
+    "optimize",
+    "restore",
     "preprocess",
     "VitfastError",
     "ConfigError",

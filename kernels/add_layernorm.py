@@ -1,0 +1,106 @@
+"""Fused residual add + LayerNorm, one pass over each row.
+
+Reads the residual stream x and the branch output y, writes the new residual stream x + y and
+LayerNorm(x + y); without y it is a plain LayerNorm. Statistics are fp32 whatever the I/O dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from ._common import check_device, next_pow2
+
+
+@triton.jit
+def _add_layernorm_kernel(
+    X, Y, W, Bias, Res, Out,
+    stride_x, stride_y, stride_res, stride_out,  # row strides; columns are contiguous
+    C, eps,
+    HAS_BRANCH: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_C)
+    mask = cols < C
+    # -- new residual stream (fp32 in registers; stored in the I/O dtype)
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BRANCH:
+        x += tl.load(Y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(Res + row * stride_res + cols, x.to(Res.dtype.element_ty), mask=mask)
+    # -- statistics: two-pass mean / variance over the row held in registers
+    mean = tl.sum(x, axis=0) / C
+    xc = tl.where(mask, x - mean, 0.0)
+    rstd = tl.math.rsqrt(tl.sum(xc * xc, axis=0) / C + eps)
+    # -- affine and store
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(Bias + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Out + row * stride_out + cols, (xc * rstd * w + b).to(Out.dtype.element_ty), mask=mask)
+
+
+def _rows(t: torch.Tensor, C: int) -> torch.Tensor:
+    """[..., C] -> [M, C] view with contiguous columns (copies only if it has to)."""
+    t2 = t.reshape(-1, C)
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def add_layernorm_launch(
+    x: torch.Tensor,
+    branch: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    out: torch.Tensor,
+    residual_out: torch.Tensor | None = None,
+) -> None:
+    """x, branch [..., C] -> residual_out = x + branch, out = LayerNorm(x + branch) (in place).
+
+    With `branch=None`: out = LayerNorm(x) and residual_out is unused.
+    """
+    C = x.shape[-1]
+    if weight.shape != (C,) or bias.shape != (C,):
+        raise ValueError(f"LayerNorm weight and bias must be [{C}], got {tuple(weight.shape)} and {tuple(bias.shape)}")
+    if branch is not None and (branch.shape != x.shape or residual_out is None or residual_out.shape != x.shape):
+        raise ValueError(f"branch and residual_out must match x {tuple(x.shape)}")
+    if out.shape != x.shape or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous tensor of shape {tuple(x.shape)}")
+    tensors = [x, weight, bias, out] + ([branch, residual_out] if branch is not None else [])
+    check_device(*tensors)
+    x2 = _rows(x, C)
+    y2 = _rows(branch, C) if branch is not None else x2
+    res2 = residual_out.view(-1, C) if branch is not None else x2
+    out2 = out.view(-1, C)
+    BLOCK_C = next_pow2(C)
+    num_warps = min(max(BLOCK_C // 256, 1), 16)  # one row per program: more warps for wider rows
+    wrap_triton(_add_layernorm_kernel)[(x2.shape[0],)](
+        x2, y2, weight, bias, res2, out2,
+        x2.stride(0), y2.stride(0), res2.stride(0), out2.stride(0),
+        C, eps,
+        HAS_BRANCH=branch is not None, BLOCK_C=BLOCK_C, num_warps=num_warps,
+    )  # fmt: skip
+
+
+@triton_op("vitfast::add_layernorm", mutates_args=())
+def add_layernorm(
+    x: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + branch, LayerNorm(x + branch)) for [..., C] tensors, as one torch op."""
+    residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    add_layernorm_launch(x, branch, weight, bias, eps, out, residual)
+    return residual, out
+
+
+@triton_op("vitfast::layernorm", mutates_args=())
+def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """LayerNorm over the last dim of x [..., C], as one torch op."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    add_layernorm_launch(x, None, weight, bias, eps, out)
+    return out
+
+
+def add_layernorm_reference(x, branch, weight, bias, eps):
+    """Plain PyTorch: (x + branch, layer_norm(x + branch)) in x's dtype (LayerNorm alone if no branch)."""
+    res = x if branch is None else x + branch
+    return res, torch.nn.functional.layer_norm(res, (x.shape[-1],), weight, bias, eps)

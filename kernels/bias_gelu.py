@@ -1,0 +1,69 @@
+"""Bias + GELU, erf or tanh form, over the MLP's 4x-wide activation in one read and one write.
+
+Used as the epilogue of fc1 computed without its bias (cuBLAS GEMM, then this kernel).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from ._common import INTERPRET, check_device, next_pow2
+
+
+@triton.jit
+def _bias_gelu_kernel(
+    X, Bias, Out, M, C, stride_x, stride_out,
+    APPROX_TANH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (rows < M)[:, None] & (cols < C)[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x += tl.load(Bias + cols, mask=cols < C, other=0.0).to(tl.float32)[None, :]
+    if APPROX_TANH:
+        # tanh(u) = 2 sigmoid(2u) - 1, so 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + exp(-2u))
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)  # sqrt(2/pi) (x + 0.044715 x^3)
+        # exp(-2u) as exp2(-2u / ln 2), the exponent capped so it cannot overflow to inf
+        y = x / (1.0 + tl.math.exp2(tl.minimum(-2.0 * 1.4426950408889634 * u, 126.0)))
+    else:
+        y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))  # x / sqrt(2)
+    tl.store(Out + rows[:, None] * stride_out + cols[None, :], y.to(Out.dtype.element_ty), mask=mask)
+
+
+def bias_gelu_launch(x: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, approximate: str = "none") -> None:
+    """out = gelu(x + bias) for x [..., C], bias [C]; approximate 'none' (erf) or 'tanh'."""
+    C = x.shape[-1]
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    if bias.shape != (C,):
+        raise ValueError(f"bias must be [{C}], got {tuple(bias.shape)}")
+    if out.shape != x.shape or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous tensor of shape {tuple(x.shape)}")
+    check_device(x, bias, out)
+    x2 = x.reshape(-1, C)
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    out2 = out.view(-1, C)
+    M = x2.shape[0]
+    BLOCK_C = min(next_pow2(C), 64 if INTERPRET else 256)
+    BLOCK_M = 16 if INTERPRET else 8
+    grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(C, BLOCK_C))
+    wrap_triton(_bias_gelu_kernel)[grid](
+        x2, bias, out2, M, C, x2.stride(0), out2.stride(0),
+        APPROX_TANH=approximate == "tanh", BLOCK_M=BLOCK_M, BLOCK_C=BLOCK_C, num_warps=4,
+    )  # fmt: skip
+
+
+@triton_op("vitfast::bias_gelu", mutates_args=())
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> torch.Tensor:
+    """gelu(x + bias) for x [..., C], as one torch op."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    bias_gelu_launch(x, bias, out, approximate)
+    return out
+
+
+def bias_gelu_reference(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """Plain PyTorch: gelu(x + bias) in x's dtype."""
+    return torch.nn.functional.gelu(x + bias, approximate=approximate)

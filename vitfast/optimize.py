@@ -1,0 +1,99 @@
+"""`optimize(model)` swaps the reference blocks for Triton-kernel blocks; `restore(model)` undoes it."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+from torch import nn
+
+from .errors import VitfastError
+
+_GRAPHED = "_vitfast_cuda_graphs"
+
+
+def _check_backend(model: nn.Module, cuda_graphs: bool) -> None:
+    if importlib.util.find_spec("triton") is None:
+        raise VitfastError("optimize needs Triton: pip install 'vitfast[triton]' (it ships with CUDA builds of torch)")
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        pass
+    elif not torch.cuda.is_available() and not interpret:
+        raise VitfastError(
+            "optimize needs a CUDA GPU for its Triton kernels and none is visible; "
+            "for testing on CPU set TRITON_INTERPRET=1 before importing triton (slow, for correctness only)"
+        )
+    elif not interpret:
+        raise VitfastError(f"the model is on {device}; move it to the GPU first (model.cuda()), then optimize it")
+    if cuda_graphs and device.type != "cuda":
+        raise VitfastError("cuda_graphs=True needs the model on a CUDA GPU")
+
+
+def optimize(model: nn.Module, *, cuda_graphs: bool = False) -> nn.Module:
+    """Replace every reference `Block` of a vitfast model with a `FusedBlock` sharing its parameters.
+
+    `state_dict()` keeps the same keys and tensors. Blocks built from injected custom layers are
+    left as they are. Attention maps (`forward_features(x, return_attention=True)`) and training
+    mode fall back to the reference math on the same parameters. `cuda_graphs=True` captures the
+    whole forward once per input shape/dtype and replays it (the batch-1 latency path); inputs are
+    copied into the captured buffer and outputs are returned as fresh tensors.
+    """
+    from .fused import FusedBlock, can_fuse
+
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, nn.Sequential):
+        raise VitfastError("optimize takes a vitfast VisionTransformer (create_model / load_checkpoint)")
+    _check_backend(model, cuda_graphs)
+    for i, block in enumerate(blocks):
+        if can_fuse(block):
+            blocks[i] = FusedBlock(block)
+    if cuda_graphs and not hasattr(model, _GRAPHED):
+        graphed = CudaGraphForward(model.forward)
+        model.forward = graphed  # instance attribute shadows the class method; restore() deletes it
+        setattr(model, _GRAPHED, graphed)
+    return model
+
+
+def restore(model: nn.Module) -> nn.Module:
+    """Put the reference blocks (same parameters) back and drop any captured CUDA graphs."""
+    from .fused import FusedBlock
+
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, nn.Sequential):
+        for i, block in enumerate(blocks):
+            if isinstance(block, FusedBlock):
+                blocks[i] = block.reference
+    if hasattr(model, _GRAPHED):
+        del model.forward
+        delattr(model, _GRAPHED)
+    return model
+
+
+class CudaGraphForward:
+    """Capture `forward` in a CUDA graph per (shape, dtype, device) and replay it."""
+
+    def __init__(self, forward):
+        self.forward = forward
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        key = (tuple(x.shape), x.dtype, x.device)
+        if key not in self.graphs:
+            static_in = x.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):  # warm-up outside capture: Triton autotuning and cuBLAS workspaces
+                    self.forward(static_in)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_out = self.forward(static_in)
+            self.graphs[key] = (graph, static_in, static_out)
+        graph, static_in, static_out = self.graphs[key]
+        static_in.copy_(x)
+        graph.replay()
+        return static_out.clone()
