@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-timm clean
+.PHONY: demo test test-timm bench-gpu clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ test-timm:
 	$(TIMM_VENV)/bin/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1 timm
 	$(TIMM_VENV)/bin/python -m pip install --quiet -e ".[test]"
 	$(TIMM_VENV)/bin/python -m pytest -q tests/test_timm_parity.py
+
+# GPU kernel + end-to-end measurements (issue #3); needs a CUDA machine with a CUDA torch build.
+bench-gpu: $(STAMP)
+	mkdir -p benchmarks/results
+	$(PY) benchmarks/gpu_kernels.py --out benchmarks/results/kernels-$$(git rev-parse --short HEAD).json
 
 clean:
 	rm -rf $(VENV) $(TIMM_VENV) build *.egg-info .pytest_cache
