@@ -1,0 +1,571 @@
+"""ONNX -> TensorRT 10 engine (fp32 / fp16 / int8 / fp8) with its sidecar, and `TensorRTEngine` to run one.
+
+TensorRT is imported only when a function needs it, so importing this module needs neither TensorRT
+nor CUDA. Everything that can be decided without the library (profile shapes, builder flags,
+version and GPU compatibility) is a pure function.
+
+Portability rule enforced by `check_engine_compatible`: an engine built without TensorRT's
+hardware- or version-compatibility modes (vitfast never enables them, they cost speed) runs only
+under the TensorRT version it was built with (same major.minor.patch) and on the GPU model it was
+built on (same device name and compute capability). NVIDIA, TensorRT support matrix, "Engine
+Portability": engines are not portable across TensorRT versions, GPU architectures or platforms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from vitfast.config import ViTConfig
+from vitfast.errors import ArtifactError, BackendUnavailable, InputError
+from vitfast.runtime import Engine
+
+from .artifacts import atomic_artifact, base_metadata, check_output_free, parse_batch, read_sidecar, write_sidecar
+
+PRECISIONS = ("fp32", "fp16", "int8", "fp8")
+FP8_MIN_COMPUTE_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0) and newer
+MIN_TENSORRT_MAJOR = 10
+MAX_OPTIMIZATION_LEVEL = 5  # TensorRT's builder optimization levels are 0..5 (3 is its default)
+INSTALL_HINT = (
+    "run `pip install tensorrt` on a Linux machine with an NVIDIA GPU and driver, "
+    "or use NVIDIA's TensorRT container (nvcr.io/nvidia/tensorrt)"
+)
+REBUILD_HINT = "rebuild it on this machine with `vitfast export --format trt ...`"
+
+Shape = tuple[int, ...]
+
+
+# ---------------------------------------------------------------------------- pure helpers
+
+
+def require_tensorrt():
+    """The `tensorrt` module, imported now; `BackendUnavailable` (one line, with the fix) without it."""
+    try:
+        import tensorrt
+    except (ImportError, OSError) as exc:  # OSError: libnvinfer missing or built for another CUDA
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "tensorrt":
+            raise BackendUnavailable(f"TensorRT is not installed: {INSTALL_HINT}") from None
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise BackendUnavailable(f"TensorRT is installed but cannot be imported ({reason}); reinstall it: {INSTALL_HINT}") from None
+    return tensorrt
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """A TensorRT version string -> (major, minor, patch): '10.7.0.23' and '10.7.0.post1' -> (10, 7, 0)."""
+    match = re.match(r"\s*(\d+)(?:\.(\d+))?(?:\.(\d+))?", str(text))
+    if not match:
+        raise ArtifactError(f"cannot read a TensorRT version from {text!r}; {REBUILD_HINT}")
+    major, minor, patch = (int(part or 0) for part in match.groups())
+    return major, minor, patch
+
+
+def parse_compute_capability(value: str | Sequence[int]) -> tuple[int, int]:
+    """'8.9' or (8, 9) -> (8, 9)."""
+    parts = str(value).split(".") if isinstance(value, str) else list(value)
+    try:
+        major, minor = (int(p) for p in parts)
+    except (TypeError, ValueError):
+        raise ArtifactError(f"compute capability must look like '8.9', got {value!r}") from None
+    return major, minor
+
+
+def profile_shapes(input_shape: Sequence[int], batch) -> tuple[Shape, Shape, Shape]:
+    """Optimization-profile shapes (min, opt, max) for an input.
+
+    input_shape: the input's shape as TensorRT reads it from the ONNX file, -1 for a dynamic dim,
+    e.g. (-1, 3, 224, 224). batch: (min, opt, max) / 'MIN:OPT:MAX' / N, see `parse_batch`.
+    Returns e.g. (1, 3, 224, 224), (8, 3, 224, 224), (32, 3, 224, 224) for batch (1, 8, 32).
+    Only the leading batch dim may be dynamic; a fixed batch N only accepts batch N:N:N.
+    """
+    lo, opt, hi = parse_batch(batch)
+    shape = tuple(int(d) for d in input_shape)
+    if not shape:
+        raise ArtifactError("the ONNX input is a scalar; vitfast engines take images [B, C, H, W]")
+    dynamic = [axis for axis, d in enumerate(shape) if d < 0 and axis > 0]
+    if dynamic:
+        raise ArtifactError(
+            f"the ONNX input {list(shape)} has dynamic dims {dynamic} besides the batch; "
+            "export the ONNX at a fixed image size (--img-size N)"
+        )
+    if shape[0] >= 0 and (lo, opt, hi) != (shape[0],) * 3:
+        raise ArtifactError(
+            f"the ONNX input has a fixed batch of {shape[0]}, so batch {lo}:{opt}:{hi} is impossible; "
+            f"pass --batch {shape[0]} or re-export the ONNX with a dynamic batch"
+        )
+    return tuple((b, *shape[1:]) for b in (lo, opt, hi))
+
+
+def _check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ArtifactError(f"TensorRT precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+
+
+def precision_flags(precision: str, compute_capability: str | Sequence[int], *, fp32_layernorm: bool = False) -> list[str]:
+    """Names of the `tensorrt.BuilderFlag` members to set for `precision` on a GPU of `compute_capability`.
+
+    fp32: none. fp16: FP16. int8: INT8 + FP16, for an explicitly quantized (Q/DQ) ONNX: the layers
+    left unquantized then run in fp16 rather than fp32. fp8: FP8 + FP16, likewise, and only on
+    compute capability >= 8.9. `fp32_layernorm` (reduced precisions only) adds
+    PREFER_PRECISION_CONSTRAINTS so the LayerNorm layers pinned to fp32 keep it, while TensorRT may
+    still fall back (with a warning) where no fp32 kernel fits a fusion, rather than fail the build.
+    """
+    _check_precision(precision)
+    flags = {"fp32": [], "fp16": ["FP16"], "int8": ["INT8", "FP16"], "fp8": ["FP8", "FP16"]}[precision]
+    if precision == "fp8" and parse_compute_capability(compute_capability) < FP8_MIN_COMPUTE_CAPABILITY:
+        raise ArtifactError(
+            f"fp8 engines need a GPU of compute capability >= 8.9 (Ada, Hopper or newer), this one is "
+            f"{'.'.join(map(str, parse_compute_capability(compute_capability)))}; use --precision int8 or fp16"
+        )
+    if fp32_layernorm and precision != "fp32":
+        flags = [*flags, "PREFER_PRECISION_CONSTRAINTS"]
+    return flags
+
+
+def check_quantization(precision: str, quantized: bool, source: str | os.PathLike, *, int8_target: str | None = None) -> None:
+    """int8/fp8 engines need an explicitly quantized (Q/DQ) ONNX; a Q/DQ ONNX needs int8/fp8.
+
+    vitfast never uses TensorRT's implicit INT8 calibrators (deprecated in TensorRT 10.1): the
+    scales come from the Q/DQ nodes `vitfast.export.quantize_int8` writes. `int8_target` is the
+    target recorded in that ONNX's sidecar: TensorRT takes only symmetric int8 Q/DQ, not the
+    asymmetric uint8 activations of the "cpu" target.
+    """
+    if quantized and int8_target == "cpu":
+        raise ArtifactError(
+            f"{source} was quantized for ONNX Runtime's CPU kernels (asymmetric uint8 activations), which TensorRT "
+            "cannot build; quantize the fp32 ONNX again with quantize_int8(..., target='tensorrt')"
+        )
+    if precision in ("int8", "fp8") and not quantized:
+        raise ArtifactError(
+            f"{source} has no QuantizeLinear/DequantizeLinear nodes, so it cannot become a {precision} engine; "
+            "quantize it first (vitfast.export.quantize_int8, `vitfast export --format onnx --precision int8 --calib-dir DIR`)"
+        )
+    if precision in ("fp32", "fp16") and quantized:
+        raise ArtifactError(f"{source} is quantized (QuantizeLinear/DequantizeLinear nodes); build it with --precision int8")
+
+
+def check_engine_compatible(metadata: dict[str, Any], *, trt_version: str, gpu_name: str, compute_capability: str) -> None:
+    """Raise `ArtifactError` unless this machine can run the engine described by `metadata` (its sidecar).
+
+    The rule (see the module docstring): same TensorRT major.minor.patch, and the same GPU model,
+    i.e. the same device name and compute capability, as the engine was built with. The message
+    names what differs, both values, and how to rebuild.
+    """
+    built_version, built_gpu, built_cc = _built_for(metadata)
+    problems = []
+    if parse_version(built_version) != parse_version(trt_version):
+        problems.append(f"it was built with TensorRT {built_version}, this machine has TensorRT {trt_version}")
+    same_gpu = built_gpu.strip() == str(gpu_name).strip()
+    if not same_gpu or parse_compute_capability(built_cc) != parse_compute_capability(compute_capability):
+        problems.append(
+            f"it was built on {built_gpu} (compute capability {built_cc}), this GPU is {gpu_name} "
+            f"(compute capability {compute_capability})"
+        )
+    if problems:
+        raise ArtifactError(
+            f"TensorRT engine does not fit this machine: {'; '.join(problems)}. Engines only run with the TensorRT "
+            f"version and GPU model they were built with; {REBUILD_HINT}"
+        )
+
+
+def _built_for(metadata: dict[str, Any]) -> tuple[str, str, str]:
+    """(TensorRT version, GPU name, compute capability) recorded in an engine sidecar."""
+    try:
+        return (str(metadata["tensorrt"]["version"]), str(metadata["gpu"]["name"]),
+                str(metadata["gpu"]["compute_capability"]))  # fmt: skip
+    except (KeyError, TypeError):
+        raise ArtifactError(
+            f"the engine's sidecar does not record the TensorRT version and GPU it was built with; {REBUILD_HINT}"
+        ) from None
+
+
+def current_gpu() -> tuple[str, str]:
+    """(name, 'major.minor' compute capability) of the current CUDA device, read now (never at import)."""
+    if not torch.cuda.is_available():
+        raise BackendUnavailable(
+            "TensorRT needs an NVIDIA GPU and torch sees no CUDA device; run on a machine with an NVIDIA GPU, "
+            "its driver and a CUDA build of torch"
+        )
+    index = torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    return torch.cuda.get_device_name(index), f"{major}.{minor}"
+
+
+# ---------------------------------------------------------------------------- building
+
+
+def build_engine(
+    onnx_path: str | os.PathLike,
+    out_path: str | os.PathLike,
+    *,
+    precision: str = "fp16",
+    batch: tuple[int, int, int] | str | int = (1, 8, 32),
+    workspace_gib: float = 4.0,
+    optimization_level: int = 3,
+    timing_cache: str | os.PathLike | None = None,
+    fp32_layernorm: bool = True,
+    force: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Build a serialized TensorRT engine at `out_path` (+ `out_path.json` sidecar) from a vitfast ONNX file.
+
+    precision: fp32 | fp16 | int8 | fp8 (int8/fp8 need a Q/DQ ONNX; fp8 a GPU of compute capability
+    >= 8.9). batch: the optimization profile's (min, opt, max) batch sizes. workspace_gib: TensorRT's
+    workspace pool limit in GiB. optimization_level: builder optimization level 0..5. timing_cache:
+    a file of tactic timings, read when it exists and written back (atomically) after the build.
+    fp32_layernorm: keep LayerNorm layers in fp32 in reduced-precision engines (fp16 LayerNorm
+    can overflow). The engine and sidecar are written atomically; `force` overwrites an existing
+    engine. `progress` shows a progress bar when stderr is a terminal. The sidecar's `parity` is
+    left None for the caller to fill in. Returns `out_path`.
+    """
+    onnx_path, out_path = Path(onnx_path), Path(out_path)
+    _check_build_args(precision, workspace_gib, optimization_level)
+    batch = parse_batch(batch)
+    source_meta = _read_source(onnx_path)
+    check_output_free(out_path, force)  # fail before a build that can take minutes, not after it
+    trt = require_tensorrt()
+    _require_tensorrt_10(trt.__version__)
+    gpu_name, compute_capability = current_gpu()
+    pin_layernorm = fp32_layernorm and precision != "fp32"
+    flags = precision_flags(precision, compute_capability, fp32_layernorm=pin_layernorm)
+
+    builder, network = _parse_onnx(trt, onnx_path)
+    check_quantization(precision, _is_quantized(trt, network), onnx_path,
+                       int8_target=(source_meta.get("int8") or {}).get("target"))  # fmt: skip
+    input_name, shapes, dynamic_batch = _input_profile(network, batch)
+    config = builder.create_builder_config()
+    _set_options(trt, config, precision, flags, workspace_gib, optimization_level)
+    fp32_layers = _pin_normalization_fp32(trt, network) if pin_layernorm else 0
+    _add_profile(builder, config, input_name, shapes)
+    cache = _attach_timing_cache(config, timing_cache)
+    serialized = _build(trt, builder, network, config, show_progress=progress and sys.stderr.isatty())
+
+    meta = _engine_metadata(onnx_path, source_meta, precision, batch, dynamic_batch, input_name)
+    meta["gpu"] = {"name": gpu_name, "compute_capability": compute_capability}
+    meta["tensorrt"] = {
+        "version": trt.__version__,
+        "profile": {"input": input_name, "min": list(shapes[0]), "opt": list(shapes[1]), "max": list(shapes[2])},
+        "builder_optimization_level": optimization_level,
+        "workspace_gib": workspace_gib,
+        "flags": flags,
+        "fp32_layernorm": fp32_layernorm,
+        "fp32_layers": fp32_layers,
+        "timing_cache": str(timing_cache) if timing_cache is not None else None,
+    }
+    with atomic_artifact(out_path, force) as tmp:
+        tmp.write_bytes(serialized)
+        write_sidecar(tmp, meta)
+    if cache is not None:
+        _write_atomically(Path(timing_cache), cache.serialize())
+    return out_path
+
+
+def _check_build_args(precision: str, workspace_gib: float, optimization_level: int) -> None:
+    _check_precision(precision)
+    if not workspace_gib > 0:
+        raise ArtifactError(f"the TensorRT workspace must be > 0 GiB, got {workspace_gib}")
+    if optimization_level not in range(MAX_OPTIMIZATION_LEVEL + 1):
+        raise ArtifactError(
+            f"the builder optimization level must be 0..{MAX_OPTIMIZATION_LEVEL} (3 is TensorRT's default), "
+            f"got {optimization_level!r}"
+        )
+
+
+def _read_source(onnx_path: Path) -> dict[str, Any]:
+    """The ONNX file's sidecar (config, preprocessing), after checking the file is there."""
+    if not onnx_path.is_file():
+        raise ArtifactError(f"no such ONNX file: {onnx_path}; export one with `vitfast export --format onnx`")
+    return read_sidecar(onnx_path)
+
+
+def _require_tensorrt_10(version: str) -> None:
+    if parse_version(version)[0] < MIN_TENSORRT_MAJOR:
+        raise BackendUnavailable(f"vitfast needs TensorRT >= {MIN_TENSORRT_MAJOR}, found {version}: run `pip install -U tensorrt`")
+
+
+@functools.lru_cache(maxsize=None)
+def _logger(trt):
+    """One logger per tensorrt module: TensorRT treats the logger as a process-wide singleton.
+    trt.Logger writes to stderr, so `--json` output on stdout stays clean."""
+    return trt.Logger(trt.Logger.WARNING)
+
+
+def _parse_onnx(trt, onnx_path: Path):
+    """-> (builder, network) with the ONNX graph parsed in; every parser error in one `ArtifactError`."""
+    builder = trt.Builder(_logger(trt))
+    # TensorRT 10 networks are always explicit-batch (EXPLICIT_BATCH is deprecated and ignored);
+    # no STRONGLY_TYPED flag, so the precision flags and per-layer constraints below apply.
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, _logger(trt))
+    # From the file rather than bytes, so external weights (`*.data`) beside it are found.
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = " | ".join(" ".join(str(parser.get_error(i)).split()) for i in range(parser.num_errors))
+        raise ArtifactError(
+            f"TensorRT cannot parse {onnx_path}: {errors or 'no details given'}; "
+            "re-export it with `vitfast export --format onnx` or use a newer TensorRT"
+        )
+    return builder, network
+
+
+def _layers(network) -> Iterator[Any]:
+    return (network.get_layer(i) for i in range(network.num_layers))
+
+
+def _is_quantized(trt, network) -> bool:
+    qdq = (trt.LayerType.QUANTIZE, trt.LayerType.DEQUANTIZE)
+    return any(layer.type in qdq for layer in _layers(network))
+
+
+def _input_profile(network, batch: tuple[int, int, int]) -> tuple[str, tuple[Shape, Shape, Shape], bool]:
+    """(input name, profile shapes, whether the ONNX batch dim is dynamic) for the single image input."""
+    if network.num_inputs != 1:
+        raise ArtifactError(f"the ONNX graph has {network.num_inputs} inputs; vitfast engines take one image input")
+    tensor = network.get_input(0)
+    shape = tuple(tensor.shape)
+    return tensor.name, profile_shapes(shape, batch), shape[0] < 0
+
+
+def _set_options(trt, config, precision: str, flags: list[str], workspace_gib: float, optimization_level: int) -> None:
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gib * 2**30))
+    config.builder_optimization_level = optimization_level
+    if precision == "fp32":
+        # TF32 is on by default; it rounds matmul inputs to 10-bit mantissas (~1e-3 relative
+        # error), far past what an fp32 engine promises.
+        config.clear_flag(trt.BuilderFlag.TF32)
+    for name in flags:
+        config.set_flag(getattr(trt.BuilderFlag, name))
+
+
+def _pin_normalization_fp32(trt, network) -> int:
+    """Run every NORMALIZATION layer (ONNX LayerNormalization, opset >= 17) in fp32 with fp32
+    outputs; fp16 LayerNorm statistics overflow on large activations. Returns how many were pinned."""
+    pinned = 0
+    for layer in _layers(network):
+        if layer.type == trt.LayerType.NORMALIZATION:
+            layer.precision = trt.DataType.FLOAT
+            for index in range(layer.num_outputs):
+                layer.set_output_type(index, trt.DataType.FLOAT)
+            pinned += 1
+    if not pinned:
+        warnings.warn("no LayerNormalization layers to keep in fp32 (ONNX opset < 17 splits them up); fp16 LayerNorm may overflow")
+    return pinned
+
+
+def _add_profile(builder, config, input_name: str, shapes: tuple[Shape, Shape, Shape]) -> None:
+    profile = builder.create_optimization_profile()
+    profile.set_shape(input_name, *shapes)
+    if config.add_optimization_profile(profile) < 0:
+        raise ArtifactError(f"TensorRT rejected the optimization profile {shapes} for input {input_name!r}; check --batch")
+
+
+def _attach_timing_cache(config, path: str | os.PathLike | None):
+    """The ITimingCache the build reads and extends: loaded from `path` when it exists, else empty."""
+    if path is None:
+        return None
+    path = Path(path)
+    cache = config.create_timing_cache(path.read_bytes() if path.is_file() else b"")
+    if cache is None or not config.set_timing_cache(cache, ignore_mismatch=False):
+        # made by another TensorRT version or GPU: its timings do not apply here, so start afresh
+        warnings.warn(f"timing cache {path} does not match this TensorRT version / GPU; starting a new one")
+        cache = config.create_timing_cache(b"")
+        config.set_timing_cache(cache, ignore_mismatch=False)
+    return cache
+
+
+def _build(trt, builder, network, config, *, show_progress: bool):
+    """builder.build_serialized_network, with a progress bar on a terminal -> the engine bytes (IHostMemory)."""
+    with _build_progress(trt, config, show_progress) as monitor:
+        serialized = builder.build_serialized_network(network, config)
+    if monitor is not None and monitor.cancelled:
+        raise KeyboardInterrupt
+    if serialized is None:
+        raise ArtifactError(
+            "TensorRT could not build the engine (its log above says why); try a larger workspace, "
+            "--precision fp32 or a newer TensorRT"
+        )
+    return serialized
+
+
+@contextlib.contextmanager
+def _build_progress(trt, config, enabled: bool):
+    """Attach a rich progress bar fed by an IProgressMonitor to `config` for the duration; yields the monitor."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        monitor = _progress_monitor(trt, bar)
+        config.progress_monitor = monitor
+        yield monitor
+
+
+def _progress_monitor(trt, bar):
+    """A `trt.IProgressMonitor` showing each builder phase as a task of `bar` (a rich Progress),
+    nested phases indented. TensorRT calls it from several threads, hence the lock."""
+
+    class RichProgressMonitor(trt.IProgressMonitor):
+        def __init__(self):
+            trt.IProgressMonitor.__init__(self)  # pybind11 trampolines need the explicit base __init__
+            self._tasks: dict[str, tuple[Any, int]] = {}  # phase -> (task id, nesting depth)
+            self._lock = threading.Lock()
+            self.cancelled = False
+
+        def phase_start(self, phase_name, parent_phase, num_steps):
+            with self._lock:
+                depth = self._tasks[parent_phase][1] + 1 if parent_phase in self._tasks else 0
+                self._tasks[phase_name] = (bar.add_task("  " * depth + phase_name, total=num_steps), depth)
+
+        def step_complete(self, phase_name, step):
+            try:
+                with self._lock:
+                    task = self._tasks.get(phase_name)
+                if task is not None:
+                    bar.update(task[0], completed=step + 1)  # steps count from 0
+            except KeyboardInterrupt:
+                self.cancelled = True  # Ctrl-C lands here: cancel the build instead of crashing TensorRT
+            return not self.cancelled
+
+        def phase_finish(self, phase_name):
+            with self._lock:
+                task = self._tasks.pop(phase_name, None)
+            if task is not None:
+                bar.remove_task(task[0])
+
+    return RichProgressMonitor()
+
+
+def _engine_metadata(onnx_path: Path, source_meta: dict[str, Any], precision: str, batch: tuple[int, int, int],
+                     dynamic_batch: bool, input_name: str) -> dict[str, Any]:  # fmt: skip
+    """The sidecar fields shared with other artifacts; config and preprocessing copied from the ONNX's sidecar."""
+    meta = base_metadata("tensorrt", ViTConfig.from_dict(source_meta["config"]), precision,
+                         batch=batch, dynamic_batch=dynamic_batch, source=onnx_path)  # fmt: skip
+    meta["config"] = source_meta["config"]
+    meta["preprocessing"] = source_meta.get("preprocessing", meta["preprocessing"])
+    meta["input"]["name"] = input_name
+    meta["parity"] = None  # measured on this GPU by the caller
+    return meta
+
+
+def _write_atomically(path: Path, data) -> None:
+    """Write bytes-like `data` to `path` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(memoryview(data))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------------------- running
+
+
+class TensorRTEngine(Engine):
+    """A serialized TensorRT engine and its sidecar, run on the current CUDA device.
+
+    `engine(images)` -> float32 logits [B, classes] on the GPU. Inputs go to the engine's GPU in
+    its input dtype. `cuda_graph=True` captures one CUDA graph per input shape on first use and
+    replays it afterwards; each graph has its own execution context and static buffers.
+    """
+
+    kind = "tensorrt"
+
+    def __init__(self, path: str | os.PathLike, *, cuda_graph: bool = False):
+        trt = require_tensorrt()
+        gpu_name, compute_capability = current_gpu()
+        path = Path(path)
+        meta = read_sidecar(path)
+        check_engine_compatible(meta, trt_version=trt.__version__, gpu_name=gpu_name, compute_capability=compute_capability)
+        batch = (meta.get("input") or {}).get("batch")
+        super().__init__(ViTConfig.from_dict(meta["config"]), precision=meta.get("precision", "fp16"),
+                         batch=tuple(batch) if batch else None, metadata=meta, path=path)  # fmt: skip
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.cuda_graph = cuda_graph
+        self._runtime = trt.Runtime(_logger(trt))
+        self.engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
+        if self.engine is None:
+            raise ArtifactError(f"TensorRT cannot load {path} (its log above says why); {REBUILD_HINT}")
+        self.input_name, self.output_name = _io_names(trt, self.engine, path)
+        self.input_dtype = _torch_dtype(trt, self.engine.get_tensor_dtype(self.input_name), path)
+        self.output_dtype = _torch_dtype(trt, self.engine.get_tensor_dtype(self.output_name), path)
+        self.context = self.engine.create_execution_context()
+        self._graphs: dict[Shape, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.cuda.device(self.device):
+            x = x.to(self.device, self.input_dtype).contiguous()
+            logits = self._replay(x) if self.cuda_graph else self._enqueue(self.context, x)
+        return logits.float()
+
+    def _enqueue(self, context, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Run `context` on x [B, C, H, W] (engine dtype, engine GPU, contiguous) on the current stream.
+        Writes into `out` when given, else a new tensor; returns the logits [B, classes]."""
+        if not context.set_input_shape(self.input_name, tuple(x.shape)):
+            raise InputError(f"TensorRT rejected input shape {tuple(x.shape)}; this engine's batch profile is {self.batch}")
+        if out is None:
+            shape = tuple(context.get_tensor_shape(self.output_name))
+            out = torch.empty(shape, dtype=self.output_dtype, device=x.device)
+        context.set_tensor_address(self.input_name, x.data_ptr())
+        context.set_tensor_address(self.output_name, out.data_ptr())
+        if not context.execute_async_v3(torch.cuda.current_stream(x.device).cuda_stream):
+            raise RuntimeError(f"TensorRT failed to run {self.path} (its log above says why)")
+        return out
+
+    def _replay(self, x: torch.Tensor) -> torch.Tensor:
+        key = tuple(x.shape)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(x)
+        graph, static_in, static_out = self._graphs[key]
+        static_in.copy_(x)
+        graph.replay()
+        return static_out.clone()  # the static buffer is overwritten by the next replay
+
+    def _capture(self, x: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+        """A CUDA graph of one engine run for x.shape, with its own context and static in/out buffers."""
+        context = self.engine.create_execution_context()
+        static_in = x.clone()
+        stream = torch.cuda.Stream(self.device)  # capture needs a non-default stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            # TensorRT finishes shape-dependent setup in the first enqueue after set_input_shape;
+            # that work must not land in the graph, so run once before capturing.
+            static_out = self._enqueue(context, static_in)
+            stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                self._enqueue(context, static_in, static_out)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        return graph, static_in, static_out
+
+
+def _io_names(trt, engine, path: Path) -> tuple[str, str]:
+    """(input name, output name) of a vitfast engine: exactly one of each."""
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+    outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+    if len(inputs) != 1 or len(outputs) != 1:
+        raise ArtifactError(
+            f"{path} has inputs {inputs} and outputs {outputs}, not one image input and one logits output; {REBUILD_HINT}"
+        )
+    return inputs[0], outputs[0]
+
+
+def _torch_dtype(trt, dtype, path: Path) -> torch.dtype:
+    table = {trt.DataType.FLOAT: torch.float32, trt.DataType.HALF: torch.float16, trt.DataType.BF16: torch.bfloat16}
+    if dtype not in table:
+        raise ArtifactError(f"{path} has an IO tensor of type {dtype}; vitfast engines take and return floats; {REBUILD_HINT}")
+    return table[dtype]

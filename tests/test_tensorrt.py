@@ -1,0 +1,733 @@
+"""TensorRT export and runtime, on CPU.
+
+TensorRT is not installable here, so `build_engine` and `TensorRTEngine.__init__` run against a
+recording fake `tensorrt` module whose names and signatures follow the TensorRT 10 Python
+bindings (NVIDIA/TensorRT python/src: pyCore.cpp, pyGraph.cpp, pyOnnx.cpp). Its objects use
+`__slots__` and plain enum namespaces, so a misspelt API name in the code under test fails here.
+Tests that need the real library and a GPU are at the end and skip without them.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import io
+import shutil
+import subprocess
+import sys
+import types
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+import vitfast
+from vitfast.errors import ArtifactError, BackendUnavailable
+from vitfast.export import tensorrt as trt_export
+from vitfast.export.artifacts import base_metadata, read_sidecar, write_sidecar
+
+GPU = {"name": "NVIDIA L4", "compute_capability": "8.9"}
+
+
+# ---------------------------------------------------------------------------- the fake tensorrt module
+
+
+@dataclass
+class Record:
+    """What the code under test did to the fake TensorRT, and knobs to make it fail."""
+
+    version: str = "10.7.0"
+    parser_errors: list[str] = field(default_factory=list)
+    extra_layers: list[str] = field(default_factory=list)  # LayerType names appended after parsing
+    build_fails: bool = False
+    calls: list[tuple] = field(default_factory=list)
+    networks: list = field(default_factory=list)
+    configs: list = field(default_factory=list)
+    step_results: list[bool] = field(default_factory=list)
+
+
+ONNX_TO_LAYER = {"LayerNormalization": "NORMALIZATION", "QuantizeLinear": "QUANTIZE", "DequantizeLinear": "DEQUANTIZE",
+                 "MatMul": "MATRIX_MULTIPLY", "Gemm": "MATRIX_MULTIPLY", "Softmax": "SOFTMAX", "Conv": "CONVOLUTION"}  # fmt: skip
+
+
+def enum(name: str, *members: str) -> types.SimpleNamespace:
+    """A pybind11 enum stand-in: members are distinct strings; an unknown member is an AttributeError."""
+    return types.SimpleNamespace(**{m: f"{name}.{m}" for m in members})
+
+
+def fake_tensorrt(rec: Record) -> types.ModuleType:  # noqa: C901 - one class per TensorRT type
+    trt = types.ModuleType("tensorrt")
+    trt.__spec__ = importlib.machinery.ModuleSpec("tensorrt", None)  # find_spec() reads it (tool versions)
+    trt.__version__ = rec.version
+    trt.DataType = enum("DataType", "FLOAT", "HALF", "BF16", "INT8", "INT32", "INT64", "BOOL", "FP8")
+    trt.LayerType = enum("LayerType", "NORMALIZATION", "QUANTIZE", "DEQUANTIZE", "MATRIX_MULTIPLY", "SOFTMAX",
+                         "CONVOLUTION", "ELEMENTWISE")  # fmt: skip
+    trt.BuilderFlag = enum("BuilderFlag", "FP16", "BF16", "INT8", "FP8", "TF32", "OBEY_PRECISION_CONSTRAINTS",
+                           "PREFER_PRECISION_CONSTRAINTS", "STRICT_NANS")  # fmt: skip
+    trt.MemoryPoolType = enum("MemoryPoolType", "WORKSPACE", "TACTIC_SHARED_MEMORY")
+    trt.TensorIOMode = enum("TensorIOMode", "NONE", "INPUT", "OUTPUT")
+
+    class Logger:
+        __slots__ = ("min_severity",)
+        WARNING, ERROR, INFO = "Severity.WARNING", "Severity.ERROR", "Severity.INFO"
+
+        def __init__(self, min_severity=WARNING):
+            self.min_severity = min_severity
+
+    class ITensor:
+        __slots__ = ("name", "shape", "dtype")
+
+        def __init__(self, name, shape, dtype):
+            self.name, self.shape, self.dtype = name, shape, dtype
+
+    class ILayer:
+        __slots__ = ("name", "type", "num_outputs", "_precision", "output_types")
+
+        def __init__(self, name, type_, num_outputs):
+            self.name, self.type, self.num_outputs = name, type_, num_outputs
+            self._precision, self.output_types = None, {}
+
+        @property
+        def precision(self):
+            return self._precision or trt.DataType.FLOAT
+
+        @precision.setter
+        def precision(self, dtype):
+            assert dtype in vars(trt.DataType).values(), dtype
+            self._precision = dtype
+
+        def set_output_type(self, index, dtype):
+            assert 0 <= index < self.num_outputs and dtype in vars(trt.DataType).values()
+            self.output_types[index] = dtype
+
+    class INetworkDefinition:
+        __slots__ = ("flags", "inputs", "layers")
+
+        def __init__(self, flags):
+            self.flags, self.inputs, self.layers = flags, [], []
+
+        num_inputs = property(lambda self: len(self.inputs))
+        num_layers = property(lambda self: len(self.layers))
+
+        def get_input(self, index):
+            return self.inputs[index]
+
+        def get_layer(self, index):
+            return self.layers[index]
+
+    class ParserError:
+        __slots__ = ("_node", "_desc")
+
+        def __init__(self, node, desc):
+            self._node, self._desc = node, desc
+
+        def desc(self):
+            return self._desc
+
+        def __str__(self):  # the real binding's format: "In node N (func): CODE: desc"
+            return f"In node {self._node} (importNode): UNSUPPORTED_NODE: {self._desc}"
+
+    class OnnxParser:
+        __slots__ = ("network", "logger", "_errors")
+
+        def __init__(self, network, logger):
+            self.network, self.logger, self._errors = network, logger, []
+
+        def parse_from_file(self, model):
+            assert isinstance(model, str), "the binding takes the path as str"
+            rec.calls.append(("parse_from_file", model))
+            if rec.parser_errors:
+                self._errors = [ParserError(i, msg) for i, msg in enumerate(rec.parser_errors)]
+                return False
+            read_onnx_into(model, self.network)
+            return True
+
+        num_errors = property(lambda self: len(self._errors))
+
+        def get_error(self, index):
+            return self._errors[index]
+
+    def read_onnx_into(path, network):
+        import onnx
+
+        graph = onnx.load(path, load_external_data=False).graph
+        weights = {t.name for t in graph.initializer}
+        for value in graph.input:
+            if value.name not in weights:
+                dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in value.type.tensor_type.shape.dim)
+                network.inputs.append(ITensor(value.name, dims, trt.DataType.FLOAT))
+        for node in graph.node:
+            kind = getattr(trt.LayerType, ONNX_TO_LAYER.get(node.op_type, "ELEMENTWISE"))
+            network.layers.append(ILayer(node.name, kind, len(node.output)))
+        for i, name in enumerate(rec.extra_layers):
+            network.layers.append(ILayer(f"extra_{i}", getattr(trt.LayerType, name), 1))
+
+    class IOptimizationProfile:
+        __slots__ = ("shapes",)
+
+        def __init__(self):
+            self.shapes = {}
+
+        def set_shape(self, input, min, opt, max):  # noqa: A002 - the binding's argument names
+            self.shapes[input] = (tuple(min), tuple(opt), tuple(max))
+
+    class ITimingCache:
+        __slots__ = ("data",)
+
+        def __init__(self, data):
+            self.data = data
+
+        def serialize(self):
+            return self.data
+
+    class IProgressMonitor:
+        def __init__(self):
+            pass
+
+    class IBuilderConfig:
+        __slots__ = ("flags", "cleared", "pool_limits", "builder_optimization_level", "profiles", "timing_cache",
+                     "ignore_mismatch", "_monitor")  # fmt: skip
+
+        def __init__(self):
+            self.flags, self.cleared, self.pool_limits, self.profiles = set(), set(), {}, []
+            self.builder_optimization_level, self.timing_cache, self.ignore_mismatch, self._monitor = 3, None, None, None
+
+        def set_memory_pool_limit(self, pool, pool_size):
+            self.pool_limits[pool] = pool_size
+
+        def set_flag(self, flag):
+            assert flag in vars(trt.BuilderFlag).values()
+            self.flags.add(flag)
+
+        def clear_flag(self, flag):
+            assert flag in vars(trt.BuilderFlag).values()
+            self.cleared.add(flag)
+
+        def add_optimization_profile(self, profile):
+            assert isinstance(profile, IOptimizationProfile)
+            self.profiles.append(profile)
+            return len(self.profiles) - 1
+
+        def create_timing_cache(self, serialized_timing_cache):
+            return ITimingCache(bytes(serialized_timing_cache))
+
+        def set_timing_cache(self, cache, ignore_mismatch):
+            self.ignore_mismatch = ignore_mismatch
+            if cache.data.startswith(b"other-gpu"):
+                return False
+            self.timing_cache = cache
+            return True
+
+        def get_timing_cache(self):
+            return self.timing_cache
+
+        @property
+        def progress_monitor(self):
+            return self._monitor
+
+        @progress_monitor.setter
+        def progress_monitor(self, monitor):
+            assert isinstance(monitor, IProgressMonitor)
+            self._monitor = monitor
+
+    class Builder:
+        __slots__ = ()
+
+        def __init__(self, logger):
+            assert isinstance(logger, Logger)
+
+        def create_network(self, flags=0):
+            rec.networks.append(INetworkDefinition(flags))
+            return rec.networks[-1]
+
+        def create_builder_config(self):
+            rec.configs.append(IBuilderConfig())
+            return rec.configs[-1]
+
+        def create_optimization_profile(self):
+            return IOptimizationProfile()
+
+        def build_serialized_network(self, network, config):
+            rec.calls.append(("build_serialized_network",))
+            monitor = config.progress_monitor
+            if monitor is not None:
+                monitor.phase_start("Building engine", None, 2)
+                monitor.phase_start("Tactic timing", "Building engine", 3)
+                rec.step_results += [monitor.step_complete("Tactic timing", s) for s in range(3)]
+                monitor.phase_finish("Tactic timing")
+                rec.step_results += [monitor.step_complete("Building engine", s) for s in range(2)]
+                monitor.phase_finish("Building engine")
+            if config.timing_cache is not None:
+                config.timing_cache.data += b"+timings"
+            return None if rec.build_fails else b"fake-engine-plan"
+
+    class ICudaEngine:
+        __slots__ = ("plan",)
+        io = {"images": ("TensorIOMode.INPUT", "DataType.FLOAT"), "logits": ("TensorIOMode.OUTPUT", "DataType.FLOAT")}
+
+        def __init__(self, plan):
+            self.plan = plan
+
+        num_io_tensors = property(lambda self: len(self.io))
+
+        def get_tensor_name(self, index):
+            return list(self.io)[index]
+
+        def get_tensor_mode(self, name):
+            return self.io[name][0]
+
+        def get_tensor_dtype(self, name):
+            return self.io[name][1]
+
+        def create_execution_context(self):
+            return types.SimpleNamespace(engine=self)
+
+    class Runtime:
+        __slots__ = ()
+
+        def __init__(self, logger):
+            assert isinstance(logger, Logger)
+
+        def deserialize_cuda_engine(self, serialized_engine):
+            return ICudaEngine(bytes(serialized_engine))
+
+    for cls in (Logger, OnnxParser, Builder, IBuilderConfig, IOptimizationProfile, ITimingCache, IProgressMonitor, Runtime):
+        setattr(trt, cls.__name__, cls)
+    trt.record = rec
+    return trt
+
+
+@pytest.fixture
+def rec(monkeypatch) -> Record:
+    """Install a fresh fake `tensorrt` module; returns its record."""
+    record = Record()
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(record))
+    return record
+
+
+@pytest.fixture
+def gpu(monkeypatch) -> dict:
+    """Pretend torch sees one CUDA device (GPU): only the calls `current_gpu` makes are patched."""
+    major, minor = map(int, GPU["compute_capability"].split("."))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, minor))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: GPU["name"])
+    return GPU
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> tuple[Path, torch.nn.Module]:
+    """A real small ViT ONNX file (dynamic batch, opset 18, LayerNormalization nodes) with a vitfast
+    sidecar, and the model it was exported from."""
+    path = tmp_path_factory.mktemp("onnx") / "vit.onnx"
+    model = vitfast.create_model("vit_cifar_patch4_32").set_fused_attn(False).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy exporter's deprecation and tracer chatter
+        torch.onnx.export(model, (torch.randn(1, 3, 32, 32),), str(path), dynamo=False, opset_version=18,
+                          input_names=["images"], output_names=["logits"],
+                          dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})  # fmt: skip
+    write_sidecar(path, base_metadata("onnx", model.config, "fp32", batch=None, dynamic_batch=True))
+    return path, model
+
+
+@pytest.fixture(scope="module")
+def onnx_file(exported) -> Path:
+    return exported[0]
+
+
+def build(onnx_file: Path, out: Path, **kwargs) -> Path:
+    kwargs.setdefault("progress", False)
+    return trt_export.build_engine(onnx_file, out, **kwargs)
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+# ---------------------------------------------------------------------------- without TensorRT
+
+
+def test_import_needs_neither_tensorrt_nor_cuda():
+    code = (
+        "import sys; sys.modules['tensorrt'] = None\n"
+        "import torch, vitfast.export.tensorrt as t\n"
+        "assert not torch.cuda.is_initialized()\n"
+        "assert t.TensorRTEngine and t.build_engine\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_require_tensorrt_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # makes `import tensorrt` fail even where it is installed
+    with pytest.raises(BackendUnavailable) as info:
+        trt_export.require_tensorrt()
+    message = str(info.value)
+    assert "\n" not in message and "not installed" in message
+    assert "pip install tensorrt" in message and "container" in message
+
+
+def test_engine_without_tensorrt_is_backend_unavailable(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    with pytest.raises(BackendUnavailable, match="pip install tensorrt"):
+        trt_export.TensorRTEngine(tmp_path / "model.engine")
+
+
+def test_engine_without_gpu_is_backend_unavailable(rec, monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(BackendUnavailable, match="NVIDIA GPU"):
+        trt_export.TensorRTEngine(tmp_path / "model.engine")
+
+
+def test_build_without_tensorrt_is_backend_unavailable(monkeypatch, onnx_file, tmp_path):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    with pytest.raises(BackendUnavailable, match="not installed"):
+        build(onnx_file, tmp_path / "vit.engine")
+    assert not (tmp_path / "vit.engine").exists()
+
+
+# ---------------------------------------------------------------------------- pure helpers
+
+
+def test_profile_shapes_replace_the_dynamic_batch():
+    assert trt_export.profile_shapes((-1, 3, 224, 224), (1, 8, 32)) == ((1, 3, 224, 224), (8, 3, 224, 224), (32, 3, 224, 224))
+    assert trt_export.profile_shapes([-1, 3, 32, 32], "2:4:8")[2] == (8, 3, 32, 32)
+    assert trt_export.profile_shapes((4, 3, 32, 32), 4) == ((4, 3, 32, 32),) * 3
+
+
+@pytest.mark.parametrize(
+    "shape, batch, match",
+    [
+        ((-1, 3, -1, -1), (1, 8, 32), r"dynamic dims \[2, 3\].*--img-size"),
+        ((4, 3, 32, 32), (1, 8, 32), "fixed batch of 4.*--batch 4"),
+        ((-1, 3, 32, 32), (8, 4, 2), "MIN <= OPT <= MAX"),
+        ((-1, 3, 32, 32), (0, 1, 2), "MIN <= OPT <= MAX"),
+        ((-1, 3, 32, 32), "1:8", "MIN:OPT:MAX"),
+        ((), (1, 1, 1), "scalar"),
+    ],
+)
+def test_profile_shapes_refuses(shape, batch, match):
+    with pytest.raises(ArtifactError, match=match):
+        trt_export.profile_shapes(shape, batch)
+
+
+@pytest.mark.parametrize(
+    "precision, cc, expected",
+    [
+        ("fp32", "7.5", []),
+        ("fp16", "7.5", ["FP16"]),
+        ("int8", "8.0", ["INT8", "FP16"]),
+        ("fp8", "8.9", ["FP8", "FP16"]),
+        ("fp8", (9, 0), ["FP8", "FP16"]),
+        ("fp8", "12.0", ["FP8", "FP16"]),
+    ],
+)
+def test_precision_flags(precision, cc, expected):
+    assert trt_export.precision_flags(precision, cc) == expected
+
+
+def test_precision_flags_layernorm_constraint_only_below_fp32():
+    assert trt_export.precision_flags("fp16", "8.0", fp32_layernorm=True) == ["FP16", "PREFER_PRECISION_CONSTRAINTS"]
+    assert trt_export.precision_flags("fp32", "8.0", fp32_layernorm=True) == []
+
+
+def test_precision_flags_refuses_fp8_before_ada_and_unknown_precisions():
+    with pytest.raises(ArtifactError, match=r"compute capability >= 8\.9.*this one is 8\.0"):
+        trt_export.precision_flags("fp8", "8.0")
+    with pytest.raises(ArtifactError, match="fp32, fp16, int8, fp8"):
+        trt_export.precision_flags("fp64", "9.0")
+
+
+def test_parse_version():
+    assert trt_export.parse_version("10.7.0") == (10, 7, 0)
+    assert trt_export.parse_version("10.7.0.23") == (10, 7, 0)
+    assert trt_export.parse_version("10.13.3.post12") == (10, 13, 3)
+    assert trt_export.parse_version("10") == (10, 0, 0)
+    with pytest.raises(ArtifactError):
+        trt_export.parse_version("unknown")
+
+
+def engine_meta(version="10.7.0", name="NVIDIA L4", cc="8.9") -> dict:
+    return {"tensorrt": {"version": version}, "gpu": {"name": name, "compute_capability": cc}}
+
+
+def check(meta: dict, trt_version="10.7.0", gpu_name="NVIDIA L4", compute_capability="8.9") -> None:
+    trt_export.check_engine_compatible(meta, trt_version=trt_version, gpu_name=gpu_name, compute_capability=compute_capability)
+
+
+def test_compatible_engine_passes():
+    check(engine_meta())
+    check(engine_meta("10.7.0.23"))  # a build number or post-release tag does not change the engine format
+
+
+def test_other_tensorrt_version_is_refused_naming_both():
+    with pytest.raises(ArtifactError) as info:
+        check(engine_meta("10.3.0"))
+    message = str(info.value)
+    assert "TensorRT 10.3.0" in message and "TensorRT 10.7.0" in message and "built on" not in message
+    assert "vitfast export --format trt" in message and "\n" not in message
+
+
+def test_other_gpu_is_refused_naming_both():
+    with pytest.raises(ArtifactError) as info:
+        check(engine_meta(), gpu_name="NVIDIA A100-SXM4-80GB", compute_capability="8.0")
+    message = str(info.value)
+    assert "NVIDIA L4" in message and "NVIDIA A100-SXM4-80GB" in message and "8.9" in message and "8.0" in message
+    assert "10.7.0" not in message and "vitfast export --format trt" in message
+
+
+def test_same_name_other_compute_capability_is_refused():
+    with pytest.raises(ArtifactError, match="compute capability 8.9.*compute capability 9.0"):
+        check(engine_meta(), compute_capability="9.0")
+
+
+def test_sidecar_without_build_record_is_refused():
+    with pytest.raises(ArtifactError, match="does not record"):
+        check({"config": {}})
+
+
+def test_check_quantization():
+    trt_export.check_quantization("int8", True, "q.onnx")
+    trt_export.check_quantization("fp16", False, "m.onnx")
+    with pytest.raises(ArtifactError, match="quantize_int8"):
+        trt_export.check_quantization("int8", False, "m.onnx")
+    with pytest.raises(ArtifactError, match="--precision int8"):
+        trt_export.check_quantization("fp16", True, "q.onnx")
+    trt_export.check_quantization("int8", True, "q.onnx", int8_target="tensorrt")
+    with pytest.raises(ArtifactError, match="target='tensorrt'"):
+        trt_export.check_quantization("int8", True, "q.onnx", int8_target="cpu")
+
+
+# ---------------------------------------------------------------------------- build_engine against the fake
+
+
+def test_build_fp16_end_to_end(rec, gpu, onnx_file, tmp_path):
+    out_dir = tmp_path / "out"
+    cache_file = tmp_path / "cache" / "timing.cache"
+    cache_file.parent.mkdir()
+    cache_file.write_bytes(b"earlier")
+
+    path = build(onnx_file, out_dir / "vit.engine", precision="fp16", batch=(1, 8, 32), workspace_gib=2.5,
+                 optimization_level=4, timing_cache=cache_file)  # fmt: skip
+
+    (network,), (config,) = rec.networks, rec.configs
+    assert network.flags == 0  # explicit batch is implicit in TensorRT 10; not strongly typed
+    assert rec.calls[0] == ("parse_from_file", str(onnx_file))
+    assert config.flags == {"BuilderFlag.FP16", "BuilderFlag.PREFER_PRECISION_CONSTRAINTS"}
+    assert config.pool_limits == {"MemoryPoolType.WORKSPACE": int(2.5 * 2**30)}
+    assert config.builder_optimization_level == 4
+    (profile,) = config.profiles
+    assert profile.shapes == {"images": ((1, 3, 32, 32), (8, 3, 32, 32), (32, 3, 32, 32))}
+    norms = [layer for layer in network.layers if layer.type == "LayerType.NORMALIZATION"]
+    assert len(norms) == 2 * 4 + 1  # two per block, depth 4, plus the final norm
+    assert all(n.precision == "DataType.FLOAT" and n.output_types == {0: "DataType.FLOAT"} for n in norms)
+    assert all(layer._precision is None for layer in network.layers if layer not in norms)
+
+    assert path == out_dir / "vit.engine" and path.read_bytes() == b"fake-engine-plan"
+    assert sorted(p.name for p in out_dir.iterdir()) == ["vit.engine", "vit.engine.json"]
+    assert config.ignore_mismatch is False and cache_file.read_bytes() == b"earlier+timings"
+    assert leftovers(cache_file.parent) == []
+
+    meta = read_sidecar(path)
+    source = read_sidecar(onnx_file)
+    assert meta["kind"] == "tensorrt" and meta["precision"] == "fp16"
+    assert meta["config"] == source["config"] and meta["preprocessing"] == source["preprocessing"]
+    assert meta["input"]["batch"] == [1, 8, 32] and meta["input"]["name"] == "images" and meta["input"]["shape"][0] == "batch"
+    assert meta["source"]["path"] == str(onnx_file) and len(meta["source"]["sha256"]) == 64
+    assert meta["gpu"] == GPU and meta["parity"] is None
+    assert meta["tensorrt"] == {
+        "version": "10.7.0",
+        "profile": {"input": "images", "min": [1, 3, 32, 32], "opt": [8, 3, 32, 32], "max": [32, 3, 32, 32]},
+        "builder_optimization_level": 4,
+        "workspace_gib": 2.5,
+        "flags": ["FP16", "PREFER_PRECISION_CONSTRAINTS"],
+        "fp32_layernorm": True,
+        "fp32_layers": 9,
+        "timing_cache": str(cache_file),
+    }
+
+
+def test_build_fp32_clears_tf32_and_pins_nothing(rec, gpu, onnx_file, tmp_path):
+    build(onnx_file, tmp_path / "vit.engine", precision="fp32", batch="1:1:4")
+    (config,) = rec.configs
+    assert config.flags == set() and config.cleared == {"BuilderFlag.TF32"}
+    assert all(layer._precision is None for layer in rec.networks[0].layers)
+    assert config.profiles[0].shapes["images"][2] == (4, 3, 32, 32)
+    assert read_sidecar(tmp_path / "vit.engine")["tensorrt"]["fp32_layers"] == 0
+
+
+def test_build_without_fp32_layernorm_sets_no_constraints(rec, gpu, onnx_file, tmp_path):
+    build(onnx_file, tmp_path / "vit.engine", fp32_layernorm=False)
+    assert rec.configs[0].flags == {"BuilderFlag.FP16"}
+    assert all(layer._precision is None for layer in rec.networks[0].layers)
+
+
+def test_build_int8_needs_a_quantized_onnx(rec, gpu, onnx_file, tmp_path):
+    with pytest.raises(ArtifactError, match="no QuantizeLinear/DequantizeLinear.*quantize_int8"):
+        build(onnx_file, tmp_path / "vit.engine", precision="int8")
+    assert not (tmp_path / "vit.engine").exists()
+    assert ("build_serialized_network",) not in rec.calls
+
+
+def test_build_int8_sets_int8_and_fp16(rec, gpu, onnx_file, tmp_path):
+    rec.extra_layers = ["QUANTIZE", "DEQUANTIZE"]
+    build(onnx_file, tmp_path / "vit.engine", precision="int8")
+    assert rec.configs[0].flags == {"BuilderFlag.INT8", "BuilderFlag.FP16", "BuilderFlag.PREFER_PRECISION_CONSTRAINTS"}
+
+
+def test_build_int8_refuses_the_cpu_quantization_target(rec, gpu, onnx_file, tmp_path):
+    cpu_int8 = tmp_path / "cpu_int8.onnx"
+    shutil.copy(onnx_file, cpu_int8)
+    write_sidecar(cpu_int8, read_sidecar(onnx_file) | {"precision": "int8", "int8": {"target": "cpu"}})
+    rec.extra_layers = ["QUANTIZE", "DEQUANTIZE"]
+    with pytest.raises(ArtifactError, match="uint8"):
+        build(cpu_int8, tmp_path / "vit.engine", precision="int8")
+    assert not (tmp_path / "vit.engine").exists()
+
+
+def test_build_fp8_refused_on_compute_capability_8_0(rec, gpu, monkeypatch, onnx_file, tmp_path):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(ArtifactError, match=r"8\.9"):
+        build(onnx_file, tmp_path / "vit.engine", precision="fp8")
+    assert rec.calls == []
+
+
+def test_parser_errors_become_one_artifact_error(rec, gpu, onnx_file, tmp_path):
+    rec.parser_errors = ["Unsupported operator FancyAttention", "Assertion failed:\n  weights are empty"]
+    with pytest.raises(ArtifactError) as info:
+        build(onnx_file, tmp_path / "vit.engine")
+    message = str(info.value)
+    assert "\n" not in message and str(onnx_file) in message
+    assert "Unsupported operator FancyAttention" in message and "Assertion failed: weights are empty" in message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_build_writes_nothing(rec, gpu, onnx_file, tmp_path):
+    rec.build_fails = True
+    cache_file = tmp_path / "timing.cache"
+    cache_file.write_bytes(b"earlier")
+    with pytest.raises(ArtifactError, match="could not build"):
+        build(onnx_file, tmp_path / "vit.engine", timing_cache=cache_file)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["timing.cache"] and cache_file.read_bytes() == b"earlier"
+
+
+def test_new_timing_cache_is_created(rec, gpu, onnx_file, tmp_path):
+    cache_file = tmp_path / "new" / "timing.cache"
+    build(onnx_file, tmp_path / "vit.engine", timing_cache=cache_file)
+    assert cache_file.read_bytes() == b"+timings"
+
+
+def test_mismatched_timing_cache_is_replaced(rec, gpu, onnx_file, tmp_path):
+    cache_file = tmp_path / "timing.cache"
+    cache_file.write_bytes(b"other-gpu timings")
+    with pytest.warns(UserWarning, match="does not match"):
+        build(onnx_file, tmp_path / "vit.engine", timing_cache=cache_file)
+    assert cache_file.read_bytes() == b"+timings"
+
+
+def test_existing_engine_needs_force(rec, gpu, onnx_file, tmp_path):
+    out = tmp_path / "vit.engine"
+    out.write_bytes(b"old")
+    with pytest.raises(ArtifactError, match="--force"):
+        build(onnx_file, out)
+    assert rec.calls == [] and out.read_bytes() == b"old"  # refused before any TensorRT work
+    build(onnx_file, out, force=True)
+    assert out.read_bytes() == b"fake-engine-plan"
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"precision": "bf16"}, "fp32, fp16, int8, fp8"), ({"workspace_gib": 0}, "> 0 GiB"),
+     ({"optimization_level": 6}, "0..5"), ({"batch": "8:1:2"}, "MIN <= OPT")],
+)  # fmt: skip
+def test_bad_build_arguments(rec, gpu, onnx_file, tmp_path, kwargs, match):
+    with pytest.raises(ArtifactError, match=match):
+        build(onnx_file, tmp_path / "vit.engine", **kwargs)
+    assert rec.calls == []
+
+
+def test_onnx_without_sidecar_is_refused(rec, gpu, tmp_path):
+    bare = tmp_path / "bare.onnx"
+    bare.write_bytes(b"not really onnx")
+    with pytest.raises(ArtifactError, match="no sidecar"):
+        build(bare, tmp_path / "vit.engine")
+    with pytest.raises(ArtifactError, match="no such ONNX file"):
+        build(tmp_path / "missing.onnx", tmp_path / "vit.engine")
+
+
+def test_tensorrt_9_is_refused(rec, gpu, monkeypatch, onnx_file, tmp_path):
+    monkeypatch.setattr(sys.modules["tensorrt"], "__version__", "8.6.1")
+    with pytest.raises(BackendUnavailable, match="TensorRT >= 10, found 8.6.1"):
+        build(onnx_file, tmp_path / "vit.engine")
+
+
+def test_progress_monitor_on_a_terminal(rec, gpu, monkeypatch, onnx_file, tmp_path):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    build(onnx_file, tmp_path / "vit.engine", progress=True)
+    assert isinstance(rec.configs[0].progress_monitor, sys.modules["tensorrt"].IProgressMonitor)
+    assert rec.step_results == [True] * 5  # True = keep building
+
+
+def test_no_progress_monitor_off_a_terminal(rec, gpu, onnx_file, tmp_path):
+    build(onnx_file, tmp_path / "vit.engine", progress=True)  # pytest captures stderr: not a terminal
+    assert rec.configs[0].progress_monitor is None
+
+
+# ---------------------------------------------------------------------------- TensorRTEngine.__init__ against the fake
+
+
+def test_engine_loads_a_compatible_build(rec, gpu, onnx_file, tmp_path):
+    path = build(onnx_file, tmp_path / "vit.engine", batch=(1, 4, 16))
+    engine = trt_export.TensorRTEngine(path)
+    assert engine.batch == (1, 4, 16) and engine.precision == "fp16" and engine.kind == "tensorrt"
+    assert (engine.input_name, engine.output_name) == ("images", "logits")
+    assert engine.input_dtype == torch.float32 and engine.device == torch.device("cuda", 0)
+    assert engine.config == vitfast.create_model("vit_cifar_patch4_32").config
+
+
+def test_engine_from_another_tensorrt_is_refused(rec, gpu, monkeypatch, onnx_file, tmp_path):
+    path = build(onnx_file, tmp_path / "vit.engine")
+    monkeypatch.setattr(sys.modules["tensorrt"], "__version__", "10.8.0")
+    with pytest.raises(ArtifactError, match="TensorRT 10.7.0.*TensorRT 10.8.0"):
+        trt_export.TensorRTEngine(path)
+
+
+def test_engine_from_another_gpu_is_refused(rec, gpu, monkeypatch, onnx_file, tmp_path):
+    path = build(onnx_file, tmp_path / "vit.engine")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    with pytest.raises(ArtifactError, match="NVIDIA L4.*NVIDIA H100 80GB HBM3"):
+        trt_export.TensorRTEngine(path)
+
+
+# ---------------------------------------------------------------------------- real TensorRT on a GPU
+
+
+@pytest.fixture
+def real_tensorrt():
+    pytest.importorskip("tensorrt", reason="needs TensorRT (pip install tensorrt, Linux + NVIDIA GPU)")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_real_engine_matches_the_reference(real_tensorrt, exported, tmp_path, precision):
+    from vitfast.parity import compare
+
+    onnx_path, model = exported
+    path = build(onnx_path, tmp_path / "vit.engine", precision=precision, batch=(1, 4, 8), optimization_level=2)
+    images = torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(images)
+    for cuda_graph in (False, True):
+        engine = trt_export.TensorRTEngine(path, cuda_graph=cuda_graph)
+        logits = engine(images)
+        assert logits.is_cuda and logits.dtype == torch.float32 and logits.shape == (5, 10)
+        assert compare(logits.cpu(), expected, precision)["passed"]
+        assert torch.equal(engine(images), logits)  # the same context (or replayed graph) gives the same answer
+        assert engine(images[:1]).shape == (1, 10)  # another shape: another graph
