@@ -1,5 +1,11 @@
-"""Export pipeline: ONNX, INT8 calibration, TensorRT engines, Triton model repositories.
+"""Export pipeline: ONNX, INT8 calibration, TensorRT engines (installed as `vitfast.export`).
 
-Installed as `vitfast.export`. Not written yet (issue #4); nothing here is imported by the
-reference model.
+onnx, onnxruntime and TensorRT are imported only when a function that needs them runs.
 """
+
+from .artifacts import parse_batch, read_sidecar, sidecar_path
+from .onnx_export import to_onnx
+from .quantize import quantize_int8
+from .tensorrt import TensorRTEngine, build_engine
+
+__all__ = ["to_onnx", "quantize_int8", "build_engine", "TensorRTEngine", "parse_batch", "read_sidecar", "sidecar_path"]

@@ -13,6 +13,7 @@ from .model import VisionTransformer  # noqa: E402
 from .optimize import optimize, restore  # noqa: E402
 from .preprocessing import preprocess  # noqa: E402
 from .registry import create_model, get_config, list_models  # noqa: E402
+from .runtime import Engine, load_engine  # noqa: E402
 
 __all__ = [
     "__version__",
@@ -26,6 +27,8 @@ __all__ = [
     "optimize",
     "restore",
     "preprocess",
+    "load_engine",
+    "Engine",
     "VitfastError",
     "ConfigError",
     "CheckpointError",

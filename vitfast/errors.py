@@ -20,3 +20,11 @@ class CheckpointError(VitfastError, ValueError):
 
 class InputError(VitfastError, ValueError):
     """Images of the wrong shape, dtype or channel count."""
+
+
+class ArtifactError(VitfastError, ValueError):
+    """An export artifact (ONNX file, engine, sidecar) that is missing, corrupt or incompatible."""
+
+
+class BackendUnavailable(VitfastError, RuntimeError):
+    """An optional backend (onnxruntime, TensorRT, a GPU) is not installed or not present."""

@@ -80,7 +80,8 @@ class Attention(nn.Module):
             x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
         else:
             attn = (q * self.scale) @ k.transpose(-2, -1)
-            attn = attn.softmax(dim=-1)
+            # softmax sums in at least fp32 (fp16/bf16 models), then back to the model's dtype
+            attn = attn.to(torch.promote_types(attn.dtype, torch.float32)).softmax(dim=-1).to(q.dtype)
             x = self.attn_drop(attn) @ v
         x = self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, C)))
         return (x, attn) if return_attention else x

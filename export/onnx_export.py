@@ -1,0 +1,147 @@
+"""PyTorch reference model -> ONNX (fp32 or fp16), checked, parity-tested, with its sidecar.
+
+The exported graph is the plain-math path (explicit MatMul/Softmax attention, one
+`LayerNormalization` node per norm at opset >= 17), with a dynamic batch axis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+from vitfast.errors import ArtifactError, BackendUnavailable, ConfigError
+from vitfast.parity import compare
+
+from .artifacts import atomic_artifact, base_metadata, write_sidecar
+
+PARITY_BATCH = 4
+
+
+def require_onnx():
+    try:
+        import onnx
+        import onnxruntime
+    except ImportError:
+        raise BackendUnavailable("ONNX export needs onnx and onnxruntime: pip install 'vitfast[export]'") from None
+    return onnx, onnxruntime
+
+
+def exportable_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A float32 CPU copy of the reference model on its plain-math path (Triton blocks undone)."""
+    from vitfast.optimize import restore
+
+    if not hasattr(model, "config") or not hasattr(model, "set_fused_attn"):
+        raise ConfigError("to_onnx takes a vitfast VisionTransformer (create_model / load_checkpoint)")
+    clone = restore(copy.deepcopy(model)).to("cpu", torch.float32).eval()
+    return clone.set_fused_attn(False)
+
+
+def to_onnx(
+    model: torch.nn.Module,
+    path: str | os.PathLike,
+    *,
+    opset: int = 18,
+    dynamic_batch: bool = True,
+    dynamic_image_size: bool = False,
+    precision: str = "fp32",
+    batch: tuple[int, int, int] | None = None,
+    force: bool = False,
+    source: dict | None = None,
+) -> Path:
+    """Export `model` to ONNX at `path` (+ `path.json` sidecar), atomically; returns `path`.
+
+    precision "fp16" exports the model in float16 with LayerNorm statistics and the attention
+    softmax in float32, and float32 inputs/outputs. `batch` (min, opt, max) is recorded for engines built from
+    it; with `dynamic_batch=False` the graph is fixed at batch `opt`. The ONNX Runtime logits are
+    compared with the PyTorch fp32 reference on random images and the numbers go in the sidecar.
+    """
+    onnx, _ = require_onnx()
+    if opset < 17:
+        raise ArtifactError(f"opset {opset} is too old: LayerNormalization needs opset >= 17")
+    if precision not in ("fp32", "fp16"):
+        raise ArtifactError(f"to_onnx precision must be fp32 or fp16 (int8 goes through quantize_int8), got {precision!r}")
+    if dynamic_image_size:
+        raise ArtifactError(
+            "dynamic image size is not supported: the position-embedding resize is not expressed in the graph; "
+            "export one artifact per resolution with --img-size N (embeddings are resized at export)"
+        )
+    ref = exportable_copy(model)
+    cfg = ref.config
+    example_batch = 2 if dynamic_batch else (batch or (1, 1, 1))[1]  # not 1: torch.export specialises size-1 dims
+    example = torch.randn(example_batch, cfg.in_chans, *cfg.img_hw)
+    graph_module = _Fp16Graph(copy.deepcopy(ref)) if precision == "fp16" else ref
+    with atomic_artifact(path, force) as tmp:
+        _export(graph_module, example, tmp, opset, dynamic_batch)
+        try:
+            onnx.checker.check_model(str(tmp), full_check=True)
+        except Exception as exc:  # onnx raises ValidationError and friends
+            raise ArtifactError(f"the exported ONNX graph failed onnx.checker: {str(exc).splitlines()[0]}") from None
+        meta = base_metadata("onnx", cfg, precision, batch=batch, dynamic_batch=dynamic_batch)
+        meta["source"] = source
+        meta["onnx"] = {"opset": opset, "exporter": f"torch.onnx (dynamo) {torch.__version__}", "dynamic_batch": dynamic_batch}
+        meta["parity"] = onnx_parity(tmp, ref, precision, example_batch if not dynamic_batch else PARITY_BATCH)
+        write_sidecar(tmp, meta)
+    return Path(path)
+
+
+def _export(model: torch.nn.Module, example: torch.Tensor, out: Path, opset: int, dynamic_batch: bool) -> None:
+    dynamic_shapes = {"x": {0: torch.export.Dim("batch", min=1, max=65536)}} if dynamic_batch else None
+    quiet = logging.getLogger("torch.onnx")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # "torchvision is not installed" and similar exporter chatter
+    with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(sys.stderr):
+        warnings.simplefilter("ignore")  # deprecations inside the exporter; stdout stays clean for --json
+        program = torch.onnx.export(
+            model, (example,), dynamo=True, opset_version=opset, input_names=["images"],
+            output_names=["logits"], dynamic_shapes=dynamic_shapes, verbose=False,
+        )  # fmt: skip
+        program.save(str(out), external_data=_needs_external_data(model))
+    quiet.setLevel(level)
+
+
+def _needs_external_data(model: torch.nn.Module) -> bool:
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return nbytes > 1.8 * 2**30  # protobuf files are capped at 2 GiB
+
+
+class _Fp32LayerNorm(torch.nn.LayerNorm):
+    """LayerNorm whose statistics are computed in float32 whatever the weights' dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, b = self.weight.float(), self.bias.float() if self.bias is not None else None
+        return torch.nn.functional.layer_norm(x.float(), self.normalized_shape, w, b, self.eps).to(x.dtype)
+
+
+class _Fp16Graph(torch.nn.Module):
+    """float32 images in, float32 logits out, float16 inside (LayerNorm statistics and the
+    attention softmax stay float32: the softmax through the math path's own upcast)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        for module in model.modules():
+            if type(module) is torch.nn.LayerNorm:
+                module.__class__ = _Fp32LayerNorm  # same parameters, fp32 statistics
+        self.model = model.half()
+        self.config = model.config
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x.half()).float()
+
+
+def onnx_parity(path: Path, reference: torch.nn.Module, precision: str, batch_size: int) -> dict:
+    """Run the ONNX file on seeded random images through ONNX Runtime (CPU) vs the fp32 model."""
+    import onnxruntime as ort
+
+    images = torch.randn(batch_size, reference.config.in_chans, *reference.config.img_hw, generator=torch.Generator().manual_seed(0))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {session.get_inputs()[0].name: images.numpy()})
+    with torch.no_grad():
+        expected = reference(images)
+    return compare(torch.from_numpy(out), expected, precision) | {"inputs": f"{batch_size} seeded N(0, 1) images", "runtime": "onnxruntime CPU"}

@@ -1,0 +1,163 @@
+"""INT8 post-training quantization of an exported fp32 ONNX model with ONNX Runtime's calibrators.
+
+Two targets from one calibration:
+- "tensorrt" (default): explicit QDQ that TensorRT builds INT8 engines from: symmetric int8
+  activations and weights (zero point 0), per-channel weights, Q/DQ only on the inputs of the
+  patch-embedding Conv and the MatMul/Gemm layers; LayerNorm, Softmax and GELU stay float.
+- "cpu": the form ONNX Runtime's CPU int8 kernels want on x86 (VNNI multiplies uint8 x int8):
+  asymmetric uint8 activations, symmetric per-channel int8 weights, same layers.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from vitfast.data import batches, find_images
+from vitfast.errors import ArtifactError, InputError
+from vitfast.parity import compare
+
+from .artifacts import atomic_artifact, read_sidecar, sha256_file, write_sidecar
+from .onnx_export import require_onnx
+
+METHODS = ("minmax", "entropy", "percentile")
+TARGETS = ("tensorrt", "cpu")
+QUANTIZED_OPS = ["Conv", "MatMul", "Gemm"]
+
+
+def calibration_batches(source, config, *, samples: int, batch_size: int = 16) -> list[np.ndarray]:
+    """Calibration inputs as float32 arrays [b, C, H, W] from an image folder (searched
+    recursively, preprocessed with the model's own settings) or from tensors / an iterable."""
+    if isinstance(source, (str, os.PathLike)):
+        files = find_images(source)[:samples]
+        return [b.numpy() for b in batches(files, config, batch_size)]
+    if isinstance(source, torch.Tensor):
+        source = source.split(batch_size)
+    out, seen = [], 0
+    for item in source:
+        arr = item.detach().cpu().float().numpy() if isinstance(item, torch.Tensor) else np.asarray(item, np.float32)
+        out.append(arr[: samples - seen])
+        seen += len(out[-1])
+        if seen >= samples:
+            break
+    if not out:
+        raise InputError("no calibration data: give an image folder, a tensor or an iterable of batches")
+    return out
+
+
+def nodes_to_exclude(model_path: Path, patterns: Iterable[str]) -> list[str]:
+    """Node names matching any shell-style pattern (e.g. 'node_linear_4*' or '*attn*')."""
+    import onnx
+
+    patterns = list(patterns)
+    if not patterns:
+        return []
+    names = [n.name for n in onnx.load(str(model_path), load_external_data=False).graph.node]
+    matched = [n for n in names if any(fnmatch.fnmatch(n, p) for p in patterns)]
+    unmatched = [p for p in patterns if not any(fnmatch.fnmatch(n, p) for n in names)]
+    if unmatched:
+        raise ArtifactError(f"exclude pattern(s) {unmatched} match no node; node names look like {names[:3]}")
+    return matched
+
+
+def quantize_int8(
+    onnx_path: str | os.PathLike,
+    out_path: str | os.PathLike,
+    calibration,
+    *,
+    method: str = "minmax",
+    samples: int = 256,
+    target: str = "tensorrt",
+    exclude: Iterable[str] = (),
+    percentile: float = 99.999,
+    force: bool = False,
+    progress: bool = True,
+) -> Path:
+    """fp32 ONNX (with sidecar) -> INT8 QDQ ONNX (+ sidecar with calibration and parity numbers)."""
+    require_onnx()
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    if method not in METHODS:
+        raise ArtifactError(f"calibration method must be one of {METHODS}, got {method!r}")
+    if target not in TARGETS:
+        raise ArtifactError(f"int8 target must be one of {TARGETS}, got {target!r}")
+    onnx_path = Path(onnx_path)
+    meta = read_sidecar(onnx_path)
+    if meta.get("precision") != "fp32":
+        raise ArtifactError(f"{onnx_path} is {meta.get('precision')}; quantize an fp32 ONNX export")
+    from vitfast.config import ViTConfig
+
+    config = ViTConfig.from_dict(meta["config"])
+    data = calibration_batches(calibration, config, samples=samples)
+    n_samples = sum(len(b) for b in data)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter(_with_progress(data, "calibrating", progress))
+
+        def get_next(self):
+            batch = next(self.items, None)
+            return None if batch is None else {"images": batch}
+
+    symmetric_acts = target == "tensorrt"
+    extra = {
+        "ActivationSymmetric": symmetric_acts,
+        "WeightSymmetric": True,
+        "CalibPercentile": percentile,
+        "CalibMovingAverage": method == "minmax",
+    }
+    with atomic_artifact(out_path, force) as tmp, tempfile.TemporaryDirectory() as work:
+        prepared = Path(work) / "prepared.onnx"
+        quant_pre_process(str(onnx_path), str(prepared), skip_symbolic_shape=False)
+        quantize_static(
+            str(prepared), str(tmp), Reader(),
+            quant_format=QuantFormat.QDQ,
+            activation_type=QuantType.QInt8 if symmetric_acts else QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            op_types_to_quantize=QUANTIZED_OPS,
+            nodes_to_exclude=nodes_to_exclude(prepared, exclude),
+            calibrate_method={"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+                              "percentile": CalibrationMethod.Percentile}[method],
+            extra_options=extra,
+        )  # fmt: skip
+        new_meta = dict(meta)
+        new_meta.update(
+            kind="onnx", precision="int8",  # "source" stays the model the fp32 ONNX came from
+            quantized_from={"path": str(onnx_path), "sha256": sha256_file(onnx_path)},
+            int8={"target": target, "method": method, "samples": n_samples, "per_channel_weights": True,
+                  "symmetric_activations": symmetric_acts, "quantized_ops": QUANTIZED_OPS, "exclude": list(exclude),
+                  "calibration": str(calibration) if isinstance(calibration, (str, os.PathLike)) else "tensors"},
+            parity=_int8_parity(tmp, onnx_path, data),
+        )  # fmt: skip
+        write_sidecar(tmp, new_meta)
+    return Path(out_path)
+
+
+def _with_progress(items: list, label: str, enabled: bool):
+    import sys
+
+    if not (enabled and sys.stderr.isatty()):
+        return items
+    from rich.progress import track
+
+    return track(items, description=label, transient=True, console=None)
+
+
+def _int8_parity(int8_path: Path, fp32_path: Path, data: list[np.ndarray]) -> dict:
+    """int8 vs fp32 ONNX logits on (up to 64 of) the calibration images."""
+    import onnxruntime as ort
+
+    images = np.concatenate(data)[:64]
+    outs = []
+    for path in (int8_path, fp32_path):
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        outs.append(torch.from_numpy(session.run(None, {session.get_inputs()[0].name: images})[0]))
+    return compare(outs[0], outs[1], "int8") | {"inputs": f"{len(images)} calibration images", "reference": "fp32 ONNX"}

@@ -1,0 +1,234 @@
+"""`vitfast export`, `vitfast check` and `vitfast eval`: the export pipeline from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import ArtifactError, BackendUnavailable, InputError
+
+RANDOM_SEED = 0  # --model NAME exports random weights; the seed lets `check` rebuild them
+
+
+# ---------------------------------------------------------------------------- export
+def source_model(args: argparse.Namespace) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The reference model named by --model / --checkpoint (at --img-size), and how to rebuild it."""
+    from .checkpoint import load_checkpoint
+    from .export.artifacts import sha256_file
+    from .registry import create_model
+
+    overrides = {"img_size": args.img_size} if args.img_size else {}
+    if args.checkpoint:
+        model = load_checkpoint(args.checkpoint, img_size=args.img_size)
+        ckpt = Path(args.checkpoint)
+        return model, {"checkpoint": str(ckpt.resolve()), "sha256": sha256_file(ckpt) if ckpt.is_file() else None,
+                       "img_size": args.img_size}  # fmt: skip
+    torch.manual_seed(RANDOM_SEED)
+    model = create_model(args.model, **overrides)
+    return model, {"model": args.model, "weights": f"random init, torch.manual_seed({RANDOM_SEED})", "img_size": args.img_size}
+
+
+def rebuild_reference(source: dict[str, Any] | None, checkpoint: str | None, config) -> torch.nn.Module:
+    """The fp32 reference for `check`: --checkpoint, else what the artifact's sidecar records."""
+    from .checkpoint import load_checkpoint
+    from .registry import create_model
+
+    if checkpoint:
+        return load_checkpoint(checkpoint, img_size=config.img_size)
+    source = source or {}
+    if source.get("checkpoint") and Path(source["checkpoint"]).exists():
+        return load_checkpoint(source["checkpoint"], img_size=source.get("img_size"))
+    if source.get("model"):
+        torch.manual_seed(RANDOM_SEED)
+        return create_model(source["model"], **({"img_size": source["img_size"]} if source.get("img_size") else {}))
+    raise ArtifactError("cannot tell which model this artifact came from; pass --checkpoint PATH with the fp32 weights")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export.artifacts import check_output_free, parse_batch
+
+    batch = parse_batch(args.batch)
+    out = check_output_free(args.out, args.force)
+    if args.format == "triton-repo":
+        raise ArtifactError("--format triton-repo is not built yet (issue #6); export onnx or trt for now")
+    if args.precision == "int8" and not args.calib_dir:
+        raise InputError("--precision int8 needs --calib-dir DIR with calibration images (searched recursively)")
+    if args.calib_dir:
+        from .data import find_images
+
+        find_images(args.calib_dir)  # fail early on an empty or missing folder
+    model, source = source_model(args)
+    onnx_out = out if args.format == "onnx" else out.with_suffix(".onnx")
+    _export_onnx(args, model, source, onnx_out, batch)
+    if args.format == "onnx":
+        _report(onnx_out, args)
+        return 0
+    from .export.tensorrt import build_engine, require_tensorrt
+
+    try:
+        require_tensorrt()
+    except BackendUnavailable as exc:
+        raise BackendUnavailable(f"{exc} The ONNX it would have used is at {onnx_out}") from None
+    build_engine(onnx_out, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
+                 optimization_level=args.opt_level, timing_cache=args.timing_cache,
+                 fp32_layernorm=not args.no_fp32_layernorm, force=args.force)  # fmt: skip
+    _record_engine_parity(out, model)
+    _report(out, args)
+    return 0
+
+
+def _export_onnx(args, model, source, onnx_out: Path, batch) -> None:
+    from .export.onnx_export import to_onnx
+    from .export.quantize import quantize_int8
+
+    onnx_precision = "fp16" if args.format == "onnx" and args.precision == "fp16" else "fp32"
+    if args.precision != "int8":
+        to_onnx(model, onnx_out, precision=onnx_precision, batch=batch, opset=args.opset, force=args.force, source=source)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        fp32 = to_onnx(model, Path(tmp) / "fp32.onnx", batch=batch, opset=args.opset, source=source)
+        quantize_int8(fp32, onnx_out, args.calib_dir, method=args.calib_method, samples=args.calib_samples,
+                      target=args.int8_target, exclude=args.exclude or (), force=args.force)  # fmt: skip
+
+
+def _record_engine_parity(engine_path: Path, reference: torch.nn.Module) -> None:
+    from .export.artifacts import read_sidecar, sidecar_path
+    from .parity import compare
+    from .runtime import load_engine
+
+    engine = load_engine(engine_path)
+    x = _check_inputs(reference.config, engine, 8, None)
+    with torch.no_grad():
+        parity = compare(engine(x).cpu(), reference.float()(x), engine.precision)
+    meta = read_sidecar(engine_path)
+    meta["parity"] = parity
+    sidecar_path(engine_path).write_text(json.dumps(meta, indent=1, default=str))
+
+
+def _report(path: Path, args) -> None:
+    from .export.artifacts import read_sidecar
+
+    meta = read_sidecar(path)
+    parity = meta.get("parity") or {}
+    line = f"wrote {path} ({meta['precision']}); parity vs fp32: max_abs_err {parity.get('max_abs_err', float('nan')):.3g}, " \
+           f"cosine {parity.get('cosine', float('nan')):.6f}, top-1 agreement {parity.get('top1_agreement', float('nan')):.3f}"
+    print(line, file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------- check
+def _check_inputs(config, engine, samples: int, data: str | None) -> torch.Tensor:
+    n = samples if not engine.batch else max(min(samples, engine.batch[2]), engine.batch[0])
+    if data:
+        from .data import batches, find_images
+
+        return next(batches(find_images(data)[:n], config, n))
+    return torch.randn(n, config.in_chans, *config.img_hw, generator=torch.Generator().manual_seed(1))
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .parity import compare
+    from .runtime import TorchEngine, load_engine
+
+    engine = load_engine(args.artifact)
+    if isinstance(engine, TorchEngine):
+        from .checkpoint import load_checkpoint
+
+        reference = load_checkpoint(args.checkpoint or args.artifact)
+    else:
+        reference = rebuild_reference(engine.metadata.get("source"), args.checkpoint, engine.config)
+    if reference.config.img_hw != engine.config.img_hw or reference.config.num_classes != engine.config.num_classes:
+        raise ArtifactError("the reference model does not match the artifact's config (image size / classes); pass the right --checkpoint")
+    x = _check_inputs(engine.config, engine, args.samples, args.data)
+    with torch.no_grad():
+        result = compare(engine(x).cpu(), reference.eval()(x), engine.precision)
+    result |= {"artifact": str(args.artifact), "backend": engine.kind, "inputs": args.data or "seeded N(0, 1) images"}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        from .cli import console
+
+        verdict = "[green]PASSED[/green]" if result["passed"] else "[red]FAILED[/red]"
+        console().print(
+            f"{args.artifact} ({engine.kind}, {engine.precision}) vs fp32 reference on {result['n']} images: {verdict}\n"
+            f"  max_abs_err {result['max_abs_err']:.3g}  max_rel_err {result['max_rel_err']:.3g} "
+            f"(limit {result['tolerance']['max_rel_err']})  cosine {result['cosine']:.6f} "
+            f"(limit {result['tolerance']['cosine']})  top-1 agreement {result['top1_agreement']:.3f}"
+        )
+    return 0 if result["passed"] else 1
+
+
+# ---------------------------------------------------------------------------- eval
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .data import batches, labeled_images
+    from .runtime import load_engine
+
+    engine = load_engine(args.artifact)
+    files, labels, classes = labeled_images(args.data)
+    size = min(args.batch_size, engine.batch[2]) if engine.batch else args.batch_size
+    correct, seen = 0, 0
+    batch_iter = batches(files, engine.config, size)
+    if sys.stderr.isatty() and not args.json:
+        from rich.progress import track
+
+        batch_iter = track(batch_iter, total=-(-len(files) // size), description="evaluating", transient=True)
+    for x in batch_iter:
+        if engine.batch and len(x) < engine.batch[0]:  # a short last batch: pad up to the profile's minimum
+            pad = engine.batch[0] - len(x)
+            pred = engine(torch.cat([x, x[:1].expand(pad, -1, -1, -1)])).argmax(-1)[: len(x)].cpu()
+        else:
+            pred = engine(x).argmax(-1).cpu()
+        correct += int((pred == torch.tensor(labels[seen : seen + len(x)])).sum())
+        seen += len(x)
+    result = {"top1": correct / seen, "n": seen, "classes": len(classes), "artifact": str(args.artifact), "backend": engine.kind}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"top-1 {100 * result['top1']:.2f}% on {seen} images in {len(classes)} classes ({engine.kind}, {engine.precision})")
+    return 0
+
+
+# ---------------------------------------------------------------------------- parsers
+def add_parsers(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("export", parents=[common], help="export to ONNX / TensorRT (fp32, fp16, int8)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="registered model name (random weights, seed 0)")
+    src.add_argument("--checkpoint", help="vitfast / timm / Hugging Face checkpoint")
+    p.add_argument("--format", required=True, choices=["onnx", "trt", "triton-repo"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8"])
+    p.add_argument("--calib-dir", help="calibration images (searched recursively) for int8")
+    p.add_argument("--calib-method", default="minmax", choices=["minmax", "entropy", "percentile"])
+    p.add_argument("--calib-samples", type=int, default=256, help="calibration images to use (default 256)")
+    p.add_argument("--int8-target", default="tensorrt", choices=["tensorrt", "cpu"],
+                   help="QDQ form: TensorRT's symmetric int8 (default) or ONNX Runtime CPU's uint8 activations")  # fmt: skip
+    p.add_argument("--exclude", nargs="*", help="node-name patterns kept in float (per-layer fallback)")
+    p.add_argument("--batch", default="1:8:32", help="MIN:OPT:MAX batch profile (default 1:8:32)")
+    p.add_argument("--img-size", type=int, help="export at this resolution (position embeddings resized)")
+    p.add_argument("--opset", type=int, default=18)
+    p.add_argument("--workspace", type=float, default=4.0, help="TensorRT workspace limit in GiB")
+    p.add_argument("--opt-level", type=int, default=3, help="TensorRT builder optimization level 0-5")
+    p.add_argument("--timing-cache", help="TensorRT timing cache file, reused across builds")
+    p.add_argument("--no-fp32-layernorm", action="store_true", help="let TensorRT run LayerNorm in fp16")
+    p.add_argument("--out", required=True, help="output file (.onnx, or .engine/.plan for trt)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("check", parents=[common], help="parity of an artifact vs the fp32 reference")
+    p.add_argument("artifact")
+    p.add_argument("--checkpoint", help="fp32 weights to compare with (default: the artifact's recorded source)")
+    p.add_argument("--data", help="image folder to draw inputs from (default: seeded random images)")
+    p.add_argument("--samples", type=int, default=16)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("eval", parents=[common], help="top-1 accuracy on an image folder DIR/<class>/*")
+    p.add_argument("artifact")
+    p.add_argument("--data", required=True, help="DIR/<class>/*.png|jpg, classes sorted by name")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_eval)

@@ -1,0 +1,52 @@
+"""Image folders for evaluation and calibration: `DIR/<class>/*.png|jpg`, classes sorted by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from .config import ViTConfig
+from .errors import InputError
+from .preprocessing import preprocess
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"}
+
+
+def find_images(root: str | Path) -> list[Path]:
+    """Every image file under `root`, recursively, in a stable order."""
+    root = Path(root)
+    if not root.is_dir():
+        raise InputError(f"image folder not found: {root}")
+    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    if not files:
+        raise InputError(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) found under {root}")
+    return files
+
+
+def labeled_images(root: str | Path) -> tuple[list[Path], list[int], list[str]]:
+    """(files, labels, class names) for DIR/<class>/...; a class's label is its index in sorted order."""
+    root = Path(root)
+    files = find_images(root)
+    classes = sorted({p.relative_to(root).parts[0] for p in files if len(p.relative_to(root).parts) > 1})
+    if not classes:
+        raise InputError(f"{root} has images but no class subfolders; expected {root}/<class>/<image>")
+    index = {c: i for i, c in enumerate(classes)}
+    files = [p for p in files if len(p.relative_to(root).parts) > 1]
+    return files, [index[p.relative_to(root).parts[0]] for p in files], classes
+
+
+def open_image(path: Path) -> Image.Image:
+    try:
+        with Image.open(path) as img:
+            return img.convert("RGB")
+    except (UnidentifiedImageError, OSError) as exc:
+        raise InputError(f"{path} is not an image Pillow can read ({exc.__class__.__name__}); remove or replace it") from None
+
+
+def batches(files: list[Path], config: ViTConfig, batch_size: int) -> Iterator[torch.Tensor]:
+    """Preprocessed float batches [b, C, H, W] in file order."""
+    for start in range(0, len(files), batch_size):
+        yield preprocess([open_image(p) for p in files[start : start + batch_size]], config)

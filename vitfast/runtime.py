@@ -1,0 +1,139 @@
+"""One runtime for every artifact: `load_engine(path)` -> `Engine`, and `engine(images) -> logits`.
+
+- a vitfast / timm / Hugging Face checkpoint: the PyTorch reference model (optionally optimized);
+- an ONNX file (`.onnx`): ONNX Runtime, CUDA provider when present, else CPU;
+- a TensorRT engine (`.engine` / `.plan` / `.trt`): `vitfast.export.tensorrt.TensorRTEngine`.
+Images in: normalised float `[B, C, H, W]`, or uint8 `[B, H, W, C]` / PIL images, which go through
+`vitfast.preprocess` with the artifact's own preprocessing. Logits out: float32 `[B, classes]`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import ViTConfig
+from .errors import ArtifactError, BackendUnavailable, InputError
+from .preprocessing import preprocess
+
+ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
+
+
+class Engine:
+    """Base class: input checking and preprocessing; subclasses implement `_run`."""
+
+    kind = "base"
+
+    def __init__(self, config: ViTConfig, *, precision: str = "fp32", batch: tuple[int, int, int] | None = None,
+                 metadata: dict[str, Any] | None = None, path: Path | None = None):  # fmt: skip
+        self.config = config
+        self.precision = precision
+        self.batch = batch  # (min, opt, max) the artifact was built for; None = any
+        self.metadata = metadata or {}
+        self.path = path
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path or self.config.name}, precision={self.precision})"
+
+    def prepare(self, images) -> torch.Tensor:
+        """Any accepted image form -> a checked float32 [B, C, H, W] tensor."""
+        if isinstance(images, torch.Tensor) and images.is_floating_point() or isinstance(images, np.ndarray) and images.dtype.kind == "f":
+            x = torch.as_tensor(images)
+        else:
+            x = preprocess(images, self.config)
+        h, w = self.config.img_hw
+        expected = f"[B, {self.config.in_chans}, {h}, {w}]"
+        if x.ndim != 4 or tuple(x.shape[1:]) != (self.config.in_chans, h, w):
+            raise InputError(f"{self!r} expects normalised float images {expected}, got shape {tuple(x.shape)}")
+        if self.batch and not self.batch[0] <= x.shape[0] <= self.batch[2]:
+            raise InputError(
+                f"batch size {x.shape[0]} is outside this artifact's profile {self.batch[0]}..{self.batch[2]}; "
+                "split the batch or re-export with a wider --batch MIN:OPT:MAX"
+            )
+        if x.shape[0] == 0:
+            raise InputError("empty batch: give at least one image")
+        return x.float()
+
+    def __call__(self, images) -> torch.Tensor:
+        return self._run(self.prepare(images))
+
+    def _run(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class TorchEngine(Engine):
+    """The PyTorch model from a checkpoint; `optimized=True` swaps in the Triton kernels."""
+
+    kind = "pytorch"
+
+    def __init__(self, model: torch.nn.Module, *, device: str | None = None, dtype: torch.dtype = torch.float32,
+                 optimized: bool = False, path: Path | None = None):  # fmt: skip
+        precision = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+        super().__init__(model.config, precision=precision, path=path)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = dtype
+        self.model = model.to(self.device, dtype).eval()
+        if optimized:
+            from .optimize import optimize
+
+            optimize(self.model)
+
+    @torch.inference_mode()
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x.to(self.device, self.dtype)).float()
+
+
+class OnnxEngine(Engine):
+    """ONNX Runtime session over an exported `.onnx` file (config from its sidecar)."""
+
+    kind = "onnxruntime"
+
+    def __init__(self, path: Path, *, providers: list[str] | None = None, threads: int | None = None):
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise BackendUnavailable("running ONNX files needs onnxruntime: pip install 'vitfast[export]'") from None
+        from vitfast.export.artifacts import read_sidecar
+
+        meta = read_sidecar(path)
+        batch = meta.get("input", {}).get("batch")
+        super().__init__(ViTConfig.from_dict(meta["config"]), precision=meta.get("precision", "fp32"),
+                         batch=tuple(batch) if batch else None, metadata=meta, path=path)  # fmt: skip
+        available = ort.get_available_providers()
+        if providers is None:
+            providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads:
+            options.intra_op_num_threads = threads
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=providers)
+        except Exception as exc:  # ORT raises its own exception types for unreadable models
+            raise ArtifactError(f"ONNX Runtime cannot load {path}: {str(exc).splitlines()[0][:300]}") from None
+        self.input_name = self.session.get_inputs()[0].name
+        self.providers = self.session.get_providers()
+
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        (logits,) = self.session.run(None, {self.input_name: x.cpu().numpy()})
+        return torch.from_numpy(logits).float()
+
+
+def load_engine(path: str | os.PathLike, *, device: str | None = None, optimized: bool = False, **kwargs) -> Engine:
+    """An `Engine` for a checkpoint, an ONNX file or a TensorRT engine, chosen from the path."""
+    path = Path(path)
+    if not path.exists():
+        raise ArtifactError(f"no such artifact: {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".onnx":
+        return OnnxEngine(path, **kwargs)
+    if suffix in ENGINE_SUFFIXES:
+        from vitfast.export.tensorrt import TensorRTEngine
+
+        return TensorRTEngine(path, **kwargs)
+    from .checkpoint import load_checkpoint
+
+    return TorchEngine(load_checkpoint(path), device=device, optimized=optimized, path=path, **kwargs)
