@@ -112,6 +112,10 @@ def quantize_int8(
         "WeightSymmetric": True,
         "CalibPercentile": percentile,
         "CalibMovingAverage": method == "minmax",
+        "QuantizeBias": not symmetric_acts,  # TensorRT takes int8 Q/DQ only: biases stay float
+        # Q/DQ on the inputs of the matrix products only: their outputs (and so Softmax, LayerNorm
+        # and GELU) stay float, which is where TensorRT wants the boundaries.
+        "OpTypesToExcludeOutputQuantization": QUANTIZED_OPS if symmetric_acts else [],
     }
     with atomic_artifact(out_path, force) as tmp, tempfile.TemporaryDirectory() as work:
         prepared = Path(work) / "prepared.onnx"

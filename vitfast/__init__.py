@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 
 from .checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from .config import ViTConfig  # noqa: E402
-from .errors import CheckpointError, ConfigError, InputError, VitfastError  # noqa: E402
+from .errors import ArtifactError, BackendUnavailable, CheckpointError, ConfigError, InputError, VitfastError  # noqa: E402
 from .model import VisionTransformer  # noqa: E402
 from .optimize import optimize, restore  # noqa: E402
 from .preprocessing import preprocess  # noqa: E402
@@ -33,4 +33,6 @@ __all__ = [
     "ConfigError",
     "CheckpointError",
     "InputError",
+    "ArtifactError",
+    "BackendUnavailable",
 ]

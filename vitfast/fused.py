@@ -7,11 +7,21 @@ fc2 GEMM -> residual add. GEMMs stay on cuBLAS (`F.linear`).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .layers import Attention, Block, Mlp
+
+
+@functools.cache
+def kernel_ops():
+    """The Triton-backed torch ops, imported on first use (triton is an optional dependency)."""
+    from vitfast.kernels import add_layernorm, attention, bias_gelu
+
+    return attention.fused_attention, add_layernorm.layernorm, add_layernorm.add_layernorm, bias_gelu.bias_gelu
 
 
 def can_fuse(block: nn.Module) -> bool:
@@ -37,9 +47,7 @@ class FusedBlock(nn.Module):
 
     def __init__(self, block: Block):
         super().__init__()
-        from vitfast.kernels import add_layernorm, attention, bias_gelu
-
-        self._ops = (attention.fused_attention, add_layernorm.layernorm, add_layernorm.add_layernorm, bias_gelu.bias_gelu)
+        kernel_ops()  # import (and register) the Triton ops now, not on the first forward
         for name, child in block.named_children():
             self.add_module(name, child)
         object.__setattr__(self, "reference", block)  # kept for restore(); not a submodule (no duplicate keys)
@@ -53,7 +61,7 @@ class FusedBlock(nn.Module):
         """x [B, N, C] -> [B, N, C]."""
         if return_attention or self.training:
             return self.reference(x, return_attention=return_attention)
-        fused_attention, layernorm, add_layernorm, bias_gelu = self._ops
+        fused_attention, layernorm, add_layernorm, bias_gelu = kernel_ops()
         attn, mlp = self.attn, self.mlp
         B, N, C = x.shape
         h = layernorm(x, self.norm1.weight, self.norm1.bias, self.norm1.eps)

@@ -1,0 +1,221 @@
+"""ONNX export parity, INT8 QDQ structure, the runtime, and the export CLI's error handling."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+onnx = pytest.importorskip("onnx", reason="export tests need onnx (pip install 'vitfast[export]')")
+pytest.importorskip("onnxruntime", reason="export tests need onnxruntime (pip install 'vitfast[export]')")
+
+import vitfast  # noqa: E402
+from conftest import randomize  # noqa: E402
+from vitfast.export import quantize_int8, read_sidecar, to_onnx  # noqa: E402
+
+VITFAST = Path(sys.executable).parent / "vitfast"
+
+
+def run(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(VITFAST), *map(str, args)], capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """{name: (model, fp32 path, fp16 path)} for two model sizes with random non-trivial weights."""
+    root = tmp_path_factory.mktemp("onnx")
+    out = {}
+    for name in ("vit_cifar_patch4_32", "vit_tiny_patch16_224"):
+        torch.manual_seed(0)
+        model = randomize(vitfast.create_model(name, **({"depth": 4} if "tiny" in name else {})), scale=0.1)
+        fp32 = to_onnx(model, root / f"{name}.onnx", batch=(1, 8, 32))
+        fp16 = to_onnx(model, root / f"{name}.fp16.onnx", precision="fp16")
+        out[name] = (model, fp32, fp16)
+    return out
+
+
+# ---------------------------------------------------------------------------- ONNX
+@pytest.mark.parametrize("name", ["vit_cifar_patch4_32", "vit_tiny_patch16_224"])
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_onnx_fp32_and_fp16_parity_at_dynamic_batch_sizes(exported, name, batch):
+    model, fp32, fp16 = exported[name]
+    x = torch.randn(batch, 3, *model.config.img_hw)
+    with torch.no_grad():
+        ref = model(x)
+    for path, limit in ((fp32, 1e-4), (fp16, 2e-2)):
+        got = vitfast.load_engine(path)(x)
+        assert got.shape == ref.shape
+        assert ((got - ref).abs().max() / ref.abs().max()).item() <= limit, path.name
+
+
+def test_onnx_graph_structure_and_sidecar(exported):
+    model, fp32, fp16 = exported["vit_cifar_patch4_32"]
+    graph = onnx.load(str(fp32)).graph
+    ops = {n.op_type for n in graph.node}
+    assert "LayerNormalization" in ops and "Softmax" in ops  # one node per norm at opset 18
+    assert graph.input[0].type.tensor_type.shape.dim[0].dim_param  # dynamic batch axis
+    meta = read_sidecar(fp32)
+    assert meta["precision"] == "fp32" and meta["onnx"]["opset"] == 18 and meta["input"]["batch"] == [1, 8, 32]
+    assert vitfast.ViTConfig.from_dict(meta["config"]) == model.config
+    assert meta["parity"]["passed"] and meta["parity"]["max_rel_err"] < 1e-5
+    assert meta["tools"]["torch"] and meta["preprocessing"]["mean"] == list(model.config.mean)
+    fp16_graph = onnx.load(str(fp16)).graph
+    assert fp16_graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT  # float32 I/O
+    norm_inputs = {i for n in fp16_graph.node if n.op_type == "LayerNormalization" for i in n.input[1:]}
+    dtypes = {t.name: t.data_type for t in fp16_graph.initializer}
+    assert any(dtypes.get(i) == onnx.TensorProto.FLOAT16 for i in norm_inputs) or norm_inputs  # weights cast up in-graph
+    cast_to = {a.i for n in fp16_graph.node if n.op_type == "Cast" for a in n.attribute if a.name == "to"}
+    assert onnx.TensorProto.FLOAT in cast_to  # LayerNorm statistics and softmax in fp32
+
+
+def test_dynamic_image_size_is_refused_clearly(tmp_path):
+    with pytest.raises(vitfast.ArtifactError, match="--img-size N"):
+        to_onnx(vitfast.create_model("vit_cifar_patch4_32"), tmp_path / "m.onnx", dynamic_image_size=True)
+    assert not list(tmp_path.iterdir())
+
+
+def test_export_of_an_optimized_model_uses_the_reference_path(tmp_path):
+    pytest.importorskip("triton", reason="needs triton for optimize()")
+    model = vitfast.optimize(vitfast.create_model("vit_cifar_patch4_32"))
+    path = to_onnx(model, tmp_path / "m.onnx")
+    assert read_sidecar(path)["parity"]["passed"]
+    assert type(model.blocks[0]).__name__ == "FusedBlock"  # the caller's model is untouched
+
+
+# ---------------------------------------------------------------------------- INT8
+@pytest.fixture(scope="module")
+def int8_model(exported, tmp_path_factory):
+    model, fp32, _ = exported["vit_cifar_patch4_32"]
+    out = tmp_path_factory.mktemp("int8") / "m.int8.onnx"
+    calib = torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    return quantize_int8(fp32, out, calib, samples=64, progress=False), fp32
+
+
+def _producers(graph):
+    return {o: n for n in graph.node for o in n.output}
+
+
+def test_qdq_structure_is_tensorrt_style(int8_model):
+    path, _ = int8_model
+    graph = onnx.load(str(path)).graph
+    produced_by = _producers(graph)
+    inits = {t.name: t for t in graph.initializer}
+    compute = [n for n in graph.node if n.op_type in ("Conv", "MatMul", "Gemm")]
+    assert compute and all(
+        produced_by.get(i) is not None and produced_by[i].op_type == "DequantizeLinear" for n in compute for i in n.input[:2]
+    ), "every Conv/MatMul/Gemm reads both operands through DequantizeLinear"
+    for n in graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear") and len(n.input) > 2:
+            zp = onnx.numpy_helper.to_array(inits[n.input[2]])
+            assert zp.dtype == np.int8 and not zp.any(), "symmetric int8: zero points are 0"
+    weight_dq = [n for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits and inits[n.input[0]].dims and len(inits[n.input[0]].dims) > 1]
+    per_channel = [n for n in weight_dq if onnx.numpy_helper.to_array(inits[n.input[1]]).size > 1]
+    assert per_channel and len(per_channel) == len(weight_dq), "weights are quantized per channel"
+    assert not any(n.op_type.startswith("QLinear") for n in graph.node)
+    float_ops = [n for n in graph.node if n.op_type in ("LayerNormalization", "Softmax", "Tanh", "Pow")]
+    assert float_ops  # LayerNorm, Softmax and (tanh) GELU stay float: fed by float ops, not by DequantizeLinear
+    assert all(produced_by[n.input[0]].op_type != "DequantizeLinear" for n in float_ops if n.input[0] in produced_by)
+
+
+def test_int8_sidecar_and_accuracy_vs_fp32(int8_model):
+    path, fp32 = int8_model
+    meta = read_sidecar(path)
+    assert meta["precision"] == "int8" and meta["int8"]["symmetric_activations"] and meta["int8"]["samples"] == 64
+    assert meta["source"] == read_sidecar(fp32)["source"]
+    x = torch.randn(8, 3, 32, 32)
+    a, b = vitfast.load_engine(path)(x), vitfast.load_engine(fp32)(x)
+    assert torch.nn.functional.cosine_similarity(a, b).min() > 0.95
+
+
+def test_exclude_keeps_matching_nodes_in_float(exported, tmp_path):
+    _, fp32, _ = exported["vit_cifar_patch4_32"]
+    names = [n.name for n in onnx.load(str(fp32)).graph.node if n.op_type == "Conv"]
+    out = quantize_int8(fp32, tmp_path / "x.onnx", torch.randn(8, 3, 32, 32), samples=8, exclude=[names[0]], progress=False)
+    graph = onnx.load(str(out)).graph
+    conv = next(n for n in graph.node if n.op_type == "Conv")
+    assert _producers(graph).get(conv.input[0]) is None or _producers(graph)[conv.input[0]].op_type != "DequantizeLinear"
+    with pytest.raises(vitfast.ArtifactError, match="match no node"):
+        quantize_int8(fp32, tmp_path / "y.onnx", torch.randn(8, 3, 32, 32), samples=8, exclude=["nope*"], progress=False)
+    assert not (tmp_path / "y.onnx").exists()
+
+
+# ---------------------------------------------------------------------------- runtime
+def test_engine_checks_shapes_and_takes_uint8(exported):
+    model, fp32, _ = exported["vit_cifar_patch4_32"]
+    engine = vitfast.load_engine(fp32)
+    with pytest.raises(vitfast.InputError, match=r"expects normalised float images \[B, 3, 32, 32\]"):
+        engine(torch.randn(2, 3, 48, 48))
+    with pytest.raises(vitfast.InputError, match="outside this artifact's profile 1..32"):
+        engine(torch.randn(33, 3, 32, 32))
+    raw = np.random.default_rng(0).integers(0, 256, (2, 40, 40, 3), dtype=np.uint8)
+    with torch.no_grad():
+        torch.testing.assert_close(engine(raw), model(vitfast.preprocess(raw, model.config)), atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------- CLI
+def test_cli_export_check_eval_round_trip(tmp_path):
+    assert run("export", "--model", "vit_cifar_patch4_32", "--format", "onnx", "--out", tmp_path / "m.onnx").returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.json"]
+    check = run("check", tmp_path / "m.onnx", "--json")
+    assert check.returncode == 0 and json.loads(check.stdout)["passed"]
+    assert set(json.loads(check.stdout)) >= {"max_abs_err", "max_rel_err", "cosine", "top1_agreement", "passed"}
+    again = run("export", "--model", "vit_cifar_patch4_32", "--format", "onnx", "--out", tmp_path / "m.onnx")
+    assert again.returncode == 2 and "--force" in again.stderr
+    data = tmp_path / "data"
+    from PIL import Image
+
+    for c in ("cat", "dog"):
+        (data / c).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(np.full((32, 32, 3), 40 * i, np.uint8)).save(data / c / f"{i}.png")
+    ev = run("eval", tmp_path / "m.onnx", "--data", data, "--json")
+    result = json.loads(ev.stdout)
+    assert ev.returncode == 0 and result["n"] == 6 and 0 <= result["top1"] <= 1
+
+
+def test_trt_export_without_tensorrt_keeps_the_onnx_and_says_how_to_install(tmp_path):
+    try:
+        import tensorrt  # noqa: F401
+
+        pytest.skip("TensorRT is installed here")
+    except ImportError:
+        pass
+    out = run("export", "--model", "vit_cifar_patch4_32", "--format", "trt", "--precision", "fp16", "--out", tmp_path / "m.engine")
+    assert out.returncode == 2 and "TensorRT is not installed" in out.stderr and "pip install tensorrt" in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and str(tmp_path / "m.onnx") in out.stderr
+    assert (tmp_path / "m.onnx").exists() and not (tmp_path / "m.engine").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["export", "--model", "vit_base_patch16_244", "--format", "onnx", "--out", "x.onnx"], "did you mean vit_base_patch16_224"),
+        (["export", "--checkpoint", "missing.safetensors", "--format", "onnx", "--out", "x.onnx"], "checkpoint not found"),
+        (["export", "--model", "vit_cifar_patch4_32", "--format", "onnx", "--batch", "1-8", "--out", "x.onnx"], "MIN:OPT:MAX"),
+        (["export", "--model", "vit_cifar_patch4_32", "--format", "onnx", "--batch", "8:4:2", "--out", "x.onnx"], "MIN <= OPT <= MAX"),
+        (["export", "--model", "vit_cifar_patch4_32", "--format", "onnx", "--precision", "int8", "--out", "x.onnx"], "needs --calib-dir"),
+        (["export", "--model", "vit_cifar_patch4_32", "--format", "onnx", "--precision", "int8", "--calib-dir", "empty", "--out", "x.onnx"], "no images"),
+        (["export", "--model", "vit_cifar_patch4_32", "--format", "onnx", "--precision", "int8", "--calib-dir", "bad", "--out", "x.onnx"], "not an image Pillow can read"),
+        (["check", "corrupt.onnx"], "ONNX Runtime cannot load"),
+        (["check", "nosidecar.onnx"], "has no sidecar"),
+        (["eval", "m.engine", "--data", "."], "TensorRT is not installed"),
+    ],
+)  # fmt: skip
+def test_cli_bad_inputs_one_line_exit_2_nothing_written(tmp_path, args, message):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "broken.png").write_bytes(b"not a png at all")
+    (tmp_path / "corrupt.onnx").write_bytes(b"\x08\x01garbage")
+    (tmp_path / "corrupt.onnx.json").write_text(json.dumps({"config": vitfast.get_config("vit_cifar_patch4_32").to_dict(), "precision": "fp32"}))
+    (tmp_path / "nosidecar.onnx").write_bytes(b"x")
+    (tmp_path / "m.engine").write_bytes(b"x")
+    before = set(tmp_path.rglob("*"))
+    out = run(*args, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and out.stderr.strip().count("\n") == 0 and "Traceback" not in out.stderr
+    assert set(tmp_path.rglob("*")) == before  # no partial output
