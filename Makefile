@@ -20,10 +20,20 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
+DEMO := demo-out
+VF := $(VENV)/bin/vitfast
+
 demo: $(STAMP)
-	$(VENV)/bin/vitfast info
-	$(VENV)/bin/vitfast models --filter 'vit_*_patch16_224'
-	$(PY) -m vitfast.demo
+	$(VF) info
+	$(VF) models --filter 'vit_*_patch16_224'
+	$(PY) -m vitfast.demo --out $(DEMO)
+	$(VF) export --checkpoint $(DEMO)/model.safetensors --format onnx --out $(DEMO)/model.onnx --force
+	$(VF) export --checkpoint $(DEMO)/model.safetensors --format onnx --precision int8 \
+		--calib-dir $(DEMO)/calib --calib-samples 64 --out $(DEMO)/model.int8.onnx --force
+	$(VF) check $(DEMO)/model.onnx
+	$(VF) check $(DEMO)/model.int8.onnx
+	@echo "--- TensorRT export: builds the engine where TensorRT is installed, else says how to get it"
+	-$(VF) export --checkpoint $(DEMO)/model.safetensors --format trt --precision fp16 --out $(DEMO)/model.engine --force
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -50,3 +50,11 @@ def batches(files: list[Path], config: ViTConfig, batch_size: int) -> Iterator[t
     """Preprocessed float batches [b, C, H, W] in file order."""
     for start in range(0, len(files), batch_size):
         yield preprocess([open_image(p) for p in files[start : start + batch_size]], config)
+
+
+def random_images(config: ViTConfig, n: int, seed: int = 0) -> torch.Tensor:
+    """n seeded random RGB images (uniform uint8 pixels) through the model's preprocessing:
+    inputs inside the range real images reach, unlike N(0, 1) tensors."""
+    h, w = config.img_hw
+    pixels = torch.randint(0, 256, (n, h, w, config.in_chans), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+    return preprocess(pixels, config)

@@ -6,13 +6,15 @@
 2. Load it again at a higher resolution (position embeddings resized) and compare with HF's
    `interpolate_pos_encoding`.
 3. Save a vitfast checkpoint, reload it, check the outputs are bit-identical.
-4. Show attention maps from the math path and time the reference model on this CPU.
+4. Show attention maps from the math path.
+5. Leave the checkpoint and a folder of calibration images in `--out` for the export steps that
+   `make demo` runs next (`vitfast export / check / eval`).
 """
 
 from __future__ import annotations
 
+import argparse
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -58,21 +60,21 @@ def hf_round_trip(workdir: Path) -> Path | None:
     return hf_dir
 
 
-def vitfast_round_trip(workdir: Path, source: Path | None) -> vitfast.VisionTransformer:
+def vitfast_round_trip(out: Path, source: Path | None) -> vitfast.VisionTransformer:
     print("\n[3] vitfast checkpoint round trip (safetensors, config in the metadata)")
     model = vitfast.load_checkpoint(source) if source else vitfast.create_model("vit_cifar_patch4_32")
-    path = vitfast.save_checkpoint(model, workdir / "model.safetensors")
+    path = vitfast.save_checkpoint(model, out / "model.safetensors")
     again = vitfast.load_checkpoint(path)
     x = torch.randn(2, 3, *model.config.img_hw)
     with torch.no_grad():
         same = torch.equal(model(x), again(x))
-    _row("saved", f"{path.name} ({path.stat().st_size / 1e6:.1f} MB)")
+    _row("saved", f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
     _row("reloaded outputs bit-identical", str(same))
     return again
 
 
-def attention_and_timing(model: vitfast.VisionTransformer) -> None:
-    print("\n[4] attention maps (math path) and CPU timing of the reference model")
+def attention_maps(model: vitfast.VisionTransformer) -> None:
+    print("\n[4] attention maps (math path)")
     x = torch.randn(1, 3, *model.config.img_hw)
     with torch.no_grad():
         _, attns = model.forward_features(x, return_attention=True)
@@ -80,29 +82,32 @@ def attention_and_timing(model: vitfast.VisionTransformer) -> None:
     _row("layers x [B, heads, T, T]", f"{len(attns)} x {list(attns[0].shape)}")
     _row("last-layer class-token attention, max patch", f"{cls_attn.max().item():.3f} (uniform = {1 / cls_attn.numel():.3f})")
 
-    small = vitfast.create_model("vit_small_patch16_224")
-    batch = torch.randn(8, 3, 224, 224)
-    for label, fused in (("SDPA", True), ("math", False)):
-        small.set_fused_attn(fused)
-        with torch.inference_mode():
-            small(batch)  # warm-up
-            times = []
-            for _ in range(3):
-                start = time.perf_counter()
-                small(batch)
-                times.append(time.perf_counter() - start)
-        best = sorted(times)[len(times) // 2]
-        _row(f"ViT-S/16 batch 8 fp32 eager ({label}), median of 3", f"{best * 1e3:.0f} ms = {8 / best:.1f} img/s")
-    print("  (a quick look, not a benchmark: `vitfast bench` is still to come)")
+
+def calibration_images(out: Path, config: vitfast.ViTConfig, n: int = 64) -> None:
+    """Random RGB images as PNGs: enough to show INT8 calibration run; not a real calibration set."""
+    from PIL import Image
+
+    folder = out / "calib"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = torch.Generator().manual_seed(0)
+    h, w = config.img_hw
+    for i in range(n):
+        pixels = torch.randint(0, 256, (h, w, 3), generator=rng, dtype=torch.uint8).numpy()
+        Image.fromarray(pixels).save(folder / f"{i:03d}.png")
+    print(f"\n[5] wrote {n} random calibration images to {folder} (the export steps follow)")
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description="vitfast demo: checkpoints in, faithful model out")
+    parser.add_argument("--out", default="demo-out", help="folder for the checkpoint and calibration images")
+    out = Path(parser.parse_args().out)
+    out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="vitfast-demo-") as tmp:
-        workdir = Path(tmp)
-        hf_dir = hf_round_trip(workdir)
-        model = vitfast_round_trip(workdir, hf_dir)
-        attention_and_timing(model)
+        hf_dir = hf_round_trip(Path(tmp))
+        model = vitfast_round_trip(out, hf_dir)
+    attention_maps(model)
+    calibration_images(out, model.config)
 
 
 if __name__ == "__main__":
