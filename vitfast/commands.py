@@ -74,7 +74,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         require_tensorrt()
     except BackendUnavailable as exc:
-        raise BackendUnavailable(f"{exc} The ONNX it would have used is at {onnx_out}") from None
+        raise BackendUnavailable(f"{str(exc).rstrip('.')}; the ONNX it would have used is at {onnx_out}") from None
     build_engine(onnx_out, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
                  optimization_level=args.opt_level, timing_cache=args.timing_cache,
                  fp32_layernorm=not args.no_fp32_layernorm, force=args.force)  # fmt: skip
