@@ -41,7 +41,10 @@ class Engine:
 
     def prepare(self, images) -> torch.Tensor:
         """Any accepted image form -> a checked float32 [B, C, H, W] tensor."""
-        if isinstance(images, torch.Tensor) and images.is_floating_point() or isinstance(images, np.ndarray) and images.dtype.kind == "f":
+        is_float = (isinstance(images, torch.Tensor) and images.is_floating_point()) or (
+            isinstance(images, np.ndarray) and images.dtype.kind == "f"
+        )
+        if is_float:
             x = torch.as_tensor(images)
         else:
             x = preprocess(images, self.config)
@@ -49,13 +52,13 @@ class Engine:
         expected = f"[B, {self.config.in_chans}, {h}, {w}]"
         if x.ndim != 4 or tuple(x.shape[1:]) != (self.config.in_chans, h, w):
             raise InputError(f"{self!r} expects normalised float images {expected}, got shape {tuple(x.shape)}")
+        if x.shape[0] == 0:
+            raise InputError("empty batch: give at least one image")
         if self.batch and not self.batch[0] <= x.shape[0] <= self.batch[2]:
             raise InputError(
                 f"batch size {x.shape[0]} is outside this artifact's profile {self.batch[0]}..{self.batch[2]}; "
                 "split the batch or re-export with a wider --batch MIN:OPT:MAX"
             )
-        if x.shape[0] == 0:
-            raise InputError("empty batch: give at least one image")
         return x.float()
 
     def __call__(self, images) -> torch.Tensor:
