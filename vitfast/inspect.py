@@ -21,7 +21,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from .config import ViTConfig
-from .errors import InputError, VitfastError
+from .errors import BackendUnavailable, InputError, VitfastError
 
 DPI = 100
 # Fixed canvas sizes in inches (pixels = inches * DPI); figures are saved without a tight bbox
@@ -32,10 +32,6 @@ FIGSIZES = {
     "pos_embed": (8.0, 8.0),
     "attention_distance": (6.4, 4.8),
 }
-
-
-class MissingExtraError(VitfastError, ImportError):
-    """An optional dependency (a vitfast extra) is not installed."""
 
 
 # ---------------------------------------------------------------------------- numbers
@@ -250,7 +246,7 @@ def _new_figure(kind: str):
     try:
         import matplotlib  # noqa: F401  (imported alone first so a missing package is reported as such)
     except ImportError:
-        raise MissingExtraError("the inspect figures need matplotlib: pip install vitfast[plot]") from None
+        raise BackendUnavailable("the inspect figures need matplotlib: pip install vitfast[plot]") from None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
