@@ -451,6 +451,8 @@ def _engine_metadata(onnx_path: Path, source_meta: dict[str, Any], precision: st
     """The sidecar fields shared with other artifacts; config and preprocessing copied from the ONNX's sidecar."""
     meta = base_metadata("tensorrt", ViTConfig.from_dict(source_meta["config"]), precision,
                          batch=batch, dynamic_batch=dynamic_batch, source=onnx_path)  # fmt: skip
+    meta["built_from"] = meta["source"]  # the ONNX file; "source" stays the model it came from
+    meta["source"] = source_meta.get("source")
     meta["config"] = source_meta["config"]
     meta["preprocessing"] = source_meta.get("preprocessing", meta["preprocessing"])
     meta["input"]["name"] = input_name

@@ -534,7 +534,7 @@ def test_build_fp16_end_to_end(rec, gpu, onnx_file, tmp_path):
     assert meta["kind"] == "tensorrt" and meta["precision"] == "fp16"
     assert meta["config"] == source["config"] and meta["preprocessing"] == source["preprocessing"]
     assert meta["input"]["batch"] == [1, 8, 32] and meta["input"]["name"] == "images" and meta["input"]["shape"][0] == "batch"
-    assert meta["source"]["path"] == str(onnx_file) and len(meta["source"]["sha256"]) == 64
+    assert meta["built_from"]["path"] == str(onnx_file) and len(meta["built_from"]["sha256"]) == 64
     assert meta["gpu"] == GPU and meta["parity"] is None
     assert meta["tensorrt"] == {
         "version": "10.7.0",
