@@ -36,7 +36,7 @@ demo: $(STAMP)
 	-$(VF) export --checkpoint $(DEMO)/model.safetensors --format trt --precision fp16 --out $(DEMO)/model.engine --force
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q tests benchmarks --benchmark-disable
 
 # timm parity: timm needs torchvision, which only installs beside torch 2.14.1 (a CUDA build,
 # about 5.5 GB); kept out of `make test` and its venv for that reason.
@@ -46,6 +46,18 @@ test-timm:
 	$(TIMM_VENV)/bin/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1 timm
 	$(TIMM_VENV)/bin/python -m pip install --quiet -e ".[test]"
 	$(TIMM_VENV)/bin/python -m pytest -q tests/test_timm_parity.py
+
+# CPU sweep (issue #5): ViT-Ti/S at batch 1 and 8 through every CPU backend into
+# benchmarks/results/cpu-<sha>.json, then benchmarks/README.md regenerated from all results.
+# The GPU sweep's command is in benchmarks/README.md.
+.PHONY: bench
+BENCH_CPU := --model vit_tiny_patch16_224,vit_small_patch16_224 --backends eager,eager-math,compile,onnxruntime \
+	--precision fp32,int8 --batch 1,8 --repeats 15 --warmup 3 --max-seconds 10
+bench: $(STAMP)
+	mkdir -p benchmarks/results
+	$(VENV)/bin/vitfast bench $(BENCH_CPU) --out benchmarks/results/cpu-$$(git rev-parse --short HEAD).json --force
+	$(VENV)/bin/vitfast bench --report benchmarks/results/*.json > benchmarks/README.md.tmp
+	mv benchmarks/README.md.tmp benchmarks/README.md
 
 # GPU kernel + end-to-end measurements (issue #3); needs a CUDA machine with a CUDA torch build.
 bench-gpu: $(STAMP)

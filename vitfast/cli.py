@@ -126,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .commands import add_parsers
 
     add_parsers(sub, common)  # export, check, eval
+    from .bench import add_parsers as add_bench_parsers
+    add_bench_parsers(sub, common)
 
     p = sub.add_parser(
         "inspect", parents=[common], help="attention rollout, per-head attention, position-embedding similarity, attention distance (PNGs)"

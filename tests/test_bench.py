@@ -1,0 +1,254 @@
+"""`vitfast bench`: statistics on synthetic timings, skip reasons, the JSON schema, the plot, the
+CLI (sweep, outputs, --compare, --report) and the FLOPs a row carries. Timings themselves are
+never asserted (DESIGN.md 5): only that they are there and consistent."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from vitfast.bench import measure, report
+from vitfast.bench.backends import BackendOptions, Platform, skip_reason
+from vitfast.bench.stats import MIN_NOISE, compare_rows, percentile, relative_spread, summarize, verdict
+from vitfast.bench.sweep import ROW_FIELDS, Settings, base_row, run_sweep, validate_result
+from vitfast.cli import main
+from vitfast.errors import ArtifactError, InputError
+
+
+@pytest.fixture(autouse=True)
+def small_matmul_peak(monkeypatch):
+    """A 256^3 matmul for the ceiling: the real 2048^3 one takes seconds on a CI CPU."""
+    monkeypatch.setattr(measure, "CPU_MATMUL", (256, torch.float32))
+
+
+# ---------------------------------------------------------------------------- statistics
+def test_percentiles_interpolate_linearly():
+    samples = list(range(100, 0, -1))  # 1..100 ms, unsorted
+    assert percentile(samples, 50) == pytest.approx(50.5)
+    assert percentile(samples, 95) == pytest.approx(95.05)
+    assert percentile(samples, 99) == pytest.approx(99.01)
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_summary_of_two_repeats():
+    first, second = [10.0] * 10, [11.0] * 9 + [100.0]  # one outlier in the second repeat
+    s = summarize([first, second], batch=8, gflops_per_image=2.0)
+    assert s["n"] == 20
+    assert s["median_ms"] == pytest.approx(10.5) and s["p50_ms"] == s["median_ms"]
+    assert s["p50_ms"] <= s["p95_ms"] <= s["p99_ms"] <= s["max_ms"] == 100.0
+    assert s["repeat_medians_ms"] == [10.0, 11.0]
+    assert s["spread"] == pytest.approx(0.1)  # medians 10 and 11: the outlier does not move it
+    assert s["images_per_s"] == pytest.approx(8 / 10.5e-3)
+    assert s["tflops"] == pytest.approx(16 / 10.5)  # 16 GFLOP in 10.5 ms = 1.52 TFLOP/s
+
+
+def test_verdict_respects_the_noise():
+    assert relative_spread([10.0, 12.0, 11.0]) == pytest.approx(0.2)
+    assert verdict(1.5, 0.1) == "win"
+    assert verdict(1 / 1.5, 0.1) == "regression"
+    assert verdict(1.08, 0.1) == "same"  # inside the rows' own spread
+    assert verdict(1 + MIN_NOISE / 2, 0.0) == "same"  # never closer than the floor
+
+
+def _row(backend: str, batch: int, ms: list[float], status: str = "ok") -> dict:
+    row = base_row(tiny_config(), backend, "fp32", batch)
+    if status != "ok":
+        return row | {"status": status, "reason": "not here"}
+    return row | {"status": "ok", "samples_ms": [ms, ms]} | summarize([ms, [t * 1.01 for t in ms]], batch, row["gflops_per_image"])
+
+
+def test_compare_rows_ratios_and_verdicts():
+    base = [_row("eager", 1, [10.0] * 5), _row("eager", 8, [40.0] * 5), _row("compile", 1, [8.0] * 5), _row("onnxruntime", 1, [], "skipped")]
+    new = [_row("eager", 1, [5.0] * 5), _row("eager", 8, [80.0] * 5), _row("compile", 1, [8.05] * 5), _row("onnxruntime", 1, [3.0] * 5),
+           _row("eager-math", 1, [9.0] * 5)]  # fmt: skip
+    out = {(r["backend"], r["batch"]): r for r in compare_rows(base, new)}
+    assert out[("eager", 1)]["throughput_ratio"] == pytest.approx(2.0) and out[("eager", 1)]["verdict"] == "win"
+    assert out[("eager", 1)]["latency_ratio"] == pytest.approx(0.5)
+    assert out[("eager", 8)]["verdict"] == "regression"
+    assert out[("compile", 1)]["verdict"] == "same"
+    assert out[("compile", 1)]["noise"] == pytest.approx(0.01)
+    assert out[("onnxruntime", 1)]["status"] == "base skipped, new ok"
+    assert out[("eager-math", 1)]["status"] == "only in new"
+
+
+# ---------------------------------------------------------------------------- skip logic
+def _platform(**kw) -> Platform:
+    fields = dict(cuda=False, triton_interpret=False, triton=True, cxx="/usr/bin/g++", onnxruntime=None,
+                  ort_providers=("CPUExecutionProvider",), tensorrt="TensorRT is not installed: pip install tensorrt")  # fmt: skip
+    return Platform(**(fields | kw))
+
+
+def test_skip_reasons_name_the_cause():
+    cfg, opts = tiny_config(), BackendOptions()
+    cpu, gpu = _platform(), _platform(cuda=True, tensorrt=None, ort_providers=("CUDAExecutionProvider", "CPUExecutionProvider"))
+    assert skip_reason("eager", "fp32", cpu, opts, cfg) is None
+    assert skip_reason("onnxruntime", "int8", cpu, opts, cfg) is None
+    assert "int8" in skip_reason("eager", "int8", cpu, opts, cfg)
+    assert "CUDA GPU" in skip_reason("vitfast", "fp16", cpu, opts, cfg)
+    assert "interpreter" in skip_reason("vitfast-graphs", "fp16", _platform(triton_interpret=True), opts, cfg)
+    assert skip_reason("vitfast", "fp16", gpu, opts, cfg) is None
+    assert "C++ compiler" in skip_reason("compile", "fp32", _platform(cxx=None), opts, cfg)
+    assert "bf16" in skip_reason("onnxruntime", "bf16", cpu, opts, cfg)
+    assert "no int8 kernels" in skip_reason("onnxruntime", "int8", gpu, opts, cfg)
+    assert "not installed" in skip_reason("onnxruntime", "fp32", _platform(onnxruntime="onnxruntime is not installed"), opts, cfg)
+    assert "CUDAExecutionProvider" in skip_reason("onnxruntime", "fp32", cpu, BackendOptions(ort_provider="cuda"), cfg)
+    assert "NVIDIA GPU" in skip_reason("tensorrt", "fp16", cpu, opts, cfg)
+    assert "not installed" in skip_reason("tensorrt", "fp16", _platform(cuda=True), opts, cfg)
+    assert "--engine" in skip_reason("tensorrt", "fp16", gpu, opts, cfg)
+
+
+def test_tensorrt_engine_is_matched_by_config_and_precision(tmp_path):
+    cfg = tiny_config(name="tiny")
+    engine = tmp_path / "tiny.engine"
+    engine.write_bytes(b"not read by the skip logic")
+    (tmp_path / "tiny.engine.json").write_text(json.dumps({"precision": "fp16", "config": cfg.to_dict()}))
+    gpu = _platform(cuda=True, tensorrt=None)
+    opts = BackendOptions(engines=[str(engine)])
+    assert skip_reason("tensorrt", "fp16", gpu, opts, cfg) is None
+    assert "tiny.engine: tiny fp16" in skip_reason("tensorrt", "int8", gpu, opts, cfg)
+    assert "no --engine" in skip_reason("tensorrt", "fp16", gpu, opts, tiny_config(depth=3))
+
+
+# ---------------------------------------------------------------------------- sweep + schema
+@pytest.fixture(scope="module")
+def sweep() -> dict:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(measure, "CPU_MATMUL", (256, torch.float32))
+        settings = Settings(models=[tiny_config(name="tiny")], backends=["eager", "eager-math", "vitfast", "tensorrt"],
+                            batches=[1, 3], precisions=["fp32", "int8"], repeats=6, warmup=1, buffers=2)  # fmt: skip
+        return run_sweep(settings, command="test sweep")
+
+
+def test_sweep_result_schema(sweep):
+    result = validate_result(json.loads(json.dumps(sweep)))  # survives a JSON round trip
+    assert len(result["rows"]) == 4 * 2 * 2
+    for row in result["rows"]:
+        assert set(ROW_FIELDS) <= set(row)
+    env = result["environment"]
+    assert env["command"] == "test sweep" and env["versions"]["torch"] == torch.__version__
+    assert env["cpu"]["model"] and env["cpu"]["torch_threads"] >= 1 and "loadavg_end" in env["cpu"]
+    assert "sha" in env["git"] and "gpu" in env
+    assert result["peak"]["tflops"] > 0 and result["peak"]["dtype"] == "float32"
+    assert len(result["peak"]["measurements"]) == 2  # before and after the sweep
+
+
+def test_sweep_rows_measured_or_skipped_with_reason(sweep):
+    rows = {(r["backend"], r["precision"], r["batch"]): r for r in sweep["rows"]}
+    for batch in (1, 3):
+        ok = rows[("eager", "fp32", batch)]
+        assert ok["status"] == "ok" and ok["reason"] is None
+        assert len(ok["samples_ms"]) == 2 and all(len(rep) == 6 for rep in ok["samples_ms"])
+        assert ok["p50_ms"] <= ok["p95_ms"] <= ok["p99_ms"]
+        assert ok["images_per_s"] == pytest.approx(batch * 1e3 / ok["median_ms"])
+        assert ok["pct_of_peak"] == pytest.approx(100 * ok["tflops"] / sweep["peak"]["tflops"])
+        assert ok["peak_memory_mib"] is not None or "cannot" in ok["memory_method"]
+        assert ok["timer"] == "perf_counter_ns" and ok["runs_on"] == "cpu"
+        assert rows[("eager-math", "fp32", batch)]["details"]["attention"].startswith("explicit")
+    assert "int8" in rows[("eager", "int8", 1)]["reason"]
+    assert rows[("vitfast", "fp32", 1)]["status"] == "skipped"
+    assert "interpreter" in rows[("vitfast", "fp32", 1)]["reason"]  # tests run under TRITON_INTERPRET=1
+    assert "GPU" in rows[("tensorrt", "fp32", 3)]["reason"]
+
+
+def test_flops_of_vit_base_through_the_bench_row():
+    result = run_sweep(Settings(models=["vit_base_patch16_224"], backends=["tensorrt"], batches=[1], precisions=["fp16"]))
+    (row,) = result["rows"]
+    assert row["status"] == "skipped"
+    assert 17.5 <= row["gmacs_per_image"] <= 17.6
+    assert row["gflops_per_image"] == pytest.approx(2 * row["gmacs_per_image"])
+
+
+def test_validate_result_rejects_foreign_and_broken_files(sweep):
+    with pytest.raises(ArtifactError, match="schema"):
+        validate_result({"rows": []}, "x.json")
+    broken = json.loads(json.dumps(sweep))
+    del broken["rows"][0]["p99_ms"]
+    with pytest.raises(ArtifactError, match="p99_ms"):
+        validate_result(broken)
+    broken = json.loads(json.dumps(sweep))
+    broken["rows"][-1]["reason"] = None  # a skipped row must say why
+    with pytest.raises(ArtifactError, match="without a reason"):
+        validate_result(broken)
+
+
+# ---------------------------------------------------------------------------- presentation
+def test_plot_has_the_expected_series_and_is_a_png(sweep, tmp_path):
+    from PIL import Image
+
+    fig = report.build_figure(sweep)
+    top, bottom = fig.axes[0], fig.axes[1]
+    assert [line.get_label() for line in top.get_lines()] == ["eager fp32", "eager-math fp32"]
+    eager = next(r for r in sweep["rows"] if r["backend"] == "eager" and r["precision"] == "fp32" and r["batch"] == 3)
+    assert list(top.get_lines()[0].get_xdata()) == [1, 3]
+    assert top.get_lines()[0].get_ydata()[1] == pytest.approx(eager["images_per_s"])
+    labels = [line.get_label() for line in bottom.get_lines()]
+    assert labels == [f"{s} p{q}" for s in ("eager fp32", "eager-math fp32") for q in (50, 95, 99)]
+    assert bottom.get_lines()[2].get_ydata()[1] == pytest.approx(eager["p99_ms"])
+    assert [t.get_text() for t in bottom.get_legend().get_texts()] == ["eager fp32", "eager-math fp32", "p50", "p95", "p99"]
+    assert top.get_ylabel() == "images / s" and top.get_xlabel() == "batch"
+    path = tmp_path / "plot.png"
+    report.save_plot(sweep, path)
+    with Image.open(path) as img:
+        assert img.format == "PNG" and img.width > 300 and img.height > 300
+    with pytest.raises(InputError, match="nothing to plot"):
+        report.build_figure(sweep | {"rows": [r for r in sweep["rows"] if r["status"] != "ok"]})
+
+
+def test_markdown_and_csv(sweep):
+    md = report.to_markdown(sweep)
+    assert md.startswith("| model | img | backend |")
+    assert "| tiny | 32 | eager | fp32 | 3 |" in md
+    assert "vitfast fp32 (tiny@32, batch 1,3): skipped: TRITON_INTERPRET=1" in md
+    rows = list(csv.DictReader(io.StringIO(report.to_csv(sweep))))
+    assert len(rows) == 16 and {r["status"] for r in rows} == {"ok", "skipped"}
+
+
+# ---------------------------------------------------------------------------- CLI
+def test_cli_sweep_outputs_compare_and_report(tmp_path, capsys):
+    out, csv_path, plot, md = (tmp_path / n for n in ("r.json", "r.csv", "r.png", "r.md"))
+    argv = ["bench", "--model", "vit_tiny_patch16_224", "--img-size", "32", "--backends", "eager,vitfast", "--batch", "1,2",
+            "--repeats", "5", "--warmup", "1", "--out", str(out), "--csv", str(csv_path), "--plot", str(plot), "--markdown", str(md)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr()
+    assert "vitfast bench on" in printed.out and "not measured" in printed.out
+    result = json.loads(out.read_text())
+    validate_result(result)
+    assert result["environment"]["command"].startswith("vitfast bench --model vit_tiny_patch16_224 --backends eager,vitfast --batch 1,2")
+    assert f"--out {out}" in result["environment"]["command"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "| eager |" in md.read_text() and csv_path.exists()
+
+    assert main(argv) == 2  # outputs exist: refused before measuring anything
+    assert "already exists" in capsys.readouterr().err
+
+    assert main(["bench", "--compare", str(out), str(out), "--json"]) == 0
+    compared = json.loads(capsys.readouterr().out)
+    ok = [r for r in compared["rows"] if r["status"] == "ok"]
+    assert len(ok) == 2 and all(r["verdict"] == "same" and r["throughput_ratio"] == 1.0 for r in ok)
+    assert main(["bench", "--compare", str(out), str(out)]) == 0
+    assert "verdict" in capsys.readouterr().out
+
+    assert main(["bench", "--report", str(out)]) == 0
+    readme = capsys.readouterr().out
+    assert "# Benchmarks" in readme and result["environment"]["command"] in readme
+    assert "| vit_tiny_patch16_224 | 32 | eager | fp32 | 1 |" in readme
+    assert "GPU sweep (not measured yet)" in readme and "--batch 1,8,64,256 --precision fp16" in readme
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert main(["bench", "--model", "vit_tiny_patch16_224", "--backends", "eager,warp-drive"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "warp-drive" in err and "eager-math" in err
+    assert main(["bench", "--model", "vit_tiny_patch16_224", "--batch", "1,x"]) == 2
+    assert "positive integers" in capsys.readouterr().err
+    assert main(["bench"]) == 2
+    assert "--model" in capsys.readouterr().err
+    foreign = tmp_path / "other.json"
+    foreign.write_text("{}")
+    assert main(["bench", "--compare", str(foreign), str(foreign)]) == 2
+    assert "not a `vitfast bench --out` file" in capsys.readouterr().err

@@ -1,0 +1,318 @@
+"""The backends `vitfast bench` measures: why one cannot run on this machine, and how each is built.
+
+Every backend runs the same model with the same random weights (`torch.manual_seed(RANDOM_SEED)`,
+as `vitfast export --model` does), so their figures are comparable. A backend that cannot run
+here is skipped with its reason (`skip_reason`); nothing is emulated or estimated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from vitfast.config import ViTConfig
+from vitfast.errors import BackendUnavailable
+
+BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "onnxruntime", "tensorrt")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+TORCH_BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs")
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What this machine offers the backends; each field is a fact or the reason it is missing."""
+
+    cuda: bool
+    triton_interpret: bool
+    triton: bool
+    cxx: str | None  # the C++ compiler torch.compile's CPU code generator would call
+    onnxruntime: str | None  # None when importable, else why not
+    ort_providers: tuple[str, ...] = ()
+    tensorrt: str | None = "not checked"  # None when importable, else why not
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda" if self.cuda else "cpu")
+
+
+def detect_platform(backends: list[str]) -> Platform:
+    """Probe only what the requested backends need (importing TensorRT takes seconds)."""
+    ort_reason, providers = None, ()
+    try:
+        import onnxruntime
+
+        providers = tuple(onnxruntime.get_available_providers())
+    except ImportError:
+        ort_reason = "onnxruntime is not installed: pip install 'vitfast[export]'"
+    trt_reason = "not checked"
+    if "tensorrt" in backends:
+        from vitfast.export.tensorrt import require_tensorrt
+
+        try:
+            require_tensorrt()
+            trt_reason = None
+        except BackendUnavailable as exc:
+            trt_reason = str(exc)
+    return Platform(
+        cuda=torch.cuda.is_available(),
+        triton_interpret=os.environ.get("TRITON_INTERPRET") == "1",
+        triton=importlib.util.find_spec("triton") is not None,
+        cxx=os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++") or shutil.which("c++"),
+        onnxruntime=ort_reason,
+        ort_providers=providers,
+        tensorrt=trt_reason,
+    )
+
+
+@dataclass
+class BackendOptions:
+    """The knobs some backends take (the rest of the sweep settings do not concern them)."""
+
+    compile_mode: str = "default"
+    engines: list[str] = field(default_factory=list)
+    ort_provider: str = "auto"
+    threads: int | None = None
+    work_dir: Path = Path(os.environ.get("TMPDIR", "/tmp")) / "vitfast-bench"
+    calib_samples: int = 16
+
+
+# ---------------------------------------------------------------------------- skip logic
+def skip_reason(backend: str, precision: str, platform: Platform, options: BackendOptions, config: ViTConfig) -> str | None:
+    """Why `backend` at `precision` cannot be measured here, or None when it can."""
+    if backend in TORCH_BACKENDS and precision == "int8":
+        return "PyTorch backends run fp32/fp16/bf16; int8 is measured through onnxruntime (quantize_int8) and tensorrt engines"
+    if backend in ("vitfast", "vitfast-graphs"):
+        return _vitfast_reason(backend, platform)
+    if backend == "compile":
+        return _compile_reason(platform)
+    if backend == "onnxruntime":
+        return _ort_reason(precision, platform, options)
+    if backend == "tensorrt":
+        return _tensorrt_reason(precision, platform, options, config)
+    return None
+
+
+def _vitfast_reason(backend: str, platform: Platform) -> str | None:
+    if platform.triton_interpret:
+        return ("TRITON_INTERPRET=1 is set: the Triton kernels would run in the CPU interpreter, "
+                "so the figure would time the interpreter, not the kernels; unset it on a CUDA machine")  # fmt: skip
+    if not platform.cuda:
+        return "needs a CUDA GPU for its Triton kernels (on CPU they only run under TRITON_INTERPRET=1, which times the interpreter)"
+    if not platform.triton:
+        return "needs Triton: pip install 'vitfast[triton]'"
+    return None
+
+
+def _compile_reason(platform: Platform) -> str | None:
+    if platform.cuda and not platform.triton:
+        return "torch.compile on a GPU generates Triton kernels and Triton is not installed"
+    if not platform.cuda and not platform.cxx:
+        return "torch.compile on CPU generates C++ and no C++ compiler (g++, clang++ or $CXX) was found"
+    return None
+
+
+def ort_provider(platform: Platform, options: BackendOptions) -> str:
+    """The execution provider to ask for: --ort-provider, or CUDA when both torch and ORT see a GPU."""
+    if options.ort_provider != "auto":
+        return ORT_PROVIDERS[options.ort_provider]
+    return ORT_PROVIDERS["cuda" if platform.cuda and ORT_PROVIDERS["cuda"] in platform.ort_providers else "cpu"]
+
+
+def _ort_reason(precision: str, platform: Platform, options: BackendOptions) -> str | None:
+    if platform.onnxruntime:
+        return platform.onnxruntime
+    if precision == "bf16":
+        return "to_onnx exports fp32 and fp16 graphs (int8 through quantize_int8); there is no bf16 ONNX export"
+    provider = ort_provider(platform, options)
+    if provider not in platform.ort_providers:
+        return f"ONNX Runtime here has {', '.join(platform.ort_providers)}, not {provider} (install onnxruntime-gpu for CUDA)"
+    if precision == "int8" and provider == ORT_PROVIDERS["cuda"]:
+        return "ONNX Runtime's CUDA provider has no int8 kernels for QDQ models (it would dequantize to float); int8 on GPU is the tensorrt backend"
+    return None
+
+
+def _tensorrt_reason(precision: str, platform: Platform, options: BackendOptions, config: ViTConfig) -> str | None:
+    if not platform.cuda:
+        return "needs an NVIDIA GPU with CUDA; none is visible to torch"
+    if platform.tensorrt:
+        return platform.tensorrt
+    if not options.engines:
+        return "give --engine PATH: an engine built on this GPU with `vitfast export --format trt`"
+    _, reason = match_engine(options.engines, config, precision)
+    return reason
+
+
+def match_engine(paths: list[str], config: ViTConfig, precision: str) -> tuple[Path | None, str | None]:
+    """The --engine whose sidecar has this model config and precision, or (None, what the engines are)."""
+    from vitfast.export.artifacts import read_sidecar
+
+    wanted = _arch(config.to_dict())
+    seen = []
+    for path in map(Path, paths):
+        meta = read_sidecar(path)
+        seen.append(f"{path.name}: {meta.get('config', {}).get('name')} {meta.get('precision')}")
+        if meta.get("precision") == precision and _arch(meta.get("config", {})) == wanted:
+            return path, None
+    return None, f"no --engine is {config.name or 'this model'} at {config.img_hw[0]}px in {precision} (given: {'; '.join(seen)})"
+
+
+def _arch(config: dict[str, Any]) -> dict[str, Any]:
+    """The fields that decide the computation (the name and preprocessing do not)."""
+    return {k: v for k, v in config.items() if k not in ("name", "mean", "std", "crop_pct", "interpolation")}
+
+
+# ---------------------------------------------------------------------------- building
+@dataclass
+class Runner:
+    """A ready backend: `call(x)` runs one batch; inputs are `input_dtype` tensors on `device`."""
+
+    call: Callable[[torch.Tensor], Any]
+    device: torch.device
+    input_dtype: torch.dtype
+    timer: str  # "cuda-events" or "perf_counter_ns"
+    runs_on: str
+    details: dict[str, Any] = field(default_factory=dict)
+    memory_outside_torch: str | None = None  # why the peak cannot be read, for allocators we cannot see
+    batch_range: tuple[int, int] | None = None  # an engine's profile
+
+
+def seeded_model(config: ViTConfig) -> torch.nn.Module:
+    """The reference model with the weights `vitfast export --model NAME` would give it."""
+    from vitfast.commands import RANDOM_SEED
+    from vitfast.registry import create_model
+
+    torch.manual_seed(RANDOM_SEED)
+    return create_model(config)
+
+
+def prepare(backend: str, precision: str, config: ViTConfig, options: BackendOptions) -> tuple[Path | None, bool]:
+    """One-off work before a backend is loaded -> (artifact, reused from the cache).
+
+    Kept apart from `build_runner` so that exporting (and the exporter's imports) is not counted
+    in the backend's memory or load time.
+    """
+    if backend == "onnxruntime":
+        return onnx_artifact(config, precision, options)
+    if backend == "compile":
+        importlib.import_module("torch._inductor.compile_fx")  # inductor's imports are the process's, not the row's
+    return None, False
+
+
+def build_runner(backend: str, precision: str, config: ViTConfig, platform: Platform, options: BackendOptions,
+                 artifact: Path | None = None) -> Runner:  # fmt: skip
+    """Load `backend` for `config` at `precision` (only when `skip_reason` is None; after `prepare`)."""
+    if backend in TORCH_BACKENDS:
+        return _torch_runner(backend, precision, config, platform, options)
+    if backend == "onnxruntime":
+        return _ort_runner(artifact, precision, platform, options)
+    if backend == "tensorrt":
+        return _tensorrt_runner(precision, config, options)
+    raise ValueError(f"unknown backend {backend!r}")
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _torch_runner(backend: str, precision: str, config: ViTConfig, platform: Platform, options: BackendOptions) -> Runner:
+    from vitfast.optimize import optimize
+    from vitfast.runtime import TorchEngine
+
+    device = platform.device
+    engine = TorchEngine(seeded_model(config), device=str(device), dtype=TORCH_DTYPES[precision])
+    model, details = engine.model, {"attention": "SDPA"}
+    if backend == "eager-math":
+        model.set_fused_attn(False)
+        details["attention"] = "explicit softmax(QK^T)V"
+    if backend.startswith("vitfast"):
+        optimize(model, cuda_graphs=backend == "vitfast-graphs")
+        details["attention"] = "vitfast Triton kernel"
+    forward = model
+    if backend == "compile":
+        mode = None if options.compile_mode == "default" else options.compile_mode
+        # dynamic=False: one static graph per batch size, as a deployment at a fixed batch gets
+        forward = torch.compile(model, mode=mode, dynamic=False)
+        details |= {"compile_mode": options.compile_mode, "dynamic": False}
+    timer = "cuda-events" if device.type == "cuda" else "perf_counter_ns"
+    # the model is timed directly on inputs already in its dtype and device: no per-call cast
+    return Runner(torch.inference_mode()(forward), device, engine.dtype, timer, _device_name(device), details)
+
+
+def _artifact_path(config: ViTConfig, precision: str, options: BackendOptions) -> Path:
+    """Cache path keyed by the architecture, precision and the tool versions that shape the file."""
+    from vitfast import __version__
+
+    recipe = {"arch": _arch(config.to_dict()), "precision": precision, "vitfast": __version__, "torch": torch.__version__}
+    if precision == "int8":
+        recipe |= {"target": "cpu", "calib": f"{options.calib_samples} seeded random-pixel images"}
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    h, w = config.img_hw
+    return Path(options.work_dir) / f"{config.name or 'vit'}-{h}x{w}-{precision}-{key}.onnx"
+
+
+def onnx_artifact(config: ViTConfig, precision: str, options: BackendOptions) -> tuple[Path, bool]:
+    """The ONNX file for (config, precision), exported now or reused from the work dir -> (path, reused)."""
+    from vitfast.export import quantize_int8, to_onnx
+    from vitfast.export.artifacts import sidecar_path
+
+    path = _artifact_path(config, precision, options)
+    if path.exists() and sidecar_path(path).exists():
+        return path, True
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if precision == "int8":
+        fp32, _ = onnx_artifact(config, "fp32", options)
+        from vitfast.data import random_images
+
+        # random-pixel calibration images: the scales do not fit real data, but int8 speed does
+        # not depend on them (the same kernels run whatever the scales are)
+        images = random_images(config, options.calib_samples, seed=0)
+        quantize_int8(fp32, path, images, samples=options.calib_samples, target="cpu", force=True, progress=False)
+    else:
+        source = {"model": config.name, "weights": "random init, torch.manual_seed(0)", "img_size": config.img_size}
+        to_onnx(seeded_model(config), path, precision=precision, force=True, source=source)
+    return path, False
+
+
+def _ort_runner(path: Path, precision: str, platform: Platform, options: BackendOptions) -> Runner:
+    from vitfast.runtime import load_engine
+
+    provider = ort_provider(platform, options)
+    engine = load_engine(path, providers=[provider], threads=options.threads)
+    if engine.providers[0] != provider:  # ORT falls back silently when a provider's libraries are missing
+        raise BackendUnavailable(f"ONNX Runtime could not start {provider} (session has {engine.providers})")
+    on_gpu = provider == ORT_PROVIDERS["cuda"]
+    details = {"provider": provider, "artifact": str(path),
+               "input": "float32 host tensor" + (" (host-to-device copy and logits copy back are timed)" if on_gpu else "")}  # fmt: skip
+    if precision == "int8":
+        details["int8"] = engine.metadata.get("int8")
+    return Runner(
+        engine, torch.device("cpu"), torch.float32, "perf_counter_ns",
+        _device_name(torch.device("cuda")) if on_gpu else "cpu", details,
+        memory_outside_torch="ONNX Runtime's CUDA provider allocates outside PyTorch's allocator" if on_gpu else None,
+    )  # fmt: skip
+
+
+def _tensorrt_runner(precision: str, config: ViTConfig, options: BackendOptions) -> Runner:
+    from vitfast.runtime import load_engine
+
+    path, reason = match_engine(options.engines, config, precision)
+    if path is None:
+        raise BackendUnavailable(reason)
+    engine = load_engine(path)
+    device = torch.device("cuda", torch.cuda.current_device())
+    lo, _, hi = engine.batch or (1, 1, 1 << 30)
+    return Runner(
+        engine, device, torch.float32, "cuda-events", _device_name(device), {"engine": str(path), "profile": engine.batch},
+        memory_outside_torch="TensorRT allocates its activations outside PyTorch's allocator", batch_range=(lo, hi),
+    )  # fmt: skip

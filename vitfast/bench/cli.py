@@ -1,0 +1,193 @@
+"""`vitfast bench`: run a sweep, compare two result files, or render benchmarks/README.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from vitfast.errors import InputError
+
+from .backends import BACKENDS, COMPILE_MODES, PRECISIONS, BackendOptions
+
+
+def parse_list(text: str, what: str, choices: tuple[str, ...] | None = None) -> list[str]:
+    """'a,b' -> ['a', 'b'], each checked against `choices` when given."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise InputError(f"--{what} is empty; give a comma-separated list")
+    bad = [t for t in items if choices and t not in choices]
+    if bad:
+        raise InputError(f"unknown {what} {', '.join(bad)}; choose from {', '.join(choices)}")
+    return items
+
+
+def parse_ints(text: str, what: str) -> list[int]:
+    items = parse_list(text, what)
+    if not all(t.isdigit() and int(t) > 0 for t in items):
+        raise InputError(f"--{what} takes positive integers separated by commas, e.g. 1,8,64; got {text!r}")
+    return [int(t) for t in items]
+
+
+def settings_from_args(args: argparse.Namespace):
+    """Validated `Settings` from the command line (precision 'auto': fp16 on a GPU, else fp32)."""
+    import torch
+
+    from .sweep import Settings
+
+    precision = args.precision
+    if precision == "auto":
+        precision = "fp16" if torch.cuda.is_available() else "fp32"
+    if min(args.repeats, args.buffers, args.calib_samples) < 1 or args.warmup < 0 or args.max_seconds <= 0:
+        raise InputError("--repeats, --buffers and --calib-samples must be >= 1, --warmup >= 0, --max-seconds > 0")
+    options = BackendOptions(compile_mode=args.compile_mode, engines=args.engine or [], ort_provider=args.ort_provider,
+                             threads=args.threads, calib_samples=args.calib_samples)  # fmt: skip
+    if args.work_dir:
+        options.work_dir = Path(args.work_dir)
+    return Settings(
+        models=parse_list(args.model, "model"),
+        backends=parse_list(args.backends, "backends", BACKENDS),
+        batches=parse_ints(args.batch, "batch"),
+        precisions=parse_list(precision, "precision", PRECISIONS),
+        img_sizes=parse_ints(args.img_size, "img-size") if args.img_size else [None],
+        repeats=args.repeats, warmup=args.warmup, max_seconds=args.max_seconds, buffers=args.buffers,
+        options=options, debug=args.debug,
+    )  # fmt: skip
+
+
+def _outputs(args: argparse.Namespace) -> dict[str, Path]:
+    """Requested output files, checked before the sweep so a long run cannot end in a refusal."""
+    from vitfast.export.artifacts import check_output_free
+
+    wanted = {"out": args.out, "csv": args.csv, "plot": args.plot, "markdown": args.markdown if args.markdown != "-" else None}
+    return {kind: check_output_free(path, args.force) for kind, path in wanted.items() if path}
+
+
+def _write(path: Path, force: bool, write) -> None:
+    from vitfast.export.artifacts import atomic_artifact
+
+    with atomic_artifact(path, force) as tmp:
+        write(tmp)
+
+
+def _output_flags(args: argparse.Namespace) -> str:
+    flags = [f"--{k} {v}" for k, v in (("out", args.out), ("csv", args.csv), ("plot", args.plot)) if v]
+    if args.markdown:
+        flags.append("--markdown" if args.markdown == "-" else f"--markdown {args.markdown}")
+    return " ".join(flags)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.compare:
+        return cmd_compare(args)
+    if args.report:
+        return cmd_report(args)
+    if not args.model:
+        raise InputError("give --model NAME[,NAME...] to measure (or --compare A.json B.json, or --report FILE...)")
+    from . import report
+
+    settings = settings_from_args(args)
+    outputs = _outputs(args)
+    command = " ".join(filter(None, [settings.command(), _output_flags(args)]))
+    result = _run_with_progress(settings, command, quiet=args.json)
+    if "out" in outputs:
+        _write(outputs["out"], args.force, lambda p: p.write_text(json.dumps(result, indent=1)))
+    if "csv" in outputs:
+        _write(outputs["csv"], args.force, lambda p: p.write_text(report.to_csv(result)))
+    if "markdown" in outputs:
+        _write(outputs["markdown"], args.force, lambda p: p.write_text(report.to_markdown(result)))
+    if "plot" in outputs and any(r["status"] == "ok" for r in result["rows"]):
+        _write(outputs["plot"], args.force, lambda p: report.save_plot(result, p))
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    from vitfast.cli import console
+
+    out = console()
+    for table in report.rich_tables(result):
+        out.print(table)
+    if args.markdown == "-":
+        print(report.to_markdown(result))
+    for kind, path in outputs.items():
+        print(f"wrote {path}" + (" (no plot: nothing was measured)" if kind == "plot" and not path.exists() else ""), file=sys.stderr)
+    return 0
+
+
+def _run_with_progress(settings, command: str, quiet: bool) -> dict:
+    """The sweep, with a progress bar on stderr when it is a terminal."""
+    from .sweep import run_sweep
+
+    total = len(list(settings.configs())) * len(settings.backends) * len(settings.precisions) * len(settings.batches)
+    if quiet or not sys.stderr.isatty():
+        return run_sweep(settings, command=command)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("measuring the matmul peak", total=total)
+        return run_sweep(settings, command=command, on_start=lambda label: bar.update(task, description=label),
+                         on_row=lambda row: bar.advance(task))  # fmt: skip
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from . import report
+    from .stats import compare_rows
+    from .sweep import load_result
+
+    base_path, new_path = args.compare
+    base, new = load_result(base_path), load_result(new_path)
+    rows = compare_rows(base["rows"], new["rows"])
+    if args.json:
+        print(json.dumps({"base": base_path, "new": new_path, "rows": rows}))
+        return 0
+    from vitfast.cli import console
+
+    out = console()
+    for name, result in ((base_path, base), (new_path, new)):
+        env = result["environment"]
+        out.print(f"{name}: {report.device_label(result)}, git {(env['git']['sha'] or '?')[:10]}, {env['time_utc']}, {report.peak_label(result)}")
+    out.print(report.compare_table(rows, base_path, new_path))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import render_readme
+    from .sweep import load_result
+
+    print(render_readme([(Path(p).name, load_result(p)) for p in args.report]), end="")
+    return 0
+
+
+def add_parsers(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("bench", parents=[common], help="benchmark backends x precisions x batch sizes (or --compare / --report)",
+                       description="Measure latency percentiles, throughput, %% of the matmul peak and peak memory.")  # fmt: skip
+    p.add_argument("--model", metavar="LIST", help="registered model name(s), comma-separated (random weights, seed 0)")
+    p.add_argument("--backends", metavar="LIST", default=",".join(BACKENDS),
+                   help=f"comma-separated, from {','.join(BACKENDS)} (default: all; unavailable ones are skipped with the reason)")  # fmt: skip
+    p.add_argument("--batch", metavar="LIST", default="1,8", help="batch sizes, comma-separated (default 1,8)")
+    p.add_argument("--precision", metavar="LIST", default="auto",
+                   help=f"from {','.join(PRECISIONS)}, comma-separated (default: fp16 on a GPU, fp32 on CPU)")  # fmt: skip
+    p.add_argument("--img-size", metavar="LIST", help="image sizes, comma-separated (default: each model's own)")
+    p.add_argument("--repeats", type=int, default=30, help="timed calls in each of the two repeats per row (default 30)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed calls after the first (compiling) call (default 5)")
+    p.add_argument("--max-seconds", type=float, default=20.0,
+                   help="cut a repeat short after this many seconds (at least 5 calls still run; default 20)")  # fmt: skip
+    p.add_argument("--buffers", type=int, default=4, help="input batches rotated through (default 4)")
+    p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES, help="torch.compile mode")
+    p.add_argument("--engine", metavar="PATH", action="append",
+                   help="TensorRT engine for the tensorrt backend; repeat for several models/precisions")  # fmt: skip
+    p.add_argument("--ort-provider", default="auto", choices=["auto", "cpu", "cuda"], help="ONNX Runtime execution provider")
+    p.add_argument("--threads", type=int, help="CPU threads for PyTorch and ONNX Runtime (default: their own)")
+    p.add_argument("--work-dir", metavar="DIR", help="cache for exported ONNX files (default: $TMPDIR/vitfast-bench)")
+    p.add_argument("--calib-samples", type=int, default=16, help="random calibration images for onnxruntime int8 (default 16)")
+    p.add_argument("--out", metavar="FILE.json", help="every raw number and the environment")
+    p.add_argument("--csv", metavar="FILE", help="one line per row")
+    p.add_argument("--plot", metavar="FILE.png", help="throughput and latency percentiles vs batch")
+    p.add_argument("--markdown", metavar="FILE", nargs="?", const="-", help="markdown table to FILE (printed without FILE)")
+    p.add_argument("--force", action="store_true", help="overwrite existing output files")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object (no table)")
+    p.add_argument("--compare", nargs=2, metavar=("BASE.json", "NEW.json"), help="ratios new / base per row instead of measuring")
+    p.add_argument("--report", nargs="+", metavar="FILE.json", help="print benchmarks/README.md from result files")
+    p.set_defaults(func=cmd_bench)

@@ -1,0 +1,278 @@
+"""Presenting results: terminal tables, CSV, markdown, plots, comparisons and benchmarks/README.md."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import defaultdict
+from typing import Any, Iterable
+
+from .stats import PERCENTILES
+
+CSV_FIELDS = ("model", "img_size", "backend", "precision", "batch", "status", "reason", "runs_on", "n", "median_ms",
+              "p50_ms", "p95_ms", "p99_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "spread", "images_per_s",
+              "tflops", "pct_of_peak", "gflops_per_image", "peak_memory_mib", "prepare_s", "load_s", "first_call_s", "timer")  # fmt: skip
+
+
+def _f(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def peak_label(result: dict[str, Any]) -> str:
+    p = result["peak"]
+    return f"{p['dtype']} matmul {p['size']}^3 on {p['device']}: {p['tflops'] * 1e3:.1f} GFLOP/s"
+
+
+def table_rows(result: dict[str, Any]) -> list[list[str]]:
+    """The measured rows as display strings, in the column order of `TABLE_COLUMNS`."""
+    out = []
+    for r in result["rows"]:
+        if r["status"] != "ok":
+            continue
+        out.append([
+            r["model"], str(r["img_size"]), r["backend"], r["precision"], str(r["batch"]), str(r["n"]),
+            _f(r["median_ms"], ".2f"), _f(r["p95_ms"], ".2f"), _f(r["p99_ms"], ".2f"), _f(r["images_per_s"], ".1f"),
+            _f(r["tflops"] * 1e3, ".1f"), _f(r["pct_of_peak"], ".0f"), _f(r["peak_memory_mib"], ".0f"),
+            _f(100 * r["spread"] if r["spread"] is not None else None, ".1f"),
+        ])  # fmt: skip
+    return out
+
+
+TABLE_COLUMNS = ("model", "img", "backend", "prec", "batch", "n", "median ms", "p95 ms", "p99 ms", "img/s",
+                 "GFLOP/s", "% peak", "peak MiB", "spread %")  # fmt: skip
+
+
+def not_measured(result: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """Skipped / failed rows folded over batch sizes: (model@img, backend, precision, batches, reason)."""
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for r in result["rows"]:
+        if r["status"] != "ok":
+            groups[(f"{r['model']}@{r['img_size']}", r["backend"], r["precision"], f"{r['status']}: {r['reason']}")].append(r["batch"])
+    return [(m, b, p, ",".join(map(str, batches)), reason) for (m, b, p, reason), batches in groups.items()]
+
+
+def rich_tables(result: dict[str, Any]) -> list:
+    """The terminal view: the measured table, then what was skipped and why."""
+    from rich.table import Table
+
+    env = result["environment"]
+    title = f"vitfast bench on {device_label(result)} (torch {env['versions']['torch']}, git {(env['git']['sha'] or '?')[:10]})"
+    table = Table(title=title, caption=f"% peak: of the measured {peak_label(result)}; spread: gap between two repeats' medians")
+    for col in TABLE_COLUMNS:
+        table.add_column(col, justify="left" if col in ("model", "backend", "prec") else "right", no_wrap=col == "model")
+    for row in table_rows(result):
+        table.add_row(*row)
+    out = [table]
+    skipped = not_measured(result)
+    if skipped:
+        skip = Table(title="not measured", show_lines=False)
+        for col in ("model", "backend", "prec", "batches", "reason"):
+            skip.add_column(col, overflow="fold")
+        for row in skipped:
+            skip.add_row(*row)
+        out.append(skip)
+    return out
+
+
+def device_label(result: dict[str, Any]) -> str:
+    env = result["environment"]
+    gpu = env["gpu"]
+    if gpu.get("available"):
+        return gpu["name"]
+    cpu = env["cpu"]
+    return f"{cpu['model']} ({cpu['cpus_usable']} CPUs, {cpu['torch_threads']} torch threads)"
+
+
+def to_csv(result: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in result["rows"]:
+        writer.writerow({k: row.get(k) for k in CSV_FIELDS})
+    return buf.getvalue()
+
+
+def to_markdown(result: dict[str, Any]) -> str:
+    """A GitHub markdown table of the measured rows, then the skipped ones with their reasons."""
+    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * 3 + "---:|" * (len(TABLE_COLUMNS) - 3)]
+    lines += ["| " + " | ".join(r) + " |" for r in table_rows(result)]
+    lines += ["", f"n: timed calls (two repeats). % peak: of the {peak_label(result)} measured in the same run "
+              "(before and after the sweep). spread %: gap between the medians of two back-to-back repeats of the "
+              "same row; differences smaller than it are noise. peak MiB: see `memory_method` in the JSON."]  # fmt: skip
+    skipped = not_measured(result)
+    if skipped:
+        lines += ["", "Not measured:", ""]
+        lines += [f"- {b} {p} ({m}, batch {bs}): {reason}" for m, b, p, bs, reason in skipped]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- plot
+def series(result: dict[str, Any]) -> dict[tuple[str, int], dict[str, list[dict]]]:
+    """OK rows grouped by (model, img size) then by 'backend precision', sorted by batch."""
+    out: dict[tuple[str, int], dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in result["rows"]:
+        if r["status"] == "ok":
+            out[(r["model"], r["img_size"])][f"{r['backend']} {r['precision']}"].append(r)
+    for by_name in out.values():
+        for rows in by_name.values():
+            rows.sort(key=lambda r: r["batch"])
+    return out
+
+
+def build_figure(result: dict[str, Any]):
+    """Matplotlib figure: per model, throughput vs batch (top) and p50/p95/p99 latency vs batch (bottom)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never opens a window
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    groups = series(result)
+    if not groups:
+        from vitfast.errors import InputError
+
+        raise InputError("nothing to plot: every row was skipped or failed")
+    fig = Figure(figsize=(6.5 * len(groups), 9), layout="constrained")
+    axes = fig.subplots(2, len(groups), squeeze=False)
+    styles = {50: "-", 95: "--", 99: ":"}
+    for col, ((model, img), by_name) in enumerate(groups.items()):
+        top, bottom = axes[0][col], axes[1][col]
+        for i, (name, rows) in enumerate(by_name.items()):
+            color = f"C{i % 10}"
+            batches = [r["batch"] for r in rows]
+            top.plot(batches, [r["images_per_s"] for r in rows], "o-", color=color, label=name)
+            for q in PERCENTILES:
+                bottom.plot(batches, [r[f"p{q}_ms"] for r in rows], styles[q], marker="o", color=color, label=f"{name} p{q}")
+        top.set(title=f"{model} @ {img}px: throughput", ylabel="images / s")
+        bottom.set(title=f"{model} @ {img}px: latency per batch", ylabel="ms")
+        all_batches = sorted({r["batch"] for rows in by_name.values() for r in rows})
+        for ax in (top, bottom):
+            ax.set(xlabel="batch", xscale="log", yscale="log")
+            ax.set_xticks(all_batches, [str(b) for b in all_batches])
+            ax.minorticks_off()
+            ax.grid(True, alpha=0.3)
+        top.legend(fontsize="small")
+        # one entry per series (its p50 line) plus one per line style, instead of 3 x series entries
+        p50 = [line for line in bottom.get_lines() if line.get_label().endswith(" p50")]
+        styled = [Line2D([], [], color="gray", linestyle=styles[q], label=f"p{q}") for q in PERCENTILES]
+        bottom.legend(handles=p50 + styled, labels=[h.get_label().removesuffix(" p50") for h in p50] + [f"p{q}" for q in PERCENTILES],
+                      fontsize="small")  # fmt: skip
+    fig.suptitle(f"vitfast bench on {device_label(result)}")
+    return fig
+
+
+def save_plot(result: dict[str, Any], path) -> None:
+    build_figure(result).savefig(path, format="png", dpi=100)
+
+
+# ---------------------------------------------------------------------------- compare
+def compare_table(rows: list[dict[str, Any]], base_name: str, new_name: str):
+    """Rich table of `stats.compare_rows` output: new / base per row with its verdict."""
+    from rich.table import Table
+
+    colors = {"win": "green", "regression": "red", "same": "dim"}
+    table = Table(title=f"{new_name} vs {base_name}", caption="ratios are new / base; noise: larger repeat spread of the two")
+    for col in ("model", "img", "backend", "prec", "batch", "base ms", "new ms", "latency x", "img/s x", "p99 x", "noise %", "verdict"):
+        table.add_column(col, justify="left" if col in ("model", "backend", "prec", "verdict") else "right")
+    for r in rows:
+        head = [r["model"], str(r["img_size"]), r["backend"], r["precision"], str(r["batch"]), _f(r["base_ms"], ".2f"), _f(r["new_ms"], ".2f")]
+        if r["status"] != "ok":
+            table.add_row(*head, "-", "-", "-", "-", f"[yellow]{r['status']}[/yellow]")
+            continue
+        v = r["verdict"]
+        table.add_row(*head, f"{r['latency_ratio']:.3f}", f"{r['throughput_ratio']:.3f}", f"{r['p99_ratio']:.3f}",
+                      f"{100 * r['noise']:.1f}", f"[{colors[v]}]{v}[/{colors[v]}]")  # fmt: skip
+    return table
+
+
+# ---------------------------------------------------------------------------- README
+GPU_SWEEP = """\
+vitfast export --model vit_small_patch16_224 --format trt --precision fp16 --batch 1:64:256 --out /tmp/vit_s.engine
+vitfast export --model vit_base_patch16_224  --format trt --precision fp16 --batch 1:64:256 --out /tmp/vit_b.engine
+vitfast export --model vit_large_patch16_224 --format trt --precision fp16 --batch 1:64:256 --out /tmp/vit_l.engine
+vitfast bench --model vit_small_patch16_224,vit_base_patch16_224,vit_large_patch16_224 \\
+    --backends eager,eager-math,compile,vitfast,vitfast-graphs,onnxruntime,tensorrt \\
+    --batch 1,8,64,256 --precision fp16 --compile-mode max-autotune --repeats 100 \\
+    --engine /tmp/vit_s.engine --engine /tmp/vit_b.engine --engine /tmp/vit_l.engine \\
+    --out benchmarks/results/gpu-$(nvidia-smi --query-gpu=name --format=csv,noheader | tr ' ' '_')-$(git rev-parse --short HEAD).json \\
+    --plot benchmarks/results/gpu-$(git rev-parse --short HEAD).png"""
+
+README_HEAD = """\
+# Benchmarks
+
+<!-- Generated by `make bench` (`vitfast bench --report benchmarks/results/*.json`); do not edit by hand. -->
+
+Every figure below comes from a JSON file in `results/` written by `vitfast bench --out`; the file
+holds every raw timing, the command that produced it and the environment (CPU/GPU, driver, CUDA,
+torch/triton/onnxruntime/TensorRT versions, git sha, threads, load average). Models have random
+weights (`torch.manual_seed(0)`); speed does not depend on the weight values.
+
+**Method.** Warm-up (compilation, autotuning, engine load, export) stays outside the timings;
+inputs rotate among 4 random batches; CUDA events on a GPU, `perf_counter_ns` on the CPU; two
+back-to-back repeats per row. Latency percentiles are over both repeats' calls; *spread* is the
+gap between the two repeats' medians, the noise floor of that row: a difference between rows
+smaller than their spreads is not a result. *% peak* is the row's GFLOP/s (2 x `count_macs`
+per image) over a dense matmul measured on the same device in the same run (fp32 on CPU, fp16
+on GPU), so int8 rows can exceed 100%.
+"""
+
+README_GPU = """\
+## GPU sweep ({status})
+
+On a CUDA machine with TensorRT (engines must be built on the GPU that runs them), take the
+sweep below (ViT-S/16, B/16, L/16 at batch 1, 8, 64, 256 in fp16 through every GPU backend),
+commit the JSON and regenerate this file with
+`vitfast bench --report benchmarks/results/*.json > benchmarks/README.md`.
+
+```bash
+{command}
+```
+
+`benchmarks/gpu_kernels.py` (`make bench-gpu`) measures the Triton kernels against the copy and
+matmul ceilings of the same GPU.
+"""
+
+README_TAIL = """\
+## pytest-benchmark suites
+
+```bash
+pytest benchmarks/ --benchmark-only                              # CPU: tiny shapes, kernels in the Triton interpreter
+VITFAST_TEST_DEVICE=cuda pytest benchmarks/ --benchmark-only     # GPU: ViT-B/16 fp16 end to end, kernel TFLOP/s and GB/s
+```
+`make test` runs them once with `--benchmark-disable`, so they cannot rot unnoticed.
+
+Compare two result files (two commits, two machines): `vitfast bench --compare A.json B.json`.
+"""
+
+
+def _latest(results: Iterable[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """The newest result per (device, models, backends) series, newest first."""
+    best: dict[tuple, tuple[str, dict[str, Any]]] = {}
+    for name, result in results:
+        s = result["settings"]
+        key = (device_label(result), tuple(map(str, s["models"])), tuple(s["backends"]))
+        if key not in best or result["environment"]["time_utc"] > best[key][1]["environment"]["time_utc"]:
+            best[key] = (name, result)
+    return sorted(best.values(), key=lambda item: item[1]["environment"]["time_utc"], reverse=True)
+
+
+def render_readme(results: Iterable[tuple[str, dict[str, Any]]]) -> str:
+    """benchmarks/README.md from (file name, result) pairs: the latest result of each series."""
+    results = list(results)
+    parts = [README_HEAD]
+    for name, result in _latest(results):
+        env, cpu = result["environment"], result["environment"]["cpu"]
+        v = env["versions"]
+        sha = env["git"]["sha"] or "unknown"
+        parts += [
+            f"## {device_label(result)}, {env['time_utc'][:10]}\n",
+            f"`{name}` (git `{sha[:10]}`{', with uncommitted changes' if env['git']['dirty'] else ''}), produced by:\n",
+            f"```bash\n{env['command']}\n```\n",
+            f"torch {v['torch']}, onnxruntime {v['onnxruntime']}, triton {v['triton']}, TensorRT {v['tensorrt'] or 'not installed'}; "
+            f"Python {env['python']}; load average {cpu['loadavg_start'][0]:.1f} at start, {cpu.get('loadavg_end', [float('nan')])[0]:.1f} at end "
+            f"on {cpu['cpus_usable']} usable CPUs. Sweep time {result.get('elapsed_s', 0) / 60:.1f} min.\n",
+            to_markdown(result),
+        ]  # fmt: skip
+    measured = any(r["environment"]["gpu"].get("available") for _, r in results)
+    parts += [README_GPU.format(status="how to repeat it" if measured else "not measured yet", command=GPU_SWEEP), README_TAIL]
+    return "\n".join(parts)

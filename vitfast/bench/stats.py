@@ -1,0 +1,109 @@
+"""Statistics of a benchmark row: percentiles, throughput, roofline fraction, noise, comparisons.
+
+Pure functions on lists of milliseconds, so they are tested on synthetic timings.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+PERCENTILES = (50, 95, 99)
+MIN_NOISE = 0.02  # two runs closer than 2% are never called a win or a regression
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) with linear interpolation between order statistics (numpy's default)."""
+    if not len(samples):
+        raise ValueError("percentile of no samples")
+    return float(np.percentile(np.asarray(samples, dtype=np.float64), q))
+
+
+def relative_spread(values: Sequence[float]) -> float:
+    """(max - min) / min: how far apart repeated measurements of the same thing landed."""
+    lo, hi = min(values), max(values)
+    return (hi - lo) / lo if lo > 0 else math.inf
+
+
+def summarize(repeats: Sequence[Sequence[float]], batch: int, gflops_per_image: float) -> dict[str, Any]:
+    """Latency statistics over all repeats' samples (ms), throughput and achieved TFLOP/s.
+
+    `spread` compares the medians of the repeats of the same backend: the noise floor of this row.
+    """
+    samples = [t for rep in repeats for t in rep]
+    median = percentile(samples, 50)
+    rep_medians = [percentile(rep, 50) for rep in repeats if len(rep)]
+    return {
+        "n": len(samples),
+        "median_ms": median,
+        "mean_ms": float(np.mean(samples)),
+        "std_ms": float(np.std(samples)),
+        "min_ms": float(min(samples)),
+        "max_ms": float(max(samples)),
+        **{f"p{q}_ms": percentile(samples, q) for q in PERCENTILES},
+        "repeat_medians_ms": rep_medians,
+        "spread": relative_spread(rep_medians) if len(rep_medians) > 1 else None,
+        "images_per_s": batch * 1e3 / median,
+        "tflops": gflops_per_image * batch / median,  # GFLOP per ms = TFLOP per s
+    }
+
+
+def row_key(row: dict[str, Any]) -> tuple:
+    """What identifies a measurement across files: model, resolution, backend, precision, batch."""
+    return (row["model"], row["img_size"], row["backend"], row["precision"], row["batch"])
+
+
+def verdict(ratio: float, noise: float) -> str:
+    """'win' / 'regression' when a throughput ratio (new / old) is outside the noise, else 'same'."""
+    band = max(noise, MIN_NOISE)
+    if ratio > 1 + band:
+        return "win"
+    if ratio < 1 / (1 + band):
+        return "regression"
+    return "same"
+
+
+def compare_rows(base: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Row-by-row ratios of `new` over `base` (matched by `row_key`), with a verdict against the noise.
+
+    The noise of a pair is the larger of the two rows' repeat spreads. Rows measured on one side
+    only, or skipped on either, are listed with their status so nothing silently disappears.
+    """
+    old = {row_key(r): r for r in base}
+    cur = {row_key(r): r for r in new}
+    out = []
+    for key in list(old) + [k for k in cur if k not in old]:
+        a, b = old.get(key), cur.get(key)
+        entry = dict(zip(("model", "img_size", "backend", "precision", "batch"), key))
+        if a is None or b is None or a["status"] != "ok" or b["status"] != "ok":
+            entry |= {"status": _pair_status(a, b), "base_ms": _get(a, "median_ms"), "new_ms": _get(b, "median_ms")}
+            out.append(entry)
+            continue
+        noise = max(a["spread"] or 0.0, b["spread"] or 0.0)
+        ratio = b["images_per_s"] / a["images_per_s"]
+        entry |= {
+            "status": "ok",
+            "base_ms": a["median_ms"],
+            "new_ms": b["median_ms"],
+            "latency_ratio": b["median_ms"] / a["median_ms"],
+            "throughput_ratio": ratio,
+            "p99_ratio": b["p99_ms"] / a["p99_ms"],
+            "noise": noise,
+            "verdict": verdict(ratio, noise),
+        }
+        out.append(entry)
+    return out
+
+
+def _get(row: dict[str, Any] | None, key: str):
+    return None if row is None else row.get(key)
+
+
+def _pair_status(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
+    if a is None:
+        return "only in new"
+    if b is None:
+        return "only in base"
+    return f"base {a['status']}, new {b['status']}"
