@@ -178,11 +178,11 @@ def cpu_model() -> str:
 
 
 def git_state() -> dict[str, Any]:
-    """The vitfast source checkout's commit, and whether tracked files differ from it."""
+    """The vitfast source checkout's commit, and which tracked files differ from it."""
     root = Path(__file__).resolve().parents[2]
     sha = _run(["git", "rev-parse", "HEAD"], root)
-    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], root)
-    return {"sha": sha, "dirty": bool(dirty) if dirty is not None else None}
+    changed = _run(["git", "diff", "--name-only", "HEAD"], root)
+    return {"sha": sha, "dirty": bool(changed) if changed is not None else None, "changed_files": (changed or "").split()}
 
 
 def environment(command: str, ort_threads: int | None) -> dict[str, Any]:

@@ -256,6 +256,13 @@ def _latest(results: Iterable[tuple[str, dict[str, Any]]]) -> list[tuple[str, di
     return sorted(best.values(), key=lambda item: item[1]["environment"]["time_utc"], reverse=True)
 
 
+def _changes(git: dict[str, Any]) -> str:
+    if not git.get("dirty"):
+        return ""
+    files = git.get("changed_files") or []
+    return f", with uncommitted changes in {', '.join(files)}" if files else ", with uncommitted changes"
+
+
 def render_readme(results: Iterable[tuple[str, dict[str, Any]]]) -> str:
     """benchmarks/README.md from (file name, result) pairs: the latest result of each series."""
     results = list(results)
@@ -266,7 +273,7 @@ def render_readme(results: Iterable[tuple[str, dict[str, Any]]]) -> str:
         sha = env["git"]["sha"] or "unknown"
         parts += [
             f"## {device_label(result)}, {env['time_utc'][:10]}\n",
-            f"`{name}` (git `{sha[:10]}`{', with uncommitted changes' if env['git']['dirty'] else ''}), produced by:\n",
+            f"`{name}` (git `{sha[:10]}`{_changes(env['git'])}), produced by:\n",
             f"```bash\n{env['command']}\n```\n",
             f"torch {v['torch']}, onnxruntime {v['onnxruntime']}, triton {v['triton']}, TensorRT {v['tensorrt'] or 'not installed'}; "
             f"Python {env['python']}; load average {cpu['loadavg_start'][0]:.1f} at start, {cpu.get('loadavg_end', [float('nan')])[0]:.1f} at end "
