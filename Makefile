@@ -52,7 +52,7 @@ test-timm:
 # The GPU sweep's command is in benchmarks/README.md.
 .PHONY: bench
 BENCH_CPU := --model vit_tiny_patch16_224,vit_small_patch16_224 --backends eager,eager-math,compile,onnxruntime \
-	--precision fp32,int8 --batch 1,8 --repeats 15 --warmup 3 --max-seconds 10
+	--precision fp32,int8 --batch 1,8 --repeats 20 --warmup 3 --max-seconds 15
 bench: $(STAMP)
 	mkdir -p benchmarks/results
 	$(VENV)/bin/vitfast bench $(BENCH_CPU) --out benchmarks/results/cpu-$$(git rev-parse --short HEAD).json --force

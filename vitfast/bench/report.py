@@ -126,6 +126,7 @@ def build_figure(result: dict[str, Any]):
     matplotlib.use("Agg")  # files only; never opens a window
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import NullLocator
 
     groups = series(result)
     if not groups:
@@ -149,7 +150,7 @@ def build_figure(result: dict[str, Any]):
         for ax in (top, bottom):
             ax.set(xlabel="batch", xscale="log", yscale="log")
             ax.set_xticks(all_batches, [str(b) for b in all_batches])
-            ax.minorticks_off()
+            ax.xaxis.set_minor_locator(NullLocator())  # the batch sizes are the only x ticks
             ax.grid(True, alpha=0.3)
         top.legend(fontsize="small")
         # one entry per series (its p50 line) plus one per line style, instead of 3 x series entries
@@ -266,8 +267,9 @@ def _changes(git: dict[str, Any]) -> str:
 def render_readme(results: Iterable[tuple[str, dict[str, Any]]]) -> str:
     """benchmarks/README.md from (file name, result) pairs: the latest result of each series."""
     results = list(results)
+    latest = _latest(results)
     parts = [README_HEAD]
-    for name, result in _latest(results):
+    for name, result in latest:
         env, cpu = result["environment"], result["environment"]["cpu"]
         v = env["versions"]
         sha = env["git"]["sha"] or "unknown"
@@ -280,6 +282,9 @@ def render_readme(results: Iterable[tuple[str, dict[str, Any]]]) -> str:
             f"on {cpu['cpus_usable']} usable CPUs. Sweep time {result.get('elapsed_s', 0) / 60:.1f} min.\n",
             to_markdown(result),
         ]  # fmt: skip
+    older = sorted({name for name, _ in results} - {name for name, _ in latest})
+    if older:
+        parts.append(f"Older results in `results/`, superseded by the runs above: {', '.join(f'`{n}`' for n in older)}.\n")
     measured = any(r["environment"]["gpu"].get("available") for _, r in results)
     parts += [README_GPU.format(status="how to repeat it" if measured else "not measured yet", command=GPU_SWEEP), README_TAIL]
     return "\n".join(parts)
