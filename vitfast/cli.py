@@ -126,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .commands import add_parsers
 
     add_parsers(sub, common)  # export, check, eval
+    from .serve import add_parsers as add_serve_parsers
+    add_serve_parsers(sub, common)  # serve
     from .bench import add_parsers as add_bench_parsers
     add_bench_parsers(sub, common)
 

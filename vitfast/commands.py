@@ -54,15 +54,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .export.artifacts import check_output_free, parse_batch
 
     batch = parse_batch(args.batch)
-    out = check_output_free(args.out, args.force)
-    if args.format == "triton-repo":
-        raise ArtifactError("--format triton-repo is not built yet (issue #6); export onnx or trt for now")
+    out = None if args.format == "triton-repo" else check_output_free(args.out, args.force)  # a repository is a directory
     if args.precision == "int8" and not args.calib_dir:
         raise InputError("--precision int8 needs --calib-dir DIR with calibration images (searched recursively)")
     if args.calib_dir:
         from .data import find_images
 
         find_images(args.calib_dir)  # fail early on an empty or missing folder
+    if args.format == "triton-repo":
+        from .serve import export_triton_repo
+
+        return export_triton_repo(args, batch)
     model, source = source_model(args)
     onnx_out = out if args.format == "onnx" else out.with_suffix(".onnx")
     _export_onnx(args, model, source, onnx_out, batch)

@@ -1,0 +1,253 @@
+"""A Triton Inference Server model repository from an exported artifact (`--format triton-repo`).
+
+    OUT/
+      <name>/config.pbtxt              the network: onnxruntime_onnx (from .onnx) or tensorrt_plan
+      <name>/1/model.onnx | model.plan   (from .plan/.engine/.trt), with its vitfast sidecar beside it
+      <name>_preprocess/config.pbtxt   python backend: uint8 images [B, H, W, C] -> float [B, C, H, W]
+      <name>_preprocess/1/model.py     `vitfast/export/triton_preprocess.py` verbatim (numpy only)
+      <name>_uint8/config.pbtxt        ensemble: <name>_preprocess -> <name>, so clients send raw uint8
+      <name>_uint8/1/                  (empty: Triton wants a version folder for ensembles too)
+    OUT.json                           sidecar: the source artifact's metadata and the model names
+
+The model names and tensors are the ones `vitfast serve` uses, so a client works with both.
+`config.pbtxt` is protobuf text format for Triton's `ModelConfig` (model_config.proto).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from vitfast.config import ViTConfig
+from vitfast.errors import ArtifactError
+from vitfast.runtime import ENGINE_SUFFIXES
+
+from .artifacts import read_sidecar, sidecar_path
+from .triton_preprocess import PreprocessSpec
+
+DEFAULT_NAME = "vit"
+DEFAULT_MAX_BATCH = 32  # for artifacts that record no batch profile
+DEFAULT_QUEUE_DELAY_US = 100
+PREPROCESS_SOURCE = Path(__file__).with_name("triton_preprocess.py")
+_TRITON_DTYPES = {"float32": "TYPE_FP32"}  # vitfast artifacts take and return float32 (fp16 stays inside)
+
+
+class Enum(str):
+    """A protobuf enum value: written bare in text format (TYPE_FP32), not quoted."""
+
+
+def check_model_name(name: str) -> None:
+    """Triton model names: letters, digits, dots, underscores and dashes."""
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name or ""):
+        raise ArtifactError(f"model name {name!r} is not valid for Triton: use letters, digits, '.', '_' and '-'")
+
+
+def model_names(name: str) -> dict[str, str]:
+    """The three model names in a repository (and on a `vitfast serve` server) for `name`."""
+    return {"model": name, "preprocess": f"{name}_preprocess", "ensemble": f"{name}_uint8"}
+
+
+def triton_repository(
+    artifact: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    name: str = DEFAULT_NAME,
+    max_batch_size: int | None = None,
+    instance_count: int = 1,
+    max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
+    force: bool = False,
+) -> Path:
+    """Write a Triton model repository for an ONNX file or TensorRT engine (with its sidecar) to `out_dir`.
+
+    `max_batch_size` defaults to the artifact's batch profile maximum; `instance_count` is the
+    number of execution instances of the network (and of the preprocessing model). Written to a
+    temporary folder and renamed into place; an existing `out_dir` needs `force=True`.
+    """
+    artifact = Path(artifact)
+    check_model_name(name)
+    platform = _platform(artifact)
+    meta = read_sidecar(artifact)
+    config = ViTConfig.from_dict(meta["config"])
+    max_batch = _max_batch(meta, platform, max_batch_size)
+    if instance_count < 1 or max_queue_delay_us < 0:
+        raise ArtifactError("instance_count must be >= 1 and max_queue_delay_us >= 0")
+    spec = PreprocessSpec(config.img_hw, config.in_chans, config.mean, config.std, config.crop_pct, config.interpolation)
+    out = Path(out_dir)
+    names = model_names(name)
+    configs = {
+        names["model"]: model_config(names["model"], platform, meta, max_batch, instance_count, max_queue_delay_us),
+        names["preprocess"]: preprocess_config(names["preprocess"], spec, meta, max_batch, instance_count, max_queue_delay_us),
+        names["ensemble"]: ensemble_config(names, spec, meta, max_batch),
+    }
+    with _atomic_directory(out, force) as tmp:
+        for model, text in configs.items():
+            (tmp / model / "1").mkdir(parents=True)
+            (tmp / model / "config.pbtxt").write_text(text)
+        _copy_artifact(artifact, tmp / names["model"] / "1" / ("model.onnx" if platform == "onnxruntime_onnx" else "model.plan"))
+        shutil.copyfile(PREPROCESS_SOURCE, tmp / names["preprocess"] / "1" / "model.py")
+        sidecar = {**meta, "kind": "triton-repository", "artifact": str(artifact.resolve()), "platform": platform,
+                   "models": names, "max_batch_size": max_batch}  # fmt: skip
+        sidecar_path(tmp).write_text(json.dumps(sidecar, indent=1, default=str))
+    return out
+
+
+# ---------------------------------------------------------------------------- configs
+
+
+def model_config(name: str, platform: str, meta: dict[str, Any], max_batch: int, instances: int, delay_us: int) -> str:
+    """config.pbtxt of the network itself."""
+    kind = "KIND_GPU" if platform == "tensorrt_plan" else "KIND_AUTO"  # ONNX Runtime: GPU when the server has one
+    return to_pbtxt({
+        "name": name,
+        "platform": platform,
+        "max_batch_size": max_batch,
+        "input": [_tensor(meta["input"]["name"], _dtype(meta["input"]), meta["input"]["shape"][1:])],
+        "output": [_tensor(meta["output"]["name"], _dtype(meta["output"]), meta["output"]["shape"][1:])],
+        "dynamic_batching": {"max_queue_delay_microseconds": delay_us},
+        "instance_group": [{"count": instances, "kind": Enum(kind)}],
+    })  # fmt: skip
+
+
+def preprocess_config(name: str, spec: PreprocessSpec, meta: dict[str, Any], max_batch: int, instances: int, delay_us: int) -> str:
+    """config.pbtxt of the python-backend preprocessing model (its parameters are the PreprocessSpec)."""
+    return to_pbtxt({
+        "name": name,
+        "backend": "python",
+        "max_batch_size": max_batch,
+        "input": [_tensor("images", "TYPE_UINT8", [-1, -1, spec.in_chans])],
+        "output": [_tensor("pixels", _dtype(meta["input"]), meta["input"]["shape"][1:])],
+        "dynamic_batching": {"max_queue_delay_microseconds": delay_us},
+        "instance_group": [{"count": instances, "kind": Enum("KIND_CPU")}],
+        "parameters": [{"key": k, "value": {"string_value": v}} for k, v in spec.to_parameters().items()],
+    })  # fmt: skip
+
+
+def ensemble_config(names: dict[str, str], spec: PreprocessSpec, meta: dict[str, Any], max_batch: int) -> str:
+    """config.pbtxt of the ensemble: raw uint8 images in, logits out."""
+    input_name, output_name = meta["input"]["name"], meta["output"]["name"]
+    return to_pbtxt({
+        "name": names["ensemble"],
+        "platform": "ensemble",
+        "max_batch_size": max_batch,
+        "input": [_tensor("images", "TYPE_UINT8", [-1, -1, spec.in_chans])],
+        "output": [_tensor(output_name, _dtype(meta["output"]), meta["output"]["shape"][1:])],
+        "ensemble_scheduling": {"step": [
+            {"model_name": names["preprocess"], "model_version": -1,
+             "input_map": [{"key": "images", "value": "images"}], "output_map": [{"key": "pixels", "value": "pixels"}]},
+            {"model_name": names["model"], "model_version": -1,
+             "input_map": [{"key": input_name, "value": "pixels"}], "output_map": [{"key": output_name, "value": output_name}]},
+        ]},
+    })  # fmt: skip
+
+
+def to_pbtxt(message: dict[str, Any], indent: int = 0) -> str:
+    """A dict as protobuf text format: lists of dicts are repeated messages (maps included, as
+    key/value entries), lists of scalars are repeated scalars, `Enum` values are written bare."""
+    pad = "  " * indent
+    lines = []
+    for field, value in message.items():
+        if isinstance(value, dict):
+            lines.append(f"{pad}{field} {{\n{to_pbtxt(value, indent + 1)}{pad}}}")
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            lines.extend(f"{pad}{field} {{\n{to_pbtxt(v, indent + 1)}{pad}}}" for v in value)
+        elif isinstance(value, list):
+            lines.append(f"{pad}{field}: [ {', '.join(_scalar(v) for v in value)} ]")
+        else:
+            lines.append(f"{pad}{field}: {_scalar(value)}")
+    return "".join(line + "\n" for line in lines)
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, Enum):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string of printable ASCII is a valid text-format string
+    return str(value)
+
+
+def _tensor(name: str, dtype: str, dims) -> dict[str, Any]:
+    return {"name": name, "data_type": Enum(dtype), "dims": [int(d) for d in dims]}
+
+
+def _dtype(tensor: dict[str, Any]) -> str:
+    dtype = tensor.get("dtype", "float32")
+    if dtype not in _TRITON_DTYPES:
+        raise ArtifactError(f"tensor {tensor.get('name')!r} has dtype {dtype}; Triton configs are written for {sorted(_TRITON_DTYPES)}")
+    return _TRITON_DTYPES[dtype]
+
+
+# ---------------------------------------------------------------------------- checks and files
+
+
+def _platform(artifact: Path) -> str:
+    if not artifact.is_file():
+        raise ArtifactError(f"no such artifact: {artifact}")
+    suffix = artifact.suffix.lower()
+    if suffix == ".onnx":
+        return "onnxruntime_onnx"
+    if suffix in ENGINE_SUFFIXES:
+        return "tensorrt_plan"
+    raise ArtifactError(
+        f"{artifact} is not an ONNX file or TensorRT engine; export one first "
+        "(`vitfast export --format triton-repo` does that for a checkpoint or model name)"
+    )
+
+
+def _max_batch(meta: dict[str, Any], platform: str, requested: int | None) -> int:
+    """Triton's max_batch_size: requested or the profile's maximum, within what the artifact runs."""
+    if meta["input"]["shape"][0] != "batch":
+        raise ArtifactError("this artifact has a fixed batch size; Triton's dynamic batching needs one exported with a dynamic batch axis")
+    profile = meta["input"].get("batch")
+    max_batch = requested if requested is not None else (profile[2] if profile else DEFAULT_MAX_BATCH)
+    if max_batch < 1:
+        raise ArtifactError(f"max_batch_size must be >= 1, got {max_batch}")
+    if platform == "tensorrt_plan" and profile:
+        if profile[0] > 1:  # the dynamic batcher sends any batch from 1 up
+            raise ArtifactError(f"this engine's batch profile starts at {profile[0]}; Triton needs 1: rebuild with --batch 1:OPT:MAX")
+        if max_batch > profile[2]:
+            raise ArtifactError(f"max_batch_size {max_batch} exceeds this engine's profile maximum {profile[2]}")
+    return max_batch
+
+
+def _copy_artifact(artifact: Path, target: Path) -> None:
+    """Copy the artifact under Triton's default file name, with its sidecar; external ONNX weights
+    keep their own name because the graph refers to them by it."""
+    shutil.copyfile(artifact, target)
+    shutil.copyfile(sidecar_path(artifact), sidecar_path(target))
+    weights = Path(str(artifact) + ".data")
+    if weights.exists():
+        shutil.copyfile(weights, target.parent / weights.name)
+
+
+def check_repository_free(path: str | os.PathLike, force: bool) -> Path:
+    """The repository path, if it may be written: absent, or an existing directory with `force`."""
+    path = Path(path)
+    if (path.exists() or sidecar_path(path).exists()) and not force:
+        raise ArtifactError(f"{path} already exists; pass --force (force=True) to overwrite it")
+    if path.exists() and not path.is_dir():
+        raise ArtifactError(f"{path} is a file; give a directory path for the model repository")
+    return path
+
+
+@contextlib.contextmanager
+def _atomic_directory(path: Path, force: bool) -> Iterator[Path]:
+    """Yield a temporary directory path; on success rename it and its `.json` sidecar into place
+    (an existing repository is moved aside first), on failure remove everything written."""
+    check_repository_free(path, force)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        built = staging / path.name
+        yield built
+        if path.exists():
+            os.replace(path, staging / "previous")  # removed with the staging folder
+        os.replace(sidecar_path(built), sidecar_path(path))
+        os.replace(built, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

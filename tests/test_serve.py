@@ -1,0 +1,415 @@
+"""`vitfast serve`: a real Triton Inference Server (started by PyTriton) on loopback ports.
+
+Without a server: the request batching/ordering logic, top-k, the library-path fix, port checks.
+With one (skipped with the reason when nvidia-pytriton or tritonclient is missing): results equal
+to the in-process engine over HTTP and gRPC, 8 concurrent clients x 200 requests of varying batch
+sizes (set VITFAST_SKIP_LOAD_TEST=1 to skip that one), bad requests, metrics, and shutdown on
+SIGTERM / SIGINT / `Server.stop()` leaving no child process behind. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import vitfast
+from serve_helpers import SHUTDOWN_TIMEOUT_S, descendants, free_ports, require_triton, wait_ready, wait_until_gone
+from vitfast.config import ViTConfig
+from vitfast.errors import InputError
+from vitfast.runtime import Engine
+from vitfast.serve import Predictor, ServeError, check_port_free, interpreter_library_path, top_k
+
+CLIENTS, REQUESTS_PER_CLIENT, MAX_BATCH = 8, 200, 8
+REQUEST_TIMEOUT_S = 60
+
+
+# ---------------------------------------------------------------------------- no server needed
+class RecordingEngine(Engine):
+    """Logits = the mean of each image plus the class index; records every batch size it runs."""
+
+    def __init__(self, batch=None):
+        super().__init__(ViTConfig(img_size=8, patch_size=4, embed_dim=8, depth=1, num_heads=1, num_classes=4), batch=batch)
+        self.calls: list[int] = []
+
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.append(len(x))
+        return x.mean(dim=(1, 2, 3))[:, None] + torch.arange(4.0)
+
+
+def test_predictor_batches_same_shapes_together_and_answers_in_order():
+    engine = RecordingEngine()
+    predictor = Predictor(engine, 2, threading.Lock())
+    rng = np.random.default_rng(0)
+    requests = [{"images": rng.standard_normal((n, 3, 8, 8)).astype(np.float32)} for n in (2, 1, 3)]
+    requests.insert(1, {"images": rng.integers(0, 256, (2, 12, 10, 3), dtype=np.uint8)})
+    responses = predictor(requests)
+    assert sorted(engine.calls) == [2, 6]  # one engine call per input shape
+    for request, response in zip(requests, responses):
+        expected = engine(request["images"]).numpy()
+        np.testing.assert_allclose(response["logits"], expected, rtol=1e-6)
+        assert response["topk_indices"].tolist() == [[3, 2]] * len(expected)
+        assert response["topk_indices"].dtype == np.int64 and response["topk_scores"].dtype == np.float32
+
+
+def test_predictor_pads_up_to_the_profile_minimum_and_refuses_empty_batches():
+    engine = RecordingEngine(batch=(4, 4, 8))
+    predictor = Predictor(engine, 1, threading.Lock())
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    (response,) = predictor([{"images": x}])
+    assert engine.calls == [4] and response["logits"].shape == (1, 4)
+    np.testing.assert_allclose(response["logits"], x.mean() + np.arange(4.0)[None], rtol=1e-5)
+    with pytest.raises(InputError, match="empty batch"):
+        predictor([{"images": x}, {"images": x[:0]}])
+
+
+def test_top_k_is_softmax_top_k():
+    logits = np.random.default_rng(2).standard_normal((5, 10)).astype(np.float32)
+    indices, scores = top_k(logits, 3)
+    expected = torch.softmax(torch.from_numpy(logits).double(), dim=1).topk(3)
+    assert indices.tolist() == expected.indices.tolist()
+    np.testing.assert_allclose(scores, expected.values.numpy(), rtol=1e-6)
+
+
+def test_interpreter_library_path_is_set_only_while_starting(monkeypatch):
+    import sysconfig
+
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/other")
+    with interpreter_library_path():
+        first = os.environ["LD_LIBRARY_PATH"].split(os.pathsep)[0]
+    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        assert first == sysconfig.get_config_var("LIBDIR")
+    assert os.environ["LD_LIBRARY_PATH"] == "/opt/other"
+
+
+def test_a_busy_port_is_reported_with_the_fix():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(ServeError, match=f"cannot use grpc port {busy.getsockname()[1]} on 127.0.0.1.*--grpc-port"):
+            check_port_free("127.0.0.1", busy.getsockname()[1], "grpc")
+
+
+# ---------------------------------------------------------------------------- server fixtures
+@pytest.fixture(scope="module")
+def onnx_artifact(tmp_path_factory) -> Path:
+    pytest.importorskip("onnxruntime", reason="the served artifact is an ONNX export: pip install 'vitfast[export]'")
+    from vitfast.export import to_onnx
+
+    torch.manual_seed(0)
+    return to_onnx(vitfast.create_model("vit_cifar_patch4_32"), tmp_path_factory.mktemp("serve") / "cifar.onnx", batch=(1, 4, MAX_BATCH))
+
+
+def start_cli(artifact: Path, *extra: str, name: str = "vit") -> tuple[subprocess.Popen, str, str]:
+    """`vitfast serve ARTIFACT --name NAME ...` on free loopback ports; returns (process, HTTP host:port,
+    gRPC host:port) once both models are ready."""
+    http, grpc, metrics = free_ports()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "vitfast.cli", "serve", str(artifact), "--host", "127.0.0.1", "--port", str(http),
+         "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--name", name, *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_ready(f"127.0.0.1:{http}", [name, f"{name}_uint8"], process)
+    except BaseException:
+        terminate(process)
+        raise
+    process.metrics_port = metrics
+    return process, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}"
+
+
+def terminate(process: subprocess.Popen) -> None:
+    """SIGTERM (so the server cleans its workspace up), SIGKILL if it does not exit in time."""
+    process.terminate()
+    try:
+        process.wait(SHUTDOWN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(SHUTDOWN_TIMEOUT_S)
+
+
+def stop_and_check(process: subprocess.Popen, sig: int) -> str:
+    """Send `sig`; the server must exit 0 in time and leave none of its processes or temporary files
+    behind. Returns its stderr."""
+    tree = descendants(process.pid)
+    server_cmd = next((cmd.split() for cmd in tree.values() if "bin/tritonserver" in cmd), None)
+    assert server_cmd and any("triton_python_backend_stub" in cmd for cmd in tree.values()), tree
+    workspace = Path(server_cmd[0]).parents[2]  # PyTriton's copy of the server: WORKSPACE/tritonserver/bin/tritonserver
+    log_dir = Path(server_cmd[server_cmd.index("--log-file") + 1]).parent
+    process.send_signal(sig)
+    try:
+        process.wait(SHUTDOWN_TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(SHUTDOWN_TIMEOUT_S)
+    stderr = process.stderr.read()
+    assert process.returncode == 0, stderr[-2000:]
+    assert "shutting down" in stderr and "Traceback" not in stderr
+    left = wait_until_gone(tree)
+    assert not left, {pid: tree[pid] for pid in left}
+    assert not workspace.exists() and not log_dir.exists(), "the server's temporary files were left behind"
+    return stderr
+
+
+@pytest.fixture(scope="module")
+def server(onnx_artifact):
+    """The CLI server for this module; `test_zz_sigterm_shuts_down_cleanly` stops it, this is the fallback."""
+    require_triton()
+    process, http, grpc = start_cli(onnx_artifact, "--max-queue-delay-us", "500", "--top-k", "3")
+    yield process, http, grpc
+    if process.poll() is None:
+        terminate(process)
+
+
+@pytest.fixture(scope="module")
+def reference(onnx_artifact):
+    return vitfast.load_engine(onnx_artifact)
+
+
+def infer(client, module, model: str, images: np.ndarray, outputs=("logits", "topk_indices", "topk_scores")) -> dict:
+    """One request through a tritonclient http or grpc client."""
+    dtype = {np.float32: "FP32", np.uint8: "UINT8", np.float64: "FP64", np.int32: "INT32"}[images.dtype.type]
+    tensor = module.InferInput("images", list(images.shape), dtype)
+    tensor.set_data_from_numpy(images)
+    kwargs = {"client_timeout": REQUEST_TIMEOUT_S} if module.__name__.endswith("grpc") else {}
+    result = client.infer(model, [tensor], outputs=[module.InferRequestedOutput(o) for o in outputs], **kwargs)
+    return {o: result.as_numpy(o) for o in outputs}
+
+
+def clients(http: str, grpc: str):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    return [(httpclient.InferenceServerClient(http, network_timeout=REQUEST_TIMEOUT_S), httpclient),
+            (grpcclient.InferenceServerClient(grpc), grpcclient)]  # fmt: skip
+
+
+def assert_matches(response: dict, expected_logits: np.ndarray, k: int = 3) -> None:
+    """Same logits as the in-process engine; the dynamic batcher changes the batch a request runs
+    in, which can move the last bits of ONNX Runtime's sums, hence the small tolerance (inputs are
+    random per request, so a mixed-up response would be off by orders of magnitude more)."""
+    np.testing.assert_allclose(response["logits"], expected_logits, rtol=1e-5, atol=1e-5)
+    indices, scores = top_k(expected_logits, k)
+    np.testing.assert_array_equal(response["topk_indices"], indices)
+    np.testing.assert_allclose(response["topk_scores"], scores, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------- server tests
+def test_float_and_uint8_requests_equal_the_engine_over_http_and_grpc(server, reference):
+    _, http, grpc = server
+    rng = np.random.default_rng(0)
+    for client, module in clients(http, grpc):
+        with client:
+            for n in (1, 3, MAX_BATCH):
+                x = rng.standard_normal((n, 3, 32, 32)).astype(np.float32)
+                assert_matches(infer(client, module, "vit", x), reference(x).numpy())
+            for shape in [(2, 32, 32, 3), (3, 57, 41, 3), (1, 300, 20, 3)]:  # resized and cropped on the server
+                u = rng.integers(0, 256, shape, dtype=np.uint8)
+                assert_matches(infer(client, module, "vit_uint8", u), reference(u).numpy())
+            config = client.get_model_config("vit", **({"as_json": True} if "grpc" in module.__name__ else {}))
+            config = config.get("config", config)  # gRPC wraps it
+            assert config["max_batch_size"] == MAX_BATCH
+            assert int(config["dynamic_batching"]["max_queue_delay_microseconds"]) == 500
+
+
+@pytest.mark.skipif(os.environ.get("VITFAST_SKIP_LOAD_TEST") == "1", reason="VITFAST_SKIP_LOAD_TEST=1")
+def test_load_8_clients_x_200_requests_every_response_is_its_own(server, reference):
+    """8 concurrent clients (4 HTTP, 4 gRPC) x 200 requests, batch sizes 1..8, float and uint8
+    models interleaved: every response equals the in-process engine on that request's input."""
+    _, http, grpc = server
+    results: dict[tuple[int, int], tuple[float, dict]] = {}
+    errors: list[BaseException] = []
+
+    def request(c: int, i: int) -> np.ndarray:
+        rng = np.random.default_rng(c * 100_003 + i)
+        n = 1 + (c + i) % MAX_BATCH
+        if i % 2:
+            h, w = ((32, 32), (48, 40))[i // 2 % 2]
+            return rng.integers(0, 256, (n, h, w, 3), dtype=np.uint8)
+        return rng.standard_normal((n, 3, 32, 32)).astype(np.float32)
+
+    def run_client(c: int) -> None:
+        client, module = clients(http, grpc)[c % 2]
+        try:
+            with client:
+                for i in range(REQUESTS_PER_CLIENT):
+                    images = request(c, i)
+                    start = time.perf_counter()
+                    response = infer(client, module, "vit_uint8" if images.dtype == np.uint8 else "vit", images)
+                    results[(c, i)] = (time.perf_counter() - start, response)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run_client, args=(c,)) for c in range(CLIENTS)]
+    wall = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    wall = time.perf_counter() - wall
+    assert not errors, errors[0]
+    assert not any(t.is_alive() for t in threads), "a client did not finish within 600 s"
+    assert sorted(results) == [(c, i) for c in range(CLIENTS) for i in range(REQUESTS_PER_CLIENT)]
+    images_total, max_abs_diff = 0, 0.0
+    for (c, i), (_, response) in results.items():
+        images = request(c, i)
+        expected = reference(images).numpy()
+        images_total += len(images)
+        assert response["logits"].shape == (len(images), 10)
+        assert_matches(response, expected)
+        max_abs_diff = max(max_abs_diff, float(np.abs(response["logits"] - expected).max()))
+    latencies = np.array([latency for latency, _ in results.values()]) * 1000
+    report = {
+        "requests": len(results), "images": images_total, "clients": CLIENTS, "wall_s": round(wall, 2),
+        "requests_per_s": round(len(results) / wall, 1), "images_per_s": round(images_total / wall, 1),
+        "latency_ms_p50": round(float(np.percentile(latencies, 50)), 2),
+        "latency_ms_p99": round(float(np.percentile(latencies, 99)), 2), "max_abs_diff_vs_engine": max_abs_diff,
+    }  # fmt: skip
+    print(f"\nvitfast serve load test (vit_cifar_patch4_32 ONNX, CPU, max batch {MAX_BATCH}, queue delay 500 us): {json.dumps(report)}")
+
+
+def test_bad_requests_get_clear_errors_and_the_server_keeps_answering(server, reference):
+    from tritonclient.utils import InferenceServerException
+
+    _, http, grpc = server
+    good = np.random.default_rng(3).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    bad_tensors = [
+        ("vit", np.zeros((1, 3, 16, 32), np.float32), "unexpected shape for input 'images' for model 'vit'. Expected [-1,3,32,32]"),
+        ("vit_uint8", np.zeros((1, 32, 32, 4), np.uint8), "unexpected shape for input 'images' for model 'vit_uint8'"),
+        ("vit", np.zeros((1, 3, 32, 32), np.float64), "data-type is 'FP64', but model 'vit' expects 'FP32'"),
+        ("vit_uint8", np.zeros((1, 32, 32, 3), np.int32), "data-type is 'INT32', but model 'vit_uint8' expects 'UINT8'"),
+        ("vit", np.zeros((0, 3, 32, 32), np.float32), "input byte size mismatch for input 'images'"),  # Triton's answer to batch 0
+        ("vit", np.zeros((MAX_BATCH + 1, 3, 32, 32), np.float32), f"batch-size must be <= {MAX_BATCH}"),
+        # An image with no pixels passes Triton's checks and fails in PyTriton's tensor transport
+        # (before vitfast's code): an error response with PyTriton's message; the server carries on.
+        ("vit_uint8", np.zeros((1, 0, 5, 3), np.uint8), "cannot cast view with zeros in shape"),
+    ]
+    for client, module in clients(http, grpc):
+        with client:
+            for model, images, message in bad_tensors:
+                with pytest.raises(InferenceServerException) as info:
+                    infer(client, module, model, images)
+                assert message in str(info.value), str(info.value)
+                assert_matches(infer(client, module, "vit", good), reference(good).numpy())
+    binary = json.dumps({"inputs": [{"name": "images", "shape": [1, 3, 32, 32], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 12288}}]}).encode()  # fmt: skip
+    garbage = [
+        (b"\x00\xff not json at all", {}, "failed to parse the request JSON buffer"),
+        (binary + b"\x01" * 100, {"Inference-Header-Content-Length": str(len(binary))}, "expecting 12188 additional bytes"),
+        (b'{"inputs": [{"name": "images", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": [1, 2, 3]}]}', {}, "shape does not match true shape of 'data'"),
+    ]
+    for body, headers, message in garbage:
+        request = urllib.request.Request(f"http://{http}/v2/models/vit/infer", data=body, method="POST",
+                                         headers={"Content-Type": "application/octet-stream", **headers})  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S)
+        text = info.value.read().decode(errors="replace")
+        assert 400 <= info.value.code < 600 and message.lower() in text.lower(), (info.value.code, text)
+    host, port = grpc.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as raw:  # not HTTP/2 at all
+        raw.sendall(b"garbage" + os.urandom(4089))
+        read_until_closed(raw)  # the gRPC server drops the connection (a TimeoutError here fails the test)
+    for client, module in clients(http, grpc):
+        with client:
+            assert client.is_server_live() and client.is_model_ready("vit") and client.is_model_ready("vit_uint8")
+            assert_matches(infer(client, module, "vit", good), reference(good).numpy())
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the peer sends until it closes the connection (or resets it)."""
+    data = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+def test_prometheus_metrics_count_the_requests(server):
+    process, _, _ = server
+    text = urllib.request.urlopen(f"http://127.0.0.1:{process.metrics_port}/metrics", timeout=REQUEST_TIMEOUT_S).read().decode()
+    assert 'nv_inference_request_success{model="vit",version="1"}' in text
+    assert 'nv_inference_request_failure{model="vit",reason=' in text or "nv_inference_request_failure" in text
+    assert "nv_inference_queue_duration_us" in text
+
+
+def test_zz_sigterm_shuts_down_cleanly(server):
+    """Runs last in this module (file order): the fixture's server ends here."""
+    process, _, _ = server
+    stop_and_check(process, signal.SIGTERM)
+
+
+def test_sigint_shuts_a_checkpoint_server_down_cleanly(tmp_path):
+    """A vitfast checkpoint (the PyTorch engine) through the CLI, stopped with SIGINT (Ctrl+C)."""
+    require_triton()
+    torch.manual_seed(0)
+    model = vitfast.create_model("vit_cifar_patch4_32")
+    vitfast.save_checkpoint(model, tmp_path / "cifar.safetensors")
+    process, http, grpc = start_cli(tmp_path / "cifar.safetensors", "--max-batch", "4", name="cifar")
+    try:
+        import tritonclient.http as httpclient
+
+        with httpclient.InferenceServerClient(http, network_timeout=REQUEST_TIMEOUT_S) as client:
+            u = np.random.default_rng(4).integers(0, 256, (4, 36, 36, 3), dtype=np.uint8)
+            expected = vitfast.load_engine(tmp_path / "cifar.safetensors")(u).numpy()
+            assert_matches(infer(client, httpclient, "cifar_uint8", u), expected, k=5)
+            assert client.get_model_config("cifar")["max_batch_size"] == 4
+    finally:
+        stderr = stop_and_check(process, signal.SIGINT)
+    assert "'cifar' (float [B, C, H, W]) and 'cifar_uint8' (uint8 [B, H, W, C]), max batch 4" in stderr
+
+
+def test_python_api_start_and_stop_leave_no_server_process(onnx_artifact, reference):
+    """`vitfast.serve.start` in this process with an Engine object; `stop()` ends tritonserver and its stubs.
+    (Python's multiprocessing resource tracker, started by PyTriton's shared memory, stays until exit.)"""
+    require_triton()
+    import tritonclient.grpc as grpcclient
+
+    from vitfast.serve import start
+
+    http, grpc, metrics = free_ports()
+    with start(reference, port=http, grpc_port=grpc, metrics_port=metrics, top_k=3) as server:
+        tree = descendants(os.getpid())
+        assert server.grpc_url == f"127.0.0.1:{grpc}" and server.max_batch == MAX_BATCH
+        assert any("tritonserver" in cmd for cmd in tree.values()), tree
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            x = np.random.default_rng(5).standard_normal((3, 3, 32, 32)).astype(np.float32)
+            assert_matches(infer(client, grpcclient, "vit", x), reference(x).numpy())
+    server_processes = [pid for pid, cmd in tree.items() if "tritonserver" in cmd or "triton_python_backend_stub" in cmd]
+    assert server_processes and not wait_until_gone(server_processes)
+    assert not server.log_dir.exists()
+    server.stop()  # a second stop is harmless
+    with pytest.raises(InputError, match="exceeds this artifact's batch profile maximum 8"):
+        start(reference, port=http, grpc_port=grpc, metrics_port=metrics, max_batch_size=16)
+
+
+def test_cli_errors_are_one_line(tmp_path, onnx_artifact):
+    require_triton()
+    vitfast_bin = Path(sys.executable).parent / "vitfast"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cases = [
+            (["serve", tmp_path / "missing.onnx"], "no such artifact"),
+            (["serve", onnx_artifact, "--port", port], f"cannot use http port {port} on 127.0.0.1"),
+            (["serve", onnx_artifact, "--name", "a b"], "not valid for Triton"),
+            (["serve", onnx_artifact, "--max-batch", "64"], "exceeds this artifact's batch profile maximum 8"),
+        ]
+        for args, message in cases:
+            out = subprocess.run([str(vitfast_bin), *map(str, args)], capture_output=True, text=True, timeout=120)
+            assert out.returncode == 2 and message in out.stderr, out.stderr
+            assert out.stderr.strip().count("\n") == 0 and "Traceback" not in out.stderr

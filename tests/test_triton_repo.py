@@ -1,0 +1,281 @@
+"""`vitfast export --format triton-repo`: the numpy preprocessing against `vitfast.preprocess`, the
+generated config.pbtxt files parsed by Triton's own ModelConfig protobuf, the repository layout,
+and the repository loaded into a real Triton server (PyTriton's, which has only the python backend)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import PIL
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime", reason="repository tests export ONNX: pip install 'vitfast[export]'")
+
+import vitfast  # noqa: E402
+from serve_helpers import free_ports, require_triton, wait_ready  # noqa: E402
+from vitfast.errors import ArtifactError  # noqa: E402
+from vitfast.export import read_sidecar, to_onnx  # noqa: E402
+from vitfast.export.triton_preprocess import PreprocessSpec, preprocess_batch  # noqa: E402
+from vitfast.export.triton_repo import PREPROCESS_SOURCE, Enum, to_pbtxt, triton_repository  # noqa: E402
+
+VITFAST = Path(sys.executable).parent / "vitfast"
+PILLOW = tuple(int(p) for p in PIL.__version__.split(".")[:2])
+
+
+def pb():
+    """Triton's own model_config.proto definitions (tritonclient ships them)."""
+    return pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="config tests need tritonclient[grpc]: pip install 'vitfast[serve]'")
+
+
+def model_config(text: str):
+    """Parse config.pbtxt text into Triton's ModelConfig protobuf: unknown fields or bad values fail."""
+    from google.protobuf import text_format
+
+    return text_format.Parse(text, pb().ModelConfig())
+
+
+@pytest.fixture(scope="module")
+def onnx_model(tmp_path_factory):
+    """(model, path) of vit_cifar_patch4_32 exported with batch profile 1:4:8."""
+    torch.manual_seed(0)
+    model = vitfast.create_model("vit_cifar_patch4_32")
+    return model, to_onnx(model, tmp_path_factory.mktemp("onnx") / "cifar.onnx", batch=(1, 4, 8))
+
+
+@pytest.fixture(scope="module")
+def repo(onnx_model, tmp_path_factory):
+    return triton_repository(onnx_model[1], tmp_path_factory.mktemp("repo") / "models", instance_count=2, max_queue_delay_us=250)
+
+
+# ---------------------------------------------------------------------------- preprocessing (numpy only)
+def spec_for(config: vitfast.ViTConfig) -> PreprocessSpec:
+    return PreprocessSpec(config.img_hw, config.in_chans, config.mean, config.std, config.crop_pct, config.interpolation)
+
+
+@pytest.mark.skipif(PILLOW < (13, 0), reason="the numpy port follows Pillow >= 13 (which pass runs first changed in 13.0)")
+@pytest.mark.parametrize("interpolation", ["bicubic", "bilinear", "nearest"])
+@pytest.mark.parametrize("crop_pct", [1.0, 0.875, 0.9])
+@pytest.mark.parametrize("img_size", [32, 224, (24, 40)])
+def test_numpy_preprocessing_equals_vitfast_preprocess_exactly(interpolation, crop_pct, img_size):
+    """Bit-identical to PIL through vitfast.preprocess: upscales, downscales, both pass orders,
+    tall and wide images, the exact-size shortcut, one and three channels."""
+    rng = np.random.default_rng(0)
+    sizes = [(32, 32), (224, 224), (17, 300), (300, 17), (97, 131), (480, 640), (256, 40), (3, 5)]
+    for channels in (3, 1):
+        config = vitfast.ViTConfig(img_size=img_size, patch_size=8, embed_dim=16, depth=1, num_heads=1, num_classes=2,
+                                   in_chans=channels, crop_pct=crop_pct, interpolation=interpolation)  # fmt: skip
+        for h, w in sizes:
+            images = rng.integers(0, 256, (2, h, w, channels), dtype=np.uint8)
+            images[1] = (np.arange(w)[None, :, None] * 37 + np.arange(h)[:, None, None] * 11) % 256  # smooth ramps
+            ours = preprocess_batch(images, spec_for(config))
+            assert ours.dtype == np.float32 and ours.flags.c_contiguous
+            np.testing.assert_array_equal(ours, vitfast.preprocess(images, config).numpy(), err_msg=f"{h}x{w}x{channels}")
+
+
+@pytest.mark.parametrize(
+    "images, message",
+    [
+        (np.zeros((1, 8, 8, 3), np.float32), "must be uint8"),
+        (np.zeros((1, 8, 8, 4), np.uint8), "[H, W, 3]"),
+        (np.zeros((1, 0, 8, 3), np.uint8), "no pixels"),
+        (np.zeros((0, 8, 8, 3), np.uint8), "empty batch"),
+        (np.zeros((8, 8, 3), np.uint8), "batch of uint8 images"),
+    ],
+)
+def test_numpy_preprocessing_rejects_bad_images(images, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        preprocess_batch(images, spec_for(vitfast.get_config("vit_cifar_patch4_32")))
+
+
+def test_preprocess_spec_survives_config_parameters():
+    config = vitfast.get_config("vit_cifar_patch4_32")
+    spec = PreprocessSpec.from_parameters(spec_for(config).to_parameters())
+    assert (spec.img_size, spec.in_chans, spec.crop_pct, spec.interpolation) == (config.img_hw, 3, 1.0, "bicubic")
+    assert spec.mean == tuple(config.mean) and spec.std == tuple(config.std)  # floats written with full precision
+    with pytest.raises(ValueError, match="1 or 3 channels"):
+        PreprocessSpec((32, 32), 2, (0.5,) * 2, (0.5,) * 2, 1.0, "bicubic")
+
+
+# ---------------------------------------------------------------------------- repository
+def test_repository_layout_and_sidecars(repo, onnx_model):
+    files = sorted(str(p.relative_to(repo)) for p in repo.rglob("*"))
+    assert files == [
+        "vit", "vit/1", "vit/1/model.onnx", "vit/1/model.onnx.json", "vit/config.pbtxt",
+        "vit_preprocess", "vit_preprocess/1", "vit_preprocess/1/model.py", "vit_preprocess/config.pbtxt",
+        "vit_uint8", "vit_uint8/1", "vit_uint8/config.pbtxt",
+    ]  # fmt: skip
+    assert (repo / "vit_preprocess/1/model.py").read_text() == PREPROCESS_SOURCE.read_text()
+    side = json.loads(Path(str(repo) + ".json").read_text())
+    assert side["kind"] == "triton-repository" and side["platform"] == "onnxruntime_onnx" and side["max_batch_size"] == 8
+    assert side["models"] == {"model": "vit", "preprocess": "vit_preprocess", "ensemble": "vit_uint8"}
+    assert side["config"] == read_sidecar(onnx_model[1])["config"]
+    copied = vitfast.load_engine(repo / "vit/1/model.onnx")  # the copy runs and still has its sidecar
+    x = torch.randn(3, 3, 32, 32)
+    torch.testing.assert_close(copied(x), vitfast.load_engine(onnx_model[1])(x), rtol=0, atol=0)
+
+
+def test_every_config_parses_as_triton_model_config(repo):
+    model = model_config((repo / "vit/config.pbtxt").read_text())
+    assert (model.name, model.platform, model.max_batch_size) == ("vit", "onnxruntime_onnx", 8)
+    assert [(t.name, t.data_type, list(t.dims)) for t in model.input] == [("images", pb().TYPE_FP32, [3, 32, 32])]
+    assert [(t.name, t.data_type, list(t.dims)) for t in model.output] == [("logits", pb().TYPE_FP32, [10])]
+    assert model.dynamic_batching.max_queue_delay_microseconds == 250
+    assert [(g.count, g.kind) for g in model.instance_group] == [(2, pb().ModelInstanceGroup.KIND_AUTO)]
+
+    pre = model_config((repo / "vit_preprocess/config.pbtxt").read_text())
+    assert (pre.backend, pre.max_batch_size) == ("python", 8)
+    assert [(t.name, t.data_type, list(t.dims)) for t in pre.input] == [("images", pb().TYPE_UINT8, [-1, -1, 3])]
+    assert [(t.name, t.data_type, list(t.dims)) for t in pre.output] == [("pixels", pb().TYPE_FP32, [3, 32, 32])]
+    assert [(g.count, g.kind) for g in pre.instance_group] == [(2, pb().ModelInstanceGroup.KIND_CPU)]
+    params = {k: v.string_value for k, v in pre.parameters.items()}
+    assert PreprocessSpec.from_parameters(params).to_parameters() == params
+
+    ens = model_config((repo / "vit_uint8/config.pbtxt").read_text())
+    assert (ens.platform, ens.max_batch_size) == ("ensemble", 8)
+    assert [t.name for t in ens.input] == ["images"] and [t.name for t in ens.output] == ["logits"]
+    steps = ens.ensemble_scheduling.step
+    assert [s.model_name for s in steps] == ["vit_preprocess", "vit"]
+    assert dict(steps[0].input_map) == {"images": "images"} and dict(steps[0].output_map) == {"pixels": "pixels"}
+    assert dict(steps[1].input_map) == {"images": "pixels"} and dict(steps[1].output_map) == {"logits": "logits"}
+
+
+def test_tensorrt_plan_gets_a_tensorrt_config_and_its_profile_is_respected(onnx_model, tmp_path):
+    """A .plan artifact (bytes are only copied; its sidecar has the profile) -> tensorrt_plan on KIND_GPU."""
+    meta = read_sidecar(onnx_model[1]) | {"kind": "tensorrt"}
+    plan = tmp_path / "m.plan"
+    plan.write_bytes(b"serialized engine")
+    Path(str(plan) + ".json").write_text(json.dumps(meta))
+    repo = triton_repository(plan, tmp_path / "repo", name="cifar")
+    config = model_config((repo / "cifar/config.pbtxt").read_text())
+    assert (config.platform, config.max_batch_size) == ("tensorrt_plan", 8)
+    assert config.instance_group[0].kind == pb().ModelInstanceGroup.KIND_GPU
+    assert (repo / "cifar/1/model.plan").read_bytes() == b"serialized engine"
+    assert [s.model_name for s in model_config((repo / "cifar_uint8/config.pbtxt").read_text()).ensemble_scheduling.step] == [
+        "cifar_preprocess", "cifar"]  # fmt: skip
+    with pytest.raises(ArtifactError, match="exceeds this engine's profile maximum 8"):
+        triton_repository(plan, tmp_path / "big", max_batch_size=16)
+    Path(str(plan) + ".json").write_text(json.dumps(meta | {"input": meta["input"] | {"batch": [2, 4, 8]}}))
+    with pytest.raises(ArtifactError, match="starts at 2; Triton needs 1"):
+        triton_repository(plan, tmp_path / "min")
+    assert not (tmp_path / "big").exists() and not (tmp_path / "min").exists()
+
+
+def test_existing_output_needs_force_and_failures_leave_nothing(onnx_model, tmp_path):
+    out = triton_repository(onnx_model[1], tmp_path / "repo", name="a")
+    with pytest.raises(ArtifactError, match="already exists; pass --force"):
+        triton_repository(onnx_model[1], out, name="b")
+    triton_repository(onnx_model[1], out, name="b", force=True)
+    assert sorted(p.name for p in out.iterdir()) == ["b", "b_preprocess", "b_uint8"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["repo", "repo.json"]  # no staging folders left
+    for bad, message in [("model.safetensors", "not an ONNX file or TensorRT engine"), ("missing.onnx", "no such artifact")]:
+        (tmp_path / "model.safetensors").write_bytes(b"x")
+        with pytest.raises(ArtifactError, match=message):
+            triton_repository(tmp_path / bad, tmp_path / "other")
+    with pytest.raises(ArtifactError, match="not valid for Triton"):
+        triton_repository(onnx_model[1], tmp_path / "other", name="my model")
+    assert not (tmp_path / "other").exists()
+
+
+def test_pbtxt_writer_escapes_strings_and_writes_enums_bare():
+    message = {"name": 'a"b\\c', "input": [{"data_type": Enum("TYPE_FP32"), "dims": [-1, 3]}], "dynamic_batching": {"max_queue_delay_microseconds": 7}}
+    text = to_pbtxt(message)
+    assert text.startswith('name: "a\\"b\\\\c"\ninput {\n  data_type: TYPE_FP32\n  dims: [ -1, 3 ]\n}\n')
+    parsed = model_config(text)
+    assert (parsed.name, parsed.input[0].data_type, parsed.dynamic_batching.max_queue_delay_microseconds) == ('a"b\\c', pb().TYPE_FP32, 7)
+
+
+def test_cli_export_triton_repo(tmp_path):
+    """The CLI exports the model to ONNX at --precision and writes the repository with --batch's maximum."""
+    run = lambda *a: subprocess.run([str(VITFAST), *map(str, a)], capture_output=True, text=True, timeout=600)  # noqa: E731
+    args = ["export", "--model", "vit_cifar_patch4_32", "--format", "triton-repo", "--batch", "1:2:6", "--out", tmp_path / "repo"]
+    first = run(*args)
+    assert first.returncode == 0, first.stderr
+    assert "tritonserver --model-repository" in first.stderr
+    assert model_config((tmp_path / "repo/vit/config.pbtxt").read_text()).max_batch_size == 6
+    again = run(*args)
+    assert again.returncode == 2 and "--force" in again.stderr and again.stderr.strip().count("\n") == 0
+    fp16 = run(*args[:-2], "--precision", "fp16", "--out", tmp_path / "repo", "--force")
+    assert fp16.returncode == 0, fp16.stderr
+    assert read_sidecar(tmp_path / "repo/vit/1/model.onnx")["precision"] == "fp16"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["repo", "repo.json"]
+
+
+# ---------------------------------------------------------------------------- the real server
+# PyTriton's tritonserver has only the python backend, so the network model is swapped for a
+# python-backend model running the same model.onnx with ONNX Runtime; the preprocessing model
+# and the ensemble are loaded exactly as generated.
+ONNX_AS_PYTHON = '''
+import os
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
+        self.session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            images = pb_utils.get_input_tensor_by_name(request, "images").as_numpy()
+            (logits,) = self.session.run(None, {"images": images})
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("logits", logits)]))
+        return responses
+'''
+
+
+def test_generated_repository_runs_in_a_real_triton_server(repo, onnx_model, tmp_path):
+    require_triton()
+    import tritonclient.http as httpclient
+    from google.protobuf import text_format
+    from pytriton.triton import Triton, TritonConfig
+    from tritonclient.utils import InferenceServerException
+
+    from vitfast.serve import interpreter_library_path
+
+    served = shutil.copytree(repo, tmp_path / "served")
+    config = model_config((served / "vit/config.pbtxt").read_text())
+    config.platform, config.backend = "", "python"
+    config.instance_group[0].kind = config.instance_group[0].KIND_CPU
+    (served / "vit/config.pbtxt").write_text(text_format.MessageToString(config))
+    (served / "vit/1/model.py").write_text(ONNX_AS_PYTHON)
+
+    http, grpc, metrics = free_ports()
+    triton = Triton(config=TritonConfig(model_repository=served, http_address="127.0.0.1", http_port=http, grpc_address="127.0.0.1",
+                                        grpc_port=grpc, metrics_address="127.0.0.1", metrics_port=metrics, allow_gpu_metrics=False,
+                                        exit_timeout_secs=10, log_file=tmp_path / "server.log"))  # fmt: skip
+    client = None
+    try:
+        with interpreter_library_path():
+            triton.run()
+        wait_ready(f"127.0.0.1:{http}", ["vit", "vit_preprocess", "vit_uint8"])
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{http}", network_timeout=60)
+
+        def infer(model, images, output):
+            tensor = httpclient.InferInput("images", list(images.shape), "UINT8")
+            tensor.set_data_from_numpy(images)
+            return client.infer(model, [tensor]).as_numpy(output)
+
+        engine = vitfast.load_engine(onnx_model[1])
+        rng = np.random.default_rng(0)
+        for shape in [(3, 32, 32, 3), (2, 45, 61, 3), (8, 300, 17, 3)]:
+            images = rng.integers(0, 256, shape, dtype=np.uint8)
+            np.testing.assert_array_equal(infer("vit_preprocess", images, "pixels"), vitfast.preprocess(images, engine.config).numpy())
+            np.testing.assert_allclose(infer("vit_uint8", images, "logits"), engine(images).numpy(), rtol=1e-5, atol=1e-5)
+        with pytest.raises(InferenceServerException, match="preprocessing: image has no pixels"):
+            infer("vit_uint8", np.zeros((1, 0, 5, 3), np.uint8), "logits")
+        with pytest.raises(InferenceServerException, match="batch-size must be <= 8"):
+            infer("vit_uint8", np.zeros((9, 5, 5, 3), np.uint8), "logits")
+        images = rng.integers(0, 256, (2, 40, 40, 3), dtype=np.uint8)
+        np.testing.assert_allclose(infer("vit_uint8", images, "logits"), engine(images).numpy(), rtol=1e-5, atol=1e-5)
+    finally:
+        if client is not None:
+            client.close()  # an open keep-alive connection would hold the shutdown for exit_timeout_secs
+        triton.stop()

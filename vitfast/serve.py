@@ -1,0 +1,350 @@
+"""`vitfast serve ARTIFACT`: any artifact `load_engine` accepts, behind NVIDIA Triton Inference Server.
+
+PyTriton (`pip install 'vitfast[serve]'`) starts a real `tritonserver` (HTTP and gRPC with the
+KServe v2 protocol, Prometheus metrics) and binds two models to this process:
+
+    <name>        input `images` FP32 [B, C, H, W], already normalised
+    <name>_uint8  input `images` UINT8 [B, H, W, C], any H and W, preprocessed here (`vitfast.preprocess`)
+
+Both answer `logits` FP32 [B, classes], `topk_indices` INT64 [B, k] and `topk_scores` FP32 [B, k]
+(softmax probabilities, best first). Triton checks shape, dtype and batch size against the model
+config before a request reaches Python, and its dynamic batcher groups requests up to the engine's
+maximum batch. The names match the repository `vitfast export --format triton-repo` writes.
+
+Also here: `export_triton_repo`, the CLI side of `vitfast export --format triton-repo`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import sysconfig
+import tempfile
+import threading
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from .errors import BackendUnavailable, InputError, VitfastError
+
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+DEFAULT_MAX_BATCH = 32  # for artifacts without a batch profile (checkpoints)
+DEFAULT_QUEUE_DELAY_US = 100
+DEFAULT_TOP_K = 5
+EXIT_TIMEOUT_S = 10  # how long tritonserver waits for in-flight requests on shutdown
+INSTALL_HINT = "pip install 'vitfast[serve]' (nvidia-pytriton: Linux x86_64 or aarch64 with glibc >= 2.35)"
+
+
+class ServeError(VitfastError, RuntimeError):
+    """The server could not start or stopped unexpectedly; the message says why."""
+
+
+def require_pytriton() -> None:
+    try:
+        import pytriton.triton  # noqa: F401
+    except ImportError as exc:
+        raise BackendUnavailable(f"serving needs PyTriton ({exc}): {INSTALL_HINT}") from None
+
+
+# ---------------------------------------------------------------------------- inference
+
+
+def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(indices int64 [B, k], softmax probabilities float32 [B, k]) of the k best classes, best first."""
+    shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
+    probs = np.exp(shifted)
+    probs /= probs.sum(axis=1, keepdims=True)
+    indices = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    return indices.astype(np.int64), np.take_along_axis(probs, indices, axis=1).astype(np.float32)
+
+
+class Predictor:
+    """PyTriton inference callable: a list of requests -> a list of responses, in the same order.
+
+    Requests whose images have the same shape run as one engine batch (the dynamic batcher only
+    groups same-shape requests, so normally the whole list); each request gets its own rows back.
+    The engine is shared by both models and called under a lock: TensorRT execution contexts are
+    not thread-safe. Preprocessing happens outside the lock.
+    """
+
+    def __init__(self, engine, k: int, lock: threading.Lock):
+        self.engine = engine
+        self.k = k
+        self.lock = lock
+
+    def __call__(self, requests: list) -> list[dict[str, np.ndarray]]:
+        images = [request["images"] for request in requests]
+        if any(len(x) == 0 for x in images):  # Triton refuses batch 0 first; batched with others it would get no error
+            raise InputError("empty batch: send at least one image")
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for i, x in enumerate(images):
+            groups[(x.dtype.str, x.shape[1:])].append(i)
+        responses: list[dict[str, np.ndarray]] = [{} for _ in requests]
+        for members in groups.values():
+            logits = self.logits(np.concatenate([images[i] for i in members]))
+            start = 0
+            for i in members:
+                rows = logits[start : start + len(images[i])]
+                indices, scores = top_k(rows, self.k)
+                responses[i] = {"logits": rows, "topk_indices": indices, "topk_scores": scores}
+                start += len(images[i])
+        return responses
+
+    def logits(self, images: np.ndarray) -> np.ndarray:
+        """float32 [B, C, H, W] or uint8 [B, H, W, C] -> float32 logits [B, classes]."""
+        profile = self.engine.batch
+        pad = profile[0] - len(images) if profile and len(images) < profile[0] else 0
+        if pad:  # an engine whose profile starts above 1: fill with copies, drop their rows after
+            images = np.concatenate([images, np.repeat(images[:1], pad, axis=0)])
+        x = self.engine.prepare(images)  # preprocessing for uint8; shape checks for both
+        with self.lock:
+            logits = self.engine(x).cpu().numpy()
+        return np.ascontiguousarray(logits[: len(logits) - pad], dtype=np.float32)
+
+
+# ---------------------------------------------------------------------------- server
+
+
+@contextlib.contextmanager
+def interpreter_library_path() -> Iterator[None]:
+    """Put this interpreter's own libpython first on the library path of the server started inside.
+
+    Triton's python-backend stub links `libpython3.X.so` by name. Without this, the dynamic loader
+    can pick another build of the same minor version (e.g. the system's 3.11.2 under a pyenv 3.11.7),
+    whose C structures differ from the standard library the stub then imports; PyTriton's proxy dies
+    with "'_thread.RLock' object has no attribute '_recursion_count'". The server process copies
+    this process's environment when it starts, so the change is only needed while it starts.
+    """
+    libdir = sysconfig.get_config_var("LIBDIR")
+    shared = sysconfig.get_config_var("Py_ENABLE_SHARED")
+    previous = os.environ.get("LD_LIBRARY_PATH")
+    if shared and libdir:
+        os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, previous) if p)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("LD_LIBRARY_PATH", None)
+        else:
+            os.environ["LD_LIBRARY_PATH"] = previous
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    """Fail fast with the fix, instead of a server that dies while PyTriton waits minutes for it."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ServeError(f"cannot use {what} port {port} on {host} ({exc.strerror}); pass another --{what}-port") from None
+
+
+class Server:
+    """A running Triton server with this process's engine bound as `<name>` and `<name>_uint8`.
+
+    Use as a context manager, or call `stop()`; both are safe to repeat. Stopping shuts the
+    `tritonserver` process (and its python-backend stubs) down and removes the workspace.
+    """
+
+    def __init__(self, triton, engine, *, name: str, host: str, ports: dict[str, int], max_batch: int, log_dir: Path):
+        self.triton = triton
+        self.engine = engine
+        self.name = name
+        self.uint8_name = f"{name}_uint8"
+        self.max_batch = max_batch
+        self.http_url = f"http://{host}:{ports['http']}"
+        self.grpc_url = f"{host}:{ports['grpc']}"
+        self.metrics_url = f"http://{host}:{ports['metrics']}/metrics"
+        self.log_dir = log_dir
+
+    def is_alive(self) -> bool:
+        return self.triton.is_alive()
+
+    def log_tail(self) -> str:
+        return _log_tail(self.log_dir)
+
+    def stop(self) -> None:
+        self.triton.stop()
+        shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.stop()
+
+
+def start(
+    artifact,
+    *,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORTS["http"],
+    grpc_port: int = DEFAULT_PORTS["grpc"],
+    metrics_port: int = DEFAULT_PORTS["metrics"],
+    max_batch_size: int | None = None,
+    max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
+    top_k: int = DEFAULT_TOP_K,
+    name: str = "vit",
+    verbose: bool = False,
+) -> Server:
+    """Load `artifact` (a path, or an `Engine`), start Triton and bind both models; returns when they are ready."""
+    from vitfast.export.triton_repo import check_model_name
+
+    require_pytriton()
+    check_model_name(name)
+    from .runtime import Engine, load_engine
+
+    engine = artifact if isinstance(artifact, Engine) else load_engine(artifact)
+    max_batch = _max_batch(engine, max_batch_size)
+    if top_k < 1 or max_queue_delay_us < 0:
+        raise InputError("--top-k must be >= 1 and --max-queue-delay-us >= 0")
+    ports = {"http": port, "grpc": grpc_port, "metrics": metrics_port}
+    if len(set(ports.values())) != 3:
+        raise ServeError(f"the HTTP, gRPC and metrics ports must differ, got {ports}")
+    for what, number in ports.items():
+        check_port_free(host, number, what)
+    log_dir = Path(tempfile.mkdtemp(prefix="vitfast-serve-"))
+    triton = _triton(host, ports, log_dir, verbose)
+    try:
+        _bind(triton, engine, name, max_batch, max_queue_delay_us, top_k)
+        with interpreter_library_path():
+            triton.run()
+        server = Server(triton, engine, name=name, host=host, ports=ports, max_batch=max_batch, log_dir=log_dir)
+    except Exception as exc:
+        tail = _log_tail(log_dir)
+        triton.stop()
+        shutil.rmtree(log_dir, ignore_errors=True)
+        raise ServeError(f"Triton did not start: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                         + (f"; server log: {tail}" if tail else "")) from exc  # fmt: skip
+    if not server.is_alive():
+        tail = server.log_tail()
+        server.stop()
+        raise ServeError(f"Triton stopped right after starting; server log: {tail}")
+    return server
+
+
+def _log_tail(log_dir: Path, lines: int = 3) -> str:
+    """The last lines of the server log, joined into one line for an error message."""
+    log = log_dir / "tritonserver.log"
+    return " | ".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
+
+
+def _max_batch(engine, requested: int | None) -> int:
+    profile_max = engine.batch[2] if engine.batch else None
+    max_batch = requested if requested is not None else profile_max or DEFAULT_MAX_BATCH
+    if max_batch < 1:
+        raise InputError(f"--max-batch must be >= 1, got {max_batch}")
+    if profile_max and max_batch > profile_max:
+        raise InputError(f"--max-batch {max_batch} exceeds this artifact's batch profile maximum {profile_max}")
+    return max_batch
+
+
+def _triton(host: str, ports: dict[str, int], log_dir: Path, verbose: bool):
+    from pytriton.triton import Triton, TritonConfig
+
+    config = TritonConfig(
+        http_address=host, http_port=ports["http"], grpc_address=host, grpc_port=ports["grpc"],
+        metrics_address=host, metrics_port=ports["metrics"], allow_metrics=True, allow_cpu_metrics=True,
+        allow_gpu_metrics=torch.cuda.is_available(),  # without a GPU, NVML setup only prints an error
+        exit_timeout_secs=EXIT_TIMEOUT_S, log_verbose=1 if verbose else 0,
+        log_file=None if verbose else log_dir / "tritonserver.log",  # verbose: the server's log on stdout
+    )  # fmt: skip
+    if not verbose:
+        logging.getLogger("pytriton").setLevel(logging.ERROR)  # its INFO/WARNING chatter repeats the server log
+    return Triton(config=config)
+
+
+def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int) -> None:
+    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+
+    cfg = engine.config
+    h, w = cfg.img_hw
+    classes = cfg.num_classes or cfg.embed_dim
+    k = min(k, classes)
+    outputs = [Tensor(name="logits", dtype=np.float32, shape=(classes,)),
+               Tensor(name="topk_indices", dtype=np.int64, shape=(k,)),
+               Tensor(name="topk_scores", dtype=np.float32, shape=(k,))]  # fmt: skip
+    model_config = ModelConfig(max_batch_size=max_batch, batcher=DynamicBatcher(max_queue_delay_microseconds=delay_us))
+    lock = threading.Lock()
+    inputs = {
+        name: Tensor(name="images", dtype=np.float32, shape=(cfg.in_chans, h, w)),
+        f"{name}_uint8": Tensor(name="images", dtype=np.uint8, shape=(-1, -1, cfg.in_chans)),
+    }
+    for model, tensor in inputs.items():
+        triton.bind(model_name=model, infer_func=Predictor(engine, k, lock), inputs=[tensor], outputs=outputs, config=model_config)
+
+
+def serve(artifact, **options: Any) -> None:
+    """Start the server (see `start`) and block until SIGINT or SIGTERM, then shut it down cleanly."""
+    stop = threading.Event()
+    handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with start(artifact, **options) as server:
+            print(f"vitfast: serving {server.engine!r} as {server.name!r} (float [B, C, H, W]) and {server.uint8_name!r} "
+                  f"(uint8 [B, H, W, C]), max batch {server.max_batch}: HTTP {server.http_url}, gRPC {server.grpc_url}, "
+                  f"metrics {server.metrics_url}; Ctrl+C or SIGTERM stops it", file=sys.stderr, flush=True)  # fmt: skip
+            while not stop.wait(1.0):
+                if not server.is_alive():
+                    raise ServeError(f"the Triton server stopped unexpectedly; server log: {server.log_tail()}")
+            print("vitfast: shutting down", file=sys.stderr, flush=True)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    serve(args.artifact, host=args.host, port=args.port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
+          max_batch_size=args.max_batch, max_queue_delay_us=args.max_queue_delay_us, top_k=args.top_k,
+          name=args.name, verbose=args.verbose)  # fmt: skip
+    return 0
+
+
+def export_triton_repo(args: argparse.Namespace, batch: tuple[int, int, int]) -> int:
+    """`vitfast export --format triton-repo`: the model to ONNX (at --precision), then the repository at --out."""
+    from .commands import source_model
+    from .export.onnx_export import to_onnx
+    from .export.quantize import quantize_int8
+    from .export.triton_repo import check_repository_free, triton_repository
+
+    out = check_repository_free(args.out, args.force)  # before the export, which takes a while
+    model, source = source_model(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx_path = Path(tmp) / "model.onnx"
+        if args.precision == "int8":
+            fp32 = to_onnx(model, Path(tmp) / "fp32.onnx", batch=batch, opset=args.opset, source=source)
+            quantize_int8(fp32, onnx_path, args.calib_dir, method=args.calib_method, samples=args.calib_samples,
+                          target=args.int8_target, exclude=args.exclude or ())  # fmt: skip
+        else:
+            to_onnx(model, onnx_path, precision=args.precision, batch=batch, opset=args.opset, source=source)
+        triton_repository(onnx_path, out, max_batch_size=batch[2], force=args.force)
+    print(f"wrote Triton model repository {out} ({args.precision} ONNX, max batch {batch[2]}); "
+          f"run it with: tritonserver --model-repository {out.resolve()}", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def add_parsers(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("serve", parents=[common], help="serve an artifact on Triton Inference Server (dynamic batching, HTTP/gRPC, metrics)")
+    p.add_argument("artifact", help="checkpoint, .onnx file or TensorRT engine")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 exposes it to the network)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORTS["http"], help="HTTP port (default 8000)")
+    p.add_argument("--grpc-port", type=int, default=DEFAULT_PORTS["grpc"], help="gRPC port (default 8001)")
+    p.add_argument("--metrics-port", type=int, default=DEFAULT_PORTS["metrics"], help="Prometheus metrics port (default 8002)")
+    p.add_argument("--max-batch", type=int, help="largest batch the dynamic batcher forms (default: the artifact's profile maximum, else 32)")
+    p.add_argument("--max-queue-delay-us", type=int, default=DEFAULT_QUEUE_DELAY_US,
+                   help=f"how long a request may wait for others to batch with (default {DEFAULT_QUEUE_DELAY_US} us)")  # fmt: skip
+    p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help=f"classes in topk_indices / topk_scores (default {DEFAULT_TOP_K})")
+    p.add_argument("--name", default="vit", help="model name (default vit; the uint8 model is NAME_uint8)")
+    p.add_argument("--verbose", action="store_true", help="show the Triton server's own log")
+    p.set_defaults(func=cmd_serve)
