@@ -218,7 +218,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--opt-level", type=int, default=3, help="TensorRT builder optimization level 0-5")
     p.add_argument("--timing-cache", help="TensorRT timing cache file, reused across builds")
     p.add_argument("--no-fp32-layernorm", action="store_true", help="let TensorRT run LayerNorm in fp16")
-    p.add_argument("--out", required=True, help="output file (.onnx, or .engine/.plan for trt)")
+    p.add_argument("--out", required=True, help="output file (.onnx; .engine/.plan for trt) or folder (triton-repo)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
     p.set_defaults(func=cmd_export)
 

@@ -19,6 +19,7 @@ LIBRARIES = {
     "tensorrt": ("tensorrt", "tensorrt-cu12", "tensorrt-cu13", "tensorrt_cu12_libs"),
     "transformers": ("transformers",),
     "timm": ("timm",),
+    "pytriton": ("nvidia-pytriton",),
 }
 
 
