@@ -238,6 +238,11 @@ def test_cli_sweep_outputs_compare_and_report(tmp_path, capsys):
     assert "# Benchmarks" in readme and result["environment"]["command"] in readme
     assert "| vit_tiny_patch16_224 | 32 | eager | fp32 | 1 |" in readme
     assert "GPU sweep (not measured yet)" in readme and "--batch 1,8,64,256 --precision fp16" in readme
+    kernels = tmp_path / "kernels-abc.json"  # another script's output in results/: named, not parsed
+    kernels.write_text(json.dumps({"environment": {}, "attention": []}))
+    assert main(["bench", "--report", str(out), str(kernels)]) == 0
+    assert "written by other scripts (see each file's command): `kernels-abc.json`" in capsys.readouterr().out
+    assert main(["bench", "--report", str(kernels)]) == 2
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):

@@ -153,10 +153,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    """benchmarks/README.md on stdout; JSON files of other scripts in results/ are named, not read."""
+    from vitfast.errors import ArtifactError
+
     from .report import render_readme
     from .sweep import load_result
 
-    print(render_readme([(Path(p).name, load_result(p)) for p in args.report]), end="")
+    results, others = [], []
+    for path in args.report:
+        try:
+            results.append((Path(path).name, load_result(path)))
+        except ArtifactError as exc:
+            if "not a `vitfast bench --out` file" not in str(exc):
+                raise
+            others.append(Path(path).name)
+    if not results:
+        raise InputError(f"none of {', '.join(args.report)} is a `vitfast bench --out` file")
+    print(render_readme(results, others), end="")
     return 0
 
 

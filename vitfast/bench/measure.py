@@ -129,11 +129,11 @@ class MemoryProbe:
             return None, self.outside_torch
         if self.device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(self.device) - self.base
-            return peak, "torch.cuda.max_memory_allocated during the timed calls minus allocations before the backend was built"
+            return peak, "torch.cuda.max_memory_allocated during the timed calls minus allocations before the backend was loaded"
         if not reset_ok:
             return None, "peak RSS cannot be reset here (/proc/self/clear_refs not writable), so no per-row CPU peak"
         peak = (_proc_status_kib("VmHWM") or 0) * 1024 - self.base
-        return peak, "peak RSS (VmHWM) during the timed calls minus RSS before the backend was built"
+        return peak, "peak RSS (VmHWM) during the timed calls minus RSS before the backend was loaded (exports excluded)"
 
 
 # ---------------------------------------------------------------------------- ceiling

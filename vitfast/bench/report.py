@@ -14,6 +14,9 @@ CSV_FIELDS = ("model", "img_size", "backend", "precision", "batch", "status", "r
               "tflops", "pct_of_peak", "gflops_per_image", "peak_memory_mib", "prepare_s", "load_s", "first_call_s", "timer")  # fmt: skip
 
 
+NOISY = 0.10  # repeats further apart than this are flagged: the machine was busy, rerun before trusting the row
+
+
 def _f(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
@@ -33,7 +36,7 @@ def table_rows(result: dict[str, Any]) -> list[list[str]]:
             r["model"], str(r["img_size"]), r["backend"], r["precision"], str(r["batch"]), str(r["n"]),
             _f(r["median_ms"], ".2f"), _f(r["p95_ms"], ".2f"), _f(r["p99_ms"], ".2f"), _f(r["images_per_s"], ".1f"),
             _f(r["tflops"] * 1e3, ".1f"), _f(r["pct_of_peak"], ".0f"), _f(r["peak_memory_mib"], ".0f"),
-            _f(100 * r["spread"] if r["spread"] is not None else None, ".1f"),
+            _f(100 * r["spread"] if r["spread"] is not None else None, ".1f") + (" !" if (r["spread"] or 0) > NOISY else ""),
         ])  # fmt: skip
     return out
 
@@ -96,9 +99,11 @@ def to_markdown(result: dict[str, Any]) -> str:
     """A GitHub markdown table of the measured rows, then the skipped ones with their reasons."""
     lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * 3 + "---:|" * (len(TABLE_COLUMNS) - 3)]
     lines += ["| " + " | ".join(r) + " |" for r in table_rows(result)]
+    methods = sorted({r["memory_method"] for r in result["rows"] if r["status"] == "ok" and r["memory_method"]})
     lines += ["", f"n: timed calls (two repeats). % peak: of the {peak_label(result)} measured in the same run "
               "(before and after the sweep). spread %: gap between the medians of two back-to-back repeats of the "
-              "same row; differences smaller than it are noise. peak MiB: see `memory_method` in the JSON."]  # fmt: skip
+              f"same row; differences smaller than it are noise, and `!` marks a spread over {NOISY:.0%} (the machine "
+              f"was busy: rerun before trusting the row). peak MiB: {'; '.join(methods) or 'not measured'}."]  # fmt: skip
     skipped = not_measured(result)
     if skipped:
         lines += ["", "Not measured:", ""]
@@ -264,8 +269,9 @@ def _changes(git: dict[str, Any]) -> str:
     return f", with uncommitted changes in {', '.join(files)}" if files else ", with uncommitted changes"
 
 
-def render_readme(results: Iterable[tuple[str, dict[str, Any]]]) -> str:
-    """benchmarks/README.md from (file name, result) pairs: the latest result of each series."""
+def render_readme(results: Iterable[tuple[str, dict[str, Any]]], others: Iterable[str] = ()) -> str:
+    """benchmarks/README.md from (file name, result) pairs: the latest result of each series.
+    `others`: files in results/ written by other scripts (listed by name only)."""
     results = list(results)
     latest = _latest(results)
     parts = [README_HEAD]
@@ -285,6 +291,8 @@ def render_readme(results: Iterable[tuple[str, dict[str, Any]]]) -> str:
     older = sorted({name for name, _ in results} - {name for name, _ in latest})
     if older:
         parts.append(f"Older results in `results/`, superseded by the runs above: {', '.join(f'`{n}`' for n in older)}.\n")
+    if others:
+        parts.append(f"Also in `results/`, written by other scripts (see each file's command): {', '.join(f'`{n}`' for n in sorted(others))}.\n")
     measured = any(r["environment"]["gpu"].get("available") for _, r in results)
     parts += [README_GPU.format(status="how to repeat it" if measured else "not measured yet", command=GPU_SWEEP), README_TAIL]
     return "\n".join(parts)
