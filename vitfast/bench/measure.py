@@ -4,8 +4,8 @@
   `perf_counter_ns` pair on the CPU. Inputs rotate among several buffers so repeated calls do not
   time a warm cache on one tensor. Warm-up runs happen before, outside the timings.
 - Memory: on a GPU, `torch.cuda.max_memory_allocated` during the timed calls minus what was
-  allocated before the backend was built; on the CPU, the peak resident set size (VmHWM, reset
-  through /proc/self/clear_refs) during the timed calls minus the RSS before the backend was built.
+  allocated before the backend was loaded; on the CPU, the peak resident set size (VmHWM, reset
+  through /proc/self/clear_refs) during the timed calls minus the RSS before the backend was loaded (after any export).
 """
 
 from __future__ import annotations
