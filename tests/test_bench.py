@@ -75,6 +75,8 @@ def test_compare_rows_ratios_and_verdicts():
     assert out[("compile", 1)]["noise"] == pytest.approx(0.01)
     assert out[("onnxruntime", 1)]["status"] == "base skipped, new ok"
     assert out[("eager-math", 1)]["status"] == "only in new"
+    loose = {(r["backend"], r["batch"]): r for r in compare_rows(base, new, floor=1.5)}
+    assert loose[("eager", 1)]["verdict"] == "same"  # a 2x change inside a 150% noise floor
 
 
 # ---------------------------------------------------------------------------- skip logic

@@ -10,6 +10,7 @@ from pathlib import Path
 from vitfast.errors import InputError
 
 from .backends import BACKENDS, COMPILE_MODES, PRECISIONS, BackendOptions
+from .stats import MIN_NOISE
 
 
 def parse_list(text: str, what: str, choices: tuple[str, ...] | None = None) -> list[str]:
@@ -97,7 +98,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _write(outputs["csv"], args.force, lambda p: p.write_text(report.to_csv(result)))
     if "markdown" in outputs:
         _write(outputs["markdown"], args.force, lambda p: p.write_text(report.to_markdown(result)))
-    if "plot" in outputs and any(r["status"] == "ok" for r in result["rows"]):
+    plotted = "plot" in outputs and any(r["status"] == "ok" for r in result["rows"])
+    if plotted:
         _write(outputs["plot"], args.force, lambda p: report.save_plot(result, p))
     if args.json:
         print(json.dumps(result))
@@ -110,7 +112,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.markdown == "-":
         print(report.to_markdown(result))
     for kind, path in outputs.items():
-        print(f"wrote {path}" + (" (no plot: nothing was measured)" if kind == "plot" and not path.exists() else ""), file=sys.stderr)
+        print(f"no plot written to {path}: nothing was measured" if kind == "plot" and not plotted else f"wrote {path}", file=sys.stderr)
     return 0
 
 
@@ -138,9 +140,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     base_path, new_path = args.compare
     base, new = load_result(base_path), load_result(new_path)
-    rows = compare_rows(base["rows"], new["rows"])
+    rows = compare_rows(base["rows"], new["rows"], args.noise_floor)
     if args.json:
-        print(json.dumps({"base": base_path, "new": new_path, "rows": rows}))
+        print(json.dumps({"base": base_path, "new": new_path, "noise_floor": args.noise_floor, "rows": rows}))
         return 0
     from vitfast.cli import console
 
@@ -202,5 +204,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="overwrite existing output files")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object (no table)")
     p.add_argument("--compare", nargs=2, metavar=("BASE.json", "NEW.json"), help="ratios new / base per row instead of measuring")
+    p.add_argument("--noise-floor", type=float, default=MIN_NOISE, metavar="FRACTION",
+                   help=f"--compare calls nothing closer than this a win or regression (default {MIN_NOISE}; "
+                        "raise it across runs on a shared machine)")  # fmt: skip
     p.add_argument("--report", nargs="+", metavar="FILE.json", help="print benchmarks/README.md from result files")
     p.set_defaults(func=cmd_bench)

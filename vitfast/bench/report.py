@@ -177,10 +177,14 @@ def compare_table(rows: list[dict[str, Any]], base_name: str, new_name: str):
     from rich.table import Table
 
     colors = {"win": "green", "regression": "red", "same": "dim"}
-    table = Table(title=f"{new_name} vs {base_name}", caption="ratios are new / base; noise: larger repeat spread of the two")
+    both_skipped = [r for r in rows if r["status"] == "base skipped, new skipped"]
+    caption = "ratios are new / base; noise: larger repeat spread of the two"
+    if both_skipped:
+        caption += f"; {len(both_skipped)} rows skipped in both files not shown"
+    table = Table(title=f"{new_name} vs {base_name}", caption=caption)
     for col in ("model", "img", "backend", "prec", "batch", "base ms", "new ms", "latency x", "img/s x", "p99 x", "noise %", "verdict"):
         table.add_column(col, justify="left" if col in ("model", "backend", "prec", "verdict") else "right")
-    for r in rows:
+    for r in (r for r in rows if r not in both_skipped):
         head = [r["model"], str(r["img_size"]), r["backend"], r["precision"], str(r["batch"]), _f(r["base_ms"], ".2f"), _f(r["new_ms"], ".2f")]
         if r["status"] != "ok":
             table.add_row(*head, "-", "-", "-", "-", f"[yellow]{r['status']}[/yellow]")
@@ -248,6 +252,8 @@ VITFAST_TEST_DEVICE=cuda pytest benchmarks/ --benchmark-only     # GPU: ViT-B/16
 `make test` runs them once with `--benchmark-disable`, so they cannot rot unnoticed.
 
 Compare two result files (two commits, two machines): `vitfast bench --compare A.json B.json`.
+Its verdicts weigh each ratio against the rows' own repeat spread, which only sees noise within
+a run; between runs on a shared machine the load drifts, so raise `--noise-floor` there.
 """
 
 

@@ -55,9 +55,10 @@ def row_key(row: dict[str, Any]) -> tuple:
     return (row["model"], row["img_size"], row["backend"], row["precision"], row["batch"])
 
 
-def verdict(ratio: float, noise: float) -> str:
-    """'win' / 'regression' when a throughput ratio (new / old) is outside the noise, else 'same'."""
-    band = max(noise, MIN_NOISE)
+def verdict(ratio: float, noise: float, floor: float = MIN_NOISE) -> str:
+    """'win' / 'regression' when a throughput ratio (new / old) is outside the noise (at least
+    `floor`), else 'same'."""
+    band = max(noise, floor)
     if ratio > 1 + band:
         return "win"
     if ratio < 1 / (1 + band):
@@ -65,11 +66,12 @@ def verdict(ratio: float, noise: float) -> str:
     return "same"
 
 
-def compare_rows(base: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def compare_rows(base: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]], floor: float = MIN_NOISE) -> list[dict[str, Any]]:
     """Row-by-row ratios of `new` over `base` (matched by `row_key`), with a verdict against the noise.
 
-    The noise of a pair is the larger of the two rows' repeat spreads. Rows measured on one side
-    only, or skipped on either, are listed with their status so nothing silently disappears.
+    The noise of a pair is the larger of the two rows' repeat spreads, and at least `floor`: the
+    spread only sees noise within a run, so across runs on a shared machine raise the floor. Rows
+    measured on one side only, or skipped on either, are listed with their status.
     """
     old = {row_key(r): r for r in base}
     cur = {row_key(r): r for r in new}
@@ -91,7 +93,7 @@ def compare_rows(base: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) 
             "throughput_ratio": ratio,
             "p99_ratio": b["p99_ms"] / a["p99_ms"],
             "noise": noise,
-            "verdict": verdict(ratio, noise),
+            "verdict": verdict(ratio, noise, floor),
         }
         out.append(entry)
     return out
