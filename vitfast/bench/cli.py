@@ -62,6 +62,10 @@ def _outputs(args: argparse.Namespace) -> dict[str, Path]:
     from vitfast.export.artifacts import check_output_free
 
     wanted = {"out": args.out, "csv": args.csv, "plot": args.plot, "markdown": args.markdown if args.markdown != "-" else None}
+    if args.plot:
+        from .report import require_matplotlib
+
+        require_matplotlib()
     return {kind: check_output_free(path, args.force) for kind, path in wanted.items() if path}
 
 

@@ -124,12 +124,20 @@ def series(result: dict[str, Any]) -> dict[tuple[str, int], dict[str, list[dict]
     return out
 
 
+def require_matplotlib() -> None:
+    """Fail early, in one line, when --plot cannot be honoured."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        from vitfast.errors import BackendUnavailable
+
+        raise BackendUnavailable("--plot needs matplotlib: pip install 'vitfast[plot]'") from None
+
+
 def build_figure(result: dict[str, Any]):
     """Matplotlib figure: per model, throughput vs batch (top) and p50/p95/p99 latency vs batch (bottom)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only; never opens a window
-    from matplotlib.figure import Figure
+    require_matplotlib()
+    from matplotlib.figure import Figure  # a bare Figure draws on Agg: no window, no global backend switch
     from matplotlib.lines import Line2D
     from matplotlib.ticker import NullLocator
 
