@@ -59,10 +59,19 @@ bench: $(STAMP)
 	$(VENV)/bin/vitfast bench --report benchmarks/results/*.json > benchmarks/README.md.tmp
 	mv benchmarks/README.md.tmp benchmarks/README.md
 
-# GPU kernel + end-to-end measurements (issue #3); needs a CUDA machine with a CUDA torch build.
+# GPU, one command (issues #3 and #5); needs a CUDA machine with a CUDA torch build. Kernel
+# parity/speed against the copy and matmul ceilings, then ViT-S/B/L at batch 1-256 in fp16 through
+# every GPU backend present (tensorrt only with TRT_ENGINES="--engine a.engine ..." built there).
+GPU_SWEEP := --model vit_small_patch16_224,vit_base_patch16_224,vit_large_patch16_224 \
+	--backends eager,eager-math,compile,vitfast,vitfast-graphs,onnxruntime,tensorrt \
+	--batch 1,8,64,256 --precision fp16 --compile-mode max-autotune --repeats 100
 bench-gpu: $(STAMP)
 	mkdir -p benchmarks/results
 	$(PY) benchmarks/gpu_kernels.py --out benchmarks/results/kernels-$$(git rev-parse --short HEAD).json
+	$(VENV)/bin/vitfast bench $(GPU_SWEEP) $(TRT_ENGINES) --out benchmarks/results/gpu-$$(git rev-parse --short HEAD).json \
+		--plot benchmarks/results/gpu-$$(git rev-parse --short HEAD).png --force
+	$(VENV)/bin/vitfast bench --report benchmarks/results/*.json > benchmarks/README.md.tmp
+	mv benchmarks/README.md.tmp benchmarks/README.md
 
 clean:
 	rm -rf $(VENV) $(TIMM_VENV) build *.egg-info .pytest_cache
