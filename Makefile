@@ -34,6 +34,9 @@ demo: $(STAMP)
 	$(VF) check $(DEMO)/model.int8.onnx
 	@echo "--- TensorRT export: builds the engine where TensorRT is installed, else says how to get it"
 	-$(VF) export --checkpoint $(DEMO)/model.safetensors --format trt --precision fp16 --out $(DEMO)/model.engine --force
+	@echo "--- a short comparison of the backends this machine has (ViT-Ti/16, random weights)"
+	$(VF) bench --model vit_tiny_patch16_224 --backends eager,compile,vitfast,onnxruntime --precision fp32,int8 \
+		--batch 1,8 --repeats 10 --warmup 2 --max-seconds 5 --calib-samples 8
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests benchmarks --benchmark-disable
