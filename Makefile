@@ -70,7 +70,7 @@ GPU_SWEEP := --model vit_small_patch16_224,vit_base_patch16_224,vit_large_patch1
 	--batch 1,8,64,256 --precision fp16 --compile-mode max-autotune --repeats 100
 bench-gpu: $(STAMP)
 	mkdir -p benchmarks/results
-	$(PY) benchmarks/gpu_kernels.py --out benchmarks/results/kernels-$$(git rev-parse --short HEAD).json
+	$(PY) benchmarks/gpu_kernels.py --out benchmarks/results/kernels-$$(git rev-parse --short HEAD).json --write-dispatch
 	$(VENV)/bin/vitfast bench $(GPU_SWEEP) $(TRT_ENGINES) --out benchmarks/results/gpu-$$(git rev-parse --short HEAD).json \
 		--plot benchmarks/results/gpu-$$(git rev-parse --short HEAD).png --force
 	$(VENV)/bin/vitfast bench --report benchmarks/results/*.json > benchmarks/README.md.tmp

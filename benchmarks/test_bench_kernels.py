@@ -1,4 +1,6 @@
-"""Kernel micro-benchmarks: attention TFLOP/s, add+LayerNorm GB/s, bias+GELU GB/s.
+"""Kernel micro-benchmarks: attention TFLOP/s, add+LayerNorm GB/s, bias+GELU GB/s, and the MLP
+GEMMs (fc1 + bias + GELU, fc2 + bias + residual) TFLOP/s by both paths (cuBLAS + standalone
+kernels, Triton GEMM with the epilogue).
 
     VITFAST_TEST_DEVICE=cuda pytest benchmarks/test_bench_kernels.py --benchmark-only
 
@@ -23,6 +25,7 @@ pytest.importorskip("triton", reason="Triton is not installed (pip install 'vitf
 from vitfast.kernels import add_layernorm as aln  # noqa: E402
 from vitfast.kernels import attention as att  # noqa: E402
 from vitfast.kernels import bias_gelu as bg  # noqa: E402
+from vitfast.kernels import linear_epilogue as le  # noqa: E402
 
 ON_GPU = os.environ.get("TRITON_INTERPRET") != "1"
 DEVICE, DTYPE = ("cuda", torch.float16) if ON_GPU else ("cpu", torch.float32)
@@ -85,3 +88,68 @@ def test_bias_gelu(benchmark, approximate):
     assert rel_err(bg.bias_gelu(x, bias, approximate), bg.bias_gelu_reference(x.float(), bias.float(), approximate)) < TOL
     nbytes = 2 * x.numel() * x.element_size()  # read x, write gelu(x + bias); the bias stays in cache
     measure(benchmark, lambda x: bg.bias_gelu(x, bias, approximate), inputs, nbytes, "GBps")
+
+
+def mlp_weights(K: int, N: int):
+    w = (torch.randn(N, K, device=DEVICE) * K**-0.5).to(DTYPE)  # nn.Linear layout [out, in]
+    return w, torch.randn(N, device=DEVICE, dtype=DTYPE)
+
+
+@pytest.mark.parametrize("path", ["cublas", "epilogue"])
+def test_fc1_bias_gelu(benchmark, path):
+    """h [ROWS, C] -> gelu(h W1^T + b1) [ROWS, 4C]: cuBLAS GEMM + bias_gelu kernel, or one Triton GEMM."""
+    w, b = mlp_weights(C, 4 * C)
+    inputs = [(torch.randn(ROWS, C, device=DEVICE, dtype=DTYPE),) for _ in range(3)]
+    fn = {
+        "cublas": lambda h: bg.bias_gelu(torch.nn.functional.linear(h, w), b, "none"),
+        "epilogue": lambda h: le.linear_bias_gelu(h, w, b, "none"),
+    }[path]
+    h = inputs[0][0]
+    assert rel_err(fn(h), le.linear_epilogue_reference(h.float(), w.float(), b.float(), "none")) < TOL
+    measure(benchmark, fn, inputs, 2 * ROWS * C * 4 * C, "TFLOPs")
+
+
+@pytest.mark.parametrize("path", ["cublas", "epilogue"])
+def test_fc2_bias_residual(benchmark, path):
+    """m [ROWS, 4C], x [ROWS, C] -> x + (m W2^T + b2): cuBLAS GEMM + add, or one Triton GEMM."""
+    w, b = mlp_weights(4 * C, C)
+    inputs = [(torch.randn(ROWS, 4 * C, device=DEVICE, dtype=DTYPE), torch.randn(ROWS, C, device=DEVICE, dtype=DTYPE)) for _ in range(3)]
+    fn = {
+        "cublas": lambda m, x: x + torch.nn.functional.linear(m, w, b),
+        "epilogue": lambda m, x: le.linear_bias_residual(m, w, b, x, None),
+    }[path]
+    m, x = inputs[0]
+    assert rel_err(fn(m, x), le.linear_epilogue_reference(m.float(), w.float(), b.float(), residual=x.float())) < TOL
+    measure(benchmark, fn, inputs, 2 * ROWS * C * 4 * C, "TFLOPs")
+
+
+def test_write_dispatch_merges_measured_winners(tmp_path, monkeypatch):
+    """gpu_kernels.py --write-dispatch: epilogue only where >= min_speedup faster and within the
+    2x rule; other GPUs' entries kept, this GPU's same shapes replaced; fused reads the result."""
+    import json
+
+    import gpu_kernels
+
+    from vitfast import fused
+
+    table = tmp_path / "mlp_dispatch.json"
+    old = dict(compute_capability="9.0", gpu="H100", dtype="float16", C=768, hidden=3072, m_bucket=65536, fc1="cublas", fc2="cublas")
+    other_gpu = dict(old, compute_capability="8.0", gpu="A100", fc1="epilogue")
+    table.write_text(json.dumps({"about": "test", "min_speedup": 1.03, "entries": [old, other_gpu]}))
+    common = dict(dtype="float16", C=768, hidden=3072, m_bucket=65536)
+    rows = [
+        dict(op="fc1+bias+gelu", **common, speedup=1.2, passes_2x_rule=True),
+        dict(op="fc2+bias+residual", **common, speedup=1.02, passes_2x_rule=True),  # within noise: cuBLAS
+        dict(op="fc1+bias+gelu", **(common | {"m_bucket": 256}), speedup=1.5, passes_2x_rule=False),  # wrong: cuBLAS
+        dict(op="fc2+bias+residual", **(common | {"m_bucket": 256}), speedup=0.8, passes_2x_rule=True),
+    ]
+    env = dict(compute_capability="9.0", gpu="H100", git_sha="abc", command="gpu_kernels.py --write-dispatch")
+    gpu_kernels.write_dispatch(rows, env, table)
+    entries = json.loads(table.read_text())["entries"]
+    assert other_gpu in entries and old not in entries and len(entries) == 3
+    got = {(e["compute_capability"], e["m_bucket"]): (e["fc1"], e["fc2"]) for e in entries}
+    assert got == {("8.0", 65536): ("epilogue", "cublas"), ("9.0", 65536): ("epilogue", "cublas"), ("9.0", 256): ("cublas", "cublas")}
+    monkeypatch.setattr(fused, "mlp_dispatch_table", lambda: tuple(entries))
+    monkeypatch.setattr(fused, "_capability", lambda device: "9.0")
+    monkeypatch.setattr(fused, "_lookup", fused._lookup.__wrapped__)
+    assert fused.choose_mlp_paths("auto", torch.device("cuda"), torch.float16, 768, 3072, 256 * 197) == ("epilogue", "cublas")

@@ -1,5 +1,6 @@
-"""Triton kernels for the ViT hot paths (fused attention, add+LayerNorm, bias+GELU).
+"""Triton kernels for the ViT hot paths (fused attention, add+LayerNorm, bias+GELU, GEMM epilogues).
 
-Installed as `vitfast.kernels`. The kernels themselves are not written yet (issue #3);
-nothing here is imported by the reference model.
+Installed as `vitfast.kernels`: one module per op (kernel, launcher, torch op, reference), used by
+`vitfast.optimize` through `vitfast.fused`; nothing here is imported by the reference model.
+`mlp_dispatch.json` is the measured per-shape choice between the MLP paths (see vitfast/fused.py).
 """

@@ -1,6 +1,8 @@
 """Bias + GELU, erf or tanh form, over the MLP's 4x-wide activation in one read and one write.
 
-Used as the epilogue of fc1 computed without its bias (cuBLAS GEMM, then this kernel).
+Used after fc1 computed without its bias (cuBLAS GEMM, then this kernel). `gelu` is also the
+epilogue of the Triton GEMM in linear_epilogue.py; FusedBlock picks between the two paths per
+shape (see vitfast/fused.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,19 @@ from ._common import INTERPRET, check_device, next_pow2
 
 
 @triton.jit
+def gelu(x, APPROX_TANH: tl.constexpr):
+    """GELU of an fp32 tile: erf form, or the tanh approximation."""
+    if APPROX_TANH:
+        # tanh(u) = 2 sigmoid(2u) - 1, so 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + exp(-2u))
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)  # sqrt(2/pi) (x + 0.044715 x^3)
+        # exp(-2u) as exp2(-2u / ln 2), the exponent capped so it cannot overflow to inf
+        y = x / (1.0 + tl.math.exp2(tl.minimum(-2.0 * 1.4426950408889634 * u, 126.0)))
+    else:
+        y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))  # x / sqrt(2)
+    return y
+
+
+@triton.jit
 def _bias_gelu_kernel(
     X, Bias, Out, M, C, stride_x, stride_out,
     APPROX_TANH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -23,13 +38,7 @@ def _bias_gelu_kernel(
     mask = (rows < M)[:, None] & (cols < C)[None, :]
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     x += tl.load(Bias + cols, mask=cols < C, other=0.0).to(tl.float32)[None, :]
-    if APPROX_TANH:
-        # tanh(u) = 2 sigmoid(2u) - 1, so 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + exp(-2u))
-        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)  # sqrt(2/pi) (x + 0.044715 x^3)
-        # exp(-2u) as exp2(-2u / ln 2), the exponent capped so it cannot overflow to inf
-        y = x / (1.0 + tl.math.exp2(tl.minimum(-2.0 * 1.4426950408889634 * u, 126.0)))
-    else:
-        y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))  # x / sqrt(2)
+    y = gelu(x, APPROX_TANH)
     tl.store(Out + rows[:, None] * stride_out + cols[None, :], y.to(Out.dtype.element_ty), mask=mask)
 
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st  # noqa: E402
 from vitfast.kernels import add_layernorm as aln  # noqa: E402
 from vitfast.kernels import attention as att  # noqa: E402
 from vitfast.kernels import bias_gelu as bg  # noqa: E402
+from vitfast.kernels import linear_epilogue as le  # noqa: E402
 
 ATOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
@@ -151,3 +152,109 @@ def test_bias_gelu(device, approximate, shape):
 def test_bias_gelu_rejects_unknown_form(device):
     with pytest.raises(ValueError, match="approximate must be"):
         bg.bias_gelu(torch.randn(2, 8, device=device), torch.randn(8, device=device), "sigmoid")
+
+
+# ---------------------------------------------------------------------------- GEMM + epilogue
+EPILOGUES = ["gelu", "gelu_tanh", "residual", "residual_gamma", "bias_only"]
+
+
+def epilogue_args(epilogue: str, out_shape, dtype, device) -> dict:
+    """Keyword arguments of linear_epilogue_launch for one epilogue, random tensors in dtype."""
+    N = out_shape[-1]
+    if epilogue.startswith("gelu"):
+        return {"gelu": "tanh" if epilogue == "gelu_tanh" else "none"}
+    if epilogue.startswith("residual"):
+        gamma = (1 + 0.5 * torch.randn(N, device=device)).to(dtype) if epilogue == "residual_gamma" else None
+        return {"residual": torch.randn(out_shape, device=device).to(dtype), "gamma": gamma}
+    return {}
+
+
+def run_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, **kw) -> None:
+    out = poisoned((*x.shape[:-1], w.shape[0]), dtype, x.device)
+    assert le.linear_epilogue_launch(x, w, b, out, **kw) is out
+    as_double = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    exact = le.linear_epilogue_reference(x.double(), w.double(), b.double(), **as_double)  # same rounded inputs
+    check_2x(out, le.linear_epilogue_reference(x, w, b, **kw), exact, dtype)
+
+
+def linear_inputs(M_shape, K, N, dtype, device):
+    x = torch.randn(*M_shape, K, device=device).to(dtype)
+    w = (torch.randn(N, K, device=device) * K**-0.5).to(dtype)  # outputs of order 1, like a trained layer
+    b = torch.randn(N, device=device).to(dtype)
+    return x, w, b
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+@pytest.mark.parametrize("M_shape, K, N", [((3, 197), 192, 192),  # ViT-Ti fc1-sized rows x 4*48 columns
+                                           ((2, 50), 100, 37), ((1, 13), 769, 65), ((5,), 1, 3)])  # fmt: skip
+def test_linear_epilogue_odd_shapes(device, epilogue, M_shape, K, N):
+    for dtype in dtypes_for(device):
+        x, w, b = linear_inputs(M_shape, K, N, dtype, device)
+        run_linear(x, w, b, dtype, **epilogue_args(epilogue, (*M_shape, N), dtype, device))
+
+
+def test_linear_epilogue_reads_strided_inputs_without_copies(device):
+    """x sliced (row stride) or transposed (column stride), W a slice of a wider matrix (as a
+    fused qkv weight would be), residual transposed: all read through their strides."""
+    K, N = 40, 24
+    big = torch.randn(2 * 30, K + 9, device=device)
+    w = (torch.randn(2 * N, K + 3, device=device) * K**-0.5)[::2, 2 : 2 + K]
+    b = torch.randn(N, device=device)
+    residual_t = torch.randn(N, 30, device=device).t()
+    for x in (big[::2, 5 : 5 + K], torch.randn(K, 30, device=device).t()):
+        assert not x.is_contiguous() and not w.is_contiguous()
+        assert x.reshape(30, K).data_ptr() == x.data_ptr()  # 2-D: passed as it is
+        run_linear(x, w, b, torch.float32, gelu="none")
+        run_linear(x, w, b, torch.float32, residual=residual_t, gamma=torch.randn(N, device=device))
+    # leading dims that cannot be flattened as a view are copied first, and still right
+    x3 = torch.randn(3, 20, K, device=device)[:, ::2]
+    run_linear(x3, w, b, torch.float32, gelu="tanh")
+
+
+@settings(max_examples=15, deadline=None)
+@given(M=st.integers(1, 80), K=st.integers(1, 80), N=st.integers(1, 80), epilogue=st.sampled_from(EPILOGUES))
+def test_linear_epilogue_property(M, K, N, epilogue):
+    import os
+
+    device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+    x, w, b = linear_inputs((M,), K, N, torch.float32, device)
+    run_linear(x, w, b, torch.float32, **epilogue_args(epilogue, (M, N), torch.float32, device))
+
+
+def test_linear_epilogue_ops_match_launcher(device):
+    x, w, b = linear_inputs((2, 9), 48, 20, torch.float32, device)
+    r, g = torch.randn(2, 9, 20, device=device), torch.randn(20, device=device)
+    for approximate in ("none", "tanh"):
+        out = poisoned((2, 9, 20), torch.float32, device)
+        assert torch.equal(le.linear_bias_gelu(x, w, b, approximate), le.linear_epilogue_launch(x, w, b, out, gelu=approximate))
+    for gamma in (None, g):
+        out = poisoned((2, 9, 20), torch.float32, device)
+        expected = le.linear_epilogue_launch(x, w, b, out, residual=r, gamma=gamma)
+        assert torch.equal(le.linear_bias_residual(x, w, b, r, gamma), expected)
+
+
+def test_linear_epilogue_rejects_bad_input(device, monkeypatch):
+    x, w, b = linear_inputs((4,), 16, 8, torch.float32, device)
+    out = torch.empty(4, 8, device=device)
+    with pytest.raises(ValueError, match="must agree on K"):
+        le.linear_bias_gelu(x, w[:, :15], b, "none")
+    with pytest.raises(ValueError, match=r"bias must be \[8\]"):
+        le.linear_bias_gelu(x, w, b[:7], "none")
+    with pytest.raises(ValueError, match="gelu must be"):
+        le.linear_bias_gelu(x, w, b, "sigmoid")
+    with pytest.raises(ValueError, match="must be torch.float32 like x, got weight torch.float16"):
+        le.linear_bias_gelu(x, w.half(), b, "none")
+    with pytest.raises(ValueError, match=r"residual must be \(4, 8\)"):
+        le.linear_bias_residual(x, w, b, torch.randn(4, 9, device=device), None)
+    with pytest.raises(ValueError, match=r"gamma must be \[8\]"):
+        le.linear_bias_residual(x, w, b, out, torch.randn(3, device=device))
+    with pytest.raises(ValueError, match="pass residual too"):
+        le.linear_epilogue_launch(x, w, b, out, gamma=b)
+    with pytest.raises(ValueError, match="must not be residual itself"):
+        le.linear_epilogue_launch(x, w, b, out, residual=out)
+    with pytest.raises(ValueError, match="out must be a contiguous tensor of shape"):
+        le.linear_epilogue_launch(x, w, b, torch.empty(8, 4, device=device).t())
+    monkeypatch.setattr("vitfast.kernels._common.INTERPRET", False)
+    if device == "cpu":
+        with pytest.raises(ValueError, match="need CUDA tensors.*TRITON_INTERPRET=1"):
+            le.linear_bias_gelu(x, w, b, "none")

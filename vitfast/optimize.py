@@ -31,7 +31,7 @@ def _check_backend(model: nn.Module, cuda_graphs: bool) -> None:
         raise VitfastError("cuda_graphs=True needs the model on a CUDA GPU")
 
 
-def optimize(model: nn.Module, *, cuda_graphs: bool = False) -> nn.Module:
+def optimize(model: nn.Module, *, cuda_graphs: bool = False, mlp: str = "auto") -> nn.Module:
     """Replace every reference `Block` of a vitfast model with a `FusedBlock` sharing its parameters.
 
     `state_dict()` keeps the same keys and tensors. Blocks built from injected custom layers are
@@ -39,16 +39,28 @@ def optimize(model: nn.Module, *, cuda_graphs: bool = False) -> nn.Module:
     mode fall back to the reference math on the same parameters. `cuda_graphs=True` captures the
     whole forward once per input shape/dtype and replays it (the batch-1 latency path); inputs are
     copied into the captured buffer and outputs are returned as fresh tensors.
+
+    `mlp` picks the MLP path: "cublas" (cuBLAS GEMMs + the standalone bias+GELU kernel),
+    "epilogue" (Triton GEMMs with bias+GELU and bias+LayerScale+residual as epilogues) or "auto"
+    (per shape, whichever `benchmarks/gpu_kernels.py` measured faster on this kind of GPU;
+    "cublas" where nothing was measured, which is everywhere until a GPU run is committed).
+    Calling optimize again on an optimized model changes `mlp` (and can add CUDA graphs).
     """
-    from .fused import FusedBlock, can_fuse
+    from .fused import MLP_PATHS, FusedBlock, can_fuse
 
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.Sequential):
         raise VitfastError("optimize takes a vitfast VisionTransformer (create_model / load_checkpoint)")
+    if mlp not in MLP_PATHS:
+        raise VitfastError(f"mlp must be one of {', '.join(MLP_PATHS)}, got {mlp!r}")
     _check_backend(model, cuda_graphs)
     for i, block in enumerate(blocks):
         if can_fuse(block):
-            blocks[i] = FusedBlock(block)
+            blocks[i] = FusedBlock(block, mlp=mlp)
+        elif isinstance(block, FusedBlock) and block.mlp_path != mlp:
+            block.mlp_path = mlp
+            if hasattr(model, _GRAPHED):
+                getattr(model, _GRAPHED).graphs.clear()  # captured with the old path: capture again
     if cuda_graphs and not hasattr(model, _GRAPHED):
         graphed = CudaGraphForward(model.forward)
         model.forward = graphed  # instance attribute shadows the class method; restore() deletes it

@@ -1,0 +1,197 @@
+"""Tiled GEMM `x @ W^T + bias` with the MLP's elementwise work as its epilogue.
+
+- fc1: gelu(x @ W^T + bias), erf or tanh form (the formulas of bias_gelu.py), so the 4x-wide
+  activation is written once instead of written by the GEMM, then read and written again by
+  bias + GELU.
+- fc2: residual + gamma * (x @ W^T + bias), gamma being the block's LayerScale (optional), so
+  the branch output is never written and read back for the residual add.
+
+x [..., K] (leading dims flattened; a 2-D x is read through its strides as it is) and W [N, K]
+as nn.Linear stores it (read through its strides: never transposed or copied). fp32
+accumulation (IEEE fp32 products for fp32 inputs, no TF32), one rounding to the output dtype at
+the end; masked edges for any M, N, K; fp16 / bf16 / fp32. Whether this beats cuBLAS plus the
+standalone kernels is a per-shape measurement (`benchmarks/gpu_kernels.py`), and FusedBlock
+uses it only where that measurement says so (vitfast/fused.py, kernels/mlp_dispatch.json).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from ._common import INTERPRET, check_device, next_pow2
+from .bias_gelu import gelu as gelu_tile
+
+GELU_FORMS = {None: 0, "none": 1, "tanh": 2}  # the ACTIVATION constexpr: no GELU, erf form, tanh form
+
+
+def _configs() -> list[triton.Config]:
+    if INTERPRET:  # the interpreter is slow and gains nothing from tuning: one small config
+        return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4}, num_warps=4, num_stages=1)]
+    # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): large tiles for the big-batch GEMMs,
+    # smaller ones so batch 1 (M = 197) still fills the SMs. Tiles too big for shared memory
+    # (fp32 inputs) fail to compile and the autotuner skips them.
+    tiles = [
+        (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 8, 4),
+        (128, 128, 64, 4, 4), (128, 128, 32, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
+        (64, 64, 64, 4, 4), (64, 256, 32, 4, 4),
+    ]  # fmt: skip
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
+        for bm, bn, bk, w, s in tiles
+    ]
+
+
+# Keyed on the GEMM shape (M by power-of-two bucket, so a new batch size does not always retune)
+# and the epilogue; tensor dtypes are part of the key too.
+@triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K", "ACTIVATION", "RESIDUAL"])
+@triton.jit
+def _linear_epilogue_kernel(
+    X, W, Bias, Res, Gamma, Out,
+    M, N, K, M_BUCKET,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
+    ACTIVATION: tl.constexpr,  # 0: none, 1: GELU (erf), 2: GELU (tanh)
+    RESIDUAL: tl.constexpr,  # 0: none, 1: + Res, 2: Res + Gamma * (...)
+    IEEE_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    # -- grouped tile order: GROUP_M row tiles sweep the columns together, so W stays in L2
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # rows / columns past the edge wrap around to valid ones (loads need no mask on M and N);
+    # their results are never stored
+    x_ptrs = X + (offs_m % M)[:, None] * stride_xm + offs_k[None, :] * stride_xk  # [BLOCK_M, BLOCK_K]
+    w_ptrs = W + (offs_n % N)[None, :] * stride_wn + offs_k[:, None] * stride_wk  # W^T tile [BLOCK_K, BLOCK_N]
+
+    # -- main loop: fp32 accumulator, K tail masked to zero
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        mask_k = offs_k < K - k
+        a = tl.load(x_ptrs, mask=mask_k[None, :], other=0.0)
+        b = tl.load(w_ptrs, mask=mask_k[:, None], other=0.0)
+        if IEEE_FP32:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+
+    # -- epilogue in fp32 registers: bias, then GELU or the (scaled) residual add; one rounding
+    mask_n = offs_n < N
+    mask = (offs_m < M)[:, None] & mask_n[None, :]
+    acc += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    if ACTIVATION > 0:
+        acc = gelu_tile(acc, ACTIVATION == 2)
+    if RESIDUAL > 0:
+        if RESIDUAL == 2:
+            acc *= tl.load(Gamma + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        res_ptrs = Res + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn
+        acc += tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
+    out_ptrs = Out + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=mask)
+
+
+def linear_epilogue_launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    gelu: str | None = None,
+    residual: torch.Tensor | None = None,
+    gamma: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """out = epilogue(x @ weight^T + bias) for x [..., K], weight [N, K], bias [N] (written in place).
+
+    gelu 'none' (erf) or 'tanh' applies GELU; `residual` [..., N] adds it, the GEMM result first
+    scaled by `gamma` [N] when given: out = residual + gamma * (x @ weight^T + bias). `out` is a
+    contiguous [..., N] tensor that must not be `residual` itself.
+    """
+    if gelu not in GELU_FORMS:
+        raise ValueError(f"gelu must be None, 'none' or 'tanh', got {gelu!r}")
+    if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x [..., K] and weight [N, K] must agree on K, got {tuple(x.shape)} and {tuple(weight.shape)}")
+    N, K = weight.shape
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"linear epilogue supports fp16/bf16/fp32, got {x.dtype}")
+    out_shape = (*x.shape[:-1], N)
+    named = {"weight": weight, "bias": bias, "out": out, "residual": residual, "gamma": gamma}
+    wrong_dtype = [f"{k} {t.dtype}" for k, t in named.items() if t is not None and t.dtype != x.dtype]
+    if wrong_dtype:
+        raise ValueError(f"all tensors must be {x.dtype} like x, got {', '.join(wrong_dtype)}")
+    if bias.shape != (N,):
+        raise ValueError(f"bias must be [{N}], got {tuple(bias.shape)}")
+    if out.shape != out_shape or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous tensor of shape {out_shape}, got {tuple(out.shape)}")
+    if residual is None and gamma is not None:
+        raise ValueError("gamma scales the branch of a residual add: pass residual too")
+    if residual is not None and residual.shape != out_shape:
+        raise ValueError(f"residual must be {out_shape}, got {tuple(residual.shape)}")
+    if residual is out:  # (no data_ptr() here: torch.compile traces this with fake tensors)
+        raise ValueError("out must not be residual itself (the autotuner runs the kernel more than once)")
+    if gamma is not None and gamma.shape != (N,):
+        raise ValueError(f"gamma must be [{N}], got {tuple(gamma.shape)}")
+    check_device(*[t for t in (x, *named.values()) if t is not None])
+    M = math.prod(x.shape[:-1])
+    if M == 0 or N == 0:
+        return out
+    x2 = x.reshape(M, K)  # a view whenever the leading dims allow it; its strides are passed as they are
+    out2 = out.view(M, N)
+    mode = 0 if residual is None else 1 if gamma is None else 2
+    res2 = residual.reshape(M, N) if residual is not None else out2  # placeholders when unused
+    if max(sum((n - 1) * st for n, st in zip(t.shape, t.stride())) for t in (x2, weight, res2, out2)) >= 2**31:
+        raise ValueError("linear epilogue indexes with 32-bit offsets: split the batch so each tensor spans < 2^31 elements")
+    gamma = gamma if gamma is not None else bias
+
+    def grid(meta):
+        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+    wrap_triton(_linear_epilogue_kernel)[grid](
+        x2, weight, bias, res2, gamma, out2,
+        M, N, K, next_pow2(M),
+        *x2.stride(), *weight.stride(), *res2.stride(), *out2.stride(),
+        ACTIVATION=GELU_FORMS[gelu], RESIDUAL=mode,
+        IEEE_FP32=x.dtype == torch.float32,
+    )  # fmt: skip
+    return out
+
+
+@triton_op("vitfast::linear_bias_gelu", mutates_args=())
+def linear_bias_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, approximate: str) -> torch.Tensor:
+    """gelu(x @ weight^T + bias) for x [..., K], weight [N, K], as one torch op (fc1 + bias + GELU)."""
+    out = torch.empty((*x.shape[:-1], weight.shape[0]), dtype=x.dtype, device=x.device)
+    return linear_epilogue_launch(x, weight, bias, out, gelu=approximate)
+
+
+@triton_op("vitfast::linear_bias_residual", mutates_args=())
+def linear_bias_residual(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, gamma: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """residual + gamma * (x @ weight^T + bias) (gamma None: 1), as one torch op (fc2 + LayerScale + residual)."""
+    out = torch.empty((*x.shape[:-1], weight.shape[0]), dtype=x.dtype, device=x.device)
+    return linear_epilogue_launch(x, weight, bias, out, residual=residual, gamma=gamma)
+
+
+def linear_epilogue_reference(x, weight, bias, gelu=None, residual=None, gamma=None):
+    """Plain PyTorch, rounding after every step like the reference block: linear, GELU, LayerScale, add."""
+    y = torch.nn.functional.linear(x, weight, bias)
+    if gelu is not None:
+        y = torch.nn.functional.gelu(y, approximate=gelu)
+    if residual is not None:
+        y = residual + (y if gamma is None else y * gamma)
+    return y
