@@ -161,7 +161,7 @@ def preprocess_image(image, spec):
     if image.ndim != 3 or image.shape[2] != spec.in_chans:
         raise ValueError(f"expected uint8 images [H, W, {spec.in_chans}] (channels last), got {list(image.shape)}")
     if image.shape[0] < 1 or image.shape[1] < 1:
-        raise ValueError(f"image has no pixels: shape {list(image.shape)}")
+        raise ValueError(f"image has no pixels: shape {list(image.shape)}; send uint8 images [B, H, W, {spec.in_chans}] with H, W >= 1")
     h, w = spec.img_size
     resized = resize(image, _resize_size(image.shape[0], image.shape[1], spec), spec.interpolation)
     pixels = _centre_crop(resized, h, w).astype(np.float32) / 255.0
@@ -175,7 +175,7 @@ def preprocess_batch(images, spec):
     if images.ndim != 4:
         raise ValueError(f"expected a batch of uint8 images [B, H, W, {spec.in_chans}], got shape {list(images.shape)}")
     if images.shape[0] == 0:
-        raise ValueError("empty batch: send at least one image")
+        raise ValueError(f"empty batch: send at least one image, shape [B>=1, H, W, {spec.in_chans}]")
     return np.ascontiguousarray(np.stack([preprocess_image(image, spec) for image in images]))
 
 
@@ -198,8 +198,10 @@ class TritonPythonModel:
             images = pb_utils.get_input_tensor_by_name(request, "images").as_numpy()
             try:
                 pixels = preprocess_batch(images, self.spec)
-            except ValueError as exc:
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"preprocessing: {exc}")))
+            except ValueError as exc:  # a client error: HTTP 400 / gRPC INVALID_ARGUMENT where Triton has the code
+                code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+                error = pb_utils.TritonError(f"preprocessing: {exc}", *([code] if code is not None else []))
+                responses.append(pb_utils.InferenceResponse(error=error))
                 continue
             responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("pixels", pixels)]))
         return responses

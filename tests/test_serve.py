@@ -1,15 +1,18 @@
 """`vitfast serve`: a real Triton Inference Server (started by PyTriton) on loopback ports.
 
-Without a server: the request batching/ordering logic, top-k, the library-path fix, port checks.
-With one (skipped with the reason when nvidia-pytriton or tritonclient is missing): results equal
+Without a server: the request batching/ordering logic, top-k, the library-path fix, port checks,
+the request guard run in the python backend (with a stand-in for Triton's utilities), and the
+one-line error when nvidia-pytriton is missing. With one (skipped with the reason when nvidia-pytriton or tritonclient is missing): results equal
 to the in-process engine over HTTP and gRPC, 8 concurrent clients x 200 requests of varying batch
-sizes (set VITFAST_SKIP_LOAD_TEST=1 to skip that one), bad requests, metrics, and shutdown on
+sizes (set VITFAST_SKIP_LOAD_TEST=1 to skip that one), bad requests (each answered with one line,
+bad ones batched with good ones included), metrics, and shutdown on
 SIGTERM / SIGINT / `Server.stop()` leaving no child process behind. Every wait is bounded.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -18,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -31,7 +35,8 @@ from serve_helpers import SHUTDOWN_TIMEOUT_S, descendants, free_ports, require_t
 from vitfast.config import ViTConfig
 from vitfast.errors import InputError
 from vitfast.runtime import Engine
-from vitfast.serve import Predictor, ServeError, check_port_free, interpreter_library_path, top_k
+from vitfast.serve import GUARD_SOURCE, Predictor, ServeError, _install_guard, check_port_free, interpreter_library_path, top_k
+from vitfast.serve_guard import find_problem, one_line
 
 CLIENTS, REQUESTS_PER_CLIENT, MAX_BATCH = 8, 200, 8
 REQUEST_TIMEOUT_S = 60
@@ -72,8 +77,114 @@ def test_predictor_pads_up_to_the_profile_minimum_and_refuses_empty_batches():
     (response,) = predictor([{"images": x}])
     assert engine.calls == [4] and response["logits"].shape == (1, 4)
     np.testing.assert_allclose(response["logits"], x.mean() + np.arange(4.0)[None], rtol=1e-5)
-    with pytest.raises(InputError, match="empty batch"):
+    with pytest.raises(InputError, match=r"empty batch: send at least one image, shape \[B>=1, ...\]"):
         predictor([{"images": x}, {"images": x[:0]}])
+
+
+def test_guard_names_the_problem_and_the_expected_shape():
+    uint8_dims, float_dims = [-1, -1, 3], [3, 32, 32]
+    ok = np.zeros((2, 5, 7, 3), np.uint8)
+    assert find_problem("vit_uint8", "images", ok, uint8_dims) is None
+    assert find_problem("vit_uint8", "images", np.zeros((1, 0, 0, 3), np.uint8), uint8_dims) == (
+        "empty image: input 'images' of model 'vit_uint8' has shape [1, 0, 0, 3], which holds no pixels; "
+        "send uint8 images [B, H, W, 3] with H, W >= 1")  # fmt: skip
+    assert find_problem("vit", "images", np.zeros((0, 3, 32, 32), np.float32), float_dims) == (
+        "empty batch: input 'images' of model 'vit' has shape [0, 3, 32, 32]; send at least one image, "
+        "float32 images [B, 3, 32, 32] with B >= 1")  # fmt: skip
+    x = np.zeros((2, 3, 32, 32), np.float32)
+    assert find_problem("vit", "images", x, float_dims) is None
+    x[1, 0, :2, 0] = [np.nan, -np.inf]
+    assert find_problem("vit", "images", x, float_dims) == (
+        "non-finite values: input 'images' of model 'vit' has 2 NaN or infinite values out of 6144; "
+        "send finite float32 images [B, 3, 32, 32], already normalised")  # fmt: skip
+    wrapped = ("Model execute error: Traceback (most recent call last):\n  File \"model.py\", line 3, in execute\n    raise e\n"
+               "c_python_backend_utils.TritonModelException: Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+               "vitfast.errors.InputError: empty batch: send at least one image\n\n\nAt:\n  /tmp/1/model.py(501): execute\n")  # fmt: skip
+    assert one_line(wrapped) == "InputError: empty batch: send at least one image"
+    assert one_line("no exception line\n here") == "no exception line here"
+
+
+class FakeTensor:
+    def __init__(self, array):
+        self.array = array
+
+    def as_numpy(self):
+        return self.array
+
+
+def fake_backend_utils() -> types.ModuleType:
+    """The parts of Triton's `triton_python_backend_utils` that serve_guard uses."""
+    pb = types.ModuleType("triton_python_backend_utils")
+
+    class TritonError:
+        INVALID_ARG, INTERNAL = "INVALID_ARG", "INTERNAL"
+
+        def __init__(self, message, code=None):
+            self.message, self.code = message, code
+
+    class InferenceResponse:
+        def __init__(self, output_tensors=None, error=None):
+            self.output_tensors, self.error = output_tensors, error
+
+    pb.TritonError, pb.InferenceResponse = TritonError, InferenceResponse
+    pb.get_input_tensor_by_name = lambda request, name: FakeTensor(request[name]) if name in request else None
+    pb.Logger = types.SimpleNamespace(logged=[], log_error=lambda message: pb.Logger.logged.append(message))
+    return pb
+
+
+def test_guard_answers_bad_requests_itself_and_passes_the_rest_on_in_order(tmp_path, monkeypatch):
+    """serve_guard.py as the stub loads it (`model.py` beside PyTriton's proxy, here a fake that echoes
+    the batch it gets): in a batch with bad requests, only the good ones reach PyTriton, and each
+    response lands at its own request; a failure in PyTriton becomes one line per request."""
+    package = tmp_path / "stubmodel"
+    package.mkdir()
+    (package / "model.py").write_bytes(GUARD_SOURCE.read_bytes())
+    (package / "pytriton_model.py").write_text(
+        "class TritonPythonModel:\n"
+        "    def initialize(self, args):\n        self.batches = []\n"
+        "    def execute(self, requests):\n"
+        "        self.batches.append(len(requests))\n"
+        "        if self.fail:\n            raise RuntimeError('Model execute error: Traceback (most recent call last):\\nValueError: engine broke')\n"
+        "        return [('served', float(r['images'].sum())) for r in requests]\n"
+    )  # fmt: skip
+    pb = fake_backend_utils()
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    guard = importlib.import_module("stubmodel.model").TritonPythonModel()
+    config = {"input": [{"name": "images", "data_type": "TYPE_FP32", "dims": [3, 2, 2]}]}
+    guard.initialize({"model_config": json.dumps(config), "model_name": "vit"})
+    guard.fail = False
+    good = [{"images": np.full((1, 3, 2, 2), v, np.float32)} for v in (1.0, 2.0, 3.0)]
+    nan = {"images": np.full((1, 3, 2, 2), np.nan, np.float32)}
+    responses = guard.execute([good[0], nan, good[1], good[2], nan])
+    assert guard.batches == [3]
+    assert responses[0] == ("served", 12.0) and responses[2] == ("served", 24.0) and responses[3] == ("served", 36.0)
+    for bad in (responses[1], responses[4]):
+        assert bad.error.code == "INVALID_ARG" and bad.error.message.startswith("non-finite values: input 'images' of model 'vit'")
+    assert [r.error.code for r in guard.execute([nan])] == ["INVALID_ARG"] and guard.batches == [3]  # nothing left to pass on
+    guard.fail = True
+    failed = guard.execute([good[0], nan])
+    assert failed[0].error.code == "INTERNAL" and failed[1].error.code == "INVALID_ARG"
+    assert failed[0].error.message == ("model 'vit' failed on this request: ValueError: engine broke "
+                                       "(the server log has the details; vitfast serve --verbose shows it)")  # fmt: skip
+    assert "engine broke" in pb.Logger.logged[0]
+
+
+def test_install_guard_ships_it_as_model_py_and_warns_when_pytriton_moved(capsys):
+    class FakeModel:
+        model_name, model_version = "vit", 1
+
+        def get_proxy_model_files(self):
+            return {"file:1/model.py": b"proxy", "file:1/data.py": b"data"}
+
+    model = FakeModel()
+    _install_guard(types.SimpleNamespace(_model_manager=types.SimpleNamespace(models=[model])), {"vit"})
+    assert model.get_proxy_model_files() == {"file:1/pytriton_model.py": b"proxy", "file:1/data.py": b"data",
+                                             "file:1/model.py": GUARD_SOURCE.read_bytes()}  # fmt: skip
+    assert capsys.readouterr().err == ""
+    _install_guard(types.SimpleNamespace(), {"vit"})
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "warning" in err and "one-line messages" in err
 
 
 def test_top_k_is_softmax_top_k():
@@ -283,50 +394,139 @@ def test_load_8_clients_x_200_requests_every_response_is_its_own(server, referen
 
 
 def test_bad_requests_get_clear_errors_and_the_server_keeps_answering(server, reference):
+    """Every bad request gets an error response of one line (HTTP 400 / gRPC INVALID_ARGUMENT for
+    the tensors), no Python traceback, and the next good request is answered exactly as before."""
     from tritonclient.utils import InferenceServerException
 
     _, http, grpc = server
-    good = np.random.default_rng(3).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    rng = np.random.default_rng(3)
+    good = rng.standard_normal((2, 3, 32, 32)).astype(np.float32)
+    good_uint8 = rng.integers(0, 256, (2, 20, 24, 3), dtype=np.uint8)
+    nan = good[:1].copy()
+    nan[0, 1, 2, 3] = np.nan
+    shape_hint = ("NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension "
+                  "to be prepended to each input shape")  # fmt: skip
     bad_tensors = [
-        ("vit", np.zeros((1, 3, 16, 32), np.float32), "unexpected shape for input 'images' for model 'vit'. Expected [-1,3,32,32]"),
-        ("vit_uint8", np.zeros((1, 32, 32, 4), np.uint8), "unexpected shape for input 'images' for model 'vit_uint8'"),
-        ("vit", np.zeros((1, 3, 32, 32), np.float64), "data-type is 'FP64', but model 'vit' expects 'FP32'"),
-        ("vit_uint8", np.zeros((1, 32, 32, 3), np.int32), "data-type is 'INT32', but model 'vit_uint8' expects 'UINT8'"),
-        ("vit", np.zeros((0, 3, 32, 32), np.float32), "input byte size mismatch for input 'images'"),  # Triton's answer to batch 0
-        ("vit", np.zeros((MAX_BATCH + 1, 3, 32, 32), np.float32), f"batch-size must be <= {MAX_BATCH}"),
-        # An image with no pixels passes Triton's checks and fails in PyTriton's tensor transport
-        # (before vitfast's code): an error response with PyTriton's message; the server carries on.
-        ("vit_uint8", np.zeros((1, 0, 5, 3), np.uint8), "cannot cast view with zeros in shape"),
-    ]
+        # Refused by Triton against the model config before any vitfast code runs, in Triton's words.
+        ("vit", np.zeros((1, 3, 16, 32), np.float32), "unexpected shape for input 'images' for model 'vit'. Expected [-1,3,32,32], got [1,3,16,32]"),
+        ("vit", np.zeros((3, 32, 32), np.float32), f"Expected [-1,3,32,32], got [3,32,32]. {shape_hint}"),  # no batch axis
+        ("vit_uint8", np.zeros((1, 32, 32, 4), np.uint8), "unexpected shape for input 'images' for model 'vit_uint8'. Expected [-1,-1,-1,3], got [1,32,32,4]"),
+        ("vit_uint8", np.zeros((4, 4, 3), np.uint8), f"Expected [-1,-1,-1,3], got [4,4,3]. {shape_hint}"),  # one image, no batch axis
+        ("vit", np.zeros((1, 3, 32, 32), np.float64), "inference input 'images' data-type is 'FP64', but model 'vit' expects 'FP32'"),
+        ("vit", np.zeros((1, 3, 32, 32), np.int32), "inference input 'images' data-type is 'INT32', but model 'vit' expects 'FP32'"),
+        ("vit_uint8", np.zeros((1, 32, 32, 3), np.int32), "inference input 'images' data-type is 'INT32', but model 'vit_uint8' expects 'UINT8'"),
+        ("vit", np.zeros((MAX_BATCH + 1, 3, 32, 32), np.float32), f"inference request batch-size must be <= {MAX_BATCH} for 'vit'"),
+        ("vit_uint8", np.zeros((MAX_BATCH + 1, 8, 8, 3), np.uint8), f"inference request batch-size must be <= {MAX_BATCH} for 'vit_uint8'"),
+        # An empty batch (B = 0) is refused by Triton's byte-count check: it expects the bytes of one
+        # image and got none. Triton has no hook before that check, so this is the text clients get
+        # (serve_guard and Predictor would say "empty batch" if one ever got through).
+        ("vit", np.zeros((0, 3, 32, 32), np.float32), "input byte size mismatch for input 'images' for model 'vit'. Expected 12288, got 0"),
+        ("vit_uint8", np.zeros((0, 32, 32, 3), np.uint8), "input byte size mismatch for input 'images' for model 'vit_uint8'. Expected 3072, got 0"),
+        # Refused by vitfast's guard in the python backend (vitfast/serve_guard.py), request by request.
+        ("vit_uint8", np.zeros((1, 0, 0, 3), np.uint8), "empty image: input 'images' of model 'vit_uint8' has shape [1, 0, 0, 3], "
+                                                        "which holds no pixels; send uint8 images [B, H, W, 3] with H, W >= 1"),
+        ("vit_uint8", np.zeros((2, 7, 0, 3), np.uint8), "empty image: input 'images' of model 'vit_uint8' has shape [2, 7, 0, 3]"),
+        ("vit", nan, "non-finite values: input 'images' of model 'vit' has 1 NaN or infinite values out of 3072; "
+                     "send finite float32 images [B, 3, 32, 32], already normalised"),
+        ("vit", np.full((2, 3, 32, 32), np.inf, np.float32), "has 6144 NaN or infinite values out of 6144"),
+    ]  # fmt: skip
     for client, module in clients(http, grpc):
         with client:
             for model, images, message in bad_tensors:
                 with pytest.raises(InferenceServerException) as info:
                     infer(client, module, model, images)
-                assert message in str(info.value), str(info.value)
+                text = str(info.value)
+                assert message in text and "Traceback" not in text and "\n" not in text, text
+                assert info.value.status() in ("400", "StatusCode.INVALID_ARGUMENT"), (info.value.status(), text)
                 assert_matches(infer(client, module, "vit", good), reference(good).numpy())
+            assert_matches(infer(client, module, "vit_uint8", good_uint8), reference(good_uint8).numpy())
+    assert_bad_requests_do_not_fail_their_batch(server, reference)
+
     binary = json.dumps({"inputs": [{"name": "images", "shape": [1, 3, 32, 32], "datatype": "FP32",
                                      "parameters": {"binary_data_size": 12288}}]}).encode()  # fmt: skip
+    # Triton's HTTP front end answers a body it cannot parse with 500 (its choice, not vitfast's).
     garbage = [
-        (b"\x00\xff not json at all", {}, "failed to parse the request JSON buffer"),
-        (binary + b"\x01" * 100, {"Inference-Header-Content-Length": str(len(binary))}, "expecting 12188 additional bytes"),
-        (b'{"inputs": [{"name": "images", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": [1, 2, 3]}]}', {}, "shape does not match true shape of 'data'"),
-    ]
-    for body, headers, message in garbage:
+        (b"\x00\xff not json at all", {}, 500, "failed to parse the request JSON buffer: The document is empty. at 0"),
+        (b"{garbage", {}, 500, "failed to parse the request JSON buffer"),
+        (binary + b"\x01" * 100, {"Inference-Header-Content-Length": str(len(binary))}, 400,
+         "unexpected size for input 'images', expecting 12188 additional bytes for model 'vit'"),
+        (b'{"inputs": [{"name": "images", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": [1, 2, 3]}]}', {}, 500,
+         "Unable to parse 'data': Shape does not match true shape of 'data' field"),
+        (b'{"inputs": [{"name": "images", "shape": [0, 3, 32, 32], "datatype": "FP32", "data": []}]}', {}, 400,
+         "input byte size mismatch for input 'images' for model 'vit'. Expected 12288, got 0"),
+    ]  # fmt: skip
+    for body, headers, code, message in garbage:
         request = urllib.request.Request(f"http://{http}/v2/models/vit/infer", data=body, method="POST",
                                          headers={"Content-Type": "application/octet-stream", **headers})  # fmt: skip
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S)
         text = info.value.read().decode(errors="replace")
-        assert 400 <= info.value.code < 600 and message.lower() in text.lower(), (info.value.code, text)
+        assert info.value.code == code and message in json.loads(text)["error"] and "Traceback" not in text, (info.value.code, text)
+
+    import grpc as grpcio
+
+    with grpcio.insecure_channel(grpc) as channel:  # gRPC framing, but the body is no ModelInferRequest
+        model_infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        for body in (b"\xff\xfe garbage" * 10, os.urandom(5000)):
+            with pytest.raises(grpcio.RpcError) as info:
+                model_infer(body, timeout=REQUEST_TIMEOUT_S)
+            assert (info.value.code(), info.value.details()) == (grpcio.StatusCode.INTERNAL, "Unable to parse request")
+    # Bytes that are not HTTP/2 at all: there is no gRPC call to answer, so the gRPC server sends its
+    # connection preface and closes the connection (a transport-level error for such a client). Only
+    # that connection ends: the checks below show the server still answers on both protocols.
     host, port = grpc.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as raw:  # not HTTP/2 at all
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
         raw.sendall(b"garbage" + os.urandom(4089))
-        read_until_closed(raw)  # the gRPC server drops the connection (a TimeoutError here fails the test)
+        read_until_closed(raw)  # a TimeoutError here (connection left open) fails the test
     for client, module in clients(http, grpc):
         with client:
             assert client.is_server_live() and client.is_model_ready("vit") and client.is_model_ready("vit_uint8")
             assert_matches(infer(client, module, "vit", good), reference(good).numpy())
+            assert_matches(infer(client, module, "vit_uint8", good_uint8), reference(good_uint8).numpy())
+
+
+def inference_executions(metrics_port: int, model: str) -> int:
+    """Triton's count of model executions (one per batch the dynamic batcher formed)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=REQUEST_TIMEOUT_S).read().decode()
+    return int(float(next(line.split()[-1] for line in text.splitlines() if line.startswith(f'nv_inference_exec_count{{model="{model}",'))))
+
+
+def assert_bad_requests_do_not_fail_their_batch(server, reference, burst: int = 8, attempts: int = 3) -> None:
+    """Bursts of NaN and good requests sent at once: the NaN ones get their error, the good ones their
+    answers. The dynamic batcher must have grouped a burst (fewer executions than requests) at least
+    once in `attempts`; a very busy machine can space the requests out past the queue delay."""
+    import tritonclient.grpc as grpcclient
+
+    process, _, grpc = server
+    rng = np.random.default_rng(7)
+    executions = []
+    with grpcclient.InferenceServerClient(grpc) as client:
+        while len(executions) < attempts and (not executions or executions[-1] == burst):
+            images = [rng.standard_normal((1, 3, 32, 32)).astype(np.float32) for _ in range(burst)]
+            for x in images[1::2]:
+                x[0, 0, 0, 0] = np.nan
+            results: list = [None] * burst
+            done = threading.Semaphore(0)
+
+            def store(i, result, error):
+                results[i] = (result, error)
+                done.release()
+
+            before = inference_executions(process.metrics_port, "vit")
+            for i, x in enumerate(images):
+                tensor = grpcclient.InferInput("images", list(x.shape), "FP32")
+                tensor.set_data_from_numpy(x)
+                client.async_infer("vit", [tensor], lambda result, error, i=i: store(i, result, error), client_timeout=REQUEST_TIMEOUT_S)
+            assert all(done.acquire(timeout=REQUEST_TIMEOUT_S) for _ in range(burst)), "a response did not come back"
+            executions.append(inference_executions(process.metrics_port, "vit") - before)
+            for i, (result, error) in enumerate(results):
+                if i % 2:
+                    assert result is None and "non-finite values: input 'images' of model 'vit' has 1 NaN" in str(error), error
+                else:
+                    assert error is None, error
+                    outputs = {o: result.as_numpy(o) for o in ("logits", "topk_indices", "topk_scores")}
+                    assert_matches(outputs, reference(images[i]).numpy())
+    assert executions[-1] < burst, f"bursts of {burst} requests ran as {executions} batches: never batched"
 
 
 def read_until_closed(sock: socket.socket) -> bytes:
@@ -413,3 +613,15 @@ def test_cli_errors_are_one_line(tmp_path, onnx_artifact):
             out = subprocess.run([str(vitfast_bin), *map(str, args)], capture_output=True, text=True, timeout=120)
             assert out.returncode == 2 and message in out.stderr, out.stderr
             assert out.stderr.strip().count("\n") == 0 and "Traceback" not in out.stderr
+
+
+def test_cli_without_pytriton_is_one_line_with_the_install_hint(tmp_path):
+    """No server: a `pytriton` package that fails to import shadows the real one (or stands in for it)."""
+    (tmp_path / "pytriton").mkdir()
+    (tmp_path / "pytriton" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'pytriton'\", name='pytriton')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-m", "vitfast.cli", "serve", str(tmp_path / "model.onnx")],
+                         capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == ("vitfast: error: serving needs PyTriton (No module named 'pytriton'): pip install 'vitfast[serve]' "
+                          "(nvidia-pytriton: Linux x86_64 or aarch64 with glibc >= 2.35)\n")  # fmt: skip

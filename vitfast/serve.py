@@ -7,9 +7,23 @@ KServe v2 protocol, Prometheus metrics) and binds two models to this process:
     <name>_uint8  input `images` UINT8 [B, H, W, C], any H and W, preprocessed here (`vitfast.preprocess`)
 
 Both answer `logits` FP32 [B, classes], `topk_indices` INT64 [B, k] and `topk_scores` FP32 [B, k]
-(softmax probabilities, best first). Triton checks shape, dtype and batch size against the model
-config before a request reaches Python, and its dynamic batcher groups requests up to the engine's
+(softmax probabilities, best first). Triton's dynamic batcher groups requests up to the engine's
 maximum batch. The names match the repository `vitfast export --format triton-repo` writes.
+
+Bad requests get an error response of one line each, and the server goes on serving:
+- Triton checks dtype, shape, batch size and byte count against the model config before any
+  vitfast code runs, in its own words, e.g. "inference request batch-size must be <= 8 for 'vit'".
+  An empty batch (B = 0) is caught there too, as "input byte size mismatch for input 'images' for
+  model 'vit'. Expected 12288, got 0" (the bytes of one image expected, none sent): Triton offers
+  no hook before that check, so vitfast cannot word it differently.
+- `serve_guard.py` then checks each request on its own inside Triton's python backend: images
+  with no pixels (H or W = 0) and NaN/infinite float inputs are refused with the expected shape
+  (HTTP 400 / gRPC INVALID_ARGUMENT), and the requests batched with them are answered as usual.
+- NaN or infinite float inputs are refused rather than passed through: the logits would be NaN
+  and the top-k classes arbitrary, which a client could mistake for an answer.
+- Garbage on the wire gets Triton's protocol errors: HTTP 500 "failed to parse the request JSON
+  buffer: ..." (Triton's status for a body it cannot parse), gRPC INTERNAL "Unable to parse
+  request"; bytes that are not HTTP/2 at all make the gRPC server close that one connection.
 
 Also here: `export_triton_repo`, the CLI side of `vitfast export --format triton-repo`.
 """
@@ -83,8 +97,8 @@ class Predictor:
 
     def __call__(self, requests: list) -> list[dict[str, np.ndarray]]:
         images = [request["images"] for request in requests]
-        if any(len(x) == 0 for x in images):  # Triton refuses batch 0 first; batched with others it would get no error
-            raise InputError("empty batch: send at least one image")
+        if any(len(x) == 0 for x in images):  # Triton and serve_guard refuse batch 0 first; kept for direct callers
+            raise InputError("empty batch: send at least one image, shape [B>=1, ...]")
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, x in enumerate(images):
             groups[(x.dtype.str, x.shape[1:])].append(i)
@@ -281,6 +295,35 @@ def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int) -> N
     }
     for model, tensor in inputs.items():
         triton.bind(model_name=model, infer_func=Predictor(engine, k, lock), inputs=[tensor], outputs=outputs, config=model_config)
+    _install_guard(triton, set(inputs))
+
+
+GUARD_SOURCE = Path(__file__).with_name("serve_guard.py")
+
+
+def _install_guard(triton, models: set[str]) -> None:
+    """Ship `serve_guard.py` as the python-backend `model.py` of each bound model, PyTriton's proxy model as
+    `pytriton_model.py` beside it: each request is then checked on its own and errors reach the client as one
+    line (see `vitfast.serve_guard`). PyTriton builds the files when it loads the models (`Model.get_proxy_model_files`),
+    reached here through its model manager; if a PyTriton release moves these, serving still works, with
+    PyTriton's own error texts, and a warning says so."""
+    found = [m for m in getattr(getattr(triton, "_model_manager", None), "models", ()) if getattr(m, "model_name", None) in models]
+    if len(found) != len(models) or not all(callable(getattr(m, "get_proxy_model_files", None)) for m in found):
+        print("vitfast: warning: this PyTriton version does not expose its model files; bad requests get PyTriton's "
+              "own error texts (tracebacks) instead of one-line messages", file=sys.stderr, flush=True)  # fmt: skip
+        return
+    guard = GUARD_SOURCE.read_bytes()
+    for model in found:
+        files = model.get_proxy_model_files
+
+        def guarded(files=files, version=model.model_version) -> dict[str, bytes]:
+            out = dict(files())
+            if f"file:{version}/model.py" in out:
+                out[f"file:{version}/pytriton_model.py"] = out.pop(f"file:{version}/model.py")
+                out[f"file:{version}/model.py"] = guard
+            return out
+
+        model.get_proxy_model_files = guarded
 
 
 def serve(artifact, **options: Any) -> None:
