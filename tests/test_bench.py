@@ -240,10 +240,19 @@ def test_cli_sweep_outputs_compare_and_report(tmp_path, capsys):
     assert "# Benchmarks" in readme and result["environment"]["command"] in readme
     assert "| vit_tiny_patch16_224 | 32 | eager | fp32 | 1 |" in readme
     assert "GPU sweep (not measured yet)" in readme and "--batch 1,8,64,256 --precision fp16" in readme
-    kernels = tmp_path / "kernels-abc.json"  # another script's output in results/: named, not parsed
+    kernels = tmp_path / "kernels-abc.json"  # another script's output without flat rows: named only
     kernels.write_text(json.dumps({"environment": {}, "attention": []}))
-    assert main(["bench", "--report", str(out), str(kernels)]) == 0
-    assert "written by other scripts (see each file's command): `kernels-abc.json`" in capsys.readouterr().out
+    int8 = tmp_path / "cpu-int8-abc.json"  # another script's flat rows: shown as a table with its command
+    int8.write_text(json.dumps({"model": "vit_small_patch16_224", "batch": 8,
+                                "environment": {"command": "python benchmarks/cpu_int8.py --threads 1", "git_sha": "abc123", "threads": 1},
+                                "rows": [{"backend": "onnxruntime fp32", "median_ms": 820.54, "nested": {"x": 1}},
+                                         {"backend": "onnxruntime int8", "median_ms": 353.5, "nested": {"x": 2}}]}))  # fmt: skip
+    assert main(["bench", "--report", str(out), str(kernels), str(int8)]) == 0
+    readme = capsys.readouterr().out
+    assert "Also in `results/` (see each file's command): `kernels-abc.json`" in readme
+    assert "### `cpu-int8-abc.json`" in readme and "python benchmarks/cpu_int8.py --threads 1" in readme
+    assert "git `abc123`, threads 1, model vit_small_patch16_224, batch 8" in readme
+    assert "| backend | median_ms |\n|---|---|\n| onnxruntime fp32 | 821 |\n| onnxruntime int8 | 354 |" in readme  # nested column dropped
     assert main(["bench", "--report", str(kernels)]) == 2
 
 

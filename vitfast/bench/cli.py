@@ -159,10 +159,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """benchmarks/README.md on stdout; JSON files of other scripts in results/ are named, not read."""
+    """benchmarks/README.md on stdout; other scripts' JSON in results/ is shown as its own rows."""
     from vitfast.errors import ArtifactError
 
-    from .report import render_readme
+    from .report import read_other, render_readme
     from .sweep import load_result
 
     results, others = [], []
@@ -172,7 +172,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         except ArtifactError as exc:
             if "not a `vitfast bench --out` file" not in str(exc):
                 raise
-            others.append(Path(path).name)
+            others.append((Path(path).name, read_other(path)))
     if not results:
         raise InputError(f"none of {', '.join(args.report)} is a `vitfast bench --out` file")
     print(render_readme(results, others), end="")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from collections import defaultdict
+from pathlib import Path
 from typing import Any, Iterable
 
 from .stats import PERCENTILES
@@ -283,9 +285,43 @@ def _changes(git: dict[str, Any]) -> str:
     return f", with uncommitted changes in {', '.join(files)}" if files else ", with uncommitted changes"
 
 
-def render_readme(results: Iterable[tuple[str, dict[str, Any]]], others: Iterable[str] = ()) -> str:
+def read_other(path) -> dict[str, Any] | None:
+    """Another script's result (benchmarks/cpu_int8.py, gpu_kernels.py): JSON with `environment` and
+    a list of flat `rows`, else None (then it is only named)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        return None
+    return data
+
+
+def other_markdown(name: str, data: dict[str, Any]) -> str:
+    """One section for another script's rows: its command, git sha and threads, then every scalar column."""
+    env = data.get("environment", {})
+    columns = [k for k in data["rows"][0] if all(not isinstance(r.get(k), (dict, list)) for r in data["rows"])]
+
+    def cell(value: Any) -> str:
+        return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+    settings = ", ".join(f"{k} {v}" for k, v in data.items() if isinstance(v, (str, int, float)))
+    lines = [
+        f"### `{name}`\n",
+        f"```bash\n{env.get('command', '(command not recorded)')}\n```\n",
+        f"git `{str(env.get('git_sha', 'unknown'))[:10]}`, threads {env.get('threads', '?')}, {settings}\n",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
+    lines += ["| " + " | ".join(cell(r.get(k, "")) for k in columns) + " |" for r in data["rows"]]
+    return "\n".join(lines) + "\n"
+
+
+def render_readme(results: Iterable[tuple[str, dict[str, Any]]], others: Iterable[tuple[str, dict[str, Any] | None]] = ()) -> str:
     """benchmarks/README.md from (file name, result) pairs: the latest result of each series.
-    `others`: files in results/ written by other scripts (listed by name only)."""
+    `others`: (file name, data) of other scripts' results in results/, shown as their own rows
+    when `read_other` could read them, else named."""
     results = list(results)
     latest = _latest(results)
     parts = [README_HEAD]
@@ -305,8 +341,13 @@ def render_readme(results: Iterable[tuple[str, dict[str, Any]]], others: Iterabl
     older = sorted({name for name, _ in results} - {name for name, _ in latest})
     if older:
         parts.append(f"Older results in `results/`, superseded by the runs above: {', '.join(f'`{n}`' for n in older)}.\n")
+    others = sorted(others, key=lambda item: item[0])
     if others:
-        parts.append(f"Also in `results/`, written by other scripts (see each file's command): {', '.join(f'`{n}`' for n in sorted(others))}.\n")
+        parts.append("## Other scripts' results\n")
+        parts += [other_markdown(name, data) for name, data in others if data is not None]
+        unread = [name for name, data in others if data is None]
+        if unread:
+            parts.append(f"Also in `results/` (see each file's command): {', '.join(f'`{n}`' for n in unread)}.\n")
     measured = any(r["environment"]["gpu"].get("available") for _, r in results)
     parts += [README_GPU.format(status="how to repeat it" if measured else "not measured yet", command=GPU_SWEEP), README_TAIL]
     return "\n".join(parts)
