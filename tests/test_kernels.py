@@ -22,8 +22,12 @@ from vitfast.kernels import linear_epilogue as le  # noqa: E402
 ATOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 
-def dtypes_for(device: str) -> list[torch.dtype]:
-    return [torch.float32, torch.float16] + ([torch.bfloat16] if device == "cuda" else [])
+@pytest.fixture(params=[torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def dtype(request, device) -> torch.dtype:
+    if request.param == torch.bfloat16 and device == "cpu":
+        pytest.skip("bf16 is checked on the GPU only: the Triton interpreter computes bf16 tl.dot wrongly "
+                    "and truncates fp32->bf16 casts (run with VITFAST_TEST_DEVICE=cuda)")
+    return request.param
 
 
 def check_2x(kernel_out: torch.Tensor, torch_out: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype) -> None:
@@ -48,9 +52,8 @@ def run_attention(qkv: torch.Tensor, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("B, N, H, D", [(2, 197, 2, 64), (1, 577, 1, 64), (2, 50, 3, 32), (1, 1025, 1, 32),
                                         (3, 1, 2, 80), (1, 13, 2, 96), (1, 65, 1, 128)])  # fmt: skip
-def test_attention_odd_shapes(device, B, N, H, D):
-    for dtype in dtypes_for(device):
-        run_attention(torch.randn(B, N, 3, H, D, device=device).to(dtype), dtype)
+def test_attention_odd_shapes(device, dtype, B, N, H, D):
+    run_attention(torch.randn(B, N, 3, H, D, device=device).to(dtype), dtype)
 
 
 def test_attention_reads_strided_qkv_without_copies(device):
@@ -92,9 +95,8 @@ def test_attention_rejects_bad_input(device):
 
 # ---------------------------------------------------------------------------- add + LayerNorm
 @pytest.mark.parametrize("C", [192, 384, 768, 1024, 1280, 100, 37])
-def test_add_layernorm_hidden_sizes(device, C):
-    for dtype in dtypes_for(device):
-        run_add_layernorm((2, 5, C), dtype, device)
+def test_add_layernorm_hidden_sizes(device, dtype, C):
+    run_add_layernorm((2, 5, C), dtype, device)
 
 
 def run_add_layernorm(shape, dtype, device, with_branch=True):
@@ -112,9 +114,8 @@ def run_add_layernorm(shape, dtype, device, with_branch=True):
         check_2x(res, torch_res, exact_res, dtype)
 
 
-def test_plain_layernorm(device):
-    for dtype in dtypes_for(device):
-        run_add_layernorm((3, 7, 768), dtype, device, with_branch=False)
+def test_plain_layernorm(device, dtype):
+    run_add_layernorm((3, 7, 768), dtype, device, with_branch=False)
 
 
 def test_layernorm_ops_match_launcher(device):
@@ -139,14 +140,13 @@ def test_add_layernorm_property(rows, C):
 # ---------------------------------------------------------------------------- bias + GELU
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("shape", [(2, 5, 768), (3, 37), (1, 7, 1000), (4, 3072)])
-def test_bias_gelu(device, approximate, shape):
-    for dtype in dtypes_for(device):
-        x = (3 * torch.randn(shape, device=device)).to(dtype)
-        b = torch.randn(shape[-1], device=device).to(dtype)
-        out = poisoned(shape, dtype, device)
-        bg.bias_gelu_launch(x, b, out, approximate)
-        exact = bg.bias_gelu_reference(x.double(), b.double(), approximate)
-        check_2x(out, bg.bias_gelu_reference(x, b, approximate), exact, dtype)
+def test_bias_gelu(device, dtype, approximate, shape):
+    x = (3 * torch.randn(shape, device=device)).to(dtype)
+    b = torch.randn(shape[-1], device=device).to(dtype)
+    out = poisoned(shape, dtype, device)
+    bg.bias_gelu_launch(x, b, out, approximate)
+    exact = bg.bias_gelu_reference(x.double(), b.double(), approximate)
+    check_2x(out, bg.bias_gelu_reference(x, b, approximate), exact, dtype)
 
 
 def test_bias_gelu_rejects_unknown_form(device):
@@ -187,10 +187,9 @@ def linear_inputs(M_shape, K, N, dtype, device):
 @pytest.mark.parametrize("epilogue", EPILOGUES)
 @pytest.mark.parametrize("M_shape, K, N", [((3, 197), 192, 192),  # ViT-Ti fc1-sized rows x 4*48 columns
                                            ((2, 50), 100, 37), ((1, 13), 769, 65), ((5,), 1, 3)])  # fmt: skip
-def test_linear_epilogue_odd_shapes(device, epilogue, M_shape, K, N):
-    for dtype in dtypes_for(device):
-        x, w, b = linear_inputs(M_shape, K, N, dtype, device)
-        run_linear(x, w, b, dtype, **epilogue_args(epilogue, (*M_shape, N), dtype, device))
+def test_linear_epilogue_odd_shapes(device, dtype, epilogue, M_shape, K, N):
+    x, w, b = linear_inputs(M_shape, K, N, dtype, device)
+    run_linear(x, w, b, dtype, **epilogue_args(epilogue, (*M_shape, N), dtype, device))
 
 
 def test_linear_epilogue_reads_strided_inputs_without_copies(device):
