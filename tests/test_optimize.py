@@ -20,20 +20,27 @@ VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
-def test_optimized_logits_match_reference(device, name):
-    cfg = VARIANTS[name]
+def optimize_and_compare(cfg, device, **optimize_kwargs):
+    """A random model of `cfg`, optimized in place; checks the parameters are shared (not copied)
+    and the logits and top-1 match the reference. -> (model, x, reference logits)."""
     model = randomize(vitfast.create_model(cfg)).to(device)
     x = torch.randn(3, 3, *cfg.img_hw, device=device)
     params_before = {k: v.data_ptr() for k, v in model.state_dict().items()}
     with torch.no_grad():
         ref = model(x)
-        vitfast.optimize(model)
+        vitfast.optimize(model, **optimize_kwargs)
         assert any(isinstance(b, FusedBlock) for b in model.blocks)
         assert {k: v.data_ptr() for k, v in model.state_dict().items()} == params_before  # shared, not copied
         out = model(x)
-        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-        assert torch.equal(out.argmax(-1), ref.argmax(-1))
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    assert torch.equal(out.argmax(-1), ref.argmax(-1))
+    return model, x, ref
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_optimized_logits_match_reference(device, name):
+    model, x, ref = optimize_and_compare(VARIANTS[name], device)
+    with torch.no_grad():
         vitfast.restore(model)
         assert not any(isinstance(b, FusedBlock) for b in model.blocks)
         assert torch.equal(model(x), ref)  # restore is bit-identical
@@ -62,15 +69,8 @@ def test_epilogue_mlp_path_matches_reference(device, name, monkeypatch):
     monkeypatch.setattr(linear_epilogue, "linear_epilogue_launch", lambda *a, **k: calls.__setitem__("epilogue", calls["epilogue"] + 1) or real_epilogue(*a, **k))
     monkeypatch.setattr(bias_gelu, "bias_gelu_launch", lambda *a, **k: calls.__setitem__("bias_gelu", calls["bias_gelu"] + 1) or real_bias_gelu(*a, **k))
     cfg = VARIANTS[name]
-    model = randomize(vitfast.create_model(cfg)).to(device)
-    x = torch.randn(3, 3, *cfg.img_hw, device=device)
-    params_before = {k: v.data_ptr() for k, v in model.state_dict().items()}
+    model, x, ref = optimize_and_compare(cfg, device, mlp="epilogue")
     with torch.no_grad():
-        ref = model(x)
-        out = vitfast.optimize(model, mlp="epilogue")(x)
-        assert {k: v.data_ptr() for k, v in model.state_dict().items()} == params_before
-        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-        assert torch.equal(out.argmax(-1), ref.argmax(-1))
         assert calls == {"epilogue": 2 * cfg.depth, "bias_gelu": 0}  # fc1 and fc2 in every block
         vitfast.optimize(model, mlp="cublas")  # switching an optimized model's path
         torch.testing.assert_close(model(x), ref, atol=1e-4, rtol=1e-4)

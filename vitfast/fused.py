@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitfast.kernels._common import next_pow2  # triton-free: the launchers' own bucketing
 from .layers import Attention, Block, LayerScale, Mlp
 
 MLP_PATHS = ("auto", "cublas", "epilogue")
@@ -52,8 +53,9 @@ def kernel_ops() -> types.SimpleNamespace:
 
 # ---------------------------------------------------------------------------- MLP dispatch
 def m_bucket(rows: int) -> int:
-    """The dispatch table's M bucket: GEMM rows (batch x tokens) rounded up to a power of two."""
-    return 1 << max(int(rows) - 1, 0).bit_length()
+    """The dispatch table's M bucket: GEMM rows (batch x tokens) rounded up to a power of two,
+    the same bucket the epilogue GEMM's autotuner keys on."""
+    return next_pow2(rows)
 
 
 @functools.cache

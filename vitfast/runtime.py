@@ -9,6 +9,7 @@ Images in: normalised float `[B, C, H, W]`, or uint8 `[B, H, W, C]` / PIL images
 
 from __future__ import annotations
 
+import abc
 import os
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from .preprocessing import preprocess
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 
 
-class Engine:
+class Engine(abc.ABC):
     """Base class: input checking and preprocessing; subclasses implement `_run`."""
 
     kind = "base"
@@ -64,8 +65,9 @@ class Engine:
     def __call__(self, images) -> torch.Tensor:
         return self._run(self.prepare(images))
 
-    def _run(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        """Checked float32 [B, C, H, W] -> float32 logits [B, num_classes], on the backend."""
 
 
 class TorchEngine(Engine):
