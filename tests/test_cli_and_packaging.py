@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import sysconfig
+import venv
 import zipfile
 from pathlib import Path
 
@@ -92,16 +96,77 @@ def test_subpackages_map_to_top_level_folders_and_nothing_else_is_installed(tmp_
     assert top_level == "None None"
 
 
-def test_regular_wheel_maps_kernels_and_export(tmp_path):
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """A regular (non-editable) wheel of this checkout."""
+    # Built from a copy of the source files alone: a stale build/ folder in the checkout would
+    # otherwise put modules into the wheel that the package configuration leaves out.
+    source = tmp_path_factory.mktemp("source")
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True)
+    for name in files.stdout.splitlines():
+        if (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
+    out_dir = tmp_path_factory.mktemp("wheel")
     out = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out_dir), str(source)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    (wheel,) = tmp_path.glob("vitfast-*.whl")
+    (path,) = out_dir.glob("vitfast-*.whl")
+    return path
+
+
+def test_regular_wheel_maps_kernels_and_export(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "vitfast/kernels/__init__.py" in names and "vitfast/export/__init__.py" in names
     assert "vitfast/kernels/mlp_dispatch.json" in names  # package data read by vitfast.fused
     assert not any(n.startswith(("kernels/", "export/", "tests/")) for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "vitfast = vitfast.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_wheel_ships_every_package_of_the_source_tree(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    mapped = {"kernels": "vitfast/kernels", "export": "vitfast/export"}
+    for init in REPO.glob("*/**/__init__.py"):
+        folder = init.parent.relative_to(REPO).as_posix()
+        top, _, rest = folder.partition("/")
+        if top in mapped:
+            folder = mapped[top] + ("/" + rest if rest else "")
+        elif top != "vitfast":
+            continue
+        assert f"{folder}/__init__.py" in names, f"{folder} is missing from the wheel"
+
+
+def test_wheel_installed_in_a_fresh_venv_runs_the_cli(wheel, tmp_path):
+    """Install the wheel (not editable) into a new venv whose only other path is this venv's
+    site-packages for the dependencies; then the CLI and every module must import from the wheel."""
+    fresh = tmp_path / "venv"
+    venv.create(fresh, with_pip=False)
+    python = fresh / "bin" / "python"
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert install.returncode == 0, install.stderr
+    fresh_site = Path(subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], text=True).strip())
+    # A path line in a .pth is appended after the venv's own site-packages, and the .pth files in
+    # it (this venv's editable finder) are not run, so `vitfast` can only come from the wheel.
+    (fresh_site / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def fresh_run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+
+    script = (
+        "import pkgutil, importlib, vitfast, vitfast.kernels, vitfast.export;"
+        "[importlib.import_module(m.name) for m in pkgutil.walk_packages(vitfast.__path__, 'vitfast.')];"
+        "print(vitfast.__file__)"
+    )
+    out = fresh_run(str(python), "-c", script)
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.strip()).is_relative_to(fresh_site), out.stdout
+    for args in (("info",), ("bench", "--help"), ("models", "--filter", "vit_tiny*")):
+        out = fresh_run(str(fresh / "bin" / "vitfast"), *args)
+        assert out.returncode == 0, f"vitfast {' '.join(args)}: {out.stderr}"
