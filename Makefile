@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-timm bench-gpu clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip "setuptools>=68" wheel
 	$(PY) -m pip install --quiet $(TORCH_SPEC)
