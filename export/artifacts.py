@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from vitfast import __version__
-from vitfast.config import ViTConfig
+from vitfast.config import PREPROCESSING_FIELDS, ViTConfig
 from vitfast.errors import ArtifactError
 from vitfast.info import library_version
 
@@ -75,7 +75,7 @@ def base_metadata(kind: str, config: ViTConfig, precision: str, *, batch: tuple[
             "layout": "NCHW, normalised",
         },
         "output": {"name": "logits", "shape": ["batch", config.num_classes or config.embed_dim], "dtype": "float32"},
-        "preprocessing": {k: getattr(config, k) for k in ("mean", "std", "crop_pct", "interpolation")} | {"img_size": [h, w]},
+        "preprocessing": {k: getattr(config, k) for k in PREPROCESSING_FIELDS} | {"img_size": [h, w]},
         "source": {"path": str(source), "sha256": sha256_file(source)} if source and Path(source).is_file() else None,
         "tools": tool_versions(),
     }

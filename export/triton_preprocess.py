@@ -3,7 +3,7 @@
 This file is self-contained (numpy and the standard library only) because it is copied verbatim
 into a Triton model repository as the python-backend model `<name>_preprocess/1/model.py`, where
 vitfast, torch and Pillow may not be installed. It reproduces `vitfast.preprocess` exactly: the
-same timm eval transform (shorter side to `floor(size / crop_pct)`, centre crop, mean/std) with
+same resize (crop_mode "center" or "squash"), centre crop (offset rounded or floored) and mean/std, with
 Pillow's resampling re-done in numpy, including Pillow's 8-bit fixed-point arithmetic, its
 rounding of the intermediate image between the two passes and (Pillow >= 13) its choice of which
 pass runs first, so the server and `engine(uint8_images)` see bit-identical inputs.
@@ -37,19 +37,29 @@ _KERNELS = {"bicubic": (_bicubic, 2.0), "bilinear": (_bilinear, 1.0)}
 
 
 class PreprocessSpec:
-    """What the model expects: image size, channels, mean/std, crop_pct and interpolation."""
+    """What the model expects: image size, channels, mean/std, crop_pct, interpolation, crop mode and rounding."""
 
-    def __init__(self, img_size, in_chans, mean, std, crop_pct, interpolation):
+    def __init__(self, img_size, in_chans, mean, std, crop_pct, interpolation, crop_mode="center", crop_rounding="round"):
         self.img_size = (int(img_size[0]), int(img_size[1]))
         self.in_chans = int(in_chans)
         self.mean = tuple(float(v) for v in mean)
         self.std = tuple(float(v) for v in std)
         self.crop_pct = float(crop_pct)
         self.interpolation = str(interpolation)
+        self.crop_mode = str(crop_mode)
+        self.crop_rounding = str(crop_rounding)
         if self.in_chans not in (1, 3):
             raise ValueError(f"server-side preprocessing handles 1 or 3 channels, not {self.in_chans}")
         if self.interpolation not in ("bicubic", "bilinear", "nearest"):
             raise ValueError(f"unknown interpolation {self.interpolation!r}")
+        if self.crop_mode not in ("center", "squash") or self.crop_rounding not in ("round", "floor"):
+            raise ValueError(f"unknown crop_mode {self.crop_mode!r} or crop_rounding {self.crop_rounding!r}")
+
+    @classmethod
+    def from_config(cls, config):
+        """The spec of a `ViTConfig` (or anything with its preprocessing attributes)."""
+        return cls(config.img_hw, config.in_chans, config.mean, config.std, config.crop_pct, config.interpolation,
+                   config.crop_mode, config.crop_rounding)  # fmt: skip
 
     def to_parameters(self):
         """String parameters for a Triton `config.pbtxt` (floats written with full precision)."""
@@ -60,6 +70,8 @@ class PreprocessSpec:
             "std": ",".join(repr(v) for v in self.std),
             "crop_pct": repr(self.crop_pct),
             "interpolation": self.interpolation,
+            "crop_mode": self.crop_mode,
+            "crop_rounding": self.crop_rounding,
         }
 
     @classmethod
@@ -70,7 +82,8 @@ class PreprocessSpec:
             return [float(v) for v in params[key].split(",")]
 
         return cls([int(v) for v in params["img_size"].split(",")], int(params["in_chans"]), floats("mean"),
-                   floats("std"), float(params["crop_pct"]), params["interpolation"])  # fmt: skip
+                   floats("std"), float(params["crop_pct"]), params["interpolation"],
+                   params.get("crop_mode", "center"), params.get("crop_rounding", "round"))  # fmt: skip
 
 
 def _coefficients(in_size, out_size, kernel, support):
@@ -137,20 +150,28 @@ def resize(image, size, interpolation):
 
 
 def _resize_size(height, width, spec):
-    """The (width, height) the image is resized to before the centre crop (vitfast.preprocessing)."""
+    """The (width, height) the image is resized to before the centre crop (vitfast.preprocessing.resize_size)."""
     h, w = spec.img_size
-    if h != w:
-        return math.floor(w / spec.crop_pct), math.floor(h / spec.crop_pct)
-    scale = math.floor(h / spec.crop_pct)
-    if width <= height:
-        return scale, max(scale, round(height * scale / width))
-    return max(scale, round(width * scale / height)), scale
+    scale_h, scale_w = math.floor(h / spec.crop_pct), math.floor(w / spec.crop_pct)
+    if spec.crop_mode == "squash":
+        return scale_w, scale_h
+    if scale_h == scale_w:
+        if width <= height:
+            return scale_w, int(scale_w * height / width)
+        return int(scale_h * width / height), scale_h
+    ratio = min(height / scale_h, width / scale_w)
+    return round(width / ratio), round(height / ratio)
 
 
-def _centre_crop(image, height, width):
+def _offset(size, crop, rounding):
+    """Start of the centre crop (vitfast.preprocessing.crop_offset)."""
+    return (size - crop) // 2 if rounding == "floor" else int(round((size - crop) / 2.0))
+
+
+def _centre_crop(image, height, width, rounding):
     """The centre box of Pillow's crop (crop_pct <= 1, so the resized image always covers it)."""
-    top = int(round((image.shape[0] - height) / 2.0))
-    left = int(round((image.shape[1] - width) / 2.0))
+    top = _offset(image.shape[0], height, rounding)
+    left = _offset(image.shape[1], width, rounding)
     return image[top : top + height, left : left + width]
 
 
@@ -164,7 +185,7 @@ def preprocess_image(image, spec):
         raise ValueError(f"image has no pixels: shape {list(image.shape)}; send uint8 images [B, H, W, {spec.in_chans}] with H, W >= 1")
     h, w = spec.img_size
     resized = resize(image, _resize_size(image.shape[0], image.shape[1], spec), spec.interpolation)
-    pixels = _centre_crop(resized, h, w).astype(np.float32) / 255.0
+    pixels = _centre_crop(resized, h, w, spec.crop_rounding).astype(np.float32) / 255.0
     mean, std = np.asarray(spec.mean, dtype=np.float32), np.asarray(spec.std, dtype=np.float32)
     return ((pixels - mean) / std).transpose(2, 0, 1)
 

@@ -77,7 +77,7 @@ def triton_repository(
     max_batch = _max_batch(meta, platform, max_batch_size)
     if instance_count < 1 or max_queue_delay_us < 0:
         raise ArtifactError("instance_count must be >= 1 and max_queue_delay_us >= 0")
-    spec = PreprocessSpec(config.img_hw, config.in_chans, config.mean, config.std, config.crop_pct, config.interpolation)
+    spec = PreprocessSpec.from_config(config)
     out = Path(out_dir)
     names = model_names(name)
     configs = {

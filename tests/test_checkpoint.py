@@ -59,7 +59,7 @@ def test_timm_state_dict_lands_in_the_right_places(tmp_path, suffix):
 def test_timm_config_is_inferred_from_shapes(tmp_path):
     cfg = vitfast.get_config("deit_small_distilled_patch16_224", depth=2, img_size=64, num_classes=4)
     torch.save(vitfast.create_model(cfg).state_dict(), tmp_path / "m.pth")
-    with pytest.warns(UserWarning, match="assuming head_dim 64"):  # depth 2 matches no registry entry
+    with pytest.warns(UserWarning, match="head_dim 64 assumed"):  # depth 2 matches no registry entry
         inferred = vitfast.load_checkpoint(tmp_path / "m.pth").config
     for field in ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "distilled", "num_classes", "mlp_ratio"):
         assert getattr(inferred, field) == getattr(cfg, field), field

@@ -55,7 +55,7 @@ def repo(onnx_model, tmp_path_factory):
 
 # ---------------------------------------------------------------------------- preprocessing (numpy only)
 def spec_for(config: vitfast.ViTConfig) -> PreprocessSpec:
-    return PreprocessSpec(config.img_hw, config.in_chans, config.mean, config.std, config.crop_pct, config.interpolation)
+    return PreprocessSpec.from_config(config)
 
 
 @pytest.mark.skipif(PILLOW < (13, 0), reason="the numpy port follows Pillow >= 13 (which pass runs first changed in 13.0)")
@@ -76,6 +76,20 @@ def test_numpy_preprocessing_equals_vitfast_preprocess_exactly(interpolation, cr
             ours = preprocess_batch(images, spec_for(config))
             assert ours.dtype == np.float32 and ours.flags.c_contiguous
             np.testing.assert_array_equal(ours, vitfast.preprocess(images, config).numpy(), err_msg=f"{h}x{w}x{channels}")
+
+
+@pytest.mark.skipif(PILLOW < (13, 0), reason="the numpy port follows Pillow >= 13 (which pass runs first changed in 13.0)")
+@pytest.mark.parametrize("crop_mode, crop_rounding", [("squash", "round"), ("center", "floor"), ("squash", "floor")])
+@pytest.mark.parametrize("img_size", [32, (24, 40)])
+def test_numpy_preprocessing_follows_crop_mode_and_rounding(crop_mode, crop_rounding, img_size):
+    """Hugging Face's squash resize and floored crop offsets, bit-identical too (odd margins included)."""
+    rng = np.random.default_rng(1)
+    config = vitfast.ViTConfig(img_size=img_size, patch_size=8, embed_dim=16, depth=1, num_heads=1, num_classes=2,
+                               crop_pct=0.875, interpolation="bilinear", crop_mode=crop_mode, crop_rounding=crop_rounding)  # fmt: skip
+    for h, w in [(17, 300), (97, 131), (480, 640), (3, 5), (45, 37)]:
+        images = rng.integers(0, 256, (2, h, w, 3), dtype=np.uint8)
+        ours = preprocess_batch(images, spec_for(config))
+        np.testing.assert_array_equal(ours, vitfast.preprocess(images, config).numpy(), err_msg=f"{h}x{w}")
 
 
 @pytest.mark.parametrize(

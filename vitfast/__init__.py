@@ -8,7 +8,9 @@ __version__ = "0.1.0"
 
 from .checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from .config import ViTConfig  # noqa: E402
-from .errors import ArtifactError, BackendUnavailable, CheckpointError, ConfigError, InputError, VitfastError  # noqa: E402
+from .errors import (  # noqa: E402
+    ArtifactError, BackendUnavailable, CheckpointError, ConfigError, GuessedConfigWarning, InputError, VitfastError,
+)
 from .model import VisionTransformer  # noqa: E402
 from .optimize import optimize, restore  # noqa: E402
 from .preprocessing import preprocess  # noqa: E402
@@ -35,4 +37,5 @@ __all__ = [
     "InputError",
     "ArtifactError",
     "BackendUnavailable",
+    "GuessedConfigWarning",
 ]

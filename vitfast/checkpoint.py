@@ -10,6 +10,7 @@ import json
 import math
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,8 @@ from safetensors.torch import save_file
 
 from . import __version__
 from .config import ViTConfig
-from .convert import StateDict, detect_format, hf_config_to_vit, hf_to_timm, infer_timm_config
-from .errors import CheckpointError, ConfigError
+from .convert import Guesses, StateDict, detect_format, hf_config_to_vit, hf_to_timm, infer_timm_config, timm_hub_config
+from .errors import CheckpointError, ConfigError, GuessedConfigWarning
 from .pos_embed import resample_pos_embed
 
 FORMAT_TAG = "vitfast"
@@ -38,6 +39,8 @@ def save_checkpoint(model: torch.nn.Module, path: str | os.PathLike) -> Path:
     path = Path(path)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     metadata = {"format": FORMAT_TAG, "vitfast_version": __version__, "config": config.to_json()}
+    if getattr(model, "config_guesses", None):  # still guesses: say so again when it is loaded
+        metadata["guessed"] = json.dumps(model.config_guesses)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -55,30 +58,39 @@ def load_checkpoint(
     *,
     config: ViTConfig | None = None,
     img_size: int | tuple[int, int] | None = None,
+    overrides: dict[str, Any] | None = None,
 ):
     """Load a reference `VisionTransformer` (eval mode) from any supported checkpoint.
 
     Formats, detected from the contents:
       - vitfast: safetensors written by `save_checkpoint` (config in the metadata);
       - timm: a state dict (`.pth`/`.bin`/`.safetensors`, keys like `blocks.0.attn.qkv.weight`),
-        config given or inferred from tensor shapes;
-      - Hugging Face: a `ViTForImageClassification`/`ViTModel`/DeiT directory (`config.json` and
-        `model.safetensors` or `pytorch_model.bin`, sharded or not) or such a state dict alone.
-    `config` overrides the detected config. `img_size` (or a config whose patch grid differs
-    from the checkpoint's) resizes the position embeddings bicubically over the patch grid,
-    keeping class/distillation/register tokens apart: timm's antialiased resize for timm and
-    vitfast checkpoints, Hugging Face's `interpolate_pos_encoding` for HF ones.
+        config given or inferred from tensor shapes; or a timm Hub folder (`config.json` with
+        `architecture` and `pretrained_cfg`, beside `model.safetensors` / `pytorch_model.bin`);
+      - Hugging Face: a `ViTForImageClassification`/`ViTModel`/DeiT directory (`config.json`,
+        `preprocessor_config.json`, `model.safetensors` or `pytorch_model.bin`, sharded or not)
+        or such a state dict alone.
+    `config` replaces the detected config; `overrides` changes some of its fields (e.g.
+    `{"num_heads": 12, "mean": (0.485, 0.456, 0.406)}`). Whatever the checkpoint did not store
+    and was not given is guessed: listed in `model.config_guesses` ({field: reason}) and warned
+    about (`GuessedConfigWarning`). `img_size` (or a config whose patch grid differs from the
+    checkpoint's) resizes the position embeddings bicubically over the patch grid, keeping
+    class/distillation/register tokens apart: timm's antialiased resize for timm and vitfast
+    checkpoints, Hugging Face's `interpolate_pos_encoding` for HF ones.
     """
     from .model import VisionTransformer
 
     path = Path(path)
-    source_cfg, sd, fmt = _read(path, warn=config is None)
+    source_cfg, sd, fmt, guesses = _read(path)
     if config is not None:
         if not isinstance(config, ViTConfig):
             raise ConfigError(f"config must be a ViTConfig, got {type(config).__name__}")
-        cfg = config
+        cfg, guesses = config, {}
     else:
         cfg = source_cfg
+    if overrides:
+        cfg = cfg.replace(**overrides)
+        guesses = {k: v for k, v in guesses.items() if k not in overrides}
     if img_size is not None:
         cfg = cfg.replace(img_size=img_size)
     if "pos_embed" in sd:
@@ -86,33 +98,75 @@ def load_checkpoint(
     model = VisionTransformer(cfg)
     _check_keys(sd, model.state_dict(), path, cfg)
     model.load_state_dict(sd, strict=True)
+    model.config_guesses = guesses
+    if guesses:
+        warnings.warn(GuessedConfigWarning(describe_guesses(path, cfg, guesses)), stacklevel=2)
     return model.eval()
 
 
+def describe_guesses(path: str | os.PathLike, cfg: ViTConfig, guesses: Guesses) -> str:
+    """One line: the guessed values grouped by reason, and how to set them."""
+    by_reason: dict[str, list[str]] = {}
+    for key, reason in guesses.items():
+        value = getattr(cfg, key, None)
+        by_reason.setdefault(reason, []).append(f"{key}={list(value) if isinstance(value, tuple) else value!r}")
+    parts = "; ".join(f"{', '.join(keys)} ({reason})" for reason, keys in by_reason.items())
+    return (
+        f"{path}: guessed {parts}. If a value is wrong, pass --config FILE.json or the field's flag "
+        "(--num-heads, --mean, --std, --crop-pct, --crop-mode, --interpolation, --num-classes); config=/overrides= in Python"
+    )
+
+
 # ---------------------------------------------------------------------------- reading
-def _read(path: Path, warn: bool = True) -> tuple[ViTConfig, StateDict, str]:
-    """(config stored or inferred, state dict in timm names, 'vitfast' | 'timm' | 'hf')."""
+def _read(path: Path) -> tuple[ViTConfig, StateDict, str, Guesses]:
+    """(config stored or inferred, state dict in timm names, 'vitfast' | 'timm' | 'hf', what was guessed)."""
     if path.is_dir():
-        return _read_hf_dir(path)
+        return _read_dir(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")
     sd, metadata = _read_tensors(path)
     if metadata.get("format") == FORMAT_TAG and "config" in metadata:
         try:
-            return ViTConfig.from_json(metadata["config"]), sd, FORMAT_TAG
-        except ConfigError as exc:
+            return ViTConfig.from_json(metadata["config"]), sd, FORMAT_TAG, json.loads(metadata.get("guessed", "{}"))
+        except (ConfigError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"{path}: the config stored in this vitfast checkpoint is invalid: {exc}") from None
     sd = _unwrap(sd)
     if detect_format(sd) == "hf":
         sd = hf_to_timm(sd)
-        return infer_timm_config(sd, norm_eps=1e-12, warn=warn), sd, "hf"  # HF's default layer_norm_eps
-    return infer_timm_config(sd, warn=warn), sd, "timm"
+        cfg, guesses = infer_timm_config(sd, norm_eps=1e-12)  # HF's default layer_norm_eps
+        reason = "not stored in a Hugging Face state dict without its config.json; transformers' default assumed"
+        return cfg, sd, "hf", guesses | dict.fromkeys(("norm_eps", "act_layer"), reason)
+    cfg, guesses = infer_timm_config(sd)
+    return cfg, sd, "timm", guesses
 
 
-def _read_hf_dir(path: Path) -> tuple[ViTConfig, StateDict, str]:
+def _read_dir(path: Path) -> tuple[ViTConfig, StateDict, str, Guesses]:
+    """A Hugging Face model folder or a timm Hub folder (config.json with `architecture`)."""
     cfg_file = path / "config.json"
     if not cfg_file.exists():
-        raise CheckpointError(f"{path} is a directory without config.json; expected a Hugging Face model directory")
+        raise CheckpointError(
+            f"{path} is a directory without config.json; expected a Hugging Face or timm Hub model folder"
+        )
+    hub_cfg = _read_json(cfg_file)
+    sd = _read_dir_weights(path)
+    if "architecture" in hub_cfg:  # timm's save_for_hf / push_to_hf_hub layout
+        sd = _unwrap(sd)
+        detect_format(sd)
+        cfg, guesses = timm_hub_config(hub_cfg, sd)
+        return cfg, sd, "timm", guesses
+    if detect_format(sd) != "hf":
+        raise CheckpointError(
+            f"{path}: the weights next to config.json are timm weights, but config.json has no 'architecture' "
+            "(timm Hub folders have one); add it, or load the weights file itself"
+        )
+    sd = hf_to_timm(sd)
+    pre_file = path / "preprocessor_config.json"
+    pre = _read_json(pre_file) if pre_file.exists() else None
+    cfg, guesses = hf_config_to_vit(hub_cfg, pre, sd)
+    return cfg, sd, "hf", guesses
+
+
+def _read_dir_weights(path: Path) -> StateDict:
     sd: StateDict = {}
     if (path / "model.safetensors").exists():
         sd = _read_tensors(path / "model.safetensors")[0]
@@ -124,12 +178,7 @@ def _read_hf_dir(path: Path) -> tuple[ViTConfig, StateDict, str]:
         sd = _read_tensors(path / "pytorch_model.bin")[0]
     else:
         raise CheckpointError(f"{path} has config.json but no model.safetensors or pytorch_model.bin")
-    if detect_format(sd) != "hf":
-        raise CheckpointError(f"{path}: the weights next to config.json are not Hugging Face ViT weights")
-    sd = hf_to_timm(sd)
-    pre_file = path / "preprocessor_config.json"
-    pre = _read_json(pre_file) if pre_file.exists() else None
-    return hf_config_to_vit(_read_json(cfg_file), pre, sd), sd, "hf"
+    return sd
 
 
 def _read_json(path: Path) -> dict[str, Any]:

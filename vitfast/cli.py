@@ -88,8 +88,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         model = create_model(args.model)
     else:
         from .checkpoint import load_checkpoint
+        from .config_args import config_overrides
 
-        model = load_checkpoint(args.checkpoint)
+        model = load_checkpoint(args.checkpoint, overrides=config_overrides(args))
     out_dir = Path(args.out) if args.out else Path(f"inspect-{Path(args.image).stem}")
     result = inspect.inspect_model(model, preprocess(image, model.config))
     paths = inspect.save_figures(result, out_dir, overwrite=args.force)
@@ -141,13 +142,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="folder for the PNGs (default: ./inspect-<image stem>/)")
     p.add_argument("--force", action="store_true", help="overwrite PNGs already in the folder")
     p.add_argument("--json", action="store_true", help="print one JSON object with the numbers and file paths")
+    from .config_args import add_config_args
+
+    add_config_args(p)
     p.set_defaults(func=cmd_inspect)
     return parser
+
+
+_GUESSES_SHOWN: set[str] = set()
+
+
+def _show_guesses() -> None:
+    """Print each `GuessedConfigWarning` once per command, as one `vitfast: warning:` line on stderr."""
+    import warnings
+
+    from .config_args import warn_guesses
+    from .errors import GuessedConfigWarning
+
+    _GUESSES_SHOWN.clear()
+    warnings.simplefilter("always", GuessedConfigWarning)
+    if getattr(warnings.showwarning, "vitfast_guesses", False):
+        return
+    default = warnings.showwarning
+
+    def show(message, category, *rest, **kwargs):
+        if not issubclass(category, GuessedConfigWarning):
+            return default(message, category, *rest, **kwargs)
+        if str(message) not in _GUESSES_SHOWN:
+            _GUESSES_SHOWN.add(str(message))
+            warn_guesses(str(message))
+
+    show.vitfast_guesses = True
+    warnings.showwarning = show
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _show_guesses()
     try:
         return args.func(args)
     except VitfastError as exc:

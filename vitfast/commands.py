@@ -18,35 +18,39 @@ RANDOM_SEED = 0  # --model NAME exports random weights; the seed lets `check` re
 
 # ---------------------------------------------------------------------------- export
 def source_model(args: argparse.Namespace) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """The reference model named by --model / --checkpoint (at --img-size), and how to rebuild it."""
+    """The reference model named by --model / --checkpoint (at --img-size, with --config and the
+    field overrides), and how to rebuild it: the overrides and what was still guessed go in the sidecar."""
     from .checkpoint import load_checkpoint
+    from .config_args import config_overrides
     from .export.artifacts import sha256_file
     from .registry import create_model
 
-    overrides = {"img_size": args.img_size} if args.img_size else {}
+    overrides = config_overrides(args)
     if args.checkpoint:
-        model = load_checkpoint(args.checkpoint, img_size=args.img_size)
+        model = load_checkpoint(args.checkpoint, img_size=args.img_size, overrides=overrides)
         ckpt = Path(args.checkpoint)
         return model, {"checkpoint": str(ckpt.resolve()), "sha256": sha256_file(ckpt) if ckpt.is_file() else None,
-                       "img_size": args.img_size}  # fmt: skip
+                       "img_size": args.img_size, "overrides": overrides, "guessed": model.config_guesses}  # fmt: skip
     torch.manual_seed(RANDOM_SEED)
-    model = create_model(args.model, **overrides)
-    return model, {"model": args.model, "weights": f"random init, torch.manual_seed({RANDOM_SEED})", "img_size": args.img_size}
+    model = create_model(args.model, **overrides, **({"img_size": args.img_size} if args.img_size else {}))
+    return model, {"model": args.model, "weights": f"random init, torch.manual_seed({RANDOM_SEED})", "img_size": args.img_size,
+                   "overrides": overrides}  # fmt: skip
 
 
-def rebuild_reference(source: dict[str, Any] | None, checkpoint: str | None, config) -> torch.nn.Module:
-    """The fp32 reference for `check`: --checkpoint, else what the artifact's sidecar records."""
+def rebuild_reference(source: dict[str, Any] | None, checkpoint: str | None, config, overrides=None) -> torch.nn.Module:
+    """The fp32 reference for `check`: --checkpoint (with `overrides`), else what the artifact's sidecar records."""
     from .checkpoint import load_checkpoint
     from .registry import create_model
 
     if checkpoint:
-        return load_checkpoint(checkpoint, img_size=config.img_size)
+        return load_checkpoint(checkpoint, img_size=config.img_size, overrides=overrides)
     source = source or {}
+    recorded = source.get("overrides") or {}
     if source.get("checkpoint") and Path(source["checkpoint"]).exists():
-        return load_checkpoint(source["checkpoint"], img_size=source.get("img_size"))
+        return load_checkpoint(source["checkpoint"], img_size=source.get("img_size"), overrides=recorded)
     if source.get("model"):
         torch.manual_seed(RANDOM_SEED)
-        return create_model(source["model"], **({"img_size": source["img_size"]} if source.get("img_size") else {}))
+        return create_model(source["model"], **recorded, **({"img_size": source["img_size"]} if source.get("img_size") else {}))
     raise ArtifactError("cannot tell which model this artifact came from; pass --checkpoint PATH with the fp32 weights")
 
 
@@ -136,22 +140,28 @@ def _check_inputs(config, engine, samples: int, data: str | None) -> torch.Tenso
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from .checkpoint import describe_guesses, load_checkpoint
+    from .config_args import config_overrides, warn_guesses
     from .parity import compare
     from .runtime import TorchEngine, load_engine
 
-    engine = load_engine(args.artifact)
+    overrides = config_overrides(args)
+    engine = load_engine(args.artifact, overrides=overrides if _is_checkpoint(args.artifact) else None)
     if isinstance(engine, TorchEngine):
-        from .checkpoint import load_checkpoint
-
-        reference = load_checkpoint(args.checkpoint or args.artifact)
+        reference = load_checkpoint(args.checkpoint or args.artifact, overrides=overrides)
+        guessed = reference.config_guesses
     else:
-        reference = rebuild_reference(engine.metadata.get("source"), args.checkpoint, engine.config)
+        reference = rebuild_reference(engine.metadata.get("source"), args.checkpoint, engine.config, overrides)
+        guessed = getattr(reference, "config_guesses", None) if args.checkpoint else (engine.metadata.get("source") or {}).get("guessed")
+        if guessed and not args.checkpoint:  # the export warned once; the artifact still carries the guesses
+            warn_guesses(describe_guesses(args.artifact, engine.config, guessed))
     if reference.config.img_hw != engine.config.img_hw or reference.config.num_classes != engine.config.num_classes:
         raise ArtifactError("the reference model does not match the artifact's config (image size / classes); pass the right --checkpoint")
     x = _check_inputs(engine.config, engine, args.samples, args.data)
     with torch.no_grad():
         result = compare(engine(x).cpu(), reference.eval()(x), engine.precision)
-    result |= {"artifact": str(args.artifact), "backend": engine.kind, "inputs": args.data or "seeded random-pixel images"}
+    result |= {"artifact": str(args.artifact), "backend": engine.kind, "inputs": args.data or "seeded random-pixel images",
+               "guessed": guessed or {}}  # fmt: skip
     if args.json:
         print(json.dumps(result))
     else:
@@ -165,6 +175,12 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"(limit {result['tolerance']['cosine']})  top-1 agreement {result['top1_agreement']:.3f}"
         )
     return 0 if result["passed"] else 1
+
+
+def _is_checkpoint(path: str) -> bool:
+    from .runtime import ENGINE_SUFFIXES
+
+    return Path(path).suffix.lower() not in (".onnx", *ENGINE_SUFFIXES)
 
 
 # ---------------------------------------------------------------------------- eval
@@ -199,6 +215,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- parsers
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
+    from .config_args import add_config_args
+
     p = sub.add_parser("export", parents=[common], help="export to ONNX / TensorRT (fp32, fp16, int8)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="registered model name (random weights, seed 0)")
@@ -220,6 +238,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--no-fp32-layernorm", action="store_true", help="let TensorRT run LayerNorm in fp16")
     p.add_argument("--out", required=True, help="output file (.onnx; .engine/.plan for trt) or folder (triton-repo)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
+    add_config_args(p)
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("check", parents=[common], help="parity of an artifact vs the fp32 reference")
@@ -228,6 +247,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="image folder to draw inputs from (default: seeded random images)")
     p.add_argument("--samples", type=int, default=16)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_config_args(p)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("eval", parents=[common], help="top-1 accuracy on an image folder DIR/<class>/*")

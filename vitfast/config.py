@@ -23,6 +23,8 @@ INCEPTION_STD = (0.5, 0.5, 0.5)
 GLOBAL_POOLS = ("token", "avg")
 ACT_LAYERS = ("gelu", "gelu_tanh")
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
+CROP_MODES = ("center", "squash")  # timm's names: keep the aspect ratio, or resize both sides
+CROP_ROUNDINGS = ("round", "floor")  # centre-crop offset: torchvision/timm round, Hugging Face floors
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,10 @@ class ViTConfig:
     std: tuple[float, ...] = INCEPTION_STD
     crop_pct: float = 0.9
     interpolation: str = "bicubic"
+    crop_mode: str = "center"
+    crop_rounding: str = "round"
     name: str | None = field(default=None, compare=False)  # registry name it came from, if any
+    labels: tuple[str, ...] | None = field(default=None, compare=False, repr=False)  # class names, by index
 
     def __post_init__(self) -> None:
         # Normalise JSON lists into tuples so equal configs compare and hash equal.
@@ -76,6 +81,8 @@ class ViTConfig:
             object.__setattr__(self, name, values)
         if self.hybrid_layers is not None:
             object.__setattr__(self, "hybrid_layers", tuple(int(d) for d in self.hybrid_layers))
+        if self.labels is not None:
+            object.__setattr__(self, "labels", tuple(str(label) for label in self.labels))
         self._validate()
 
     # ---------------------------------------------------------------- derived sizes
@@ -160,6 +167,15 @@ class ViTConfig:
             bad(f"act_layer must be one of {ACT_LAYERS}, got {self.act_layer!r}")
         if self.interpolation not in INTERPOLATIONS:
             bad(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
+        if self.crop_mode not in CROP_MODES:
+            bad(f"crop_mode must be one of {CROP_MODES}, got {self.crop_mode!r}")
+        if self.crop_rounding not in CROP_ROUNDINGS:
+            bad(f"crop_rounding must be one of {CROP_ROUNDINGS}, got {self.crop_rounding!r}")
+        if self.labels is not None and len(self.labels) != self.num_classes:
+            bad(
+                f"{len(self.labels)} labels for {self.num_classes} classes; give one label per class "
+                "(or labels=None)"
+            )
         if not 0 < self.crop_pct <= 1:
             bad(f"crop_pct must be in (0, 1], got {self.crop_pct}")
         if not self.norm_eps > 0:
@@ -189,8 +205,11 @@ class ViTConfig:
 
     # ---------------------------------------------------------------- (de)serialisation
     def replace(self, **overrides: Any) -> "ViTConfig":
-        """A copy with some fields changed (unknown field names raise `ConfigError`)."""
+        """A copy with some fields changed (unknown field names raise `ConfigError`). A new
+        `num_classes` drops labels that no longer fit unless new `labels` are given."""
         check_field_names(overrides)
+        if "labels" not in overrides and self.labels and overrides.get("num_classes", self.num_classes) != len(self.labels):
+            overrides = {**overrides, "labels": None}
         return dataclasses.replace(self, **overrides)
 
     def to_dict(self) -> dict[str, Any]:
@@ -220,6 +239,8 @@ class ViTConfig:
 
 
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ViTConfig))
+# Everything `vitfast.preprocess` reads besides the image size and channels.
+PREPROCESSING_FIELDS = ("mean", "std", "crop_pct", "interpolation", "crop_mode", "crop_rounding")
 
 
 def check_field_names(data: dict[str, Any]) -> None:

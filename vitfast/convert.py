@@ -4,22 +4,26 @@
   qkv Linear; `config.json` (+ `preprocessor_config.json`) becomes a `ViTConfig`.
 - timm (or an HF state dict without its config.json): the config is inferred from tensor shapes.
   The number of heads cannot be read from weights: it is taken from the registry variant with
-  the same width/depth/tokens, else head_dim 64, with a warning.
+  the same width/depth/tokens, else head_dim 64. Preprocessing is not stored either.
+
+Whatever had to be guessed is returned as `{field: reason}` (a `Guesses` dict) so the loader can
+say so loudly and record it.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import warnings
 from typing import Any
 
 import torch
 
-from .config import INCEPTION_MEAN, INCEPTION_STD, ViTConfig
-from .errors import CheckpointError
+from .config import CROP_MODES, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, ViTConfig
+from .errors import CheckpointError, ConfigError
 
 StateDict = dict[str, torch.Tensor]
+Guesses = dict[str, str]  # ViTConfig field -> why its value is a guess
+PREPROCESSING_GUESSED = ("mean", "std", "crop_pct", "interpolation")  # reported when not stored
 
 HF_PATCH_KEY = "embeddings.patch_embeddings.projection.weight"
 TIMM_PATCH_KEYS = ("patch_embed.proj.weight", "patch_embed.backbone.stem.conv.weight")
@@ -27,8 +31,11 @@ TIMM_PATCH_KEYS = ("patch_embed.proj.weight", "patch_embed.backbone.stem.conv.we
 # Hugging Face `hidden_act` names -> ours. gelu_new / gelu_fast / gelu_pytorch_tanh are all the
 # tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 HF_ACTS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
-# PIL resample codes used in HF image processors.
+# PIL resample codes used in HF image processors (1 lanczos, 4 box, 5 hamming are not supported).
 PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+# Processors whose integer `size` means the shortest edge (the others read it as a square).
+SHORTEST_EDGE_PROCESSORS = ("CLIPImageProcessor", "BitImageProcessor", "ConvNextImageProcessor")
+
 
 
 def detect_format(sd: StateDict) -> str:
@@ -113,8 +120,8 @@ def hf_to_timm(sd: StateDict) -> StateDict:
     return out
 
 
-def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, sd: StateDict) -> ViTConfig:
-    """A `ViTConfig` from HF `config.json` (and `preprocessor_config.json` when present)."""
+def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, sd: StateDict) -> tuple[ViTConfig, Guesses]:
+    """A `ViTConfig` from HF `config.json` and `preprocessor_config.json` (its defaults, guessed, when absent)."""
     model_type = cfg.get("model_type", "vit")
     if model_type not in ("vit", "deit"):
         raise CheckpointError(f"config.json describes a {model_type!r} model; vitfast reads ViT and DeiT (model_type 'vit' or 'deit')")
@@ -137,30 +144,101 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
         num_classes=head.shape[0] if head is not None else 0,
         distilled="dist_token" in sd,
     )
-    if preprocessor:
-        fields.update(_hf_preprocessing(preprocessor, fields["in_chans"]))
-    return ViTConfig(**fields)
+    id2label = cfg.get("id2label") or {}
+    if head is not None and len(id2label) == head.shape[0] and not _generic_labels(id2label):
+        fields["labels"] = tuple(str(id2label.get(str(i), id2label.get(i))) for i in range(head.shape[0]))
+    guesses: Guesses = {}
+    if preprocessor is None:
+        preprocessor = _default_preprocessor(model_type, fields["img_size"])
+        reason = f"no preprocessor_config.json; {model_type.upper()} image processor defaults assumed"
+        guesses = dict.fromkeys(("mean", "std", "interpolation", "crop_pct", "crop_mode"), reason)
+    pre, pre_guesses = hf_preprocessing(preprocessor, fields["in_chans"], fields["img_size"])
+    return ViTConfig(**fields, **pre), guesses | pre_guesses
 
 
-def _hf_preprocessing(pre: dict[str, Any], in_chans: int) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if "image_mean" in pre and len(pre["image_mean"]) == in_chans:
-        out["mean"], out["std"] = tuple(pre["image_mean"]), tuple(pre["image_std"])
-    if pre.get("resample") in PIL_RESAMPLE:
-        out["interpolation"] = PIL_RESAMPLE[pre["resample"]]
-    size, crop = pre.get("size"), pre.get("crop_size")
-    if pre.get("do_center_crop") and isinstance(size, dict) and isinstance(crop, dict):
-        resized = size.get("shortest_edge") or size.get("height")
-        if resized and crop.get("height"):
-            out["crop_pct"] = min(1.0, crop["height"] / resized)
+def _default_preprocessor(model_type: str, img_size: int) -> dict[str, Any]:
+    """What `ViTImageProcessor` / `DeiTImageProcessor` do by default, at the model's image size
+    (DeiT: resize to 256/224 of it, then centre crop)."""
+    if model_type == "deit":
+        resized = img_size * 256 // 224
+        return {"size": {"height": resized, "width": resized}, "do_center_crop": True, "resample": 3,
+                "crop_size": {"height": img_size, "width": img_size}}  # fmt: skip
+    return {"size": {"height": img_size, "width": img_size}, "resample": 2}
+
+
+def _generic_labels(id2label: dict) -> bool:
+    """transformers' placeholder names (LABEL_0, LABEL_1, ...) carry no information."""
+    return all(str(v) == f"LABEL_{k}" for k, v in id2label.items())
+
+
+def hf_preprocessing(pre: dict[str, Any], in_chans: int, img_size: int) -> tuple[dict[str, Any], Guesses]:
+    """ViTConfig preprocessing fields doing what the HF image processor (PIL backend) does:
+    `size` {height, width} resizes straight ("squash"), {shortest_edge} keeps the aspect ratio
+    ("center"); `crop_size` after `do_center_crop` (offset floored, as HF does); rescale and
+    normalisation folded into one mean/std."""
+    guesses: Guesses = {}
+    kind = str(pre.get("image_processor_type", ""))
+    mean = [float(v) for v in _per_channel(pre.get("image_mean", 0.5), in_chans)]
+    std = [float(v) for v in _per_channel(pre.get("image_std", 0.5), in_chans)]
+    if not pre.get("do_normalize", True):
+        mean, std = [0.0] * in_chans, [1.0] * in_chans
+    factor = float(pre.get("rescale_factor", 1 / 255)) if pre.get("do_rescale", True) else 1.0
+    if factor != 1 / 255:  # (x * factor - m) / s == (x / 255 - m / (255 factor)) / (s / (255 factor))
+        mean, std = [m / (255 * factor) for m in mean], [v / (255 * factor) for v in std]
+    out: dict[str, Any] = {"mean": tuple(mean), "std": tuple(std), "crop_rounding": "floor"}
+    resample = pre.get("resample", 2)
+    out["interpolation"] = PIL_RESAMPLE.get(resample, "bicubic")
+    if resample not in PIL_RESAMPLE:
+        guesses["interpolation"] = f"the processor's resample {resample!r} is not supported (nearest 0, bilinear 2, bicubic 3); bicubic used"
+    size, crop = pre.get("size", 224), pre.get("crop_size")
+    if isinstance(size, int):
+        size = {"shortest_edge": size} if kind in SHORTEST_EDGE_PROCESSORS else {"height": size, "width": size}
+    if isinstance(crop, int):
+        crop = {"height": crop, "width": crop}
+    crop = crop if pre.get("do_center_crop") and isinstance(crop, dict) else None
+    edge = size.get("shortest_edge") if isinstance(size, dict) else None
+    if "crop_pct" in pre and kind.startswith("ConvNext") and edge and edge < 384:
+        # ConvNextImageProcessor: shortest edge to int(edge / crop_pct), then an edge x edge crop
+        out |= {"crop_mode": "center", "crop_pct": float(pre["crop_pct"])}
+        output = edge
+    elif not pre.get("do_resize", True):
+        out |= {"crop_mode": "squash", "crop_pct": 1.0}  # images must already have the input size
+        output = img_size
+    elif edge:
+        output = crop["height"] if crop else img_size
+        out |= {"crop_mode": "center", "crop_pct": _exact_crop_pct(output, edge)}
+        if not crop:
+            guesses["crop_pct"] = "the processor resizes the shortest edge without a centre crop (no fixed input size); a centre crop assumed"
+    elif isinstance(size, dict) and size.get("height"):
+        output = crop["height"] if crop else size["height"]
+        out |= {"crop_mode": "squash", "crop_pct": _exact_crop_pct(output, size["height"])}
     else:
-        out["crop_pct"] = 1.0  # ViTImageProcessor resizes straight to the input size
-    return out
+        raise CheckpointError(f"preprocessor_config.json has a size vitfast cannot follow: {size!r}; pass --config with the preprocessing")
+    if output != img_size:
+        guesses["img_size"] = f"the processor makes {output}px inputs but config.json's image_size is {img_size}; {img_size} used"
+    return out, guesses
+
+
+def _per_channel(value: Any, in_chans: int) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value] * in_chans
+
+
+def _exact_crop_pct(crop: int, resized: int) -> float:
+    """crop_pct with floor(crop / crop_pct) == resized exactly (crop / resized may round either way)."""
+    if crop >= resized:
+        return 1.0
+    pct = crop / resized
+    while math.floor(crop / pct) < resized:
+        pct = math.nextafter(pct, 0.0)
+    while math.floor(crop / pct) > resized:
+        pct = math.nextafter(pct, 1.0)
+    return pct
 
 
 # ---------------------------------------------------------------------------- timm
-def infer_timm_config(sd: StateDict, *, norm_eps: float = 1e-6, warn: bool = True) -> ViTConfig:
-    """Read a `ViTConfig` off a timm-named state dict's tensor shapes (`warn` on a guessed head count)."""
+def infer_timm_config(sd: StateDict, *, norm_eps: float = 1e-6) -> tuple[ViTConfig, Guesses]:
+    """Read a `ViTConfig` off a timm-named state dict's tensor shapes; the head count and the
+    preprocessing are not in the weights and come back as guesses."""
     from .registry import _REGISTRY
 
     def has(key: str) -> bool:
@@ -217,20 +295,62 @@ def infer_timm_config(sd: StateDict, *, norm_eps: float = 1e-6, warn: bool = Tru
         std=INCEPTION_STD,
     )
     shape_keys = ("embed_dim", "depth", "class_token", "reg_tokens", "hybrid_layers")
-    known = [r for r in _REGISTRY.values() if all(r.get(k, ViTConfig.__dataclass_fields__[k].default) == fields[k] for k in shape_keys)]
+    known = [(n, r) for n, r in _REGISTRY.items() if all(r.get(k, ViTConfig.__dataclass_fields__[k].default) == fields[k] for k in shape_keys)]
     if known:
-        fields["num_heads"] = known[0]["num_heads"]
+        name, fields["num_heads"] = known[0][0], known[0][1]["num_heads"]
+        why = f"num_heads cannot be read from weights; taken from {name}, the registered model of this width and depth"
     elif dim % 64 == 0:
         fields["num_heads"] = dim // 64
-        if warn:
-            warnings.warn(
-                f"num_heads cannot be read from weights; assuming head_dim 64 ({dim // 64} heads). "
-                "Pass config= to load_checkpoint if that is wrong.",
-                stacklevel=4,
-            )
+        why = "num_heads cannot be read from weights; head_dim 64 assumed"
     else:
-        raise CheckpointError(f"cannot infer num_heads for embed_dim {dim}; pass config= to load_checkpoint")
-    return ViTConfig(**fields)
+        raise CheckpointError(f"cannot infer num_heads for embed_dim {dim}; pass config= to load_checkpoint (CLI: --num-heads N)")
+    guesses: Guesses = {"num_heads": why}
+    guesses |= dict.fromkeys(PREPROCESSING_GUESSED, "preprocessing is not stored in a state dict; timm's ViT defaults assumed")
+    return ViTConfig(**fields), guesses
+
+
+def timm_hub_config(cfg: dict[str, Any], sd: StateDict) -> tuple[ViTConfig, Guesses]:
+    """A `ViTConfig` from a timm Hub folder's config.json (as timm's `save_for_hf` writes it):
+    the architecture from `architecture` (+ `model_args`), `num_classes`, preprocessing from
+    `pretrained_cfg`, class names from `label_names`. An architecture vitfast has not registered
+    is read off the weights' shapes instead (its head count then being a guess)."""
+    from .registry import get_config
+
+    arch = str(cfg["architecture"])
+    model_args = {k: v for k, v in (cfg.get("model_args") or {}).items() if k in ViTConfig.__dataclass_fields__}
+    try:
+        base, guesses = get_config(arch, **model_args), {}
+    except ConfigError:
+        base, guesses = infer_timm_config(sd)
+        guesses = {k: v + f" ({arch!r} is not a registered vitfast model)" for k, v in guesses.items()}
+    pc = cfg.get("pretrained_cfg") or {}
+    fields: dict[str, Any] = {}
+    if "num_classes" in cfg:
+        fields["num_classes"] = int(cfg["num_classes"])
+    if isinstance(pc.get("input_size"), (list, tuple)) and len(pc["input_size"]) == 3:
+        c, h, w = (int(v) for v in pc["input_size"])
+        fields["img_size"] = h if h == w else (h, w)
+    for key in ("mean", "std", "crop_pct"):
+        if pc.get(key) is not None:
+            fields[key] = pc[key]
+            guesses.pop(key, None)
+    if pc.get("interpolation") in INTERPOLATIONS:
+        fields["interpolation"] = pc["interpolation"]
+        guesses.pop("interpolation", None)
+    elif "interpolation" in pc:
+        guesses["interpolation"] = f"pretrained_cfg interpolation {pc['interpolation']!r} is not supported; {base.interpolation} used"
+    mode = pc.get("crop_mode", "center")
+    if mode in CROP_MODES:
+        fields["crop_mode"] = mode
+    else:
+        guesses["crop_mode"] = f"pretrained_cfg crop_mode {mode!r} is not supported; 'center' used"
+    names = cfg.get("label_names")
+    if isinstance(names, dict):
+        names = [names.get(str(i), names.get(i)) for i in range(len(names))]
+    n_classes = fields.get("num_classes", base.num_classes)
+    if isinstance(names, (list, tuple)) and len(names) == n_classes and all(n is not None for n in names):
+        fields["labels"] = tuple(str(n) for n in names)
+    return base.replace(**fields), guesses
 
 
 def _is_square(n: int) -> bool:

@@ -28,3 +28,7 @@ class ArtifactError(VitfastError, ValueError):
 
 class BackendUnavailable(VitfastError, RuntimeError):
     """An optional backend (onnxruntime, TensorRT, a GPU) is not installed or not present."""
+
+
+class GuessedConfigWarning(UserWarning):
+    """A checkpoint did not store part of its config (head count, preprocessing, ...) and vitfast guessed it."""

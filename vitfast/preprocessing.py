@@ -1,7 +1,14 @@
-"""Raw images -> the normalised float tensor a model expects, timm's eval transform.
+"""Raw images -> the normalised float tensor a model expects, as the checkpoint's source does it.
 
-Resize the shorter side to `floor(img_size / crop_pct)` with the config's interpolation, centre
-crop `img_size`, scale to [0, 1], subtract `mean`, divide by `std` (all from the `ViTConfig`).
+With `scale = floor(img_size / crop_pct)` per side (all settings from the `ViTConfig`):
+- `crop_mode="center"` (timm's default eval transform, Hugging Face `shortest_edge` processors):
+  the shorter side to `scale`, the longer one `int(scale * long / short)` as torchvision's
+  `Resize(int)`; a non-square `img_size` resizes by one ratio, rounded, as timm's `ResizeKeepRatio`;
+- `crop_mode="squash"` (Hugging Face `ViTImageProcessor`/`DeiTImageProcessor`, timm's squash):
+  both sides straight to `scale`, ignoring the aspect ratio;
+then the centre `img_size` crop (offset rounded as torchvision's `CenterCrop`, or floored as
+Hugging Face's `center_crop` with `crop_rounding="floor"`), scale to [0, 1], subtract `mean`,
+divide by `std`. Resampling is Pillow's, as both timm (on PIL images) and HF's PIL processors use.
 """
 
 from __future__ import annotations
@@ -58,20 +65,30 @@ def _to_pil(img: ImageLike, in_chans: int) -> Image.Image:
     return Image.fromarray(arr[..., 0] if in_chans == 1 else arr)
 
 
+def resize_size(height: int, width: int, config: ViTConfig) -> tuple[int, int]:
+    """(width, height) an image is resized to before the centre crop (see the module docstring)."""
+    h, w = config.img_hw
+    scale_h, scale_w = math.floor(h / config.crop_pct), math.floor(w / config.crop_pct)
+    if config.crop_mode == "squash":
+        return scale_w, scale_h
+    if scale_h == scale_w:  # torchvision Resize(int): shorter side exact, longer side truncated
+        if width <= height:
+            return scale_w, int(scale_w * height / width)
+        return int(scale_h * width / height), scale_h
+    ratio = min(height / scale_h, width / scale_w)  # timm ResizeKeepRatio(longest=0)
+    return round(width / ratio), round(height / ratio)
+
+
+def crop_offset(size: int, crop: int, rounding: str) -> int:
+    """Start of the centre crop: torchvision rounds half to even, Hugging Face floors."""
+    return (size - crop) // 2 if rounding == "floor" else int(round((size - crop) / 2.0))
+
+
 def _transform(img: Image.Image, config: ViTConfig) -> np.ndarray:
     h, w = config.img_hw
-    resample = _PIL_FILTERS[config.interpolation]
-    if h == w:  # shorter side to floor(size / crop_pct), keeping the aspect ratio
-        scale = math.floor(h / config.crop_pct)
-        iw, ih = img.size
-        if iw <= ih:
-            size = (scale, max(scale, round(ih * scale / iw)))
-        else:
-            size = (max(scale, round(iw * scale / ih)), scale)
-    else:
-        size = (math.floor(w / config.crop_pct), math.floor(h / config.crop_pct))
-    img = img.resize(size, resample)
-    left, top = int(round((size[0] - w) / 2.0)), int(round((size[1] - h) / 2.0))  # as torchvision's CenterCrop
+    size = resize_size(img.size[1], img.size[0], config)
+    img = img.resize(size, _PIL_FILTERS[config.interpolation])
+    left, top = crop_offset(size[0], w, config.crop_rounding), crop_offset(size[1], h, config.crop_rounding)
     img = img.crop((left, top, left + w, top + h))
     arr = np.asarray(img, dtype=np.float32) / 255.0
     return arr[..., None] if arr.ndim == 2 else arr

@@ -127,8 +127,10 @@ class OnnxEngine(Engine):
         return torch.from_numpy(logits).float()
 
 
-def load_engine(path: str | os.PathLike, *, device: str | None = None, optimized: bool = False, **kwargs) -> Engine:
-    """An `Engine` for a checkpoint, an ONNX file or a TensorRT engine, chosen from the path."""
+def load_engine(path: str | os.PathLike, *, device: str | None = None, optimized: bool = False,
+                overrides: dict[str, Any] | None = None, **kwargs) -> Engine:  # fmt: skip
+    """An `Engine` for a checkpoint, an ONNX file or a TensorRT engine, chosen from the path
+    (`overrides`: ViTConfig fields for a checkpoint, as `load_checkpoint` takes them)."""
     path = Path(path)
     if not path.exists():
         raise ArtifactError(f"no such artifact: {path}")
@@ -141,4 +143,4 @@ def load_engine(path: str | os.PathLike, *, device: str | None = None, optimized
         return TensorRTEngine(path, **kwargs)
     from .checkpoint import load_checkpoint
 
-    return TorchEngine(load_checkpoint(path), device=device, optimized=optimized, path=path, **kwargs)
+    return TorchEngine(load_checkpoint(path, overrides=overrides), device=device, optimized=optimized, path=path, **kwargs)

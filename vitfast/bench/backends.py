@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from vitfast.config import ViTConfig
+from vitfast.config import PREPROCESSING_FIELDS, ViTConfig
 from vitfast.errors import BackendUnavailable
 
 BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "onnxruntime", "tensorrt")
@@ -169,7 +169,7 @@ def match_engine(paths: list[str], config: ViTConfig, precision: str) -> tuple[P
 
 def _arch(config: dict[str, Any]) -> dict[str, Any]:
     """The fields that decide the computation (the name and preprocessing do not)."""
-    return {k: v for k, v in config.items() if k not in ("name", "mean", "std", "crop_pct", "interpolation")}
+    return {k: v for k, v in config.items() if k not in ("name", "labels", *PREPROCESSING_FIELDS)}
 
 
 # ---------------------------------------------------------------------------- building

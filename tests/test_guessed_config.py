@@ -1,0 +1,111 @@
+"""What a checkpoint does not store is guessed loudly, and the user can say what is right:
+`overrides=` / `--config FILE.json` / field flags; the guesses go in the sidecar and `check` repeats them."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+import vitfast
+from vitfast.cli import main
+
+# 4 heads of width 32; the weights alone suggest head_dim 64, i.e. 2 heads (no registered model has this shape)
+TRUE = vitfast.ViTConfig(img_size=32, patch_size=8, embed_dim=128, depth=2, num_heads=4, num_classes=5,
+                         mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), crop_pct=0.875)  # fmt: skip
+FLAGS = ["--num-heads", "4", "--mean", "0.485", "0.456", "0.406", "--std", "0.229", "0.224", "0.225", "--crop-pct", "0.875",
+         "--interpolation", "bicubic"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def truth(tmp_path_factory):
+    torch.manual_seed(0)
+    model = vitfast.create_model(TRUE)
+    path = tmp_path_factory.mktemp("ckpt") / "model.pth"
+    torch.save(model.state_dict(), path)
+    return model, path
+
+
+def test_a_bare_state_dict_warns_about_heads_and_preprocessing(truth):
+    model, path = truth
+    with pytest.warns(vitfast.GuessedConfigWarning, match=r"num_heads=2 .*mean=\[0.5, 0.5, 0.5\]"):
+        guessed = vitfast.load_checkpoint(path)
+    assert set(guessed.config_guesses) == {"num_heads", "mean", "std", "crop_pct", "interpolation"}
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert (guessed(x) - model(x)).abs().max() > 1e-3  # the wrong guess changes the answer: why it must be loud
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", vitfast.GuessedConfigWarning)
+            fixed = vitfast.load_checkpoint(path, overrides=dict(num_heads=4, mean=TRUE.mean, std=TRUE.std, crop_pct=0.875,
+                                                                 interpolation="bicubic"))  # fmt: skip
+        torch.testing.assert_close(fixed(x), model(x), rtol=0, atol=0)
+    assert fixed.config == TRUE.replace(fc_norm=False) and fixed.config_guesses == {}  # fc_norm read off the weights
+
+
+def test_cli_export_warns_records_and_check_repeats(truth, tmp_path, capsys):
+    _, path = truth
+    out = tmp_path / "m.onnx"
+    assert main(["export", "--checkpoint", str(path), "--format", "onnx", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("vitfast: warning:") == 1 and "num_heads=2" in err and "--num-heads" in err
+    side = vitfast.export.read_sidecar(out)
+    assert "num_heads" in side["source"]["guessed"]
+    assert main(["check", str(out), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "num_heads=2" in captured.err and "num_heads" in json.loads(captured.out)["guessed"]
+
+
+def test_cli_overrides_fix_the_config_and_check_rebuilds_with_them(truth, tmp_path, capsys):
+    model, path = truth
+    out = tmp_path / "m.onnx"
+    assert main(["export", "--checkpoint", str(path), "--format", "onnx", "--out", str(out), *FLAGS]) == 0
+    assert "warning" not in capsys.readouterr().err
+    side = vitfast.export.read_sidecar(out)
+    assert vitfast.ViTConfig.from_dict(side["config"]) == TRUE.replace(fc_norm=False) and side["source"]["guessed"] == {}
+    x = vitfast.data.random_images(TRUE, 3, seed=5)
+    with torch.no_grad():
+        torch.testing.assert_close(vitfast.load_engine(out)(x), model(x), atol=1e-4, rtol=0)
+    # check rebuilds the fp32 reference from the recorded overrides: with 2 heads it would fail
+    assert main(["check", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["passed"] and result["max_abs_err"] < 1e-4
+
+
+def test_config_file_and_flags(truth, tmp_path, capsys):
+    _, path = truth
+    cfg_file = tmp_path / "cfg.json"
+    cfg_file.write_text(json.dumps({"num_heads": 4, "mean": list(TRUE.mean), "std": list(TRUE.std), "crop_pct": 0.5}))
+    out = tmp_path / "m.onnx"
+    assert main(["export", "--checkpoint", str(path), "--format", "onnx", "--out", str(out), "--config", str(cfg_file),
+                 "--crop-pct", "0.875"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "num_heads" not in err and "interpolation='bicubic'" in err  # only what is still guessed
+    config = vitfast.load_engine(out).config
+    assert (config.num_heads, config.crop_pct, config.mean) == (4, 0.875, TRUE.mean)  # the flag wins over the file
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [("{not json", "is not valid JSON"), ('["a"]', "must hold a JSON object"), ('{"num_head": 4}', "did you mean 'num_heads'")],
+)
+def test_bad_config_file_is_one_line(truth, tmp_path, capsys, content, message):
+    cfg_file = tmp_path / "cfg.json"
+    cfg_file.write_text(content)
+    code = main(["export", "--checkpoint", str(truth[1]), "--format", "onnx", "--out", str(tmp_path / "m.onnx"), "--config", str(cfg_file)])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_num_classes_override_that_does_not_fit_the_head_is_named(truth, tmp_path, capsys):
+    code = main(["inspect", "--checkpoint", str(truth[1]), "--image", str(tmp_path / "none.png"), "--num-classes", "7"])
+    assert code == 2  # the image is checked first; a real one below
+    from PIL import Image
+
+    Image.new("RGB", (40, 30)).save(tmp_path / "img.png")
+    code = main(["inspect", "--checkpoint", str(truth[1]), "--image", str(tmp_path / "img.png"), "--num-classes", "7",
+                 "--num-heads", "4", "--out", str(tmp_path / "figs")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "head.weight (checkpoint [5, 128] vs model [7, 128])" in err

@@ -1,0 +1,98 @@
+"""Preprocessing of Hugging Face checkpoints against `transformers`' own image processors (the PIL
+backend, what `ViTImageProcessor` is without torchvision): the `ViTConfig` read from
+`preprocessor_config.json` must make `vitfast.preprocess`, the numpy Triton port and the engine's
+uint8 path give the processor's pixels, on non-square, tiny and huge images, PIL and uint8 arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitfast
+from vitfast.export.triton_preprocess import PreprocessSpec, preprocess_batch
+
+transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e .[test])")
+
+
+def processor_class(name: str):
+    """transformers 5 names the PIL backend `<name>Pil`; in 4.x `<name>` is the PIL one."""
+    return getattr(transformers, f"{name}Pil", None) or getattr(transformers, name)
+
+
+# (processor class, its arguments, the model's image_size)
+PROCESSORS = {
+    "vit-default": ("ViTImageProcessor", {}, 224),  # straight to 224x224, no crop, mean/std 0.5, bilinear
+    "vit-custom": ("ViTImageProcessor", dict(size={"height": 32, "width": 32}, image_mean=[0.1, 0.2, 0.3],
+                                             image_std=[0.4, 0.5, 0.6], resample=3), 32),
+    "deit": ("DeiTImageProcessor", dict(size={"height": 40, "width": 40}, crop_size={"height": 32, "width": 32}), 32),
+    "clip-shortest-edge": ("CLIPImageProcessor", dict(size={"shortest_edge": 40}, crop_size={"height": 32, "width": 32}), 32),
+    "convnext-crop-pct": ("ConvNextImageProcessor", dict(size={"shortest_edge": 32}, crop_pct=0.875, resample=2), 32),
+    "rescale-folded": ("ViTImageProcessor", dict(size={"height": 32, "width": 32}, rescale_factor=1 / 127.5,
+                                                 image_mean=[1.0, 1.0, 1.0], image_std=[1.0, 1.0, 1.0]), 32),
+}  # fmt: skip
+
+# (height, width): non-square both ways, odd margins (floored vs rounded crop offsets), tiny, huge
+SIZES = [(480, 640), (640, 480), (97, 131), (3, 5), (1, 1), (1500, 2000), (224, 224)]
+
+
+def _hf_folder(tmp_path, key: str):
+    cls, kwargs, img_size = PROCESSORS[key]
+    processor = processor_class(cls)(**kwargs)
+    hf_cfg = transformers.ViTConfig(image_size=img_size, patch_size=16 if img_size == 224 else 8, hidden_size=32,
+                                    num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, num_labels=3)  # fmt: skip
+    model = transformers.ViTForImageClassification(hf_cfg).eval()
+    model.save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    return processor, model
+
+
+def _images(seed: int):
+    rng = np.random.default_rng(seed)
+    for h, w in SIZES:
+        arr = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        arr[: h // 2] = (np.arange(w)[None, :, None] * 7 + np.arange(h // 2)[:, None, None] * 3) % 256  # smooth part
+        yield f"{h}x{w}", arr
+
+
+@pytest.mark.parametrize("key", list(PROCESSORS))
+def test_preprocess_matches_the_hf_processor(tmp_path, key):
+    processor, _ = _hf_folder(tmp_path, key)
+    config = vitfast.load_checkpoint(tmp_path).config
+    for name, arr in _images(0):
+        expected = processor(Image.fromarray(arr), return_tensors="pt")["pixel_values"]
+        for image in (Image.fromarray(arr), arr):  # PIL and uint8 arrays alike
+            torch.testing.assert_close(vitfast.preprocess(image, config), expected, atol=2e-6, rtol=0, msg=f"{key} {name}")
+        spec = PreprocessSpec.from_config(config)
+        np.testing.assert_allclose(preprocess_batch(arr[None], spec), expected.numpy(), atol=2e-6, rtol=0, err_msg=f"{key} {name}")
+
+
+def test_vit_processor_resizes_straight_without_crop(tmp_path):
+    """The issue's case: a 640x480 photo, ViTImageProcessor squashes it; the engine's uint8 path gives HF's logits."""
+    processor, hf = _hf_folder(tmp_path, "vit-default")
+    engine = vitfast.load_engine(tmp_path, device="cpu")
+    assert (engine.config.crop_mode, engine.config.crop_pct) == ("squash", 1.0)
+    arr = np.random.default_rng(1).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    with torch.no_grad():
+        expected = hf(pixel_values=processor(Image.fromarray(arr), return_tensors="pt")["pixel_values"]).logits
+    torch.testing.assert_close(engine(arr[None]), expected, atol=1e-5, rtol=0)
+
+
+def test_missing_preprocessor_config_is_a_loud_guess(tmp_path):
+    processor, hf = _hf_folder(tmp_path, "vit-custom")
+    (tmp_path / "preprocessor_config.json").unlink()
+    with pytest.warns(vitfast.GuessedConfigWarning, match="no preprocessor_config.json") as record:
+        model = vitfast.load_checkpoint(tmp_path)
+    assert "mean" in model.config_guesses and "img_size" not in model.config_guesses, record[0].message
+    assert (model.config.crop_mode, model.config.interpolation, model.config.mean) == ("squash", "bilinear", (0.5,) * 3)
+
+
+def test_id2label_becomes_the_labels(tmp_path):
+    hf_cfg = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                    intermediate_size=64, id2label={0: "cat", 1: "dog", 2: "emu"})  # fmt: skip
+    transformers.ViTForImageClassification(hf_cfg).save_pretrained(tmp_path)
+    processor_class("ViTImageProcessor")(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    assert vitfast.load_checkpoint(tmp_path).config.labels == ("cat", "dog", "emu")
+    _hf_folder(tmp_path, "vit-custom")  # transformers' placeholders LABEL_0.. are not labels
+    assert vitfast.load_checkpoint(tmp_path).config.labels is None

@@ -1,0 +1,98 @@
+"""CLI flags that correct a checkpoint's config: `--config FILE.json`, field overrides, `--labels FILE`.
+
+Every command that loads a checkpoint takes them (DESIGN.md section 3). The JSON file holds any
+ViTConfig fields (a whole config or a few); the flags win over it; both win over what was read
+or guessed from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .config import CROP_MODES, INTERPOLATIONS, check_field_names
+from .errors import ConfigError, InputError
+
+# flag -> ViTConfig field
+_FLAGS = {"num_heads": "--num-heads", "num_classes": "--num-classes", "mean": "--mean", "std": "--std",
+          "crop_pct": "--crop-pct", "crop_mode": "--crop-mode", "interpolation": "--interpolation"}  # fmt: skip
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """Add --config, the field overrides and --labels to a subcommand's parser."""
+    group = parser.add_argument_group("checkpoint config (what the checkpoint did not store, or stored wrong)")
+    group.add_argument("--config", metavar="FILE.json", help="ViTConfig fields as a JSON object (all or some)")
+    group.add_argument("--num-heads", type=int, metavar="N", help="attention heads (not stored in timm weights)")
+    group.add_argument("--num-classes", type=int, metavar="N", help="classifier outputs (0: no head)")
+    group.add_argument("--mean", type=float, nargs="+", metavar="M", help="normalisation mean per channel, e.g. 0.485 0.456 0.406")
+    group.add_argument("--std", type=float, nargs="+", metavar="S", help="normalisation std per channel, e.g. 0.229 0.224 0.225")
+    group.add_argument("--crop-pct", type=float, metavar="P", help="centre-crop fraction (resize to img_size / P first)")
+    group.add_argument("--crop-mode", choices=CROP_MODES, help="center: keep the aspect ratio; squash: resize both sides")
+    group.add_argument("--interpolation", choices=INTERPOLATIONS, help="resize filter")
+    group.add_argument("--labels", metavar="FILE", help="class names: a text file (one per line) or a JSON list / {index: name}")
+
+
+def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The ViTConfig fields set by --config and the override flags (flags win), labels included."""
+    out: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        out.update(_read_config_file(Path(args.config)))
+    for field in _FLAGS:
+        value = getattr(args, field, None)
+        if value is not None:
+            out[field] = tuple(value) if isinstance(value, list) else value
+    if getattr(args, "labels", None):
+        out["labels"] = read_labels(args.labels)
+    return out
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read --config {path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"--config {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path} must hold a JSON object of ViTConfig fields, got {type(data).__name__}")
+    data.pop("name", None)  # a registry name is informational; it does not select a model here
+    check_field_names(data)
+    return data
+
+
+def read_labels(path: str | Path) -> tuple[str, ...]:
+    """Class names from a text file (one per line) or JSON (a list, or {index: name} as HF's id2label)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read --labels {path}: {exc}") from None
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"--labels {path} is not valid JSON: {exc}") from None
+        if isinstance(data, dict):
+            try:
+                ordered = sorted((int(k), str(v)) for k, v in data.items())
+            except ValueError:
+                raise InputError(f"--labels {path}: a JSON object must map class indices to names") from None
+            if [i for i, _ in ordered] != list(range(len(ordered))):
+                raise InputError(f"--labels {path}: class indices must be 0..{len(ordered) - 1} without gaps")
+            return tuple(name for _, name in ordered)
+        if isinstance(data, list):
+            return tuple(str(v) for v in data)
+        raise InputError(f"--labels {path} must hold a JSON list or an {{index: name}} object")
+    labels = tuple(line.strip() for line in text.splitlines() if line.strip())
+    if not labels:
+        raise InputError(f"--labels {path} has no class names; write one per line")
+    return labels
+
+
+def warn_guesses(message: str | None) -> None:
+    """Print what a checkpoint load had to guess, as one warning line on stderr."""
+    if message:
+        print(f"vitfast: warning: {message}", file=sys.stderr)
