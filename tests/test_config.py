@@ -39,11 +39,23 @@ def test_non_square_image_size_round_trips():
         (dict(distilled=True, global_pool="avg"), "distilled"),
         (dict(num_classes=-1), "num_classes must be >= 0"),
         (dict(crop_pct=0), "crop_pct must be in (0, 1]"),
+        (dict(crop_mode="border"), "crop_mode must be one of"),
+        (dict(crop_rounding="ceil"), "crop_rounding must be one of"),
+        (dict(num_classes=3, labels=("a", "b")), "2 labels for 3 classes"),
     ],
 )
 def test_invalid_configs_name_the_problem(fields, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         ViTConfig(**fields)
+
+
+def test_preprocessing_fields_and_labels_round_trip():
+    cfg = ViTConfig(img_size=32, patch_size=8, embed_dim=64, num_heads=4, num_classes=3, labels=["cat", "dog", "emu"],
+                    crop_mode="squash", crop_rounding="floor")  # fmt: skip
+    again = ViTConfig.from_json(cfg.to_json())
+    assert again == cfg and again.labels == ("cat", "dog", "emu") and again.crop_mode == "squash"
+    assert cfg.replace(num_classes=5).labels is None  # labels that no longer fit are dropped
+    assert cfg.replace(crop_pct=0.5).labels == cfg.labels
 
 
 def test_divisibility_error_suggests_a_fix():

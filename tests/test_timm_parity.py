@@ -84,3 +84,24 @@ def test_registry_matches_timm_architectures():
         assert our_shapes == ref_shapes, name
         cfg = ref.pretrained_cfg
         assert tuple(cfg["mean"]) == ours.config.mean and cfg["crop_pct"] == ours.config.crop_pct, name
+
+
+@pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
+@pytest.mark.parametrize(
+    "crop_mode, crop_pct, img_size", [("center", 0.875, 224), ("center", 0.9, 32), ("squash", 0.875, 32), ("center", 0.95, (24, 40))]
+)
+def test_preprocess_matches_timm_eval_transform(crop_mode, crop_pct, img_size, interpolation):
+    """vitfast.preprocess == timm's create_transform(is_training=False) on PIL images of many shapes."""
+    import numpy as np
+    from PIL import Image
+    from timm.data import create_transform
+
+    cfg = vitfast.ViTConfig(img_size=img_size, patch_size=8, embed_dim=16, depth=1, num_heads=1, num_classes=2,
+                            mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), crop_pct=crop_pct,
+                            crop_mode=crop_mode, interpolation=interpolation)  # fmt: skip
+    transform = create_transform(input_size=(3, *cfg.img_hw), is_training=False, interpolation=interpolation,
+                                 mean=cfg.mean, std=cfg.std, crop_pct=crop_pct, crop_mode=crop_mode)  # fmt: skip
+    rng = np.random.default_rng(0)
+    for h, w in [(480, 640), (640, 480), (97, 131), (3, 5), (1500, 2000), (224, 224)]:
+        image = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        torch.testing.assert_close(vitfast.preprocess(image, cfg)[0], transform(image), atol=2e-6, rtol=0, msg=f"{h}x{w}")

@@ -328,7 +328,7 @@ def timm_hub_config(cfg: dict[str, Any], sd: StateDict) -> tuple[ViTConfig, Gues
     if "num_classes" in cfg:
         fields["num_classes"] = int(cfg["num_classes"])
     if isinstance(pc.get("input_size"), (list, tuple)) and len(pc["input_size"]) == 3:
-        c, h, w = (int(v) for v in pc["input_size"])
+        _, h, w = (int(v) for v in pc["input_size"])
         fields["img_size"] = h if h == w else (h, w)
     for key in ("mean", "std", "crop_pct"):
         if pc.get(key) is not None:

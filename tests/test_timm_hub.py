@@ -1,0 +1,79 @@
+"""timm Hub folders: `config.json` as timm's `save_for_hf` / `push_to_hf_hub` writes it
+(architecture, num_classes, model_args, pretrained_cfg, label_names) beside model.safetensors or
+pytorch_model.bin. The config comes from the architecture, preprocessing and labels from the file."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import vitfast
+
+LABELS = ["tench", "goldfish", "great white shark"]
+PRETRAINED_CFG = {  # the fields timm keeps (filter_pretrained_cfg drops the source and nulls)
+    "tag": "augreg_in21k_ft_in1k", "custom_load": False, "input_size": [3, 48, 48], "fixed_input_size": True,
+    "interpolation": "bilinear", "crop_pct": 0.875, "crop_mode": "squash", "mean": [0.485, 0.456, 0.406],
+    "std": [0.229, 0.224, 0.225], "num_classes": 3, "pool_size": None, "first_conv": "patch_embed.proj", "classifier": "head",
+}  # fmt: skip
+
+
+def _hub_folder(path, *, architecture="deit_tiny_patch16_224", weights="model.safetensors", **extra):
+    torch.manual_seed(0)
+    model = vitfast.create_model("deit_tiny_patch16_224", img_size=48, depth=2, num_classes=3)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    path.mkdir(parents=True, exist_ok=True)
+    if weights == "model.safetensors":
+        save_file(sd, path / weights)
+    else:
+        torch.save(sd, path / weights)
+    config = {"architecture": architecture, "num_classes": 3, "num_features": 192, "global_pool": "token",
+              "label_names": LABELS, "model_args": {"img_size": 48, "depth": 2}, "pretrained_cfg": PRETRAINED_CFG} | extra  # fmt: skip
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return model
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "pytorch_model.bin"])
+def test_timm_hub_folder_loads_with_its_preprocessing_and_labels(tmp_path, weights):
+    source = _hub_folder(tmp_path, weights=weights)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", vitfast.GuessedConfigWarning)  # nothing is guessed: the folder says it all
+        model = vitfast.load_checkpoint(tmp_path)
+    cfg = model.config
+    assert (cfg.num_heads, cfg.depth, cfg.img_size, cfg.num_classes) == (3, 2, 48, 3)
+    assert (cfg.crop_mode, cfg.crop_pct, cfg.interpolation) == ("squash", 0.875, "bilinear")
+    assert cfg.mean == (0.485, 0.456, 0.406) and cfg.labels == tuple(LABELS)
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), source(x), rtol=0, atol=0)
+
+
+def test_label_names_as_an_index_map(tmp_path):
+    _hub_folder(tmp_path, label_names={"0": "a", "1": "b", "2": "c"})
+    assert vitfast.load_checkpoint(tmp_path).config.labels == ("a", "b", "c")
+
+
+def test_unknown_architecture_is_read_off_the_weights_with_a_loud_head_guess(tmp_path):
+    source = _hub_folder(tmp_path, architecture="my_vit_tiny")
+    with pytest.warns(vitfast.GuessedConfigWarning, match="num_heads=3 .*'my_vit_tiny' is not a registered vitfast model"):
+        model = vitfast.load_checkpoint(tmp_path)
+    assert model.config.crop_mode == "squash" and model.config.labels == tuple(LABELS)  # still from pretrained_cfg
+    x = torch.randn(1, 3, 48, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), source(x), rtol=0, atol=0)
+
+
+def test_unsupported_crop_mode_is_a_guess(tmp_path):
+    _hub_folder(tmp_path, pretrained_cfg=PRETRAINED_CFG | {"crop_mode": "border"})
+    with pytest.warns(vitfast.GuessedConfigWarning, match="crop_mode 'border' is not supported"):
+        assert vitfast.load_checkpoint(tmp_path).config.crop_mode == "center"
+
+
+def test_timm_weights_without_architecture_get_a_clear_error(tmp_path):
+    _hub_folder(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"num_classes": 3}))
+    with pytest.raises(vitfast.CheckpointError, match="no 'architecture'"):
+        vitfast.load_checkpoint(tmp_path)
