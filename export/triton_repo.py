@@ -1,15 +1,20 @@
 """A Triton Inference Server model repository from an exported artifact (`--format triton-repo`).
 
     OUT/
-      <name>/config.pbtxt              the network: onnxruntime_onnx (from .onnx) or tensorrt_plan
+      <name>/config.pbtxt              the network: onnxruntime_onnx (from .onnx) or tensorrt_plan, warmed up
+      <name>/labels.txt                class names, one per line, when the model has them (`label_filename`)
       <name>/1/model.onnx | model.plan   (from .plan/.engine/.trt), with its vitfast sidecar beside it
       <name>_preprocess/config.pbtxt   python backend: uint8 images [B, H, W, C] -> float [B, C, H, W]
       <name>_preprocess/1/model.py     `vitfast/export/triton_preprocess.py` verbatim (numpy only)
       <name>_uint8/config.pbtxt        ensemble: <name>_preprocess -> <name>, so clients send raw uint8
+      <name>_uint8/labels.txt          the same class names, for the ensemble's `logits`
       <name>_uint8/1/                  (empty: Triton wants a version folder for ensembles too)
     OUT.json                           sidecar: the source artifact's metadata and the model names
 
-The model names and tensors are the ones `vitfast serve` uses, so a client works with both.
+The model names and tensors are the ones `vitfast serve` uses, so a client works with both. With
+labels, Triton's classification extension answers `class_count` requests as "score:index:label".
+The network gets a `model_warmup` (random inputs at batch 1 and at the maximum batch) so the first
+client request does not pay for ONNX Runtime / TensorRT initialisation.
 `config.pbtxt` is protobuf text format for Triton's `ModelConfig` (model_config.proto).
 """
 
@@ -34,6 +39,7 @@ from .triton_preprocess import PreprocessSpec
 DEFAULT_NAME = "vit"
 DEFAULT_MAX_BATCH = 32  # for artifacts that record no batch profile
 DEFAULT_QUEUE_DELAY_US = 100
+LABEL_FILE = "labels.txt"
 PREPROCESS_SOURCE = Path(__file__).with_name("triton_preprocess.py")
 _TRITON_DTYPES = {"float32": "TYPE_FP32"}  # vitfast artifacts take and return float32 (fp16 stays inside)
 
@@ -80,15 +86,18 @@ def triton_repository(
     spec = PreprocessSpec.from_config(config)
     out = Path(out_dir)
     names = model_names(name)
+    labels = config.labels
     configs = {
-        names["model"]: model_config(names["model"], platform, meta, max_batch, instance_count, max_queue_delay_us),
+        names["model"]: model_config(names["model"], platform, meta, max_batch, instance_count, max_queue_delay_us, labels=bool(labels)),
         names["preprocess"]: preprocess_config(names["preprocess"], spec, meta, max_batch, instance_count, max_queue_delay_us),
-        names["ensemble"]: ensemble_config(names, spec, meta, max_batch),
+        names["ensemble"]: ensemble_config(names, spec, meta, max_batch, labels=bool(labels)),
     }
     with _atomic_directory(out, force) as tmp:
         for model, text in configs.items():
             (tmp / model / "1").mkdir(parents=True)
             (tmp / model / "config.pbtxt").write_text(text)
+        for model in (names["model"], names["ensemble"]) if labels else ():
+            (tmp / model / LABEL_FILE).write_text("".join(f"{label}\n" for label in labels))
         _copy_artifact(artifact, tmp / names["model"] / "1" / ("model.onnx" if platform == "onnxruntime_onnx" else "model.plan"))
         shutil.copyfile(PREPROCESS_SOURCE, tmp / names["preprocess"] / "1" / "model.py")
         sidecar = {**meta, "kind": "triton-repository", "artifact": str(artifact.resolve()), "platform": platform,
@@ -100,17 +109,24 @@ def triton_repository(
 # ---------------------------------------------------------------------------- configs
 
 
-def model_config(name: str, platform: str, meta: dict[str, Any], max_batch: int, instances: int, delay_us: int) -> str:
-    """config.pbtxt of the network itself."""
+def model_config(name: str, platform: str, meta: dict[str, Any], max_batch: int, instances: int, delay_us: int,
+                 labels: bool = False) -> str:  # fmt: skip
+    """config.pbtxt of the network itself (`labels`: its output names labels.txt)."""
     kind = "KIND_GPU" if platform == "tensorrt_plan" else "KIND_AUTO"  # ONNX Runtime: GPU when the server has one
+    input_name, input_dims = meta["input"]["name"], meta["input"]["shape"][1:]
     return to_pbtxt({
         "name": name,
         "platform": platform,
         "max_batch_size": max_batch,
-        "input": [_tensor(meta["input"]["name"], _dtype(meta["input"]), meta["input"]["shape"][1:])],
-        "output": [_tensor(meta["output"]["name"], _dtype(meta["output"]), meta["output"]["shape"][1:])],
+        "input": [_tensor(input_name, _dtype(meta["input"]), input_dims)],
+        "output": [_output(meta["output"], labels)],
         "dynamic_batching": {"max_queue_delay_microseconds": delay_us},
         "instance_group": [{"count": instances, "kind": Enum(kind)}],
+        "model_warmup": [
+            {"name": f"random_batch_{batch}", "batch_size": batch, "inputs": [{"key": input_name, "value": {
+                "data_type": Enum(_dtype(meta["input"])), "dims": [int(d) for d in input_dims], "random_data": True}}]}
+            for batch in sorted({1, max_batch})
+        ],
     })  # fmt: skip
 
 
@@ -128,15 +144,15 @@ def preprocess_config(name: str, spec: PreprocessSpec, meta: dict[str, Any], max
     })  # fmt: skip
 
 
-def ensemble_config(names: dict[str, str], spec: PreprocessSpec, meta: dict[str, Any], max_batch: int) -> str:
-    """config.pbtxt of the ensemble: raw uint8 images in, logits out."""
+def ensemble_config(names: dict[str, str], spec: PreprocessSpec, meta: dict[str, Any], max_batch: int, labels: bool = False) -> str:
+    """config.pbtxt of the ensemble: raw uint8 images in, logits out (`labels`: named by labels.txt)."""
     input_name, output_name = meta["input"]["name"], meta["output"]["name"]
     return to_pbtxt({
         "name": names["ensemble"],
         "platform": "ensemble",
         "max_batch_size": max_batch,
         "input": [_tensor("images", "TYPE_UINT8", [-1, -1, spec.in_chans])],
-        "output": [_tensor(output_name, _dtype(meta["output"]), meta["output"]["shape"][1:])],
+        "output": [_output(meta["output"], labels)],
         "ensemble_scheduling": {"step": [
             {"model_name": names["preprocess"], "model_version": -1,
              "input_map": [{"key": "images", "value": "images"}], "output_map": [{"key": "pixels", "value": "pixels"}]},
@@ -166,6 +182,8 @@ def to_pbtxt(message: dict[str, Any], indent: int = 0) -> str:
 def _scalar(value: Any) -> str:
     if isinstance(value, Enum):
         return str(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, str):
         return json.dumps(value)  # a JSON string of printable ASCII is a valid text-format string
     return str(value)
@@ -173,6 +191,11 @@ def _scalar(value: Any) -> str:
 
 def _tensor(name: str, dtype: str, dims) -> dict[str, Any]:
     return {"name": name, "data_type": Enum(dtype), "dims": [int(d) for d in dims]}
+
+
+def _output(tensor: dict[str, Any], labels: bool) -> dict[str, Any]:
+    out = _tensor(tensor["name"], _dtype(tensor), tensor["shape"][1:])
+    return out | {"label_filename": LABEL_FILE} if labels else out
 
 
 def _dtype(tensor: dict[str, Any]) -> str:

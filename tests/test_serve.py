@@ -70,6 +70,15 @@ def test_predictor_batches_same_shapes_together_and_answers_in_order():
         assert response["topk_indices"].dtype == np.int64 and response["topk_scores"].dtype == np.float32
 
 
+def test_predictor_names_the_top_k_classes():
+    engine = RecordingEngine()
+    predictor = Predictor(engine, 3, threading.Lock(), labels=("cat", "dög", "emu", "fox"))
+    x = np.random.default_rng(2).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    (response,) = predictor([{"images": x}])
+    assert response["topk_labels"].tolist() == [[b"fox", b"emu", "dög".encode()]] * 2  # logits rise with the class index
+    assert "topk_labels" not in Predictor(engine, 3, threading.Lock())([{"images": x}])[0]
+
+
 def test_predictor_pads_up_to_the_profile_minimum_and_refuses_empty_batches():
     engine = RecordingEngine(batch=(4, 4, 8))
     predictor = Predictor(engine, 1, threading.Lock())
@@ -581,19 +590,24 @@ def test_python_api_start_and_stop_leave_no_server_process(onnx_artifact, refere
     from vitfast.serve import start
 
     http, grpc, metrics = free_ports()
-    with start(reference, port=http, grpc_port=grpc, metrics_port=metrics, top_k=3) as server:
+    labels = [f"class {i}" for i in range(10)]
+    with start(reference, port=http, grpc_port=grpc, metrics_port=metrics, top_k=3, labels=labels) as server:
         tree = descendants(os.getpid())
         assert server.grpc_url == f"127.0.0.1:{grpc}" and server.max_batch == MAX_BATCH
         assert any("tritonserver" in cmd for cmd in tree.values()), tree
         with grpcclient.InferenceServerClient(server.grpc_url) as client:
             x = np.random.default_rng(5).standard_normal((3, 3, 32, 32)).astype(np.float32)
-            assert_matches(infer(client, grpcclient, "vit", x), reference(x).numpy())
+            response = infer(client, grpcclient, "vit", x, outputs=("logits", "topk_indices", "topk_scores", "topk_labels"))
+            assert_matches(response, reference(x).numpy())
+            assert response["topk_labels"].tolist() == [[labels[i].encode() for i in row] for row in response["topk_indices"]]
     server_processes = [pid for pid, cmd in tree.items() if "tritonserver" in cmd or "triton_python_backend_stub" in cmd]
     assert server_processes and not wait_until_gone(server_processes)
     assert not server.log_dir.exists()
     server.stop()  # a second stop is harmless
     with pytest.raises(InputError, match="exceeds this artifact's batch profile maximum 8"):
         start(reference, port=http, grpc_port=grpc, metrics_port=metrics, max_batch_size=16)
+    with pytest.raises(InputError, match="2 labels for a model with 10 classes"):
+        start(reference, port=http, grpc_port=grpc, metrics_port=metrics, labels=["a", "b"])
 
 
 def test_cli_errors_are_one_line(tmp_path, onnx_artifact):

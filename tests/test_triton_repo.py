@@ -26,6 +26,7 @@ from vitfast.export.triton_repo import PREPROCESS_SOURCE, Enum, to_pbtxt, triton
 
 VITFAST = Path(sys.executable).parent / "vitfast"
 PILLOW = tuple(int(p) for p in PIL.__version__.split(".")[:2])
+LABELS = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
 
 def pb():
@@ -42,9 +43,9 @@ def model_config(text: str):
 
 @pytest.fixture(scope="module")
 def onnx_model(tmp_path_factory):
-    """(model, path) of vit_cifar_patch4_32 exported with batch profile 1:4:8."""
+    """(model, path) of vit_cifar_patch4_32 (with class names) exported with batch profile 1:4:8."""
     torch.manual_seed(0)
-    model = vitfast.create_model("vit_cifar_patch4_32")
+    model = vitfast.create_model("vit_cifar_patch4_32", labels=LABELS)
     return model, to_onnx(model, tmp_path_factory.mktemp("onnx") / "cifar.onnx", batch=(1, 4, 8))
 
 
@@ -120,10 +121,12 @@ def test_preprocess_spec_survives_config_parameters():
 def test_repository_layout_and_sidecars(repo, onnx_model):
     files = sorted(str(p.relative_to(repo)) for p in repo.rglob("*"))
     assert files == [
-        "vit", "vit/1", "vit/1/model.onnx", "vit/1/model.onnx.json", "vit/config.pbtxt",
+        "vit", "vit/1", "vit/1/model.onnx", "vit/1/model.onnx.json", "vit/config.pbtxt", "vit/labels.txt",
         "vit_preprocess", "vit_preprocess/1", "vit_preprocess/1/model.py", "vit_preprocess/config.pbtxt",
-        "vit_uint8", "vit_uint8/1", "vit_uint8/config.pbtxt",
+        "vit_uint8", "vit_uint8/1", "vit_uint8/config.pbtxt", "vit_uint8/labels.txt",
     ]  # fmt: skip
+    for model in ("vit", "vit_uint8"):
+        assert (repo / model / "labels.txt").read_text().splitlines() == LABELS
     assert (repo / "vit_preprocess/1/model.py").read_text() == PREPROCESS_SOURCE.read_text()
     side = json.loads(Path(str(repo) + ".json").read_text())
     assert side["kind"] == "triton-repository" and side["platform"] == "onnxruntime_onnx" and side["max_batch_size"] == 8
@@ -141,6 +144,9 @@ def test_every_config_parses_as_triton_model_config(repo):
     assert [(t.name, t.data_type, list(t.dims)) for t in model.output] == [("logits", pb().TYPE_FP32, [10])]
     assert model.dynamic_batching.max_queue_delay_microseconds == 250
     assert [(g.count, g.kind) for g in model.instance_group] == [(2, pb().ModelInstanceGroup.KIND_AUTO)]
+    assert model.output[0].label_filename == "labels.txt"
+    warmups = [(w.batch_size, {k: (v.data_type, list(v.dims), v.random_data) for k, v in w.inputs.items()}) for w in model.model_warmup]
+    assert warmups == [(b, {"images": (pb().TYPE_FP32, [3, 32, 32], True)}) for b in (1, 8)]
 
     pre = model_config((repo / "vit_preprocess/config.pbtxt").read_text())
     assert (pre.backend, pre.max_batch_size) == ("python", 8)
@@ -153,6 +159,7 @@ def test_every_config_parses_as_triton_model_config(repo):
     ens = model_config((repo / "vit_uint8/config.pbtxt").read_text())
     assert (ens.platform, ens.max_batch_size) == ("ensemble", 8)
     assert [t.name for t in ens.input] == ["images"] and [t.name for t in ens.output] == ["logits"]
+    assert ens.output[0].label_filename == "labels.txt"
     steps = ens.ensemble_scheduling.step
     assert [s.model_name for s in steps] == ["vit_preprocess", "vit"]
     assert dict(steps[0].input_map) == {"images": "images"} and dict(steps[0].output_map) == {"pixels": "pixels"}
@@ -291,6 +298,12 @@ def test_generated_repository_runs_in_a_real_triton_server(repo, onnx_model, tmp
             infer("vit_uint8", np.zeros((9, 5, 5, 3), np.uint8), "logits")
         images = rng.integers(0, 256, (2, 40, 40, 3), dtype=np.uint8)
         np.testing.assert_allclose(infer("vit_uint8", images, "logits"), engine(images).numpy(), rtol=1e-5, atol=1e-5)
+        # Triton's classification extension names the classes from labels.txt ("score:index:label")
+        tensor = httpclient.InferInput("images", list(images.shape), "UINT8")
+        tensor.set_data_from_numpy(images)
+        ranked = client.infer("vit_uint8", [tensor], outputs=[httpclient.InferRequestedOutput("logits", class_count=2)]).as_numpy("logits")
+        best = engine(images).numpy().argsort(axis=1)[:, ::-1][:, :2]
+        assert [[entry.decode().split(":")[1:] for entry in row] for row in ranked] == [[[str(i), LABELS[i]] for i in row] for row in best]
     finally:
         if client is not None:
             client.close()  # an open keep-alive connection would hold the shutdown for exit_timeout_secs

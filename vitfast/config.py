@@ -176,6 +176,8 @@ class ViTConfig:
                 f"{len(self.labels)} labels for {self.num_classes} classes; give one label per class "
                 "(or labels=None)"
             )
+        if self.labels is not None and any("\n" in label or "\r" in label for label in self.labels):
+            bad("labels must not contain line breaks (they are written one per line for Triton)")
         if not 0 < self.crop_pct <= 1:
             bad(f"crop_pct must be in (0, 1], got {self.crop_pct}")
         if not self.norm_eps > 0:

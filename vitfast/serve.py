@@ -7,7 +7,8 @@ KServe v2 protocol, Prometheus metrics) and binds two models to this process:
     <name>_uint8  input `images` UINT8 [B, H, W, C], any H and W, preprocessed here (`vitfast.preprocess`)
 
 Both answer `logits` FP32 [B, classes], `topk_indices` INT64 [B, k] and `topk_scores` FP32 [B, k]
-(softmax probabilities, best first). Triton's dynamic batcher groups requests up to the engine's
+(softmax probabilities, best first), and `topk_labels` BYTES [B, k] (UTF-8 class names) when the
+model has labels (HF id2label, timm label_names, or `--labels FILE`). Triton's dynamic batcher groups requests up to the engine's
 maximum batch. The names match the repository `vitfast export --format triton-repo` writes.
 
 Bad requests get an error response of one line each, and the server goes on serving:
@@ -90,10 +91,11 @@ class Predictor:
     not thread-safe. Preprocessing happens outside the lock.
     """
 
-    def __init__(self, engine, k: int, lock: threading.Lock):
+    def __init__(self, engine, k: int, lock: threading.Lock, labels: tuple[str, ...] | None = None):
         self.engine = engine
         self.k = k
         self.lock = lock
+        self.labels = np.array([label.encode() for label in labels], dtype=np.bytes_) if labels else None
 
     def __call__(self, requests: list) -> list[dict[str, np.ndarray]]:
         images = [request["images"] for request in requests]
@@ -110,6 +112,8 @@ class Predictor:
                 rows = logits[start : start + len(images[i])]
                 indices, scores = top_k(rows, self.k)
                 responses[i] = {"logits": rows, "topk_indices": indices, "topk_scores": scores}
+                if self.labels is not None:
+                    responses[i]["topk_labels"] = self.labels[indices]
                 start += len(images[i])
         return responses
 
@@ -208,9 +212,11 @@ def start(
     max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
     top_k: int = DEFAULT_TOP_K,
     name: str = "vit",
+    labels: list[str] | tuple[str, ...] | None = None,
     verbose: bool = False,
 ) -> Server:
-    """Load `artifact` (a path, or an `Engine`), start Triton and bind both models; returns when they are ready."""
+    """Load `artifact` (a path, or an `Engine`), start Triton and bind both models; returns when they are ready.
+    `labels` (one per class) replace the artifact's own class names in `topk_labels`."""
     from vitfast.export.triton_repo import check_model_name
 
     require_pytriton()
@@ -218,6 +224,9 @@ def start(
     from .runtime import Engine, load_engine
 
     engine = artifact if isinstance(artifact, Engine) else load_engine(artifact)
+    labels = tuple(labels) if labels is not None else engine.config.labels
+    if labels is not None and len(labels) != engine.config.num_classes:
+        raise InputError(f"{len(labels)} labels for a model with {engine.config.num_classes} classes; give one name per class")
     max_batch = _max_batch(engine, max_batch_size)
     if top_k < 1 or max_queue_delay_us < 0:
         raise InputError("--top-k must be >= 1 and --max-queue-delay-us >= 0")
@@ -229,7 +238,7 @@ def start(
     log_dir = Path(tempfile.mkdtemp(prefix="vitfast-serve-"))
     triton = _triton(host, ports, log_dir, verbose)
     try:
-        _bind(triton, engine, name, max_batch, max_queue_delay_us, top_k)
+        _bind(triton, engine, name, max_batch, max_queue_delay_us, top_k, labels)
         with interpreter_library_path():
             triton.run()
         server = Server(triton, engine, name=name, host=host, ports=ports, max_batch=max_batch, log_dir=log_dir)
@@ -277,7 +286,7 @@ def _triton(host: str, ports: dict[str, int], log_dir: Path, verbose: bool):
     return Triton(config=config)
 
 
-def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int) -> None:
+def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int, labels: tuple[str, ...] | None) -> None:
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 
     cfg = engine.config
@@ -287,6 +296,8 @@ def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int) -> N
     outputs = [Tensor(name="logits", dtype=np.float32, shape=(classes,)),
                Tensor(name="topk_indices", dtype=np.int64, shape=(k,)),
                Tensor(name="topk_scores", dtype=np.float32, shape=(k,))]  # fmt: skip
+    if labels:
+        outputs.append(Tensor(name="topk_labels", dtype=np.bytes_, shape=(k,)))
     model_config = ModelConfig(max_batch_size=max_batch, batcher=DynamicBatcher(max_queue_delay_microseconds=delay_us))
     lock = threading.Lock()
     inputs = {
@@ -294,7 +305,7 @@ def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int) -> N
         f"{name}_uint8": Tensor(name="images", dtype=np.uint8, shape=(-1, -1, cfg.in_chans)),
     }
     for model, tensor in inputs.items():
-        triton.bind(model_name=model, infer_func=Predictor(engine, k, lock), inputs=[tensor], outputs=outputs, config=model_config)
+        triton.bind(model_name=model, infer_func=Predictor(engine, k, lock, labels), inputs=[tensor], outputs=outputs, config=model_config)
     _install_guard(triton, set(inputs))
 
 
@@ -348,8 +359,11 @@ def serve(artifact, **options: Any) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from .config_args import read_labels
+
+    labels = read_labels(args.labels) if args.labels else None
     serve(args.artifact, host=args.host, port=args.port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
-          max_batch_size=args.max_batch, max_queue_delay_us=args.max_queue_delay_us, top_k=args.top_k,
+          max_batch_size=args.max_batch, max_queue_delay_us=args.max_queue_delay_us, top_k=args.top_k, labels=labels,
           name=args.name, verbose=args.verbose)  # fmt: skip
     return 0
 
@@ -389,5 +403,6 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
                    help=f"how long a request may wait for others to batch with (default {DEFAULT_QUEUE_DELAY_US} us)")  # fmt: skip
     p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help=f"classes in topk_indices / topk_scores (default {DEFAULT_TOP_K})")
     p.add_argument("--name", default="vit", help="model name (default vit; the uint8 model is NAME_uint8)")
+    p.add_argument("--labels", metavar="FILE", help="class names for topk_labels: one per line, or a JSON list / {index: name}")
     p.add_argument("--verbose", action="store_true", help="show the Triton server's own log")
     p.set_defaults(func=cmd_serve)
