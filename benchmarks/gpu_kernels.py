@@ -241,7 +241,6 @@ def write_dispatch(rows: list[dict], env: dict, path: Path = DISPATCH_TABLE) -> 
     tmp.write_text(json.dumps(table, indent=1) + "\n")
     os.replace(tmp, path)
     fused.mlp_dispatch_table.cache_clear()  # optimize(mlp="auto") in this process sees the new table
-    fused._lookup.cache_clear()
     return new
 
 

@@ -151,5 +151,4 @@ def test_write_dispatch_merges_measured_winners(tmp_path, monkeypatch):
     assert got == {("8.0", 65536): ("epilogue", "cublas"), ("9.0", 65536): ("epilogue", "cublas"), ("9.0", 256): ("cublas", "cublas")}
     monkeypatch.setattr(fused, "mlp_dispatch_table", lambda: tuple(entries))
     monkeypatch.setattr(fused, "_capability", lambda device: "9.0")
-    monkeypatch.setattr(fused, "_lookup", fused._lookup.__wrapped__)
     assert fused.choose_mlp_paths("auto", torch.device("cuda"), torch.float16, 768, 3072, 256 * 197) == ("epilogue", "cublas")

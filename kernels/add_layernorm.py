@@ -1,25 +1,28 @@
 """Fused residual add + LayerNorm, one pass over each row.
 
-Reads the residual stream x and the branch output y, writes the new residual stream x + y and
-LayerNorm(x + y); without y it is a plain LayerNorm. Statistics are fp32 whatever the I/O dtype.
+Reads the residual stream x and the branch output y, writes the new residual stream x + y (or
+x + gamma * y, gamma being the branch's LayerScale) and its LayerNorm; without y it is a plain
+LayerNorm. Statistics are fp32 whatever the I/O dtype.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from ._common import check_device, next_pow2
+from ._common import check_device, next_pow2, runs_reference
 
 
 @triton.jit
 def _add_layernorm_kernel(
-    X, Y, W, Bias, Res, Out,
+    X, Y, Gamma, W, Bias, Res, Out,
     stride_x, stride_y, stride_res, stride_out,  # row strides; columns are contiguous
     C, eps,
-    HAS_BRANCH: tl.constexpr, BLOCK_C: tl.constexpr,
+    HAS_BRANCH: tl.constexpr, HAS_GAMMA: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_C)
@@ -27,7 +30,10 @@ def _add_layernorm_kernel(
     # -- new residual stream (fp32 in registers; stored in the I/O dtype)
     x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_BRANCH:
-        x += tl.load(Y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(Y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_GAMMA:
+            y *= tl.load(Gamma + cols, mask=mask, other=0.0).to(tl.float32)
+        x += y
         tl.store(Res + row * stride_res + cols, x.to(Res.dtype.element_ty), mask=mask)
     # -- statistics: two-pass mean / variance over the row held in registers
     mean = tl.sum(x, axis=0) / C
@@ -53,19 +59,23 @@ def add_layernorm_launch(
     eps: float,
     out: torch.Tensor,
     residual_out: torch.Tensor | None = None,
+    gamma: torch.Tensor | None = None,
 ) -> None:
-    """x, branch [..., C] -> residual_out = x + branch, out = LayerNorm(x + branch) (in place).
+    """x, branch [..., C] -> residual_out = x + gamma * branch, out = LayerNorm(residual_out) (in place).
 
-    With `branch=None`: out = LayerNorm(x) and residual_out is unused.
+    gamma [C] (a LayerScale) is optional. With `branch=None`: out = LayerNorm(x) and
+    residual_out is unused.
     """
     C = x.shape[-1]
     if weight.shape != (C,) or bias.shape != (C,):
         raise ValueError(f"LayerNorm weight and bias must be [{C}], got {tuple(weight.shape)} and {tuple(bias.shape)}")
     if branch is not None and (branch.shape != x.shape or residual_out is None or residual_out.shape != x.shape):
         raise ValueError(f"branch and residual_out must match x {tuple(x.shape)}")
+    if gamma is not None and (branch is None or gamma.shape != (C,)):
+        raise ValueError(f"gamma scales the branch: pass a branch and gamma [{C}], got {tuple(gamma.shape)}")
     if out.shape != x.shape or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous tensor of shape {tuple(x.shape)}")
-    tensors = [x, weight, bias, out] + ([branch, residual_out] if branch is not None else [])
+    tensors = [x, weight, bias, out] + ([branch, residual_out] if branch is not None else []) + ([gamma] if gamma is not None else [])
     check_device(*tensors)
     x2 = _rows(x, C)
     y2 = _rows(branch, C) if branch is not None else x2
@@ -74,33 +84,38 @@ def add_layernorm_launch(
     BLOCK_C = next_pow2(C)
     num_warps = min(max(BLOCK_C // 256, 1), 16)  # one row per program: more warps for wider rows
     wrap_triton(_add_layernorm_kernel)[(x2.shape[0],)](
-        x2, y2, weight, bias, res2, out2,
+        x2, y2, gamma if gamma is not None else weight, weight, bias, res2, out2,
         x2.stride(0), y2.stride(0), res2.stride(0), out2.stride(0),
         C, eps,
-        HAS_BRANCH=branch is not None, BLOCK_C=BLOCK_C, num_warps=num_warps,
+        HAS_BRANCH=branch is not None, HAS_GAMMA=gamma is not None, BLOCK_C=BLOCK_C, num_warps=num_warps,
     )  # fmt: skip
 
 
 @triton_op("vitfast::add_layernorm", mutates_args=())
 def add_layernorm(
-    x: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+    x: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+    gamma: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + branch, LayerNorm(x + branch)) for [..., C] tensors, as one torch op."""
+    """(r, LayerNorm(r)) with r = x + gamma * branch (gamma None: 1) for [..., C] tensors, as one torch op."""
+    if runs_reference(x):
+        return add_layernorm_reference(x, branch, weight, bias, eps, gamma)
     residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    add_layernorm_launch(x, branch, weight, bias, eps, out, residual)
+    add_layernorm_launch(x, branch, weight, bias, eps, out, residual, gamma)
     return residual, out
 
 
 @triton_op("vitfast::layernorm", mutates_args=())
 def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
     """LayerNorm over the last dim of x [..., C], as one torch op."""
+    if runs_reference(x):
+        return add_layernorm_reference(x, None, weight, bias, eps)[1]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     add_layernorm_launch(x, None, weight, bias, eps, out)
     return out
 
 
-def add_layernorm_reference(x, branch, weight, bias, eps):
-    """Plain PyTorch: (x + branch, layer_norm(x + branch)) in x's dtype (LayerNorm alone if no branch)."""
-    res = x if branch is None else x + branch
+def add_layernorm_reference(x, branch, weight, bias, eps, gamma=None):
+    """Plain PyTorch: (x + gamma * branch, its layer_norm) in x's dtype (LayerNorm alone if no branch)."""
+    res = x if branch is None else x + (branch if gamma is None else branch * gamma)
     return res, torch.nn.functional.layer_norm(res, (x.shape[-1],), weight, bias, eps)

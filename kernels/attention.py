@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from ._common import INTERPRET, check_device, next_pow2
+from ._common import INTERPRET, check_device, next_pow2, runs_reference
 
 LOG2E = 1.0 / math.log(2.0)  # exp(x) = exp2(x / ln 2): folded into the softmax scale
 
@@ -127,6 +127,8 @@ def attention_launch(qkv: torch.Tensor, out: torch.Tensor, scale: float | None =
 @triton_op("vitfast::fused_attention", mutates_args=())
 def fused_attention(qkv: torch.Tensor, scale: float) -> torch.Tensor:
     """qkv [B, N, 3, H, D] -> [B, N, H*D]; a torch op, so it composes with torch.compile."""
+    if runs_reference(qkv):
+        return attention_reference(qkv, scale)
     B, N, _, H, D = qkv.shape
     out = torch.empty((B, N, H * D), dtype=qkv.dtype, device=qkv.device)
     return attention_launch(qkv, out, scale)

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from ._common import INTERPRET, check_device, next_pow2
+from ._common import INTERPRET, check_device, next_pow2, runs_reference
 from .bias_gelu import gelu as gelu_tile
 
 GELU_FORMS = {None: 0, "none": 1, "tanh": 2}  # the ACTIVATION constexpr: no GELU, erf form, tanh form
@@ -174,6 +174,8 @@ def linear_epilogue_launch(
 @triton_op("vitfast::linear_bias_gelu", mutates_args=())
 def linear_bias_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, approximate: str) -> torch.Tensor:
     """gelu(x @ weight^T + bias) for x [..., K], weight [N, K], as one torch op (fc1 + bias + GELU)."""
+    if runs_reference(x):
+        return linear_epilogue_reference(x, weight, bias, gelu=approximate)
     out = torch.empty((*x.shape[:-1], weight.shape[0]), dtype=x.dtype, device=x.device)
     return linear_epilogue_launch(x, weight, bias, out, gelu=approximate)
 
@@ -183,6 +185,8 @@ def linear_bias_residual(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, gamma: Optional[torch.Tensor]
 ) -> torch.Tensor:
     """residual + gamma * (x @ weight^T + bias) (gamma None: 1), as one torch op (fc2 + LayerScale + residual)."""
+    if runs_reference(x):
+        return linear_epilogue_reference(x, weight, bias, residual=residual, gamma=gamma)
     out = torch.empty((*x.shape[:-1], weight.shape[0]), dtype=x.dtype, device=x.device)
     return linear_epilogue_launch(x, weight, bias, out, residual=residual, gamma=gamma)
 

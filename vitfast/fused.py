@@ -1,29 +1,36 @@
 """`FusedBlock`: a reference `Block`'s own parameters run through the Triton kernels.
 
-Per block: LayerNorm kernel -> qkv GEMM -> fused attention read straight from the packed qkv ->
-proj GEMM -> fused residual add + LayerNorm -> MLP -> residual add. The qkv and proj GEMMs stay
-on cuBLAS (`F.linear`; proj's output feeds the add + LayerNorm kernel). The MLP takes one of two
-paths, per GEMM and per shape:
+Per block: fused attention read straight from the packed qkv (qkv GEMM on cuBLAS), then the two
+residual branches. Each branch ends in "residual add (LayerScale folded in) + the next
+LayerNorm", so a block hands the next one the residual stream *and* that block's normalised input
+(`(x, norm1(x))`); only the first block runs a LayerNorm of its own, and the last block (or one
+followed by a non-fused block) ends with the plain residual add. The GEMMs that end a branch
+(attention projection, fc2) and fc1 take one of two paths, per shape:
 
-- "cublas": fc1 GEMM without bias (cuBLAS) -> standalone bias + GELU kernel; fc2 GEMM with bias
-  (cuBLAS) -> LayerScale and residual add in PyTorch.
-- "epilogue": Triton GEMMs with the elementwise work as their epilogue (kernels/linear_epilogue.py):
-  fc1 + bias + GELU writes the 4x-wide activation once; fc2 + bias + LayerScale + residual add.
+- "cublas": cuBLAS GEMM (bias included) -> add + LayerNorm kernel (x + gamma * y); fc1: GEMM
+  without bias -> bias + GELU kernel. 8 launches per block.
+- "epilogue": Triton GEMMs with the elementwise work as their epilogue: proj and fc2 + bias +
+  LayerScale + residual + LayerNorm (kernels/linear_layernorm.py), fc1 + bias + GELU
+  (kernels/linear_epilogue.py). 5 launches per block (qkv, attention, proj, fc1, fc2).
 
-`optimize(model, mlp="auto")` takes, for each shape, the path that `benchmarks/gpu_kernels.py`
+`optimize(model, mlp="auto")` takes, for each shape, the path that `benchmarks/gpu_proof.py`
 measured faster on a GPU of the same compute capability (kernels/mlp_dispatch.json, see
-`choose_mlp_paths`). Where nothing was measured it takes "cublas". No GPU measurement has been
-committed yet, so today "auto" is "cublas" everywhere; "epilogue" is implemented and tested and
-can be forced with `mlp="epilogue"`.
+`choose_mlp_paths`; proj follows fc2's choice, having the same epilogue). Where nothing was
+measured it takes "cublas". No GPU measurement has been committed yet, so today "auto" is
+"cublas" everywhere; "epilogue" is implemented and tested and can be forced with `mlp="epilogue"`.
+
+The forward has no Python-side state or caches to trace through: `torch.compile(fullgraph=True)`
+and `torch.export` see one graph of `torch.ops.vitfast.*` calls (see kernels/_common.py,
+`runs_reference`, for what those ops run on CPU).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.resources
 import json
 import math
-import types
 
 import torch
 import torch.nn.functional as F
@@ -34,21 +41,15 @@ from .layers import Attention, Block, LayerScale, Mlp
 
 MLP_PATHS = ("auto", "cublas", "epilogue")
 DEFAULT_MLP_PATHS = ("cublas", "cublas")  # (fc1, fc2) where no measurement exists
+KERNEL_MODULES = ("add_layernorm", "attention", "bias_gelu", "linear_epilogue", "linear_layernorm")
 
 
 @functools.cache
-def kernel_ops() -> types.SimpleNamespace:
-    """The Triton-backed torch ops, imported on first use (triton is an optional dependency)."""
-    from vitfast.kernels import add_layernorm, attention, bias_gelu, linear_epilogue
-
-    return types.SimpleNamespace(
-        fused_attention=attention.fused_attention,
-        layernorm=add_layernorm.layernorm,
-        add_layernorm=add_layernorm.add_layernorm,
-        bias_gelu=bias_gelu.bias_gelu,
-        linear_bias_gelu=linear_epilogue.linear_bias_gelu,
-        linear_bias_residual=linear_epilogue.linear_bias_residual,
-    )
+def load_kernels() -> None:
+    """Import the kernel modules, which registers their `torch.ops.vitfast.*` ops (triton is an
+    optional dependency, so not at vitfast's import)."""
+    for name in KERNEL_MODULES:
+        importlib.import_module(f"vitfast.kernels.{name}")
 
 
 # ---------------------------------------------------------------------------- MLP dispatch
@@ -71,20 +72,31 @@ def _capability(device: torch.device) -> str:
     return f"{major}.{minor}"
 
 
-@functools.cache
-def _lookup(capability: str, dtype: str, C: int, hidden: int, bucket: int) -> tuple[str, str]:
-    same = [
-        e for e in mlp_dispatch_table()
-        if (e["compute_capability"], e["dtype"], e["C"], e["hidden"]) == (capability, dtype, C, hidden)
-    ]  # fmt: skip
-    if not same:
+def measured_choices(device: torch.device, C: int, hidden: int) -> dict[torch.dtype, tuple[tuple[int, str, str], ...]]:
+    """This GPU's measured entries for one MLP shape: dtype -> ((m_bucket, fc1, fc2), ...); empty
+    off CUDA or where nothing was measured. Read once per block, so the forward only does a lookup."""
+    if device.type != "cuda" or not mlp_dispatch_table():
+        return {}
+    capability = _capability(device)
+    choices: dict[torch.dtype, list] = {}
+    for e in mlp_dispatch_table():
+        if (e["compute_capability"], e["C"], e["hidden"]) == (capability, C, hidden):
+            choices.setdefault(getattr(torch, e["dtype"]), []).append((e["m_bucket"], e["fc1"], e["fc2"]))
+    return {dtype: tuple(entries) for dtype, entries in choices.items()}
+
+
+def nearest_paths(choices: tuple[tuple[int, str, str], ...], rows: int) -> tuple[str, str]:
+    """(fc1, fc2) of the entry whose M bucket is nearest (log scale) to `m_bucket(rows)`; "cublas"
+    for both when there is none."""
+    if not choices:
         return DEFAULT_MLP_PATHS
-    nearest = min(same, key=lambda e: abs(math.log2(e["m_bucket"]) - math.log2(bucket)))
-    return nearest["fc1"], nearest["fc2"]
+    bucket = math.log2(m_bucket(rows))
+    _, fc1, fc2 = min(choices, key=lambda c: abs(math.log2(c[0]) - bucket))
+    return fc1, fc2
 
 
 def choose_mlp_paths(mode: str, device: torch.device, dtype: torch.dtype, C: int, hidden: int, rows: int) -> tuple[str, str]:
-    """(fc1 path, fc2 path), each "cublas" or "epilogue".
+    """(fc1 path, fc2 path), each "cublas" or "epilogue" (proj follows fc2).
 
     mode "cublas" / "epilogue" forces both. "auto" looks up the measured table: the entry for this
     GPU's compute capability, dtype, C and hidden whose M bucket is nearest (log scale) to
@@ -92,9 +104,7 @@ def choose_mlp_paths(mode: str, device: torch.device, dtype: torch.dtype, C: int
     """
     if mode != "auto":
         return mode, mode
-    if device.type != "cuda" or not mlp_dispatch_table():
-        return DEFAULT_MLP_PATHS
-    return _lookup(_capability(device), str(dtype).removeprefix("torch."), C, hidden, m_bucket(rows))
+    return nearest_paths(measured_choices(device, C, hidden).get(dtype, ()), rows)
 
 
 # ---------------------------------------------------------------------------- the block
@@ -116,44 +126,68 @@ class FusedBlock(nn.Module):
     """Same submodules (same names, same Parameter objects) as the wrapped `Block`, so
     `state_dict()` is unchanged; only the forward differs.
 
-    `mlp_path` is "auto", "cublas" or "epilogue" (see the module docstring). Attention maps
-    (`return_attention=True`) and training mode (dropout, drop-path) run the reference block's
-    math path on the same parameters.
+    forward takes x [B, N, C] or the previous fused block's `(x, norm1(x))` and returns
+    `(x, next_norm(x))` when `next_norm` (the next block's norm1, set by `optimize`) is given,
+    else x. `mlp_path` is "auto", "cublas" or "epilogue" (see the module docstring). Attention
+    maps (`return_attention=True`) and training mode (dropout, drop-path) run the reference
+    block's math path on the same parameters.
     """
 
     def __init__(self, block: Block, mlp: str = "auto"):
         super().__init__()
         if mlp not in MLP_PATHS:
             raise ValueError(f"mlp must be one of {MLP_PATHS}, got {mlp!r}")
-        kernel_ops()  # import (and register) the Triton ops now, not on the first forward
-        mlp_dispatch_table()  # read the table now too
+        load_kernels()  # import (and register) the Triton ops now, not on the first forward
         for name, child in block.named_children():
             self.add_module(name, child)
-        object.__setattr__(self, "reference", block)  # kept for restore(); not a submodule (no duplicate keys)
+        # kept for restore() / the next block's LayerNorm; not submodules (no duplicate state_dict keys)
+        object.__setattr__(self, "reference", block)
+        object.__setattr__(self, "next_norm", None)
         self.mlp_path = mlp
+        device = block.mlp.fc1.weight.device
+        self.measured = measured_choices(device, block.mlp.fc1.in_features, block.mlp.fc1.out_features)
         self.train(block.training)
 
     def train(self, mode: bool = True) -> "FusedBlock":
         self.reference.training = mode  # the fallback path must see the same mode
         return super().train(mode)
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False):
-        """x [B, N, C] -> [B, N, C]."""
+    def mlp_paths(self, dtype: torch.dtype, rows: int) -> tuple[str, str]:
+        if self.mlp_path != "auto":
+            return self.mlp_path, self.mlp_path
+        return nearest_paths(self.measured.get(dtype, ()), rows)
+
+    def forward(self, x, return_attention: bool = False):
+        """x [B, N, C] or (x, norm1(x)) -> x, or (x, next_norm(x)) when `next_norm` is set."""
+        x, h = x if isinstance(x, tuple) else (x, None)
         if return_attention or self.training:
             return self.reference(x, return_attention=return_attention)
-        ops = kernel_ops()
-        attn, mlp = self.attn, self.mlp
+        ops = torch.ops.vitfast
+        attn, mlp, nxt = self.attn, self.mlp, self.next_norm
         B, N, C = x.shape
-        h = ops.layernorm(x, self.norm1.weight, self.norm1.bias, self.norm1.eps)
+        fc1, fc2 = self.mlp_paths(x.dtype, B * N)
+        if h is None:
+            h = ops.layernorm(x, self.norm1.weight, self.norm1.bias, self.norm1.eps)
         qkv = F.linear(h, attn.qkv.weight, attn.qkv.bias).view(B, N, 3, attn.num_heads, attn.head_dim)
-        a = F.linear(ops.fused_attention(qkv, attn.scale), attn.proj.weight, attn.proj.bias)
-        x, h = ops.add_layernorm(x, self.ls1(a), self.norm2.weight, self.norm2.bias, self.norm2.eps)
-        fc1, fc2 = choose_mlp_paths(self.mlp_path, x.device, x.dtype, C, mlp.fc1.out_features, B * N)
+        o = ops.fused_attention(qkv, attn.scale)
+        x, h = self._branch_end(fc2, o, attn.proj, x, self.ls1, self.norm2)
         if fc1 == "epilogue":
             m = ops.linear_bias_gelu(h, mlp.fc1.weight, mlp.fc1.bias, mlp.act.approximate)
         else:
             m = ops.bias_gelu(F.linear(h, mlp.fc1.weight), mlp.fc1.bias, mlp.act.approximate)
-        if fc2 == "epilogue":
-            gamma = self.ls2.gamma if isinstance(self.ls2, LayerScale) else None
-            return ops.linear_bias_residual(m, mlp.fc2.weight, mlp.fc2.bias, x, gamma)
-        return x + self.ls2(F.linear(m, mlp.fc2.weight, mlp.fc2.bias))
+        return self._branch_end(fc2, m, mlp.fc2, x, self.ls2, nxt) if nxt is not None else self._last_end(fc2, m, x)
+
+    @staticmethod
+    def _branch_end(path: str, y: torch.Tensor, linear: nn.Linear, x: torch.Tensor, ls: nn.Module, norm: nn.LayerNorm):
+        """(r, norm(r)) with r = x + ls(linear(y)): one Triton GEMM, or cuBLAS + the add+LayerNorm kernel."""
+        gamma = ls.gamma if isinstance(ls, LayerScale) else None
+        if path == "epilogue":
+            return torch.ops.vitfast.linear_residual_layernorm(y, linear.weight, linear.bias, x, gamma, norm.weight, norm.bias, norm.eps)
+        return torch.ops.vitfast.add_layernorm(x, F.linear(y, linear.weight, linear.bias), norm.weight, norm.bias, norm.eps, gamma)
+
+    def _last_end(self, path: str, m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """x + ls2(fc2(m)) with no LayerNorm after it (the model's final norm runs as it is)."""
+        fc2, gamma = self.mlp.fc2, self.ls2.gamma if isinstance(self.ls2, LayerScale) else None
+        if path == "epilogue":
+            return torch.ops.vitfast.linear_bias_residual(m, fc2.weight, fc2.bias, x, gamma)
+        return x + self.ls2(F.linear(m, fc2.weight, fc2.bias))

@@ -61,6 +61,9 @@ def optimize(model: nn.Module, *, cuda_graphs: bool = False, mlp: str = "auto") 
             block.mlp_path = mlp
             if hasattr(model, _GRAPHED):
                 getattr(model, _GRAPHED).graphs.clear()  # captured with the old path: capture again
+    for block, following in zip(blocks, list(blocks)[1:] + [None]):
+        if isinstance(block, FusedBlock):  # hand the next fused block its norm1 output too
+            object.__setattr__(block, "next_norm", following.norm1 if isinstance(following, FusedBlock) else None)
     if cuda_graphs and not hasattr(model, _GRAPHED):
         graphed = CudaGraphForward(model.forward)
         model.forward = graphed  # instance attribute shadows the class method; restore() deletes it

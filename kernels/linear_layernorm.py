@@ -1,0 +1,182 @@
+"""GEMM + bias + LayerScale + residual add + LayerNorm of the result, in one launch.
+
+    r = residual + gamma * (x @ W^T + bias)        (gamma optional: the branch's LayerScale)
+    out = LayerNorm(r) with (ln_weight, ln_bias, eps)
+
+A ViT block's attention projection and fc2 end this way: the new residual stream and the next
+LayerNorm's output, the input of the next GEMM. Each program owns BLOCK_M whole rows (LayerNorm
+needs the full row): it sweeps the N columns in BLOCK_N chunks (GEMM, epilogue, store r, merge
+the chunk's mean and M2 into the row's running ones, Chan et al.'s parallel variance), then
+normalises the r it stored. Statistics are taken from r as stored (rounded to the I/O dtype), so
+out = LayerNorm(r) exactly as a separate LayerNorm would see r. fp32 accumulation, IEEE fp32
+products for fp32 inputs; fp16 / bf16 / fp32. Whether this beats cuBLAS + the add+LayerNorm
+kernel is a per-shape measurement (benchmarks/gpu_proof.py, kernels/mlp_dispatch.json).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from ._common import INTERPRET, check_device, next_pow2, runs_reference
+
+
+def _configs() -> list[triton.Config]:
+    if INTERPRET:  # the interpreter is slow and gains nothing from tuning: one small config
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32}, num_warps=4, num_stages=1)]
+    # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); BLOCK_K 32 keeps fp32 tiles within
+    # sm_89's 99 KB of shared memory
+    tiles = [(64, 128, 32, 4, 3), (128, 128, 32, 8, 3), (32, 128, 32, 4, 4), (128, 64, 32, 4, 3), (64, 64, 32, 4, 4)]
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+        for bm, bn, bk, w, s in tiles
+    ]
+
+
+@triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K"])  # tensor dtypes are part of the key too
+@triton.jit
+def _linear_residual_layernorm_kernel(
+    X, W, Bias, Gamma, Res, LnW, LnB, ResOut, Out,
+    M, N, K, M_BUCKET, eps,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_om,  # ResOut and Out: same row stride
+    HAS_GAMMA: tl.constexpr, IEEE_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    rows = offs_m % M  # rows past the edge read valid ones; their results are never stored
+    offs_k = tl.arange(0, BLOCK_K)
+    count = tl.zeros([BLOCK_M], dtype=tl.float32)
+    mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    # -- pass 1: per column chunk, GEMM + epilogue, store r, merge the chunk's statistics
+    for n0 in range(0, N, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        x_ptrs = X + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk
+        w_ptrs = W + (offs_n % N)[None, :] * stride_wn + offs_k[:, None] * stride_wk
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            mask_k = offs_k < K - k
+            a = tl.load(x_ptrs, mask=mask_k[None, :], other=0.0)
+            b = tl.load(w_ptrs, mask=mask_k[:, None], other=0.0)
+            if IEEE_FP32:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
+            x_ptrs += BLOCK_K * stride_xk
+            w_ptrs += BLOCK_K * stride_wk
+        acc += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        if HAS_GAMMA:
+            acc *= tl.load(Gamma + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        mask = mask_m[:, None] & mask_n[None, :]
+        acc += tl.load(Res + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        r = acc.to(ResOut.dtype.element_ty)
+        tl.store(ResOut + offs_m[:, None] * stride_om + offs_n[None, :], r, mask=mask)
+        r = tl.where(mask_n[None, :], r.to(tl.float32), 0.0)
+        n_b = tl.minimum(N - n0, BLOCK_N).to(tl.float32)
+        mean_b = tl.sum(r, axis=1) / n_b
+        d = tl.where(mask_n[None, :], r - mean_b[:, None], 0.0)
+        m2_b = tl.sum(d * d, axis=1)
+        total = count + n_b
+        delta = mean_b - mean
+        mean += delta * (n_b / total)
+        m2 += m2_b + delta * delta * (count * n_b / total)
+        count = total
+    rstd = tl.math.rsqrt(m2 / N + eps)
+    tl.debug_barrier()  # this program's stores of r are visible to all its threads
+
+    # -- pass 2: normalise the stored r (L2-resident: this program has just written it)
+    for n0 in range(0, N, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        mask = mask_m[:, None] & mask_n[None, :]
+        r = tl.load(ResOut + offs_m[:, None] * stride_om + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(LnW + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        b = tl.load(LnB + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        y = (r - mean[:, None]) * rstd[:, None] * w[None, :] + b[None, :]
+        tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], y.to(Out.dtype.element_ty), mask=mask)
+
+
+def linear_residual_layernorm_launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    residual: torch.Tensor,
+    gamma: torch.Tensor | None,
+    ln_weight: torch.Tensor,
+    ln_bias: torch.Tensor,
+    eps: float,
+    residual_out: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """x [..., K], weight [N, K], residual [..., N] -> residual_out = residual + gamma * (x @ W^T + bias),
+    out = LayerNorm(residual_out) (both written in place; contiguous, not `residual` itself)."""
+    if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x [..., K] and weight [N, K] must agree on K, got {tuple(x.shape)} and {tuple(weight.shape)}")
+    N, K = weight.shape
+    out_shape = (*x.shape[:-1], N)
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"linear + LayerNorm supports fp16/bf16/fp32, got {x.dtype}")
+    named = {"weight": weight, "bias": bias, "residual": residual, "gamma": gamma, "ln_weight": ln_weight,
+             "ln_bias": ln_bias, "residual_out": residual_out, "out": out}  # fmt: skip
+    wrong_dtype = [f"{k} {t.dtype}" for k, t in named.items() if t is not None and t.dtype != x.dtype]
+    if wrong_dtype:
+        raise ValueError(f"all tensors must be {x.dtype} like x, got {', '.join(wrong_dtype)}")
+    vectors = {"bias": bias, "gamma": gamma, "ln_weight": ln_weight, "ln_bias": ln_bias}
+    wrong_shape = [f"{k} {tuple(t.shape)}" for k, t in vectors.items() if t is not None and t.shape != (N,)]
+    if wrong_shape:
+        raise ValueError(f"bias, gamma and the LayerNorm weight/bias must be [{N}], got {', '.join(wrong_shape)}")
+    if residual.shape != out_shape:
+        raise ValueError(f"residual must be {out_shape}, got {tuple(residual.shape)}")
+    for name, t in (("residual_out", residual_out), ("out", out)):
+        if t.shape != out_shape or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous tensor of shape {out_shape}, got {tuple(t.shape)}")
+    if residual is residual_out:  # (no data_ptr() here: torch.compile traces this with fake tensors)
+        raise ValueError("residual_out must not be residual itself (the autotuner runs the kernel more than once)")
+    check_device(*[t for t in (x, *named.values()) if t is not None])
+    M = math.prod(x.shape[:-1])
+    if M == 0 or N == 0:
+        return
+    x2 = x.reshape(M, K)
+    res2 = residual.reshape(M, N)
+    res2 = res2 if res2.stride(-1) == 1 else res2.contiguous()
+    ro2, out2 = residual_out.view(M, N), out.view(M, N)
+
+    def grid(meta):
+        return (triton.cdiv(M, meta["BLOCK_M"]),)
+
+    wrap_triton(_linear_residual_layernorm_kernel)[grid](
+        x2, weight, bias, gamma if gamma is not None else bias, res2, ln_weight, ln_bias, ro2, out2,
+        M, N, K, next_pow2(M), eps,
+        *x2.stride(), *weight.stride(), res2.stride(0), out2.stride(0),
+        HAS_GAMMA=gamma is not None, IEEE_FP32=x.dtype == torch.float32,
+    )  # fmt: skip
+
+
+@triton_op("vitfast::linear_residual_layernorm", mutates_args=())
+def linear_residual_layernorm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, gamma: Optional[torch.Tensor],
+    ln_weight: torch.Tensor, ln_bias: torch.Tensor, eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(r, LayerNorm(r)) with r = residual + gamma * (x @ weight^T + bias), as one torch op."""
+    if runs_reference(x):
+        return linear_residual_layernorm_reference(x, weight, bias, residual, gamma, ln_weight, ln_bias, eps)
+    shape = (*x.shape[:-1], weight.shape[0])
+    residual_out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    linear_residual_layernorm_launch(x, weight, bias, residual, gamma, ln_weight, ln_bias, eps, residual_out, out)
+    return residual_out, out
+
+
+def linear_residual_layernorm_reference(x, weight, bias, residual, gamma, ln_weight, ln_bias, eps):
+    """Plain PyTorch, rounding after every step like the reference block: linear, LayerScale, add, LayerNorm."""
+    y = torch.nn.functional.linear(x, weight, bias)
+    r = residual + (y if gamma is None else y * gamma)
+    return r, torch.nn.functional.layer_norm(r, (r.shape[-1],), ln_weight, ln_bias, eps)

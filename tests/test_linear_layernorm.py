@@ -1,0 +1,88 @@
+"""The branch-end kernels of the optimized block against a float64 reference with the 2x rule:
+GEMM + bias + LayerScale + residual + LayerNorm (kernels/linear_layernorm.py) and add + LayerNorm
+with a LayerScale (kernels/add_layernorm.py). Outputs are poisoned with NaN before the launch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="Triton is not installed (pip install 'vitfast[triton]')")
+from test_kernels import check_2x, dtype, poisoned  # noqa: E402,F401  (dtype is a fixture)
+
+from vitfast.kernels import add_layernorm as aln  # noqa: E402
+from vitfast.kernels import linear_layernorm as ll  # noqa: E402
+
+
+def branch_inputs(lead, K, N, dtype, device, gamma=True):
+    """x [*lead, K], W [N, K], bias, residual [*lead, N], gamma, LayerNorm weight/bias; rounded to dtype."""
+    t = dict(
+        x=torch.randn(*lead, K), weight=torch.randn(N, K) * K**-0.5, bias=torch.randn(N),
+        residual=3 * torch.randn(*lead, N) + 1.0,  # an offset mean, as a real residual stream has
+        gamma=0.1 * torch.randn(N) if gamma else None, ln_weight=1 + 0.1 * torch.randn(N), ln_bias=0.1 * torch.randn(N),
+    )  # fmt: skip
+    return {k: v.to(device=device, dtype=dtype) if v is not None else None for k, v in t.items()}
+
+
+@pytest.mark.parametrize("gamma", [True, False], ids=["layerscale", "no-layerscale"])
+@pytest.mark.parametrize("lead, K, N", [((2, 197), 192, 192), ((1, 50), 96, 200), ((3, 17), 384, 64), ((37,), 40, 1000)])
+def test_linear_residual_layernorm_odd_shapes(device, dtype, gamma, lead, K, N):
+    t = branch_inputs(lead, K, N, dtype, device, gamma)
+    r_out, out = poisoned((*lead, N), dtype, device), poisoned((*lead, N), dtype, device)
+    ll.linear_residual_layernorm_launch(**t, eps=1e-6, residual_out=r_out, out=out)
+    exact = ll.linear_residual_layernorm_reference(*(v.double() if v is not None else None for v in t.values()), 1e-6)
+    plain = ll.linear_residual_layernorm_reference(*t.values(), 1e-6)
+    check_2x(r_out, plain[0], exact[0], dtype)
+    check_2x(out, plain[1], exact[1], dtype)
+
+
+def test_linear_residual_layernorm_reads_strided_inputs(device):
+    """x sliced along tokens (not contiguous) and W as a column slice of a wider weight."""
+    t = branch_inputs((2, 40), 64, 96, torch.float32, device)
+    t["x"] = torch.randn(2, 80, 64, device=device)[:, ::2]
+    t["weight"] = torch.randn(96, 128, device=device)[:, :64] * 0.125
+    r, out = ll.linear_residual_layernorm(*t.values(), 1e-5)
+    ref = ll.linear_residual_layernorm_reference(*t.values(), 1e-5)
+    torch.testing.assert_close(r, ref[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out, ref[1], atol=1e-4, rtol=1e-4)
+
+
+def test_linear_residual_layernorm_rejects_bad_input(device):
+    t = branch_inputs((2, 5), 16, 24, torch.float32, device)
+    shape = (2, 5, 24)
+    outs = dict(residual_out=torch.empty(shape, device=device), out=torch.empty(shape, device=device))
+    with pytest.raises(ValueError, match="must agree on K"):
+        ll.linear_residual_layernorm_launch(**(t | {"x": t["x"][..., :8]}), eps=1e-6, **outs)
+    with pytest.raises(ValueError, match=r"gamma and the LayerNorm weight/bias must be \[24\], got gamma \(23,\)"):
+        ll.linear_residual_layernorm_launch(**(t | {"gamma": t["gamma"][:23]}), eps=1e-6, **outs)
+    with pytest.raises(ValueError, match="all tensors must be torch.float32"):
+        ll.linear_residual_layernorm_launch(**(t | {"bias": t["bias"].half()}), eps=1e-6, **outs)
+    with pytest.raises(ValueError, match="must not be residual itself"):
+        ll.linear_residual_layernorm_launch(**t, eps=1e-6, residual_out=t["residual"], out=outs["out"])
+
+
+def test_add_layernorm_with_layerscale(device, dtype):
+    x, y = (torch.randn(2, 197, 384, device=device).to(dtype) for _ in range(2))
+    w, b, g = (torch.randn(384, device=device).to(dtype) for _ in range(3))
+    res, out = poisoned(x.shape, dtype, device), poisoned(x.shape, dtype, device)
+    aln.add_layernorm_launch(x, y, w, b, 1e-6, out, res, gamma=g)
+    exact = aln.add_layernorm_reference(x.double(), y.double(), w.double(), b.double(), 1e-6, g.double())
+    plain = aln.add_layernorm_reference(x, y, w, b, 1e-6, g)
+    check_2x(res, plain[0], exact[0], dtype)
+    check_2x(out, plain[1], exact[1], dtype)
+    with pytest.raises(ValueError, match="gamma scales the branch"):
+        aln.add_layernorm_launch(x, None, w, b, 1e-6, out, None, gamma=g)
+
+
+def test_ops_take_the_reference_on_cpu_without_the_interpreter(monkeypatch):
+    """Without TRITON_INTERPRET (or for fake tensors while tracing) a CPU op runs its reference
+    math instead of failing in the launcher: this is what torch.compile / torch.export trace."""
+    from vitfast.kernels import _common
+
+    monkeypatch.setattr(_common, "INTERPRET", False)
+    launched = []
+    monkeypatch.setattr(ll, "linear_residual_layernorm_launch", lambda *a, **k: launched.append(1))
+    t = branch_inputs((2, 7), 16, 24, torch.float32, "cpu")
+    got = torch.ops.vitfast.linear_residual_layernorm(*t.values(), 1e-6)
+    ref = ll.linear_residual_layernorm_reference(*t.values(), 1e-6)
+    assert not launched and all(torch.equal(a, b) for a, b in zip(got, ref))
