@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import random
 import tempfile
 from pathlib import Path
 from typing import Iterable
@@ -29,26 +30,44 @@ from .onnx_export import require_onnx
 METHODS = ("minmax", "entropy", "percentile")
 TARGETS = ("tensorrt", "cpu")
 QUANTIZED_OPS = ["Conv", "MatMul", "Gemm"]
+HELD_OUT = 64  # images the int8 parity is measured on, never calibrated on
 
 
-def calibration_batches(source, config, *, samples: int, batch_size: int = 16) -> list[np.ndarray]:
-    """Calibration inputs as float32 arrays [b, C, H, W] from an image folder (searched
-    recursively, preprocessed with the model's own settings) or from tensors / an iterable."""
+def split_calibration(source, config, *, samples: int, batch_size: int = 16) -> tuple[list[np.ndarray], np.ndarray]:
+    """(calibration batches [b, C, H, W], held-out images [n, C, H, W]) as float32 arrays, from an
+    image folder (searched recursively, shuffled with a fixed seed, preprocessed with the model's
+    own settings) or from tensors / an iterable of batches. The held-out images, on which the int8
+    parity is measured, are never calibrated on: up to `HELD_OUT` beyond the first `samples`, or,
+    when there are no more, a fifth of them (at most `HELD_OUT`) taken out of the calibration set."""
     if isinstance(source, (str, os.PathLike)):
-        files = find_images(source)[:samples]
-        return [b.numpy() for b in batches(files, config, batch_size)]
+        files = find_images(source)
+        random.Random(0).shuffle(files)  # a sample of every class, not the first folders in sorted order
+        calib_files, held_files = _split(files, samples)
+        held = torch.cat(list(batches(held_files, config, batch_size))).numpy()
+        return [b.numpy() for b in batches(calib_files, config, batch_size)], held
     if isinstance(source, torch.Tensor):
         source = source.split(batch_size)
     out, seen = [], 0
     for item in source:
         arr = item.detach().cpu().float().numpy() if isinstance(item, torch.Tensor) else np.asarray(item, np.float32)
-        out.append(arr[: samples - seen])
+        out.append(arr[: samples + HELD_OUT - seen])
         seen += len(out[-1])
-        if seen >= samples:
+        if seen >= samples + HELD_OUT:
             break
     if not out:
         raise InputError("no calibration data: give an image folder, a tensor or an iterable of batches")
-    return out
+    calib, held = _split(np.concatenate(out), samples)
+    return [calib[i : i + batch_size] for i in range(0, len(calib), batch_size)], held
+
+
+def _split(items, samples: int):
+    """(calibration items, held-out items)."""
+    if len(items) > samples:
+        return items[:samples], items[samples : samples + HELD_OUT]
+    if len(items) < 2:
+        raise InputError(f"int8 calibration needs at least 2 images (one is held out to measure parity), got {len(items)}")
+    n_held = min(HELD_OUT, max(1, len(items) // 5))
+    return items[n_held:], items[:n_held]
 
 
 def nodes_to_exclude(model_path: Path, patterns: Iterable[str]) -> list[str]:
@@ -95,7 +114,7 @@ def quantize_int8(
     from vitfast.config import ViTConfig
 
     config = ViTConfig.from_dict(meta["config"])
-    data = calibration_batches(calibration, config, samples=samples)
+    data, held_out = split_calibration(calibration, config, samples=samples)
     n_samples = sum(len(b) for b in data)
 
     class Reader(CalibrationDataReader):
@@ -136,10 +155,10 @@ def quantize_int8(
         new_meta.update(
             kind="onnx", precision="int8",  # "source" stays the model the fp32 ONNX came from
             quantized_from={"path": str(onnx_path), "sha256": sha256_file(onnx_path)},
-            int8={"target": target, "method": method, "samples": n_samples, "per_channel_weights": True,
+            int8={"target": target, "method": method, "samples": n_samples, "held_out": len(held_out), "per_channel_weights": True,
                   "symmetric_activations": symmetric_acts, "quantized_ops": QUANTIZED_OPS, "exclude": list(exclude),
                   "calibration": str(calibration) if isinstance(calibration, (str, os.PathLike)) else "tensors"},
-            parity=_int8_parity(tmp, onnx_path, data),
+            parity=_int8_parity(tmp, onnx_path, held_out),
         )  # fmt: skip
         write_sidecar(tmp, new_meta)
     return Path(out_path)
@@ -155,13 +174,13 @@ def _with_progress(items: list, label: str, enabled: bool):
     return track(items, description=label, transient=True, console=None)
 
 
-def _int8_parity(int8_path: Path, fp32_path: Path, data: list[np.ndarray]) -> dict:
-    """int8 vs fp32 ONNX logits on (up to 64 of) the calibration images."""
+def _int8_parity(int8_path: Path, fp32_path: Path, images: np.ndarray) -> dict:
+    """int8 vs fp32 ONNX logits on the held-out images (none of them calibrated on)."""
     import onnxruntime as ort
 
-    images = np.concatenate(data)[:64]
     outs = []
     for path in (int8_path, fp32_path):
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         outs.append(torch.from_numpy(session.run(None, {session.get_inputs()[0].name: images})[0]))
-    return compare(outs[0], outs[1], "int8") | {"inputs": f"{len(images)} calibration images", "reference": "fp32 ONNX"}
+    return compare(outs[0], outs[1], "int8") | {"inputs": f"{len(images)} held-out images (not used for calibration)",
+                                                "reference": "fp32 ONNX"}  # fmt: skip

@@ -125,11 +125,26 @@ def test_qdq_structure_is_tensorrt_style(int8_model):
 def test_int8_sidecar_and_accuracy_vs_fp32(int8_model):
     path, fp32 = int8_model
     meta = read_sidecar(path)
-    assert meta["precision"] == "int8" and meta["int8"]["symmetric_activations"] and meta["int8"]["samples"] == 64
+    assert meta["precision"] == "int8" and meta["int8"]["symmetric_activations"]
+    assert (meta["int8"]["samples"], meta["int8"]["held_out"]) == (52, 12)  # 64 given, none spare: a fifth held out
     assert meta["source"] == read_sidecar(fp32)["source"]
     x = torch.randn(8, 3, 32, 32)
     a, b = vitfast.load_engine(path)(x), vitfast.load_engine(fp32)(x)
     assert torch.nn.functional.cosine_similarity(a, b).min() > 0.95
+
+
+def test_int8_parity_is_measured_on_held_out_images(exported, tmp_path):
+    """The parity in the sidecar is int8 vs fp32 on images after the calibration samples, not on those."""
+    _, fp32, _ = exported["vit_cifar_patch4_32"]
+    images = torch.randn(20, 3, 32, 32, generator=torch.Generator().manual_seed(4))
+    out = quantize_int8(fp32, tmp_path / "q.onnx", images, samples=12, progress=False)
+    meta = read_sidecar(out)
+    assert (meta["int8"]["samples"], meta["int8"]["held_out"]) == (12, 8) and "8 held-out images" in meta["parity"]["inputs"]
+    held = images[12:]
+    expected = vitfast.parity.compare(vitfast.load_engine(out)(held), vitfast.load_engine(fp32)(held), "int8")
+    assert meta["parity"]["max_abs_err"] == pytest.approx(expected["max_abs_err"], rel=1e-5)
+    with pytest.raises(vitfast.InputError, match="at least 2 images"):
+        quantize_int8(fp32, tmp_path / "one.onnx", images[:1], samples=12, progress=False)
 
 
 def test_exclude_keeps_matching_nodes_in_float(exported, tmp_path):
@@ -173,9 +188,14 @@ def test_cli_export_check_eval_round_trip(tmp_path):
         (data / c).mkdir(parents=True)
         for i in range(3):
             Image.fromarray(np.full((32, 32, 3), 40 * i, np.uint8)).save(data / c / f"{i}.png")
+    ev = run("eval", tmp_path / "m.onnx", "--data", data, "--json")  # 2 folders for a 10-class model: refused
+    assert ev.returncode == 2 and "the model has 10 classes but" in ev.stderr and ev.stderr.count("\n") == 1
+    for c in range(2, 10):
+        (data / f"class{c}").mkdir()
+        Image.fromarray(np.full((32, 32, 3), 20 * c, np.uint8)).save(data / f"class{c}" / "0.png")
     ev = run("eval", tmp_path / "m.onnx", "--data", data, "--json")
     result = json.loads(ev.stdout)
-    assert ev.returncode == 0 and result["n"] == 6 and 0 <= result["top1"] <= 1
+    assert ev.returncode == 0 and result["n"] == 14 and 0 <= result["top1"] <= result["top5"] <= 1
 
 
 def test_trt_export_without_tensorrt_keeps_the_onnx_and_says_how_to_install(tmp_path):

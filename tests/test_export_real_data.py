@@ -83,9 +83,12 @@ def test_fp32_and_int8_onnx_keep_the_accuracy(trained, tmp_path):
     vitfast_cli("export", "--checkpoint", ckpt, "--format", "onnx", "--precision", "int8", "--calib-dir", train_dir,
                 "--calib-samples", 256, "--out", tmp_path / "int8.onnx")  # fmt: skip
     fp32 = vitfast_cli("eval", tmp_path / "fp32.onnx", "--data", test_dir, "--json")
-    int8 = vitfast_cli("eval", tmp_path / "int8.onnx", "--data", test_dir, "--json")
-    assert fp32["top1"] == torch_top1["top1"]
+    int8 = vitfast_cli("eval", tmp_path / "int8.onnx", "--data", test_dir, "--against", ckpt, "--json")
+    assert fp32["top1"] == torch_top1["top1"] and fp32["top5"] == torch_top1["top5"] >= fp32["top1"]
     assert int8["top1"] >= fp32["top1"] - 0.01, (int8, fp32)
+    against = int8["against"]  # the fp32 checkpoint on the same images
+    assert against["top1"] == torch_top1["top1"] and against["top1_diff"] == pytest.approx(int8["top1"] - torch_top1["top1"])
+    assert against["top1_agreement"] >= 0.95
 
     meta = json.loads((tmp_path / "int8.onnx.json").read_text())
     assert meta["precision"] == "int8" and meta["int8"]["samples"] == 256 and meta["parity"]["cosine"] > 0.99

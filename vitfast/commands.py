@@ -184,33 +184,92 @@ def _is_checkpoint(path: str) -> bool:
 
 
 # ---------------------------------------------------------------------------- eval
+TOP_K = 5
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .data import batches, labeled_images
+    from .config_args import read_labels
+    from .data import labeled_images
     from .runtime import load_engine
 
     engine = load_engine(args.artifact)
-    files, labels, classes = labeled_images(args.data)
+    files, folder_targets, classes = labeled_images(args.data)
+    labels = read_labels(args.labels) if args.labels else engine.config.labels
+    targets = torch.tensor(class_indices(engine.config.num_classes, labels, classes, folder_targets, args.data))
+    ours = _predict(engine, files, args)
+    result = {"artifact": str(args.artifact), "backend": engine.kind, "precision": engine.precision,
+              **_accuracy(ours, targets), "classes": len(classes)}  # fmt: skip
+    if args.against:
+        reference = load_engine(args.against)
+        if reference.config.num_classes != engine.config.num_classes:
+            raise ArtifactError(f"--against {args.against} has {reference.config.num_classes} classes, {args.artifact} has "
+                                f"{engine.config.num_classes}; compare artifacts of the same model")  # fmt: skip
+        ref = _predict(reference, files, args)
+        theirs = _accuracy(ref, targets)
+        result["against"] = {"artifact": str(args.against), "backend": reference.kind, "precision": reference.precision, **theirs,
+                             "top1_diff": result["top1"] - theirs["top1"], "top5_diff": result["top5"] - theirs["top5"],
+                             "top1_agreement": float((ours[:, 0] == ref[:, 0]).float().mean())}  # fmt: skip
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    k = result["k"]
+    print(f"top-1 {100 * result['top1']:.2f}%  top-{k} {100 * result['top5']:.2f}% on {result['n']} images in "
+          f"{len(classes)} classes ({engine.kind}, {engine.precision})")  # fmt: skip
+    if args.against:
+        a = result["against"]
+        print(f"  vs {args.against} ({a['backend']}, {a['precision']}): top-1 {100 * a['top1']:.2f}% "
+              f"({100 * a['top1_diff']:+.2f} points), top-{k} {100 * a['top5']:.2f}% ({100 * a['top5_diff']:+.2f} points), "
+              f"same top-1 prediction on {100 * a['top1_agreement']:.2f}% of images")  # fmt: skip
+    return 0
+
+
+def class_indices(num_classes: int, labels, classes: list[str], folder_targets: list[int], data: str) -> list[int]:
+    """The model's class index for each image: by name when every folder is one of the model's labels
+    (an ImageNet subset named by class works), else by sorted folder order, which needs one folder per class."""
+    if num_classes == 0:
+        raise ArtifactError("this model has no classifier head (num_classes 0); eval needs one")
+    if labels is not None and len(labels) != num_classes:
+        raise InputError(f"{len(labels)} labels for a model with {num_classes} classes; give one name per class")
+    if labels and set(classes) <= set(labels):
+        index = {name: i for i, name in enumerate(labels)}
+        return [index[classes[t]] for t in folder_targets]
+    if len(classes) != num_classes:
+        shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
+        raise InputError(
+            f"the model has {num_classes} classes but {data} has {len(classes)} class folders ({shown}); give a folder with "
+            "one subfolder per model class (sorted order = class index), or subfolders named by the model's labels "
+            "(its own, or --labels FILE)"
+        )
+    if labels and classes != list(labels):
+        print(f"vitfast: warning: the folders of {data} are not the model's labels; folder i (sorted) is taken as class i",
+              file=sys.stderr)  # fmt: skip
+    return folder_targets
+
+
+def _predict(engine, files, args) -> torch.Tensor:
+    """The top-k class indices [N, k] of every image, best first."""
+    from .data import batches
+
     size = min(args.batch_size, engine.batch[2]) if engine.batch else args.batch_size
-    correct, seen = 0, 0
+    k = min(TOP_K, engine.config.num_classes)
     batch_iter = batches(files, engine.config, size)
     if sys.stderr.isatty() and not args.json:
         from rich.progress import track
 
         batch_iter = track(batch_iter, total=-(-len(files) // size), description="evaluating", transient=True)
+    out = []
     for x in batch_iter:
-        if engine.batch and len(x) < engine.batch[0]:  # a short last batch: pad up to the profile's minimum
-            pad = engine.batch[0] - len(x)
-            pred = engine(torch.cat([x, x[:1].expand(pad, -1, -1, -1)])).argmax(-1)[: len(x)].cpu()
-        else:
-            pred = engine(x).argmax(-1).cpu()
-        correct += int((pred == torch.tensor(labels[seen : seen + len(x)])).sum())
-        seen += len(x)
-    result = {"top1": correct / seen, "n": seen, "classes": len(classes), "artifact": str(args.artifact), "backend": engine.kind}
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"top-1 {100 * result['top1']:.2f}% on {seen} images in {len(classes)} classes ({engine.kind}, {engine.precision})")
-    return 0
+        n = len(x)
+        if engine.batch and n < engine.batch[0]:  # a short last batch: pad up to the profile's minimum
+            x = torch.cat([x, x[:1].expand(engine.batch[0] - n, -1, -1, -1)])
+        out.append(engine(x)[:n].topk(k, dim=-1).indices.cpu())
+    return torch.cat(out)
+
+
+def _accuracy(topk: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
+    hits = topk == targets[:, None]
+    return {"top1": float(hits[:, 0].float().mean()), "top5": float(hits.any(dim=1).float().mean()), "k": topk.shape[1],
+            "n": len(targets)}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- parsers
@@ -250,9 +309,11 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     add_config_args(p)
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("eval", parents=[common], help="top-1 accuracy on an image folder DIR/<class>/*")
+    p = sub.add_parser("eval", parents=[common], help="top-1 / top-5 accuracy on an image folder DIR/<class>/*")
     p.add_argument("artifact")
-    p.add_argument("--data", required=True, help="DIR/<class>/*.png|jpg, classes sorted by name")
+    p.add_argument("--data", required=True, help="DIR/<class>/*.png|jpg: folders named by the model's labels, else sorted = class index")
+    p.add_argument("--labels", metavar="FILE", help="class names (one per line, or a JSON list / {index: name}) to match folders by")
+    p.add_argument("--against", metavar="REF", help="also evaluate REF (e.g. the fp32 checkpoint) and report the accuracy difference")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_eval)

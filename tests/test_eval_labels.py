@@ -1,0 +1,90 @@
+"""`vitfast eval`: class folders matched to the model's labels (or --labels), a class-count
+mismatch refused, top-1 and top-5, and `--against REF` for the accuracy difference."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitfast
+from vitfast.cli import main
+
+LABELS = ("ant", "bee", "cat", "dog", "eel", "fox", "gnu")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    torch.manual_seed(3)
+    model = vitfast.create_model("vit_cifar_patch4_32", num_classes=7, labels=LABELS, crop_pct=1.0)
+    return vitfast.save_checkpoint(model, tmp_path_factory.mktemp("ckpt") / "m.safetensors")
+
+
+def _folder(root, classes, per_class=3, seed=0):
+    rng = np.random.default_rng(seed)
+    for c in classes:
+        (root / c).mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 256, (36, 44, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+    return root
+
+
+def _expected(ckpt, root, index):
+    """top-1 / top-5 computed here from the model's own logits, image by image."""
+    model = vitfast.load_checkpoint(ckpt)
+    hits1 = hits5 = n = 0
+    for folder in sorted(p for p in root.iterdir()):
+        for image in sorted(folder.iterdir()):
+            with torch.no_grad():
+                logits = model(vitfast.preprocess(Image.open(image), model.config))[0]
+            target = index[folder.name]
+            hits1 += int(logits.argmax() == target)
+            hits5 += int(target in logits.topk(5).indices.tolist())
+            n += 1
+    return hits1 / n, hits5 / n, n
+
+
+def test_folders_named_by_labels_are_matched_by_name(ckpt, tmp_path, capsys):
+    data = _folder(tmp_path / "data", ["fox", "bee", "gnu"])  # a subset, not in label order
+    assert main(["eval", str(ckpt), "--data", str(data), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    top1, top5, n = _expected(ckpt, data, {name: i for i, name in enumerate(LABELS)})
+    assert (result["top1"], result["top5"], result["n"], result["k"]) == (pytest.approx(top1), pytest.approx(top5), n, 5)
+
+
+def test_a_class_count_mismatch_is_refused(ckpt, tmp_path, capsys):
+    data = _folder(tmp_path / "data", ["one", "two"])
+    assert main(["eval", str(ckpt), "--data", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert "the model has 7 classes but" in err and "2 class folders (one, two)" in err and err.count("\n") == 1
+
+
+def test_labels_file_names_the_classes(ckpt, tmp_path, capsys):
+    names = [f"n0{i}" for i in range(7)]
+    (tmp_path / "labels.txt").write_text("\n".join(names) + "\n")
+    data = _folder(tmp_path / "data", ["n06", "n02"])
+    assert main(["eval", str(ckpt), "--data", str(data), "--labels", str(tmp_path / "labels.txt"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    top1, top5, _ = _expected(ckpt, data, {name: i for i, name in enumerate(names)})
+    assert (result["top1"], result["top5"]) == (pytest.approx(top1), pytest.approx(top5))
+    (tmp_path / "short.json").write_text(json.dumps(names[:3]))
+    assert main(["eval", str(ckpt), "--data", str(data), "--labels", str(tmp_path / "short.json")]) == 2
+    assert "3 labels for a model with 7 classes" in capsys.readouterr().err
+
+
+def test_against_reports_the_accuracy_difference(ckpt, tmp_path, capsys):
+    pytest.importorskip("onnxruntime", reason="the compared artifact is an ONNX export")
+    assert main(["export", "--checkpoint", str(ckpt), "--format", "onnx", "--precision", "fp16", "--out", str(tmp_path / "m.onnx")]) == 0
+    data = _folder(tmp_path / "data", LABELS, per_class=2, seed=1)
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "m.onnx"), "--data", str(data), "--against", str(ckpt), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    top1, top5, _ = _expected(ckpt, data, {name: i for i, name in enumerate(LABELS)})
+    against = result["against"]
+    assert (against["top1"], against["top5"]) == (pytest.approx(top1), pytest.approx(top5))
+    assert against["top1_diff"] == pytest.approx(result["top1"] - top1) and 0.8 <= against["top1_agreement"] <= 1
+    assert main(["eval", str(tmp_path / "m.onnx"), "--data", str(data), "--against", str(ckpt)]) == 0
+    assert "points)" in capsys.readouterr().out
