@@ -43,6 +43,8 @@ def hf_round_trip(workdir: Path) -> Path | None:
             p.add_(0.02 * torch.randn_like(p))
     hf_dir = workdir / "hf-vit"
     hf.save_pretrained(hf_dir)
+    processor = getattr(transformers, "ViTImageProcessorPil", None) or transformers.ViTImageProcessor  # PIL backend
+    processor(size={"height": 64, "width": 64}).save_pretrained(hf_dir)  # its preprocessing: vitfast follows it
     model = vitfast.load_checkpoint(hf_dir)
     x = torch.randn(4, 3, 64, 64)
     with torch.no_grad():
