@@ -62,15 +62,23 @@ bench: $(STAMP)
 	$(VENV)/bin/vitfast bench --report benchmarks/results/*.json > benchmarks/README.md.tmp
 	mv benchmarks/README.md.tmp benchmarks/README.md
 
-# GPU, one command (issues #3 and #5); needs a CUDA machine with a CUDA torch build. Kernel
-# parity/speed against the copy and matmul ceilings, then ViT-S/B/L at batch 1-256 in fp16 through
-# every GPU backend present (tensorrt only with TRT_ENGINES="--engine a.engine ..." built there).
+# The GPU proof (issue 11): GPU tests and optimize() parity, kernels vs SDPA / copy bandwidth /
+# cuBLAS (+ the MLP dispatch table), end to end ViT-S/B/L fp16+bf16; three time-boxed parts of
+# 9 minutes into $(GPU_PROOF_OUT). On a lent device, one part per call (benchmarks/README.md):
+#   python3 -m pip install --no-deps --no-build-isolation -e . && python3 benchmarks/gpu_proof.py --out $OUT --part tests
+GPU_PROOF_OUT ?= gpu-proof-out
+.PHONY: gpu-proof
+gpu-proof: $(STAMP)
+	$(PY) benchmarks/gpu_proof.py --out $(GPU_PROOF_OUT) --budget 1620
+
+# GPU sweep with TensorRT (issue #5); needs a CUDA machine with a CUDA torch build: ViT-S/B/L at
+# batch 1-256 in fp16 through every GPU backend present (tensorrt only with
+# TRT_ENGINES="--engine a.engine ..." built there).
 GPU_SWEEP := --model vit_small_patch16_224,vit_base_patch16_224,vit_large_patch16_224 \
 	--backends eager,eager-math,compile,vitfast,vitfast-graphs,onnxruntime,tensorrt \
 	--batch 1,8,64,256 --precision fp16 --compile-mode max-autotune --repeats 100
 bench-gpu: $(STAMP)
 	mkdir -p benchmarks/results
-	$(PY) benchmarks/gpu_kernels.py --out benchmarks/results/kernels-$$(git rev-parse --short HEAD).json --write-dispatch
 	$(VENV)/bin/vitfast bench $(GPU_SWEEP) $(TRT_ENGINES) --out benchmarks/results/gpu-$$(git rev-parse --short HEAD).json \
 		--plot benchmarks/results/gpu-$$(git rev-parse --short HEAD).png --force
 	$(VENV)/bin/vitfast bench --report benchmarks/results/*.json > benchmarks/README.md.tmp

@@ -4,8 +4,8 @@ kernels, Triton GEMM with the epilogue).
 
     VITFAST_TEST_DEVICE=cuda pytest benchmarks/test_bench_kernels.py --benchmark-only
 
-On a GPU each kernel is checked against PyTorch, then timed with `triton.testing.do_bench`
-(CUDA events, median, inputs rotated; `gpu_kernels.median_ms`) for the TFLOP/s or GB/s in
+On a GPU each kernel is checked against PyTorch, then timed by `gpu_kernels.median_ms`
+(CUDA events, median, inputs rotated) for the TFLOP/s or GB/s in
 `extra_info`, and by pytest-benchmark itself for its table. On CPU the kernels run under
 TRITON_INTERPRET=1 at tiny shapes: a correctness smoke test only, the time is the interpreter's.
 """
@@ -41,7 +41,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def measure(benchmark, fn, inputs: list[tuple], work: float, unit: str) -> None:
-    """pytest-benchmark over rotating inputs; on a GPU also do_bench's median -> the rate in `unit`
+    """pytest-benchmark over rotating inputs; on a GPU also gpu_kernels.median_ms -> the rate in `unit`
     (`work` FLOPs or bytes per call) in extra_info."""
     state = {"i": 0}
 
@@ -56,7 +56,7 @@ def measure(benchmark, fn, inputs: list[tuple], work: float, unit: str) -> None:
         from gpu_kernels import median_ms  # benchmarks/ is on sys.path under pytest's default import mode
 
         ms = median_ms(fn, inputs)
-        benchmark.extra_info |= {"do_bench_median_ms": ms, unit: work / ms / PER_MS[unit]}
+        benchmark.extra_info |= {"median_ms": ms, unit: work / ms / PER_MS[unit]}
     else:
         benchmark.extra_info["note"] = "TRITON_INTERPRET=1: the time is the interpreter's, not the kernel's"
 
@@ -124,7 +124,7 @@ def test_fc2_bias_residual(benchmark, path):
 
 
 def test_write_dispatch_merges_measured_winners(tmp_path, monkeypatch):
-    """gpu_kernels.py --write-dispatch: epilogue only where >= min_speedup faster and within the
+    """gpu_kernels.write_dispatch (gpu_proof.py --part kernels): epilogue only where >= min_speedup faster and within the
     2x rule; other GPUs' entries kept, this GPU's same shapes replaced; fused reads the result."""
     import json
 
@@ -143,7 +143,7 @@ def test_write_dispatch_merges_measured_winners(tmp_path, monkeypatch):
         dict(op="fc1+bias+gelu", **(common | {"m_bucket": 256}), speedup=1.5, passes_2x_rule=False),  # wrong: cuBLAS
         dict(op="fc2+bias+residual", **(common | {"m_bucket": 256}), speedup=0.8, passes_2x_rule=True),
     ]
-    env = dict(compute_capability="9.0", gpu="H100", git_sha="abc", command="gpu_kernels.py --write-dispatch")
+    env = dict(compute_capability="9.0", gpu="H100", git_sha="abc", command="gpu_proof.py --part kernels")
     gpu_kernels.write_dispatch(rows, env, table)
     entries = json.loads(table.read_text())["entries"]
     assert other_gpu in entries and old not in entries and len(entries) == 3

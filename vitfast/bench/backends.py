@@ -21,12 +21,12 @@ import torch
 from vitfast.config import PREPROCESSING_FIELDS, ViTConfig
 from vitfast.errors import BackendUnavailable
 
-BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "onnxruntime", "tensorrt")
+BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitfast-compile", "onnxruntime", "tensorrt")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
-TORCH_BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs")
+TORCH_BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitfast-compile")
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,8 @@ def skip_reason(backend: str, precision: str, platform: Platform, options: Backe
         return "PyTorch backends run fp32/fp16/bf16; int8 is measured through onnxruntime (quantize_int8) and tensorrt engines"
     if backend in ("vitfast", "vitfast-graphs"):
         return _vitfast_reason(backend, platform)
+    if backend == "vitfast-compile":  # torch.compile over the optimized model
+        return _vitfast_reason(backend, platform) or _compile_reason(platform)
     if backend == "compile":
         return _compile_reason(platform)
     if backend == "onnxruntime":
@@ -204,7 +206,7 @@ def prepare(backend: str, precision: str, config: ViTConfig, options: BackendOpt
     """
     if backend == "onnxruntime":
         return onnx_artifact(config, precision, options)
-    if backend == "compile":
+    if backend in ("compile", "vitfast-compile"):
         importlib.import_module("torch._inductor.compile_fx")  # inductor's imports are the process's, not the row's
     return None, False
 
@@ -239,7 +241,7 @@ def _torch_runner(backend: str, precision: str, config: ViTConfig, platform: Pla
         optimize(model, cuda_graphs=backend == "vitfast-graphs")
         details["attention"] = "vitfast Triton kernel"
     forward = model
-    if backend == "compile":
+    if backend in ("compile", "vitfast-compile"):
         mode = None if options.compile_mode == "default" else options.compile_mode
         # dynamic=False: one static graph per batch size, as a deployment at a fixed batch gets
         forward = torch.compile(model, mode=mode, dynamic=False)

@@ -248,8 +248,26 @@ commit the JSON and regenerate this file with
 {command}
 ```
 
-`benchmarks/gpu_kernels.py` (`make bench-gpu`) measures the Triton kernels against the copy and
-matmul ceilings of the same GPU.
+### The GPU proof: one script, one device call per part
+
+`benchmarks/gpu_proof.py` is everything a lent GPU must show (GPU tests and optimize() parity;
+kernels vs SDPA backends, copy bandwidth and cuBLAS, and the MLP dispatch table from that
+measurement; end to end ViT-S/B/L fp16 + bf16 at batch 1-256 across eager, torch.compile default
+and max-autotune, optimize, optimize + CUDA graphs, optimize + torch.compile), written as JSON +
+markdown + PNG into one folder. Offline, no TensorRT; each part is time-boxed (9 minutes by
+default) and always writes its files. On the device (repository root, files come back from `$OUT`):
+
+```bash
+python3 -m pip install --no-deps --no-build-isolation -e . && python3 benchmarks/gpu_proof.py --out $OUT --part tests
+python3 -m pip install --no-deps --no-build-isolation -e . && python3 benchmarks/gpu_proof.py --out $OUT --part kernels
+python3 -m pip install --no-deps --no-build-isolation -e . && python3 benchmarks/gpu_proof.py --out $OUT --part e2e
+# more e2e, when the first call's time box cut it short: --models vit_large_patch16_224 --precisions bf16
+```
+
+Then copy `mlp_dispatch.json` to `kernels/`, `proof-e2e.json` to `results/` (it is a `vitfast
+bench` result), commit the rest under `results/`, and regenerate this file. `make gpu-proof`
+runs all three parts on a CUDA machine; `--dry-run` (CPU, tiny shapes, Triton interpreter) is in
+`make test`.
 """
 
 README_TAIL = """\
@@ -286,7 +304,7 @@ def _changes(git: dict[str, Any]) -> str:
 
 
 def read_other(path) -> dict[str, Any] | None:
-    """Another script's result (benchmarks/cpu_int8.py, gpu_kernels.py): JSON with `environment` and
+    """Another script's result (benchmarks/cpu_int8.py, gpu_proof.py): JSON with `environment` and
     a list of flat `rows`, else None (then it is only named)."""
     try:
         data = json.loads(Path(path).read_text())

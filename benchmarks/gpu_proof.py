@@ -1,0 +1,418 @@
+"""The GPU proof: everything a lent GPU must show, one part per device call, results into one folder.
+
+    python3 benchmarks/gpu_proof.py --out DIR [--part tests|kernels|e2e|all] [--budget SECONDS] [--dry-run]
+
+- tests: the kernel and optimize() test files on the GPU (pytest, VITFAST_TEST_DEVICE=cuda; junit
+  XML kept), then optimize() parity against the float64 model with the 2x rule for ViT-S/B/L,
+  DeiT-distilled, hybrid, LayerScale + registers and register + avg-pool models in fp16 and
+  bf16 at batch 1 and 64 (both MLP paths), and torch.compile over an optimized model and CUDA
+  graphs at batch 1 and 64.
+- kernels: copy bandwidth and matmul ceilings; fused attention vs SDPA flash / efficient / cuDNN;
+  add+LayerNorm vs PyTorch and vs the copy bandwidth; the GEMMs with epilogues vs cuBLAS + separate
+  kernels (benchmarks/gpu_kernels.py), and from these the MLP dispatch table, written as
+  DIR/mlp_dispatch.json (kernels/mlp_dispatch.json merged with this GPU's entries: copy it there
+  to commit it).
+- e2e: ViT-B/16, S/16, L/16 at 224 px, fp16 then bf16, batch 1/8/64/256: eager (SDPA),
+  torch.compile default and max-autotune, optimize(), optimize() + CUDA graphs, optimize() +
+  torch.compile, through the `vitfast bench` harness (img/s, p50/p99, peak memory, % of the
+  measured matmul peak, GPU, driver, versions, git sha), most important first.
+
+Each part writes DIR/proof-<part>.json, .md and (kernels, e2e) .png; at most 8 files per call.
+A part is time-boxed (`--budget`, default 540 s for one part, split by BUDGET_SHARE across
+`--part all`): rows it could not start in time are recorded as not reached, and a watchdog
+interrupts whatever runs past the box by 30 s, so the files are always written. Offline, no
+TensorRT needed. `--dry-run` runs the same code on CPU with tiny shapes and the Triton
+interpreter (part of `make test`, so the script cannot rot between GPU sessions); its figures
+time the interpreter and mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("tests", "kernels", "e2e")
+BUDGET_S = 540.0
+BUDGET_SHARE = {"tests": 0.3, "kernels": 0.3, "e2e": 0.4}  # of --budget under --part all
+GRACE_S = 30.0  # the watchdog fires this long after a part's time box
+TEST_FILES = ("tests/test_kernels.py", "tests/test_linear_layernorm.py", "tests/test_optimize.py")
+ATOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}  # DESIGN.md's 2x rule
+
+
+class TimeBox(BaseException):
+    """Raised by the watchdog; a BaseException so no `except Exception` on the way swallows it."""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, type=Path, help="folder for the result files (created)")
+    p.add_argument("--part", default="all", choices=(*PARTS, "all"))
+    p.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for this call (default %(default)s)")
+    p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, Triton interpreter: checks the script, measures nothing")
+    p.add_argument("--models", help="e2e: comma-separated models (default ViT-B/16, S/16, L/16 at 224)")
+    p.add_argument("--precisions", help="e2e: comma-separated of fp16,bf16 (default both)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
+    import torch
+
+    if not args.dry_run and not torch.cuda.is_available():
+        print("gpu_proof.py needs a CUDA GPU (--dry-run checks the script on CPU)", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    parts = PARTS if args.part == "all" else (args.part,)
+    failed = False
+    for part in parts:
+        budget = args.budget * (BUDGET_SHARE[part] if len(parts) > 1 else 1.0)
+        failed |= run_part(part, args, budget)
+    return 1 if failed else 0
+
+
+def run_part(part: str, args: argparse.Namespace, budget: float) -> bool:
+    """Run one part under its time box and write its files; True when a check failed."""
+    from vitfast.bench.measure import environment
+
+    result = {"part": part, "dry_run": args.dry_run, "budget_s": budget,
+              "environment": environment(" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), None)}  # fmt: skip
+    started = time.monotonic()
+    deadline = started + budget
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, budget + GRACE_S)
+    try:
+        {"tests": part_tests, "kernels": part_kernels, "e2e": part_e2e}[part](result, args, deadline)
+        result["time_box_hit"] = False
+    except TimeBox:
+        result["time_box_hit"] = True  # what was measured so far is in `result`
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    result["elapsed_s"] = time.monotonic() - started
+    write_outputs(part, result, args.out)
+    print(f"{part}: {result['elapsed_s']:.0f} s, files in {args.out}", flush=True)
+    return bool(result.get("failed"))
+
+
+def _alarm(signum, frame):
+    raise TimeBox()
+
+
+# ---------------------------------------------------------------------------- tests
+def part_tests(result: dict, args: argparse.Namespace, deadline: float) -> None:
+    result["pytest"] = run_pytest(args, deadline - 0.5 * (deadline - time.monotonic()))
+    result["model_parity"] = rows = []
+    model_parity(rows, args.dry_run, deadline)
+    result["failed"] = result["pytest"].get("failed", 0) > 0 or any(r.get("passes") is False for r in rows)
+
+
+def run_pytest(args: argparse.Namespace, deadline: float) -> dict:
+    """The GPU test files in a subprocess, within `deadline`; counts and failures from its junit XML.
+    Under --dry-run only the gpu-marked tests are selected (they skip on CPU: the plumbing runs)."""
+    junit = args.out / "tests-junit.xml"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *TEST_FILES]
+    env = dict(os.environ)
+    if args.dry_run:
+        cmd += ["-m", "gpu"]
+    else:
+        env["VITFAST_TEST_DEVICE"] = "cuda"
+        env.pop("TRITON_INTERPRET", None)
+    timeout = max(deadline - time.monotonic(), 10.0)
+    summary = {"command": " ".join(cmd[1:]), "timeout_s": round(timeout)}
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        summary |= {"returncode": done.returncode, "tail": done.stdout[-2000:]}
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        summary |= {"returncode": None, "timed_out": True, "tail": out[-2000:]}
+    if junit.exists():
+        summary |= junit_counts(junit)
+    return summary
+
+
+def junit_counts(path: Path) -> dict:
+    root = ET.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    failures = []
+    for case in suite.iter("testcase"):
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if bad is not None:
+            failures.append(f"{case.get('classname')}::{case.get('name')}: {(bad.get('message') or '').splitlines()[0][:200]}")
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    return counts | {"passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
+                     "failed": counts["failures"] + counts["errors"], "failed_tests": failures[:40]}  # fmt: skip
+
+
+def parity_models(dry_run: bool):
+    """(label, config): the GPU's real shapes, or tiny ones of the same families for --dry-run."""
+    import vitfast
+
+    families = [
+        ("ViT-S/16", "vit_small_patch16_224", {}), ("ViT-B/16", "vit_base_patch16_224", {}),
+        ("ViT-L/16", "vit_large_patch16_224", {}), ("DeiT-B distilled", "deit_base_distilled_patch16_224", {}),
+        ("hybrid R26+ViT-S/32", "vit_small_r26_s32_224", {}),
+        ("DeiT-III-S LayerScale 0.1 + 4 registers", "deit3_small_patch16_224", {"init_values": 0.1, "reg_tokens": 4}),
+        ("ViT-B/16 registers, avg pool", "vit_base_patch16_reg4_gap_256", {}),
+    ]  # fmt: skip
+    tiny = {"img_size": 32, "depth": 2, "embed_dim": 64, "num_heads": 2, "num_classes": 10}
+    for label, name, extra in families:
+        overrides = extra | (tiny | ({} if "r26" in name else {"patch_size": 8}) if dry_run else {})
+        yield label, vitfast.get_config(name, **overrides)
+
+
+def model_parity(rows: list, dry_run: bool, deadline: float) -> None:
+    """optimize() vs the float64 model, next to the eager model in the same dtype (the 2x rule); then
+    torch.compile over the optimized model and CUDA graphs."""
+    import torch
+
+    import vitfast
+
+    device = "cpu" if dry_run else "cuda"
+    dtypes = (torch.float32,) if dry_run else (torch.float16, torch.bfloat16)  # the interpreter: fp32 only
+    batches = (1, 2) if dry_run else (1, 64)
+    for label, cfg in parity_models(dry_run):
+        for dtype in dtypes:
+            for batch in batches:
+                base = dict(model=label, dtype=str(dtype).removeprefix("torch."), batch=batch)
+                if time.monotonic() > deadline:
+                    rows.append(base | {"status": "not reached"})
+                    continue
+                torch.manual_seed(0)
+                model = vitfast.create_model(cfg).to(device).eval()
+                x = torch.randn(batch, cfg.in_chans, *cfg.img_hw, device=device)
+                with torch.no_grad():
+                    exact = model.double()(x.double())
+                    model.to(dtype)
+                    checks = {"eager": lambda: model(x.to(dtype))}
+                    for mlp in ("auto", "epilogue"):
+                        checks[f"optimize mlp={mlp}"] = lambda mlp=mlp: vitfast.optimize(model, mlp=mlp)(x.to(dtype))
+                    if label == "ViT-B/16" or dry_run and label == "ViT-S/16":
+                        checks |= compiled_and_graphed(model, x.to(dtype), dry_run)
+                    rows += parity_rows(base, checks, exact)
+                    del model
+
+
+def compiled_and_graphed(model, x, dry_run: bool) -> dict:
+    """torch.compile(optimize(model)) (aot_eager under --dry-run: no C++ build) and CUDA graphs."""
+    import torch
+
+    import vitfast
+
+    backend = "aot_eager" if dry_run else "inductor"
+    checks = {f"optimize + torch.compile({backend}, fullgraph)": lambda: torch.compile(
+        vitfast.optimize(model, mlp="auto"), fullgraph=True, backend=backend)(x)}  # fmt: skip
+    if not dry_run:
+        def graphed():
+            vitfast.optimize(model, cuda_graphs=True)
+            model(x)  # captures
+            return model(x * 1.0)  # replays with another buffer's data
+        checks["optimize + CUDA graphs"] = graphed
+    return checks
+
+
+def parity_rows(base: dict, checks: dict, exact) -> list[dict]:
+    """One row per check: max |err| vs the float64 model; passes when <= 2x eager's + atol."""
+    rows, eager_err = [], None
+    for name, run in checks.items():
+        row = base | {"check": name}
+        try:
+            err = (run().double() - exact).abs().max().item()
+        except Exception as exc:  # a failing path is a row with its error, the other checks still run
+            rows.append(row | {"status": "error", "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}", "passes": False})
+            continue
+        eager_err = err if name == "eager" else eager_err
+        passes = None if name == "eager" else err <= 2 * eager_err + ATOL[base["dtype"]]
+        rows.append(row | {"status": "ok", "max_abs_err": err, "eager_max_abs_err": eager_err, "passes": passes})
+    return rows
+
+
+# ---------------------------------------------------------------------------- kernels
+def part_kernels(result: dict, args: argparse.Namespace, deadline: float) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    import gpu_kernels as gk
+
+    s = gk.DRY_RUN if args.dry_run else gk.GPU
+    result["ceilings"] = gk.ceilings(s)
+    result["attention"] = gk.attention_speed(s, deadline - 0.6 * (deadline - time.monotonic()))
+    result["add_layernorm"] = gk.layernorm_speed(s, result["ceilings"]["copy_GBps"], deadline - 0.55 * (deadline - time.monotonic()))
+    result["mlp"] = rows = []
+    rows += gk.mlp_gemms(s, deadline)
+    env = result["environment"]
+    gpu = env["gpu"]
+    table = args.out / "mlp_dispatch.json"
+    shutil.copyfile(gk.DISPATCH_TABLE, table)
+    dispatch_env = {"compute_capability": gpu.get("compute_capability") or "cpu (dry run)", "gpu": gpu.get("name") or "cpu (dry run)",
+                    "git_sha": env["git"]["sha"], "command": env["command"]}  # fmt: skip
+    result["mlp_dispatch"] = gk.write_dispatch(rows, dispatch_env, table)
+    result["failed"] = any(r.get("passes_2x_rule") is False for r in rows)
+
+
+# ---------------------------------------------------------------------------- end to end
+E2E_MODELS = ("vit_base_patch16_224", "vit_small_patch16_224", "vit_large_patch16_224")
+E2E_BATCHES = (1, 8, 64, 256)
+E2E_BACKENDS = ("eager", "vitfast", "vitfast-graphs", "compile", "vitfast-compile")
+
+
+def e2e_jobs(args: argparse.Namespace):
+    """(config, precision, backends, compile mode, batches) in priority order: ViT-B fp16 first."""
+    import vitfast
+
+    if args.dry_run:
+        cfg = vitfast.get_config("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2)
+        yield cfg, "fp32", E2E_BACKENDS, "default", (1, 2)
+        return
+    models = args.models.split(",") if args.models else E2E_MODELS
+    for precision in args.precisions.split(",") if args.precisions else ("fp16", "bf16"):
+        for name in models:
+            cfg = vitfast.get_config(name)
+            yield cfg, precision, E2E_BACKENDS, "default", E2E_BATCHES
+            yield cfg, precision, ("compile",), "max-autotune", E2E_BATCHES
+
+
+def part_e2e(result: dict, args: argparse.Namespace, deadline: float) -> None:
+    """Each job is one `vitfast bench` sweep (vitfast.bench.run_sweep); rows of all jobs go into
+    one result in the harness's schema, so its markdown table, plot, --compare and --report apply
+    (proof-e2e.json can go into benchmarks/results/ as it is)."""
+    from vitfast.bench import measure
+    from vitfast.bench.backends import BackendOptions
+    from vitfast.bench.sweep import SCHEMA, Settings, base_row, run_sweep
+
+    if args.dry_run:
+        measure.CPU_MATMUL = (256, measure.CPU_MATMUL[1])  # a quick ceiling: the dry run measures nothing
+    result |= {"schema": SCHEMA, "settings": {"jobs": []}, "rows": [], "peak": None, "sweeps": []}
+    for cfg, precision, backends, mode, batches in e2e_jobs(args):
+        skipped = [b for b in backends if args.dry_run and "compile" in b]  # no Inductor C++ build in the dry run
+        run = [b for b in backends if b not in skipped]
+        label = lambda b: f"compile-{mode}" if b == "compile" and mode != "default" else b  # noqa: E731
+        reason = "--dry-run does not build Inductor's C++ (a minute of CPU)" if skipped else None
+        result["rows"] += [base_row(cfg, label(b), precision, n) | {"status": "skipped", "reason": reason} for b in skipped for n in batches]
+        if time.monotonic() > deadline - 20:
+            result["rows"] += [base_row(cfg, label(b), precision, n) | {"status": "skipped", "reason": "not reached: the part's time box ran out"}
+                               for b in run for n in batches]  # fmt: skip
+            continue
+        settings = Settings(models=[cfg], backends=run, batches=list(batches), precisions=[precision],
+                            repeats=5 if args.dry_run else 20, warmup=2 if args.dry_run else 5, max_seconds=2.0,
+                            options=BackendOptions(compile_mode=mode))  # fmt: skip
+        result["settings"]["jobs"].append(settings.to_dict() | {"options": {"compile_mode": mode}})
+        sweep = run_sweep(settings, on_row=lambda row: _take_row(row, label, result["rows"]))
+        result["peak"] = result["peak"] or sweep["peak"]
+        result["sweeps"].append({"command": sweep["environment"]["command"], "peak_tflops": sweep["peak"]["tflops"],
+                                 "elapsed_s": sweep["elapsed_s"]})  # fmt: skip
+
+
+def _take_row(row: dict, label, rows: list) -> None:
+    """As each row comes (so a time box keeps it): its backend label, into the result, one line out.
+    The sweep fills in % of peak on the same dict when it ends."""
+    row["backend"] = label(row["backend"])
+    rows.append(row)
+    print(_row_line(row), flush=True)
+
+
+def _row_line(row: dict) -> str:
+    what = f"{row['model']} {row['backend']} {row['precision']} batch {row['batch']}"
+    if row["status"] != "ok":
+        return f"  {what}: {row['status']} ({row['reason']})"
+    return f"  {what}: {row['images_per_s']:.1f} img/s, p50 {row['p50_ms']:.3f} ms, p99 {row['p99_ms']:.3f} ms"
+
+
+# ---------------------------------------------------------------------------- outputs
+def write_outputs(part: str, result: dict, out: Path) -> None:
+    """DIR/proof-<part>.json, .md and .png (kernels, e2e), each written to a temporary name and renamed."""
+    base = out / f"proof-{part}"
+    _atomic_write(base.with_suffix(".json"), json.dumps(result, indent=1, default=str))
+    try:
+        png = save_png(part, result, base.with_suffix(".png.tmp"))
+        if png:
+            os.replace(png, base.with_suffix(".png"))
+    except Exception as exc:  # no matplotlib, nothing measured: the markdown says so
+        result["png"] = f"no plot: {type(exc).__name__}: {exc}"
+    _atomic_write(base.with_suffix(".md"), markdown(part, result))
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def md_table(rows: list[dict], columns: list[str]) -> list[str]:
+    def cell(v):
+        return f"{v:.4g}" if isinstance(v, float) else "" if v is None else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return lines + ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
+
+
+def markdown(part: str, result: dict) -> str:
+    env = result["environment"]
+    gpu = env["gpu"]
+    lines = [f"# GPU proof: {part}{' (DRY RUN on CPU: figures time the interpreter, not a GPU)' if result['dry_run'] else ''}", "",
+             f"GPU {gpu.get('name', 'none')} (compute capability {gpu.get('compute_capability', '-')}, driver {gpu.get('driver', '-')}), "
+             f"torch {env['versions'].get('torch')}, triton {env['versions'].get('triton')}, python {env.get('python')}, git {env['git']['sha']}"
+             f"{' (+ local changes)' if env['git']['dirty'] else ''}; `{env['command']}`; {result['elapsed_s']:.0f} s of a "
+             f"{result['budget_s']:.0f} s time box{' (hit: later rows not reached)' if result.get('time_box_hit') else ''}.", ""]  # fmt: skip
+    if part == "tests":
+        p = result.get("pytest", {})
+        lines += [f"pytest `{p.get('command')}`: {p.get('passed', '?')} passed, {p.get('failed', '?')} failed, {p.get('skipped', '?')} skipped"
+                  f"{' (TIMED OUT)' if p.get('timed_out') else ''}", ""] + [f"- {f}" for f in p.get("failed_tests", [])]  # fmt: skip
+        lines += ["", "optimize() parity vs the float64 model (max |err| of the logits; passes: <= 2x eager's + atol):", ""]
+        lines += md_table(result.get("model_parity", []), ["model", "dtype", "batch", "check", "status", "max_abs_err", "eager_max_abs_err", "passes", "reason"])
+    elif part == "kernels":
+        lines += [f"Ceilings: {json.dumps(result.get('ceilings', {}))}", "", "## Attention", ""]
+        att_cols = ["B", "N", "H", "D", "dtype", "status", "vitfast_TFLOPs", "sdpa_flash_TFLOPs", "sdpa_efficient_TFLOPs",
+                    "sdpa_cudnn_TFLOPs", "speedup_vs_best_sdpa"]  # fmt: skip
+        lines += md_table(result.get("attention", []), att_cols) + ["", "## add + LayerNorm", ""]
+        lines += md_table(result.get("add_layernorm", []), ["rows", "C", "dtype", "status", "vitfast_GBps", "torch_GBps", "fraction_of_copy"])
+        lines += ["", "## GEMMs with epilogues vs cuBLAS + separate kernels", ""]
+        lines += md_table(result.get("mlp", []), ["op", "model", "dtype", "batch", "status", "cublas_TFLOPs", "epilogue_TFLOPs", "speedup",
+                                                  "faster", "passes_2x_rule"])  # fmt: skip
+        lines += ["", f"Dispatch entries written to mlp_dispatch.json: {len(result.get('mlp_dispatch') or [])}"]
+    else:
+        from vitfast.bench.report import to_markdown
+
+        lines += [to_markdown(result)] if result.get("peak") else ["Nothing was measured."]
+    if result.get("png"):
+        lines += ["", result["png"]]
+    return "\n".join(lines) + "\n"
+
+
+def save_png(part: str, result: dict, path: Path) -> Path | None:
+    if part == "tests":
+        return None
+    if part == "e2e":
+        from vitfast.bench.report import save_plot
+
+        save_plot(result, path)
+        return path
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(15, 4.5), layout="constrained")
+    ax_att, ax_ln, ax_mlp = fig.subplots(1, 3)
+    att = [r for r in result.get("attention", []) if r.get("speedup_vs_best_sdpa")]
+    ax_att.bar([f"N{r['N']} D{r['D']}" for r in att], [r["speedup_vs_best_sdpa"] for r in att])
+    ax_att.set(title="attention: speedup vs best SDPA backend", ylabel="x")
+    ln = [r for r in result.get("add_layernorm", []) if r.get("status") == "ok"]
+    ax_ln.bar([f"C{r['C']}" for r in ln], [100 * r["fraction_of_copy"] for r in ln])
+    ax_ln.set(title="add+LayerNorm: % of copy bandwidth", ylabel="%")
+    mlp = [r for r in result.get("mlp", []) if r.get("status") == "ok"]
+    ax_mlp.bar([f"{r['op'].split('+')[0]} {r['model']} {r['dtype'][:4]} b{r['batch']}" for r in mlp], [r["speedup"] for r in mlp])
+    ax_mlp.set(title="epilogue GEMM: speedup vs cuBLAS + kernels", ylabel="x")
+    for ax in (ax_att, ax_ln, ax_mlp):
+        ax.tick_params(axis="x", labelrotation=90, labelsize=6)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.savefig(path, format="png", dpi=100)
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())

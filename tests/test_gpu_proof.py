@@ -1,0 +1,105 @@
+"""benchmarks/gpu_proof.py, the script a lent GPU runs, checked on CPU with --dry-run (same code,
+tiny shapes, Triton interpreter) so it cannot rot between GPU sessions: every part writes its
+files, in the schema a GPU session reads back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="Triton is not installed (pip install 'vitfast[triton]')")
+
+from vitfast.bench.sweep import validate_result  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_proof.py"
+
+
+def run_proof(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # --dry-run sets it itself
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("proof")
+    done = run_proof("--out", str(out), "--dry-run", "--budget", "3000")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
+
+
+def load(out: Path, name: str) -> dict:
+    return json.loads((out / name).read_text())
+
+
+def test_every_part_writes_json_markdown_and_plots(dry_run):
+    names = sorted(p.name for p in dry_run.iterdir())
+    assert names == ["mlp_dispatch.json", "proof-e2e.json", "proof-e2e.md", "proof-e2e.png", "proof-kernels.json",
+                     "proof-kernels.md", "proof-kernels.png", "proof-tests.json", "proof-tests.md", "tests-junit.xml"]  # fmt: skip
+    for part in ("tests", "kernels", "e2e"):
+        result = load(dry_run, f"proof-{part}.json")
+        assert result["dry_run"] is True and result["time_box_hit"] is False
+        assert {"command", "git", "gpu", "versions", "python"} <= result["environment"].keys()
+        assert "DRY RUN" in (dry_run / f"proof-{part}.md").read_text()
+    for png in ("proof-e2e.png", "proof-kernels.png"):
+        assert (dry_run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tests_part_schema(dry_run):
+    result = load(dry_run, "proof-tests.json")
+    pytest_run = result["pytest"]
+    assert pytest_run["failed"] == 0 and pytest_run["skipped"] == pytest_run["tests"] > 0  # gpu tests skip on CPU
+    rows = result["model_parity"]
+    models = {r["model"] for r in rows}
+    assert {"ViT-S/16", "ViT-B/16", "ViT-L/16", "DeiT-B distilled", "hybrid R26+ViT-S/32"} <= models
+    assert all(r["status"] == "ok" for r in rows), [r for r in rows if r["status"] != "ok"]
+    checks = {r["check"] for r in rows}
+    assert {"eager", "optimize mlp=auto", "optimize mlp=epilogue", "optimize + torch.compile(aot_eager, fullgraph)"} <= checks
+    assert all(r["passes"] for r in rows if r["check"] != "eager")
+    assert all(r["eager_max_abs_err"] > 0 for r in rows)  # against float64, fp32 eager errs a little
+
+
+def test_kernels_part_schema(dry_run):
+    result = load(dry_run, "proof-kernels.json")
+    assert {"copy_GBps", "matmul_float32_TFLOPs"} <= result["ceilings"].keys()
+    for row in result["attention"]:
+        assert row["status"] == "ok" and row["vitfast_TFLOPs"] > 0
+        assert all(f"sdpa_{b}_ms" in row or f"sdpa_{b}_reason" in row for b in ("flash", "efficient", "cudnn"))
+    assert all(r["status"] == "ok" and 0 < r["fraction_of_copy"] for r in result["add_layernorm"])
+    ops = {r["op"].split("+")[0] for r in result["mlp"]}
+    assert ops == {"fc1", "fc2", "proj"} and all(r["passes_2x_rule"] for r in result["mlp"])
+    table = load(dry_run, "mlp_dispatch.json")
+    assert len(table["entries"]) == len(result["mlp_dispatch"]) == 2  # one per measured batch bucket
+    assert {"compute_capability", "dtype", "C", "hidden", "m_bucket", "fc1", "fc2"} <= table["entries"][0].keys()
+
+
+def test_e2e_part_is_a_bench_result(dry_run):
+    result = validate_result(load(dry_run, "proof-e2e.json"))  # the `vitfast bench` schema: --report / --compare read it
+    by_backend = {r["backend"]: r for r in result["rows"]}
+    assert set(by_backend) == {"eager", "vitfast", "vitfast-graphs", "compile", "vitfast-compile"}
+    assert by_backend["eager"]["status"] == "ok" and by_backend["eager"]["images_per_s"] > 0
+    assert "Inductor" in by_backend["compile"]["reason"] and "TRITON_INTERPRET" in by_backend["vitfast"]["reason"]
+
+
+def test_time_box_still_writes_results(tmp_path):
+    """A part whose box has run out before it starts records its rows as not reached."""
+    done = run_proof("--out", str(tmp_path), "--dry-run", "--part", "e2e", "--budget", "0.01")
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = validate_result(load(tmp_path, "proof-e2e.json"))["rows"]
+    assert rows and all(r["status"] == "skipped" for r in rows)
+    assert any("time box" in r["reason"] for r in rows)
+    assert "Nothing was measured" in (tmp_path / "proof-e2e.md").read_text()
+
+
+def test_needs_a_gpu_without_dry_run(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the script would run for real")
+    done = run_proof("--out", str(tmp_path), "--part", "kernels")
+    assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr
