@@ -229,7 +229,8 @@ def test_trt_export_without_tensorrt_keeps_the_onnx_and_says_how_to_install(tmp_
 def test_cli_bad_inputs_one_line_exit_2_nothing_written(tmp_path, args, message):
     (tmp_path / "empty").mkdir()
     (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / "broken.png").write_bytes(b"not a png at all")
+    for name in ("broken.png", "broken2.png"):  # two: one alone is refused first (int8 holds one image out)
+        (tmp_path / "bad" / name).write_bytes(b"not a png at all")
     (tmp_path / "corrupt.onnx").write_bytes(b"\x08\x01garbage")
     (tmp_path / "corrupt.onnx.json").write_text(json.dumps({"config": vitfast.get_config("vit_cifar_patch4_32").to_dict(), "precision": "fp32"}))
     (tmp_path / "nosidecar.onnx").write_bytes(b"x")
