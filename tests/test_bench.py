@@ -96,6 +96,8 @@ def test_skip_reasons_name_the_cause():
     assert "interpreter" in skip_reason("vitfast-graphs", "fp16", _platform(triton_interpret=True), opts, cfg)
     assert skip_reason("vitfast", "fp16", gpu, opts, cfg) is None
     assert "C++ compiler" in skip_reason("compile", "fp32", _platform(cxx=None), opts, cfg)
+    assert "CUDA GPU" in skip_reason("vitfast-compile", "fp16", cpu, opts, cfg)  # optimize() first, then compile
+    assert skip_reason("vitfast-compile", "fp16", gpu, opts, cfg) is None
     assert "bf16" in skip_reason("onnxruntime", "bf16", cpu, opts, cfg)
     assert "no int8 kernels" in skip_reason("onnxruntime", "int8", gpu, opts, cfg)
     assert "not installed" in skip_reason("onnxruntime", "fp32", _platform(onnxruntime="onnxruntime is not installed"), opts, cfg)
