@@ -60,7 +60,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, Triton interpreter: checks the script, measures nothing")
     p.add_argument("--models", help="e2e: comma-separated models (default ViT-B/16, S/16, L/16 at 224)")
     p.add_argument("--precisions", help="e2e: comma-separated of fp16,bf16 (default both)")
-    return p.parse_args(argv)
+    p.add_argument("--backends", help=f"e2e: comma-separated of {','.join(E2E_BACKENDS)},compile-max-autotune (default all)")
+    p.add_argument("--batches", help="e2e: comma-separated batch sizes (default 1,8,64,256)")
+    args = p.parse_args(argv)
+    choices = {"backends": (*E2E_BACKENDS, "compile-max-autotune"), "precisions": ("fp16", "bf16", "fp32")}
+    for flag, allowed in choices.items():
+        unknown = set((getattr(args, flag) or "").split(",")) - {"", *allowed}
+        if unknown:
+            p.error(f"--{flag}: unknown {', '.join(sorted(unknown))}; choose from {','.join(allowed)}")
+    if args.batches and not all(b.isdigit() and int(b) > 0 for b in args.batches.split(",")):
+        p.error(f"--batches takes positive integers separated by commas, got {args.batches!r}")
+    return args
 
 
 def main(argv=None) -> int:
@@ -272,11 +282,16 @@ def e2e_jobs(args: argparse.Namespace):
         yield cfg, "fp32", E2E_BACKENDS, "default", (1, 2)
         return
     models = args.models.split(",") if args.models else E2E_MODELS
+    wanted = args.backends.split(",") if args.backends else [*E2E_BACKENDS, "compile-max-autotune"]
+    batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else E2E_BATCHES
     for precision in args.precisions.split(",") if args.precisions else ("fp16", "bf16"):
         for name in models:
             cfg = vitfast.get_config(name)
-            yield cfg, precision, E2E_BACKENDS, "default", E2E_BATCHES
-            yield cfg, precision, ("compile",), "max-autotune", E2E_BATCHES
+            default = tuple(b for b in E2E_BACKENDS if b in wanted)
+            if default:
+                yield cfg, precision, default, "default", batches
+            if "compile-max-autotune" in wanted:
+                yield cfg, precision, ("compile",), "max-autotune", batches
 
 
 def part_e2e(result: dict, args: argparse.Namespace, deadline: float) -> None:

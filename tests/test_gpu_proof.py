@@ -103,3 +103,10 @@ def test_needs_a_gpu_without_dry_run(tmp_path):
         pytest.skip("this machine has a GPU: the script would run for real")
     done = run_proof("--out", str(tmp_path), "--part", "kernels")
     assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr
+
+
+def test_bad_e2e_flags_are_one_line_errors(tmp_path):
+    done = run_proof("--out", str(tmp_path), "--dry-run", "--part", "e2e", "--backends", "eager,fast")
+    assert done.returncode == 2 and "--backends: unknown fast; choose from" in done.stderr
+    done = run_proof("--out", str(tmp_path), "--dry-run", "--part", "e2e", "--batches", "1,x")
+    assert done.returncode == 2 and "--batches takes positive integers" in done.stderr

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'vitfast[triton]')")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 from test_kernels import check_2x, dtype, poisoned  # noqa: E402,F401  (dtype is a fixture)
 
 from vitfast.kernels import add_layernorm as aln  # noqa: E402
@@ -34,6 +36,22 @@ def test_linear_residual_layernorm_odd_shapes(device, dtype, gamma, lead, K, N):
     plain = ll.linear_residual_layernorm_reference(*t.values(), 1e-6)
     check_2x(r_out, plain[0], exact[0], dtype)
     check_2x(out, plain[1], exact[1], dtype)
+
+
+@settings(max_examples=12, deadline=None)
+@given(M=st.integers(1, 70), K=st.integers(1, 100), N=st.integers(1, 300), gamma=st.booleans())
+def test_linear_residual_layernorm_property(M, K, N, gamma):
+    """Any M, K, N (tails of every tile, N below / across column chunks), fp32, 2x rule."""
+    import os
+
+    device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+    t = branch_inputs((M,), K, N, torch.float32, device, gamma)
+    r_out, out = poisoned((M, N), torch.float32, device), poisoned((M, N), torch.float32, device)
+    ll.linear_residual_layernorm_launch(**t, eps=1e-6, residual_out=r_out, out=out)
+    exact = ll.linear_residual_layernorm_reference(*(v.double() if v is not None else None for v in t.values()), 1e-6)
+    plain = ll.linear_residual_layernorm_reference(*t.values(), 1e-6)
+    check_2x(r_out, plain[0], exact[0], torch.float32)
+    check_2x(out, plain[1], exact[1], torch.float32)
 
 
 def test_linear_residual_layernorm_reads_strided_inputs(device):
