@@ -1,13 +1,21 @@
-"""Helpers shared by the kernel launchers."""
+"""Helpers shared by the kernel launchers (importable without triton: vitfast/fused.py uses next_pow2)."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+from typing import Any, Callable
 
 import torch
 
 # Read once, like triton itself: TRITON_INTERPRET must be set before triton is imported.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+INT32_MAX = 2**31 - 1
+
+# (config, launch arguments by name: tensors, ints and constexprs, compute capability as 80/89/90)
+# -> bytes of shared memory
+SharedMemoryEstimate = Callable[[Any, dict, int], int]
 
 
 def next_pow2(n: int) -> int:
@@ -34,3 +42,72 @@ def runs_reference(t: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import is_fake
 
     return t.device.type == "cpu" and (not INTERPRET or is_fake(t))
+
+
+def span(t: torch.Tensor, dims: slice = slice(None)) -> int:
+    """Largest element offset reachable through t's strides over `dims` (what a kernel multiplies out)."""
+    return sum((n - 1) * abs(s) for n, s in zip(t.shape[dims], t.stride()[dims]))
+
+
+def shared_memory_budget(device: torch.device) -> tuple[int, int] | None:
+    """(compute capability as an int, 80 for sm_80, and the bytes of shared memory one program may
+    use: the opt-in maximum Triton checks at launch, 163 KB on sm_80, 99 KB on sm_86/89, 227 KB on
+    sm_90) of a CUDA device. None off CUDA: the interpreter has no such limit."""
+    if device.type != "cuda":
+        return None
+    return _cuda_shared_memory_budget(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_shared_memory_budget(index: int) -> tuple[int, int]:
+    from triton.runtime import driver
+
+    major, minor = torch.cuda.get_device_capability(index)
+    return 10 * major + minor, driver.active.utils.get_device_properties(index)["max_shared_mem"]
+
+
+def configs_within(configs: list, estimate: SharedMemoryEstimate, args: dict, budget: tuple[int, int] | None) -> list:
+    """The configs whose estimated shared memory fits the (capability, bytes) budget (all when None)."""
+    if budget is None:
+        return list(configs)
+    capability, limit = budget
+    return [c for c in configs if estimate(c, args, capability) <= limit]
+
+
+def autotune(configs: list, key: list[str], estimate: SharedMemoryEstimate):
+    """`triton.autotune` that drops configs too big for the device's shared memory before tuning
+    (instead of compiling them only to fail), and keeps tuning results on disk (in Triton's cache
+    dir, TRITON_CACHE_DIR) where the installed Triton can. `.shared_memory_estimate` is kept on
+    the autotuner for the launchers' error messages and the ahead-of-time compile check."""
+    import triton
+
+    def prune(configs, named_args, **kwargs):
+        args = {**named_args, **kwargs}
+        device = next(v.device for v in args.values() if isinstance(v, torch.Tensor))
+        return configs_within(configs, estimate, args, shared_memory_budget(device))
+
+    extra = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+
+    def decorate(fn):
+        tuner = triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune}, **extra)(fn)
+        tuner.shared_memory_estimate = estimate
+        return tuner
+
+    return decorate
+
+
+def require_fitting_config(tuner, args: dict, device: torch.device, what: str) -> None:
+    """Raise a clear error when none of `tuner`'s configs fits the device's shared memory
+    (Triton's own error would be 'No valid autotuner configs after pruning')."""
+    from vitfast.errors import InputError
+
+    budget = shared_memory_budget(device)
+    if budget is None or configs_within(tuner.configs, tuner.shared_memory_estimate, args, budget):
+        return
+    capability, limit = budget
+    smallest = min(tuner.shared_memory_estimate(c, args, capability) for c in tuner.configs)
+    raise InputError(
+        f"{what}: no kernel configuration fits this GPU's shared memory ({limit // 1024} KB per block; "
+        f"the smallest needs {smallest // 1024} KB); use fp16/bf16 inputs or a smaller head_dim, "
+        "or leave this layer to PyTorch"
+    )

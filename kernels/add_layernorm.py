@@ -24,7 +24,7 @@ def _add_layernorm_kernel(
     C, eps,
     HAS_BRANCH: tl.constexpr, HAS_GAMMA: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # row * stride passes 2^31 elements at large batches
     cols = tl.arange(0, BLOCK_C)
     mask = cols < C
     # -- new residual stream (fp32 in registers; stored in the I/O dtype)

@@ -15,7 +15,9 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from ._common import INTERPRET, check_device, next_pow2, runs_reference
+from vitfast.errors import InputError
+
+from ._common import INT32_MAX, INTERPRET, autotune, check_device, next_pow2, require_fitting_config, runs_reference, span
 
 LOG2E = 1.0 / math.log(2.0)  # exp(x) = exp2(x / ln 2): folded into the softmax scale
 
@@ -23,30 +25,53 @@ LOG2E = 1.0 / math.log(2.0)  # exp(x) = exp2(x / ln 2): folded into the softmax 
 def _configs() -> list[triton.Config]:
     if INTERPRET:  # the interpreter is slow and gains nothing from tuning: one config
         return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
-    return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-        for bm in (64, 128)
-        for bn in (32, 64, 128)
-        for w in (4, 8)
-        for s in (2, 3, 4)
-        if not (bm == 128 and bn == 128 and s == 4)  # exceeds shared memory at D = 128
-    ]
+    # A short list, so a first call tunes in seconds: wide query tiles for the large batches,
+    # 8-warp variants that keep fp32 (IEEE products) out of register spills (ptxas counts in
+    # `python -m vitfast.kernels.aot`), and the small (64, 32) tiles that still fit fp32 at
+    # head_dim 128 on 99 KB parts. The autotuner only benchmarks those that fit the device's
+    # shared memory (`shared_memory_bytes`).
+    tiles = [
+        (64, 32, 4, 2), (64, 32, 8, 2), (64, 64, 4, 2), (64, 64, 4, 3), (128, 32, 8, 2),
+        (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2),
+    ]  # fmt: skip
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in tiles]
 
 
-@triton.autotune(configs=_configs(), key=["N", "HEAD_DIM"])  # tensor dtypes are part of the key too
-@triton.jit
+def shared_memory_bytes(config: triton.Config, args: dict, capability: int) -> int:
+    """Upper estimate of the kernel's shared memory for one config, fitted to and checked against
+    the compiled kernels' `metadata.shared` on sm_80/89/90a (tests/test_aot_compile.py): buffered
+    k and v tiles [BLOCK_N, BLOCK_D] (num_stages of them for fp16/bf16 on Hopper, num_stages - 1
+    with cp.async before it and for fp32), the query tile, and the layout change of p."""
+    elsize, block_d = args["QKV"].element_size(), args["BLOCK_D"]
+    bm, bn, stages = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_stages
+    buffers = stages if capability >= 90 and elsize == 2 else stages - 1
+    p = bm * (bn + 1) * 4 if elsize == 4 else bm * bn * elsize
+    return max(buffers, 1) * 2 * bn * block_d * elsize + bm * block_d * elsize + p
+
+
+# Keyed on the sequence length, the head dim and the number of (batch, head) pairs rounded up to
+# a power of two (together they set how many programs run, which decides the best tile, so the
+# tile tuned at batch 8 is not reused at batch 256); tensor dtypes are part of the key too.
+@autotune(configs=_configs(), key=["N", "HEAD_DIM", "BH_BUCKET"], estimate=shared_memory_bytes)
+@triton.jit(do_not_specialize=["BH_BUCKET"])  # a tuning key only: no recompile per bucket
 def _attention_fwd_kernel(
     QKV, Out,
     stride_b, stride_n, stride_3, stride_h, stride_d,  # qkv [B, N, 3, H, D]
     stride_ob, stride_on, stride_oh, stride_od,  # out viewed as [B, N, H, D]
-    N, H, qk_scale,
+    N, H, BH_BUCKET, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IEEE_FP32: tl.constexpr,
 ):  # fmt: skip
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
+    # -- one flat grid axis (axis 1 would cap B * H at 65,535): query tiles of one (batch, head)
+    # are neighbours, so they share its k/v in L2
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(N, BLOCK_M)
+    pid_m = pid % num_m
+    pid_bh = pid // num_m
+    # (batch, head) base offsets in int64: B * N * 3 * H * D passes 2^31 at large batches; the
+    # offsets inside one (batch, head) stay int32 (the launcher checks they fit)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -111,17 +136,29 @@ def attention_launch(qkv: torch.Tensor, out: torch.Tensor, scale: float | None =
     check_device(qkv, out)
     scale = D**-0.5 if scale is None else scale
     out4 = out.view(B, N, H, D)
+    if max(span(qkv, slice(1, None)), span(out4, slice(1, None))) > INT32_MAX:
+        raise InputError(f"fused attention: one image's qkv {tuple(qkv.shape[1:])} spans 2^31 elements or more "
+                         "(the kernel's in-image offsets are 32-bit); use fewer tokens or heads")
+    block_d = max(next_pow2(D), 16)
+    if qkv.is_cuda:
+        require_fitting_config(_attention_fwd_kernel, {"QKV": qkv, "BLOCK_D": block_d}, qkv.device,
+                               f"fused attention ({str(qkv.dtype).removeprefix('torch.')}, head_dim {D})")
 
-    def grid(meta):
-        return (triton.cdiv(N, meta["BLOCK_M"]), B * H)
-
-    wrap_triton(_attention_fwd_kernel)[grid](
+    wrap_triton(_attention_fwd_kernel)[lambda meta: attention_grid(B, N, H, meta["BLOCK_M"])](
         qkv, out4,
         *qkv.stride(), *out4.stride(),
-        N, H, scale * LOG2E,
-        HEAD_DIM=D, BLOCK_D=max(next_pow2(D), 16), IEEE_FP32=qkv.dtype == torch.float32,
+        N, H, next_pow2(B * H), scale * LOG2E,
+        HEAD_DIM=D, BLOCK_D=block_d, IEEE_FP32=qkv.dtype == torch.float32,
     )  # fmt: skip
     return out
+
+
+def attention_grid(B: int, N: int, H: int, block_m: int) -> tuple[int]:
+    """One program per (query tile, batch, head), flattened on grid axis 0 (up to 2^31 - 1 programs)."""
+    programs = triton.cdiv(N, block_m) * B * H
+    if programs > INT32_MAX:
+        raise InputError(f"fused attention: {programs} programs exceed CUDA's grid limit; split the batch")
+    return (programs,)
 
 
 @triton_op("vitfast::fused_attention", mutates_args=())

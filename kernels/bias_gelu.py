@@ -33,7 +33,8 @@ def _bias_gelu_kernel(
     X, Bias, Out, M, C, stride_x, stride_out,
     APPROX_TANH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    # int64 rows: rows * stride passes 2^31 elements at large batches (ViT-B/16 from batch ~3,500)
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (rows < M)[:, None] & (cols < C)[None, :]
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)

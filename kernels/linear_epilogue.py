@@ -24,7 +24,9 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from ._common import INTERPRET, check_device, next_pow2, runs_reference
+from vitfast.errors import InputError
+
+from ._common import INT32_MAX, INTERPRET, autotune, check_device, next_pow2, require_fitting_config, runs_reference, span
 from .bias_gelu import gelu as gelu_tile
 
 GELU_FORMS = {None: 0, "none": 1, "tanh": 2}  # the ACTIVATION constexpr: no GELU, erf form, tanh form
@@ -34,12 +36,12 @@ def _configs() -> list[triton.Config]:
     if INTERPRET:  # the interpreter is slow and gains nothing from tuning: one small config
         return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4}, num_warps=4, num_stages=1)]
     # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): large tiles for the big-batch GEMMs,
-    # smaller ones so batch 1 (M = 197) still fills the SMs. Tiles too big for shared memory
-    # (fp32 inputs) fail to compile and the autotuner skips them.
+    # smaller ones so batch 1 (M = 197) still fills the SMs. Tiles too big for the device's shared
+    # memory (fp32 inputs, 99 KB parts) are dropped before tuning (`shared_memory_bytes`).
     tiles = [
         (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 8, 4),
         (128, 128, 64, 4, 4), (128, 128, 32, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
-        (64, 64, 64, 4, 4), (64, 256, 32, 4, 4),
+        (64, 64, 64, 4, 4), (64, 256, 32, 4, 4), (64, 64, 32, 4, 2),
     ]  # fmt: skip
     return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
@@ -47,10 +49,20 @@ def _configs() -> list[triton.Config]:
     ]
 
 
+def shared_memory_bytes(config: triton.Config, args: dict, capability: int) -> int:
+    """Upper estimate of the kernel's shared memory for one config, fitted to and checked against
+    the compiled kernels' `metadata.shared` on sm_80/89/90a (tests/test_aot_compile.py): buffered
+    x and W tiles, num_stages of them for fp16/bf16 on Hopper, num_stages - 1 with cp.async before
+    it and for fp32."""
+    elsize, kw = args["X"].element_size(), config.kwargs
+    buffers = config.num_stages if capability >= 90 and elsize == 2 else config.num_stages - 1
+    return max(buffers, 1) * (kw["BLOCK_M"] + kw["BLOCK_N"]) * kw["BLOCK_K"] * elsize
+
+
 # Keyed on the GEMM shape (M by power-of-two bucket, so a new batch size does not always retune)
 # and the epilogue; tensor dtypes are part of the key too.
-@triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K", "ACTIVATION", "RESIDUAL"])
-@triton.jit
+@autotune(configs=_configs(), key=["M_BUCKET", "N", "K", "ACTIVATION", "RESIDUAL"], estimate=shared_memory_bytes)
+@triton.jit(do_not_specialize=["M_BUCKET"])  # a tuning key only: no recompile per bucket
 def _linear_epilogue_kernel(
     X, W, Bias, Res, Gamma, Out,
     M, N, K, M_BUCKET,
@@ -70,7 +82,9 @@ def _linear_epilogue_kernel(
     pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
     pid_n = (pid % num_pid_in_group) // group_size_m
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    # row offsets in int64 (rows * stride passes 2^31 elements at large batches); column and K
+    # offsets stay int32 (the launcher checks they fit)
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     # rows / columns past the edge wrap around to valid ones (loads need no mask on M and N);
@@ -154,9 +168,12 @@ def linear_epilogue_launch(
     out2 = out.view(M, N)
     mode = 0 if residual is None else 1 if gamma is None else 2
     res2 = residual.reshape(M, N) if residual is not None else out2  # placeholders when unused
-    if max(sum((n - 1) * st for n, st in zip(t.shape, t.stride())) for t in (x2, weight, res2, out2)) >= 2**31:
-        raise ValueError("linear epilogue indexes with 32-bit offsets: split the batch so each tensor spans < 2^31 elements")
+    if max(span(weight), *(span(t, slice(1, None)) for t in (x2, res2, out2))) > INT32_MAX:
+        raise InputError("linear epilogue: the weight, or one row of x / residual / out, spans 2^31 elements "
+                         "or more (column offsets are 32-bit); pass contiguous rows or split the layer")
     gamma = gamma if gamma is not None else bias
+    if x.is_cuda:
+        require_fitting_config(_linear_epilogue_kernel, {"X": x2}, x.device, f"linear epilogue ({str(x.dtype).removeprefix('torch.')})")
 
     def grid(meta):
         return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)

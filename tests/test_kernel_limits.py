@@ -1,0 +1,173 @@
+"""The kernels past the sizes a small test normally reaches: element offsets beyond 2^31, grids
+beyond CUDA's 65,535 limit on axes 1 and 2, and autotune configs beyond a GPU's shared memory.
+
+Offsets: tensors whose rows lie 2^31 - 1 elements apart over a lazily allocated storage (8 GiB
+of address space, only the rows' own pages are touched), so the kernels really index past 2^31
+elements, in the interpreter here and on a GPU with VITFAST_TEST_DEVICE=cuda. With 32-bit row
+offsets, row 2 (at 2^32 - 2 elements) wraps to -2 and the kernel reads the wrong elements."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="Triton is not installed (pip install 'vitfast[triton]')")
+from test_kernels import check_2x, poisoned  # noqa: E402
+
+from vitfast.errors import InputError  # noqa: E402
+from vitfast.kernels import _common  # noqa: E402
+from vitfast.kernels import add_layernorm as aln  # noqa: E402
+from vitfast.kernels import attention as att  # noqa: E402
+from vitfast.kernels import bias_gelu as bg  # noqa: E402
+from vitfast.kernels import linear_epilogue as le  # noqa: E402
+
+FAR = 2**31 - 1  # the largest stride that is still a 32-bit kernel argument
+LEAD = 64  # elements before row 0, so the wrapped (negative) offsets of 32-bit code stay in the storage
+BUDGET = {"sm_80": (80, 166912), "sm_89": (89, 101376), "sm_90a": (90, 232448)}  # (capability, bytes per block)
+
+
+def far_apart(shape: tuple, device: str, dtype=torch.float16) -> torch.Tensor:
+    """Random [3, ...] tensor whose leading-dim rows lie FAR elements apart (row 2 at 2^32 - 2)."""
+    inner = math.prod(shape[1:])
+    storage = torch.empty(LEAD + FAR * (shape[0] - 1) + inner, dtype=dtype, device=device)  # not touched
+    strides = (FAR, *torch.empty(shape[1:]).stride())
+    t = storage.as_strided(shape, strides, LEAD)
+    t.copy_(torch.randn(shape))
+    assert (shape[0] - 1) * FAR >= 2**32 - 2
+    return t
+
+
+# ---------------------------------------------------------------------------- offsets past 2^31
+def test_attention_batch_offsets_past_2_31(device):
+    qkv = far_apart((3, 37, 3, 2, 32), device)
+    out = poisoned((3, 37, 64), torch.float16, device)
+    att.attention_launch(qkv, out)
+    exact = att.attention_reference(qkv.double())
+    check_2x(out, att.attention_reference(qkv.float()).half(), exact, torch.float16)
+
+
+def test_add_layernorm_row_offsets_past_2_31(device):
+    C = 100
+    x, y = far_apart((3, C), device), far_apart((3, C), device)
+    w, b = torch.randn(C, device=device).half(), torch.randn(C, device=device).half()
+    out, res = poisoned((3, C), torch.float16, device), poisoned((3, C), torch.float16, device)
+    aln.add_layernorm_launch(x, y, w, b, 1e-6, out, res)
+    exact_res, exact = aln.add_layernorm_reference(x.double(), y.double(), w.double(), b.double(), 1e-6)
+    torch_res, torch_out = aln.add_layernorm_reference(x, y, w, b, 1e-6)
+    check_2x(res, torch_res, exact_res, torch.float16)
+    check_2x(out, torch_out, exact, torch.float16)
+
+
+def test_bias_gelu_row_offsets_past_2_31(device):
+    x, b = far_apart((3, 70), device), torch.randn(70, device=device).half()
+    out = poisoned((3, 70), torch.float16, device)
+    bg.bias_gelu_launch(x, b, out)
+    check_2x(out, bg.bias_gelu_reference(x, b), bg.bias_gelu_reference(x.double(), b.double()), torch.float16)
+
+
+def test_linear_epilogue_row_offsets_past_2_31(device):
+    """x and the residual with rows 2^31 - 1 apart: computed, no longer refused."""
+    K, N = 40, 24
+    x, residual = far_apart((3, K), device), far_apart((3, N), device)
+    w, b = (torch.randn(N, K, device=device) * K**-0.5).half(), torch.randn(N, device=device).half()
+    out = poisoned((3, N), torch.float16, device)
+    le.linear_epilogue_launch(x, w, b, out, residual=residual)
+    exact = le.linear_epilogue_reference(x.double(), w.double(), b.double(), residual=residual.double())
+    check_2x(out, le.linear_epilogue_reference(x, w, b, residual=residual), exact, torch.float16)
+
+
+def test_in_row_offsets_that_stay_32_bit_are_guarded():
+    """Offsets within one image (attention) or one row / the weight (GEMM) stay 32-bit: a layout
+    that would overflow them is refused with a clear error (meta tensors: nothing is allocated)."""
+    qkv = torch.empty(1, 4, 3, 2, 16, device="meta").as_strided((1, 4, 3, 2, 16), (10, 2**30, 32, 16, 1))
+    with pytest.raises(InputError, match="spans 2\\^31 elements"):
+        att.attention_launch(qkv, torch.empty(1, 4, 32, device="meta"))
+    x = torch.empty(2, 8, device="meta")
+    weight = torch.empty(4, 8, device="meta").as_strided((4, 8), (2**30, 1))
+    with pytest.raises(InputError, match="weight, or one row of x"):
+        le.linear_epilogue_launch(x, weight, torch.empty(4, device="meta"), torch.empty(2, 4, device="meta"))
+
+
+# ---------------------------------------------------------------------------- grids
+CUDA_GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
+
+@pytest.mark.parametrize("B, N, H", [(6000, 197, 12), (1, 1, 1), (4096, 577, 16), (65536, 50, 3)])
+def test_attention_grid_fits_cuda_limits(B, N, H):
+    """Batch 6000 x 12 heads put 72,000 on grid axis 1 (limit 65,535) before; one flat axis now."""
+    for block_m in {c.kwargs["BLOCK_M"] for c in att._configs()} | {16, 128}:
+        grid = att.attention_grid(B, N, H, block_m)
+        assert len(grid) <= 3 and all(0 < g <= limit for g, limit in zip(grid, CUDA_GRID_LIMITS))
+        assert math.prod(grid) == -(-N // block_m) * B * H  # one program per (query tile, batch, head)
+
+
+def test_attention_grid_beyond_cuda_limit_is_refused():
+    with pytest.raises(InputError, match="grid limit"):
+        att.attention_grid(2**21, 1025, 16, 16)
+
+
+# ---------------------------------------------------------------------------- shared-memory pruning
+def gpu_configs(module, monkeypatch) -> list:
+    """The module's GPU autotune list (the interpreter gets a single config)."""
+    monkeypatch.setattr(module, "INTERPRET", False)
+    return module._configs()
+
+
+def test_interpreter_tunes_nothing():
+    assert len(att._attention_fwd_kernel.configs) == 1 and len(le._linear_epilogue_kernel.configs) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 128])
+@pytest.mark.parametrize("arch", BUDGET)
+def test_attention_has_a_fitting_config_for_vit_head_dims(monkeypatch, arch, head_dim, dtype):
+    """Every head_dim of DESIGN.md's range, in every dtype, keeps at least one config on each
+    target, and none of those kept exceeds the target's limit (tests/test_aot_compile.py checks
+    the estimate against the compiled kernels' real shared memory)."""
+    args = {"QKV": torch.empty(0, dtype=dtype), "BLOCK_D": max(_common.next_pow2(head_dim), 16)}
+    configs = gpu_configs(att, monkeypatch)
+    kept = _common.configs_within(configs, att.shared_memory_bytes, args, BUDGET[arch])
+    capability, limit = BUDGET[arch]
+    assert kept and all(att.shared_memory_bytes(c, args, capability) <= limit for c in kept)
+    assert len(configs) <= 10  # a first call must not tune for minutes
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("arch", BUDGET)
+def test_linear_epilogue_has_a_fitting_config(monkeypatch, arch, dtype):
+    args = {"X": torch.empty(0, dtype=dtype)}
+    configs = gpu_configs(le, monkeypatch)
+    kept = _common.configs_within(configs, le.shared_memory_bytes, args, BUDGET[arch])
+    assert kept
+    if dtype == torch.float32 and arch == "sm_89":  # the big fp32 tiles cannot run on a 99 KB part
+        assert len(kept) < len(configs)
+
+
+def test_autotuner_prunes_by_the_device_limit(monkeypatch):
+    """The autotuner's early prune asks the device for its limit and keeps what fits."""
+    configs = gpu_configs(att, monkeypatch)
+    prune = att._attention_fwd_kernel.early_config_prune
+    qkv = torch.empty(0, dtype=torch.float32)
+    monkeypatch.setattr(_common, "shared_memory_budget", lambda device: BUDGET["sm_89"])
+    kept = prune(configs, {"QKV": qkv}, BLOCK_D=128)
+    assert kept == _common.configs_within(configs, att.shared_memory_bytes, {"QKV": qkv, "BLOCK_D": 128}, BUDGET["sm_89"])
+    assert 0 < len(kept) < len(configs)
+    monkeypatch.setattr(_common, "shared_memory_budget", lambda device: None)  # the interpreter: no limit
+    assert prune(configs, {"QKV": qkv}, BLOCK_D=128) == configs
+
+
+def test_no_fitting_config_is_a_clear_error(monkeypatch):
+    """fp32 attention at head_dim 256 on a 99 KB GPU (sm_86/89): no tile fits."""
+    configs = gpu_configs(att, monkeypatch)
+    monkeypatch.setattr(att._attention_fwd_kernel, "configs", configs)
+    monkeypatch.setattr(_common, "_cuda_shared_memory_budget", lambda index: BUDGET["sm_89"])
+    args = {"QKV": torch.empty(0, dtype=torch.float32), "BLOCK_D": 256}
+    with pytest.raises(InputError, match=r"fused attention \(fp32, head_dim 256\): no kernel configuration fits "
+                                         r"this GPU's shared memory \(99 KB per block; the smallest needs \d+ KB\)"):
+        _common.require_fitting_config(att._attention_fwd_kernel, args, torch.device("cuda", 0),
+                                       "fused attention (fp32, head_dim 256)")
+    args["QKV"] = torch.empty(0, dtype=torch.float16)
+    args["BLOCK_D"] = 128
+    _common.require_fitting_config(att._attention_fwd_kernel, args, torch.device("cuda", 0), "fp16 fits")
