@@ -19,9 +19,12 @@ import torch
 from vitfast.errors import ArtifactError, BackendUnavailable, ConfigError
 from vitfast.parity import compare
 
-from .artifacts import atomic_artifact, base_metadata, write_sidecar
+from vitfast.atomic import claim_output
+
+from .artifacts import base_metadata, write_sidecar
 
 PARITY_BATCH = 4
+MIN_OPSET = 17  # LayerNormalization
 
 
 def require_onnx():
@@ -31,6 +34,24 @@ def require_onnx():
     except ImportError:
         raise BackendUnavailable("ONNX export needs onnx and onnxruntime: pip install 'vitfast[export]'") from None
     return onnx, onnxruntime
+
+
+def max_opset() -> int:
+    """The newest opset the installed torch exporter, onnx and ONNX Runtime all support."""
+    import onnx
+    import onnxruntime
+    from torch.onnx import _constants  # the exporter's own bound; not public, hence the fallback
+
+    ort_max = 21 if tuple(int(v) for v in onnxruntime.__version__.split(".")[:2]) < (1, 20) else 23
+    return min(onnx.defs.onnx_opset_version(), getattr(_constants, "ONNX_MAX_OPSET", 20), ort_max)
+
+
+def check_finite_weights(model: torch.nn.Module) -> None:
+    """Refuse NaN / infinite weights: the export would 'pass' parity with NaN logits on both sides."""
+    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise ArtifactError(f"the model has NaN or infinite weights in {len(bad)} tensor(s) ({', '.join(bad[:3])}"
+                            f"{', ...' if len(bad) > 3 else ''}); fix or re-train the checkpoint before exporting")  # fmt: skip
 
 
 def exportable_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -63,8 +84,10 @@ def to_onnx(
     compared with the PyTorch fp32 reference on random images and the numbers go in the sidecar.
     """
     onnx, _ = require_onnx()
-    if opset < 17:
-        raise ArtifactError(f"opset {opset} is too old: LayerNormalization needs opset >= 17")
+    newest = max_opset()
+    if type(opset) is not int or not MIN_OPSET <= opset <= newest:
+        raise ArtifactError(f"--opset must be {MIN_OPSET}..{newest} (LayerNormalization needs {MIN_OPSET}; {newest} is the newest "
+                            f"this torch / onnx / onnxruntime can all handle), got {opset!r}")  # fmt: skip
     if precision not in ("fp32", "fp16"):
         raise ArtifactError(f"to_onnx precision must be fp32 or fp16 (int8 goes through quantize_int8), got {precision!r}")
     if dynamic_image_size:
@@ -73,11 +96,13 @@ def to_onnx(
             "export one artifact per resolution with --img-size N (embeddings are resized at export)"
         )
     ref = exportable_copy(model)
+    check_finite_weights(ref)
     cfg = ref.config
     example_batch = 2 if dynamic_batch else (batch or (1, 1, 1))[1]  # not 1: torch.export specialises size-1 dims
     example = torch.randn(example_batch, cfg.in_chans, *cfg.img_hw)
     graph_module = _Fp16Graph(copy.deepcopy(ref)) if precision == "fp16" else ref
-    with atomic_artifact(path, force) as tmp:
+    with claim_output(path, force) as out:
+        tmp = out.tmp
         _export(graph_module, example, tmp, opset, dynamic_batch)
         try:
             onnx.checker.check_model(str(tmp), full_check=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import fnmatch
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
@@ -24,7 +23,9 @@ from vitfast.data import batches, find_images
 from vitfast.errors import ArtifactError, InputError
 from vitfast.parity import compare
 
-from .artifacts import atomic_artifact, read_sidecar, sha256_file, write_sidecar
+from vitfast.atomic import claim_output, temporaries_in
+
+from .artifacts import read_sidecar, sha256_file, write_sidecar
 from .onnx_export import require_onnx
 
 METHODS = ("minmax", "entropy", "percentile")
@@ -39,6 +40,8 @@ def split_calibration(source, config, *, samples: int, batch_size: int = 16) -> 
     own settings) or from tensors / an iterable of batches. The held-out images, on which the int8
     parity is measured, are never calibrated on: up to `HELD_OUT` beyond the first `samples`, or,
     when there are no more, a fifth of them (at most `HELD_OUT`) taken out of the calibration set."""
+    if type(samples) is not int or samples < 1:
+        raise InputError(f"samples must be a whole number >= 1, got {samples!r}")
     if isinstance(source, (str, os.PathLike)):
         files = find_images(source)
         random.Random(0).shuffle(files)  # a sample of every class, not the first folders in sorted order
@@ -46,10 +49,12 @@ def split_calibration(source, config, *, samples: int, batch_size: int = 16) -> 
         held = torch.cat(list(batches(held_files, config, batch_size))).numpy()
         return [b.numpy() for b in batches(calib_files, config, batch_size)], held
     if isinstance(source, torch.Tensor):
-        source = source.split(batch_size)
+        source = source.split(batch_size) if source.ndim else [source]
+    elif isinstance(source, np.ndarray) or not hasattr(source, "__iter__"):
+        source = [source]
     out, seen = [], 0
     for item in source:
-        arr = item.detach().cpu().float().numpy() if isinstance(item, torch.Tensor) else np.asarray(item, np.float32)
+        arr = _calibration_array(item, config)
         out.append(arr[: samples + HELD_OUT - seen])
         seen += len(out[-1])
         if seen >= samples + HELD_OUT:
@@ -68,6 +73,21 @@ def _split(items, samples: int):
         raise InputError(f"int8 calibration needs at least 2 images (one is held out to measure parity), got {len(items)}")
     n_held = min(HELD_OUT, max(1, len(items) // 5))
     return items[n_held:], items[:n_held]
+
+
+def _calibration_array(item, config) -> np.ndarray:
+    """One calibration batch as float32 [b, C, H, W], or an InputError saying what is wrong with it."""
+    h, w = config.img_hw
+    expected = f"normalised float images [B, {config.in_chans}, {h}, {w}]"
+    try:
+        arr = item.detach().cpu().float().numpy() if isinstance(item, torch.Tensor) else np.asarray(item, np.float32)
+    except (TypeError, ValueError):
+        raise InputError(f"calibration data must be {expected}, got a {type(item).__name__}") from None
+    if arr.ndim != 4 or arr.shape[1:] != (config.in_chans, h, w) or len(arr) == 0:
+        raise InputError(f"calibration data must be {expected}, got shape {tuple(arr.shape)}")
+    if not np.isfinite(arr).all():
+        raise InputError("calibration data holds NaN or infinite values: the int8 scales would be meaningless; give finite images")
+    return arr
 
 
 def nodes_to_exclude(model_path: Path, patterns: Iterable[str]) -> list[str]:
@@ -136,8 +156,8 @@ def quantize_int8(
         # and GELU) stay float, which is where TensorRT wants the boundaries.
         "OpTypesToExcludeOutputQuantization": QUANTIZED_OPS if symmetric_acts else [],
     }
-    with atomic_artifact(out_path, force) as tmp, tempfile.TemporaryDirectory() as work:
-        prepared = Path(work) / "prepared.onnx"
+    with claim_output(out_path, force) as out, temporaries_in(out.scratch_dir):  # ONNX Runtime's temporaries too: off /tmp
+        tmp, prepared = out.tmp, out.scratch_dir / "prepared.onnx"
         quant_pre_process(str(onnx_path), str(prepared), skip_symbolic_shape=False)
         quantize_static(
             str(prepared), str(tmp), Reader(),

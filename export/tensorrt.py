@@ -18,7 +18,6 @@ import functools
 import os
 import re
 import sys
-import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -30,7 +29,9 @@ from vitfast.config import ViTConfig
 from vitfast.errors import ArtifactError, BackendUnavailable, InputError
 from vitfast.runtime import Engine
 
-from .artifacts import atomic_artifact, base_metadata, check_output_free, parse_batch, read_sidecar, write_sidecar
+from vitfast.atomic import atomic_write, check_output_free, claim_output
+
+from .artifacts import base_metadata, parse_batch, read_sidecar, write_sidecar
 
 PRECISIONS = ("fp32", "fp16", "int8", "fp8")
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0) and newer
@@ -261,11 +262,11 @@ def build_engine(
         "fp32_layers": fp32_layers,
         "timing_cache": str(timing_cache) if timing_cache is not None else None,
     }
-    with atomic_artifact(out_path, force) as tmp:
-        tmp.write_bytes(serialized)
-        write_sidecar(tmp, meta)
+    with claim_output(out_path, force) as out:
+        out.tmp.write_bytes(serialized)
+        write_sidecar(out.tmp, meta)
     if cache is not None:
-        _write_atomically(Path(timing_cache), cache.serialize())
+        atomic_write(timing_cache, lambda tmp: tmp.write_bytes(memoryview(cache.serialize())))
     return out_path
 
 
@@ -458,19 +459,6 @@ def _engine_metadata(onnx_path: Path, source_meta: dict[str, Any], precision: st
     meta["input"]["name"] = input_name
     meta["parity"] = None  # measured on this GPU by the caller
     return meta
-
-
-def _write_atomically(path: Path, data) -> None:
-    """Write bytes-like `data` to `path` through a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(memoryview(data))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # ---------------------------------------------------------------------------- running

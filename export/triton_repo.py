@@ -20,20 +20,19 @@ client request does not pay for ONNX Runtime / TensorRT initialisation.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
+from vitfast.atomic import check_output_free, claim_output
 from vitfast.config import ViTConfig
-from vitfast.errors import ArtifactError
+from vitfast.errors import ArtifactError, OutputError
 from vitfast.runtime import ENGINE_SUFFIXES
 
-from .artifacts import read_sidecar, sidecar_path
+from .artifacts import read_sidecar, sidecar_path, write_sidecar
 from .triton_preprocess import PreprocessSpec
 
 DEFAULT_NAME = "vit"
@@ -50,8 +49,8 @@ class Enum(str):
 
 def check_model_name(name: str) -> None:
     """Triton model names: letters, digits, dots, underscores and dashes."""
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", name or ""):
-        raise ArtifactError(f"model name {name!r} is not valid for Triton: use letters, digits, '.', '_' and '-'")
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name or "") or set(name) == {"."}:
+        raise ArtifactError(f"model name {name!r} is not valid for Triton: use letters, digits, '.', '_' and '-' (not only dots)")
 
 
 def model_names(name: str) -> dict[str, str]:
@@ -92,7 +91,9 @@ def triton_repository(
         names["preprocess"]: preprocess_config(names["preprocess"], spec, meta, max_batch, instance_count, max_queue_delay_us),
         names["ensemble"]: ensemble_config(names, spec, meta, max_batch, labels=bool(labels)),
     }
-    with _atomic_directory(out, force) as tmp:
+    with claim_output(out, force, directory=True) as claim:
+        check_repository_free(out, force)  # again, under the claim: what we replace is still ours
+        tmp = claim.tmp
         for model, text in configs.items():
             (tmp / model / "1").mkdir(parents=True)
             (tmp / model / "config.pbtxt").write_text(text)
@@ -102,7 +103,7 @@ def triton_repository(
         shutil.copyfile(PREPROCESS_SOURCE, tmp / names["preprocess"] / "1" / "model.py")
         sidecar = {**meta, "kind": "triton-repository", "artifact": str(artifact.resolve()), "platform": platform,
                    "models": names, "max_batch_size": max_batch}  # fmt: skip
-        sidecar_path(tmp).write_text(json.dumps(sidecar, indent=1, default=str))
+        write_sidecar(tmp, sidecar)
     return out
 
 
@@ -242,35 +243,33 @@ def _copy_artifact(artifact: Path, target: Path) -> None:
     """Copy the artifact under Triton's default file name, with its sidecar; external ONNX weights
     keep their own name because the graph refers to them by it."""
     shutil.copyfile(artifact, target)
-    shutil.copyfile(sidecar_path(artifact), sidecar_path(target))
     weights = Path(str(artifact) + ".data")
     if weights.exists():
         shutil.copyfile(weights, target.parent / weights.name)
+    write_sidecar(target, read_sidecar(artifact), companions=[target.parent / weights.name] if weights.exists() else [])  # bound to the copy
 
 
 def check_repository_free(path: str | os.PathLike, force: bool) -> Path:
-    """The repository path, if it may be written: absent, or an existing directory with `force`."""
-    path = Path(path)
-    if (path.exists() or sidecar_path(path).exists()) and not force:
-        raise ArtifactError(f"{path} already exists; pass --force (force=True) to overwrite it")
-    if path.exists() and not path.is_dir():
-        raise ArtifactError(f"{path} is a file; give a directory path for the model repository")
+    """The repository path, if it may be written: absent, or with `force` a repository vitfast wrote.
+
+    `force` never deletes a folder vitfast did not make: the folder must have the `OUT.json`
+    sidecar of a repository and hold nothing but the models that sidecar names."""
+    path = check_output_free(path, force, directory=True)
+    if sidecar_path(path).exists() and not force:
+        raise OutputError(f"{sidecar_path(path)} already exists; pass --force to overwrite the repository, or choose another --out")
+    if path.exists() and not is_vitfast_repository(path):
+        raise OutputError(
+            f"{path} is not a model repository vitfast wrote (no {sidecar_path(path).name} naming its models, or other "
+            "files inside), so --force will not delete it; move it away or choose another --out"
+        )
     return path
 
 
-@contextlib.contextmanager
-def _atomic_directory(path: Path, force: bool) -> Iterator[Path]:
-    """Yield a temporary directory path; on success rename it and its `.json` sidecar into place
-    (an existing repository is moved aside first), on failure remove everything written."""
-    check_repository_free(path, force)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+def is_vitfast_repository(path: Path) -> bool:
+    """True for a folder `triton_repository` wrote: its sidecar says so and names every entry in it."""
     try:
-        built = staging / path.name
-        yield built
-        if path.exists():
-            os.replace(path, staging / "previous")  # removed with the staging folder
-        os.replace(sidecar_path(built), sidecar_path(path))
-        os.replace(built, path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        meta = json.loads(sidecar_path(path).read_text())
+        models = set(meta["models"].values()) if meta.get("kind") == "triton-repository" else set()
+        return not path.is_symlink() and bool(models) and set(os.listdir(path)) <= models
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return False

@@ -17,6 +17,7 @@ pytest.importorskip("onnxruntime", reason="export tests need onnxruntime (pip in
 import vitfast  # noqa: E402
 from conftest import randomize  # noqa: E402
 from vitfast.export import quantize_int8, read_sidecar, to_onnx  # noqa: E402
+from vitfast.export.artifacts import write_sidecar  # noqa: E402
 
 VITFAST = Path(sys.executable).parent / "vitfast"
 
@@ -232,7 +233,7 @@ def test_cli_bad_inputs_one_line_exit_2_nothing_written(tmp_path, args, message)
     for name in ("broken.png", "broken2.png"):  # two: one alone is refused first (int8 holds one image out)
         (tmp_path / "bad" / name).write_bytes(b"not a png at all")
     (tmp_path / "corrupt.onnx").write_bytes(b"\x08\x01garbage")
-    (tmp_path / "corrupt.onnx.json").write_text(json.dumps({"config": vitfast.get_config("vit_cifar_patch4_32").to_dict(), "precision": "fp32"}))
+    write_sidecar(tmp_path / "corrupt.onnx", {"config": vitfast.get_config("vit_cifar_patch4_32").to_dict(), "precision": "fp32"})
     (tmp_path / "nosidecar.onnx").write_bytes(b"x")
     (tmp_path / "m.engine").write_bytes(b"x")
     before = set(tmp_path.rglob("*"))

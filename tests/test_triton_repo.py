@@ -21,6 +21,7 @@ import vitfast  # noqa: E402
 from serve_helpers import free_ports, require_triton, wait_ready  # noqa: E402
 from vitfast.errors import ArtifactError  # noqa: E402
 from vitfast.export import read_sidecar, to_onnx  # noqa: E402
+from vitfast.export.artifacts import write_sidecar  # noqa: E402
 from vitfast.export.triton_preprocess import PreprocessSpec, preprocess_batch  # noqa: E402
 from vitfast.export.triton_repo import PREPROCESS_SOURCE, Enum, to_pbtxt, triton_repository  # noqa: E402
 
@@ -171,7 +172,7 @@ def test_tensorrt_plan_gets_a_tensorrt_config_and_its_profile_is_respected(onnx_
     meta = read_sidecar(onnx_model[1]) | {"kind": "tensorrt"}
     plan = tmp_path / "m.plan"
     plan.write_bytes(b"serialized engine")
-    Path(str(plan) + ".json").write_text(json.dumps(meta))
+    write_sidecar(plan, meta)
     repo = triton_repository(plan, tmp_path / "repo", name="cifar")
     config = model_config((repo / "cifar/config.pbtxt").read_text())
     assert (config.platform, config.max_batch_size) == ("tensorrt_plan", 8)
@@ -181,7 +182,7 @@ def test_tensorrt_plan_gets_a_tensorrt_config_and_its_profile_is_respected(onnx_
         "cifar_preprocess", "cifar"]  # fmt: skip
     with pytest.raises(ArtifactError, match="exceeds this engine's profile maximum 8"):
         triton_repository(plan, tmp_path / "big", max_batch_size=16)
-    Path(str(plan) + ".json").write_text(json.dumps(meta | {"input": meta["input"] | {"batch": [2, 4, 8]}}))
+    write_sidecar(plan, meta | {"input": meta["input"] | {"batch": [2, 4, 8]}})
     with pytest.raises(ArtifactError, match="starts at 2; Triton needs 1"):
         triton_repository(plan, tmp_path / "min")
     assert not (tmp_path / "big").exists() and not (tmp_path / "min").exists()

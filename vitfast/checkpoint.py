@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from . import __version__
+from .atomic import atomic_write
 from .config import ViTConfig
 from .convert import Guesses, StateDict, detect_format, hf_config_to_vit, hf_to_timm, infer_timm_config, timm_hub_config
 from .errors import CheckpointError, ConfigError, GuessedConfigWarning
@@ -41,16 +42,7 @@ def save_checkpoint(model: torch.nn.Module, path: str | os.PathLike) -> Path:
     metadata = {"format": FORMAT_TAG, "vitfast_version": __version__, "config": config.to_json()}
     if getattr(model, "config_guesses", None):  # still guesses: say so again when it is loaded
         metadata["guessed"] = json.dumps(model.config_guesses)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
 def load_checkpoint(
@@ -171,14 +163,30 @@ def _read_dir_weights(path: Path) -> StateDict:
     if (path / "model.safetensors").exists():
         sd = _read_tensors(path / "model.safetensors")[0]
     elif (path / "model.safetensors.index.json").exists():
-        index = _read_json(path / "model.safetensors.index.json")
-        for shard in sorted(set(index.get("weight_map", {}).values())):
-            sd.update(_read_tensors(path / shard)[0])
+        for shard in _shard_files(path, _read_json(path / "model.safetensors.index.json")):
+            sd.update(_read_tensors(shard)[0])
     elif (path / "pytorch_model.bin").exists():
         sd = _read_tensors(path / "pytorch_model.bin")[0]
     else:
         raise CheckpointError(f"{path} has config.json but no model.safetensors or pytorch_model.bin")
     return sd
+
+
+def _shard_files(folder: Path, index: dict[str, Any]) -> list[Path]:
+    """The shard files a safetensors index names: plain file names inside `folder`, never a path
+    like ../../x that would read files elsewhere."""
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{folder}/model.safetensors.index.json has no valid weight_map (tensor name -> shard file)")
+    shards = sorted(set(weight_map.values()))
+    bad = [s for s in shards if Path(s).name != s or s in ("", ".", "..")]
+    if bad:
+        raise CheckpointError(f"{folder}/model.safetensors.index.json names shard files outside the model folder ({bad[0]!r}); "
+                              "a shard must be a file name in the folder: fix or re-download the index")  # fmt: skip
+    missing = [s for s in shards if not (folder / s).is_file()]
+    if missing:
+        raise CheckpointError(f"{folder} lacks shard {missing[0]} named in model.safetensors.index.json; re-download the model")
+    return [folder / s for s in shards]
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -209,9 +217,25 @@ def _read_tensors(path: Path) -> tuple[StateDict, dict[str, str]]:
         ) from None
 
 
-def _torch_load(path: Path) -> StateDict:
+def _check_declared_sizes(path: Path) -> None:
+    """A torch zip archive whose records claim more bytes than the file holds (compressed records:
+    torch never writes them) would be inflated in memory before any check: refuse it unread."""
+    size = path.stat().st_size
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with zipfile.ZipFile(path) as archive:
+            infos = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return  # not a readable zip: torch.load reports it as corrupt
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED or info.file_size > size:
+            raise CheckpointError(f"{path}: record {info.filename} is compressed ({info.file_size} bytes unpacked, the file has "
+                                  f"{size}); torch never writes that, so it is refused unread: re-save the checkpoint")  # fmt: skip
+
+
+def _torch_load(path: Path) -> StateDict:
+    _check_declared_sizes(path)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=_is_zip(path))
     except Exception as exc:  # torch raises many types for bad archives; all mean the same here
         msg = _first_line(exc)
         if "Weights only load failed" in str(exc):
@@ -223,6 +247,11 @@ def _torch_load(path: Path) -> StateDict:
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path} holds a {type(obj).__name__}, not a state dict of tensors")
     return obj
+
+
+def _is_zip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"PK\x03\x04"
 
 
 def _unwrap(obj: dict[str, Any]) -> StateDict:

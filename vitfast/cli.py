@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import traceback
 from typing import Any
@@ -180,16 +181,40 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _show_guesses()
+    _refuse_empty_values(parser, args)
+    previous = signal.signal(signal.SIGTERM, _terminate)  # so cleanup (staging folders) runs on SIGTERM too
     try:
         return args.func(args)
     except VitfastError as exc:
-        if args.debug:
-            traceback.print_exc()
-        print(f"vitfast: error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(args, str(exc))
+    except OSError as exc:  # the environment (a file that vanished, a full disk): still one line, never a traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        return _fail(args, f"{exc.strerror or exc}{where}; check the path and its permissions and free space")
     except KeyboardInterrupt:
         print("vitfast: interrupted", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _refuse_empty_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """argparse turns `--flag=--` into [] without calling the flag's type: refuse it like any bad value."""
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)  # noqa: SLF001
+    command = sub.choices.get(args.command) if sub else None
+    for action in command._actions if command else ():  # noqa: SLF001
+        if action.nargs is None and action.option_strings and getattr(args, action.dest, None) == []:
+            command.error(f"argument {'/'.join(action.option_strings)}: expected a value")
+
+
+def _fail(args: argparse.Namespace, message: str) -> int:
+    if args.debug:
+        traceback.print_exc()
+    print(f"vitfast: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

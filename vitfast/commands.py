@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -55,23 +54,35 @@ def rebuild_reference(source: dict[str, Any] | None, checkpoint: str | None, con
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .export.artifacts import check_output_free, parse_batch
+    from .atomic import check_output_free, reserve_output
+    from .export.artifacts import parse_batch
 
     batch = parse_batch(args.batch)
-    out = None if args.format == "triton-repo" else check_output_free(args.out, args.force)  # a repository is a directory
+    if args.format == "triton-repo":
+        from .export.triton_repo import check_repository_free
+
+        out = check_repository_free(args.out, args.force)  # replaces only a repository vitfast wrote
+    else:
+        out = check_output_free(args.out, args.force)
     if args.precision == "int8" and not args.calib_dir:
         raise InputError("--precision int8 needs --calib-dir DIR with calibration images (searched recursively)")
     if args.calib_dir:
         from .data import find_images
 
         find_images(args.calib_dir)  # fail early on an empty or missing folder
+    # held from here to the end: a second export to the same path fails now, not after minutes of work
+    with reserve_output(out, args.force, directory=args.format == "triton-repo") as scratch:
+        return _export(args, out, batch, scratch)
+
+
+def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], scratch: Path) -> int:
     if args.format == "triton-repo":
         from .serve import export_triton_repo
 
-        return export_triton_repo(args, batch)
+        return export_triton_repo(args, batch, scratch)
     model, source = source_model(args)
     onnx_out = out if args.format == "onnx" else out.with_suffix(".onnx")
-    _export_onnx(args, model, source, onnx_out, batch)
+    _export_onnx(args, model, source, onnx_out, batch, scratch)
     if args.format == "onnx":
         _report(onnx_out, args)
         return 0
@@ -89,7 +100,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export_onnx(args, model, source, onnx_out: Path, batch) -> None:
+def _export_onnx(args, model, source, onnx_out: Path, batch, scratch: Path) -> None:
     from .export.onnx_export import to_onnx
     from .export.quantize import quantize_int8
 
@@ -97,14 +108,13 @@ def _export_onnx(args, model, source, onnx_out: Path, batch) -> None:
     if args.precision != "int8":
         to_onnx(model, onnx_out, precision=onnx_precision, batch=batch, opset=args.opset, force=args.force, source=source)
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        fp32 = to_onnx(model, Path(tmp) / "fp32.onnx", batch=batch, opset=args.opset, source=source)
-        quantize_int8(fp32, onnx_out, args.calib_dir, method=args.calib_method, samples=args.calib_samples,
-                      target=args.int8_target, exclude=args.exclude or (), force=args.force)  # fmt: skip
+    fp32 = to_onnx(model, scratch / "fp32.onnx", batch=batch, opset=args.opset, source=source)  # staged beside --out
+    quantize_int8(fp32, onnx_out, args.calib_dir, method=args.calib_method, samples=args.calib_samples,
+                  target=args.int8_target, exclude=args.exclude or (), force=args.force)  # fmt: skip
 
 
 def _record_engine_parity(engine_path: Path, reference: torch.nn.Module) -> None:
-    from .export.artifacts import read_sidecar, sidecar_path
+    from .export.artifacts import read_sidecar, write_sidecar
     from .parity import compare
     from .runtime import load_engine
 
@@ -114,7 +124,7 @@ def _record_engine_parity(engine_path: Path, reference: torch.nn.Module) -> None
         parity = compare(engine(x).cpu(), reference.float()(x), engine.precision)
     meta = read_sidecar(engine_path)
     meta["parity"] = parity
-    sidecar_path(engine_path).write_text(json.dumps(meta, indent=1, default=str))
+    write_sidecar(engine_path, meta)
 
 
 def _report(path: Path, args) -> None:
@@ -275,6 +285,7 @@ def _accuracy(topk: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- parsers
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     from .config_args import add_config_args
+    from .flags import int_in, positive_float, positive_int
 
     p = sub.add_parser("export", parents=[common], help="export to ONNX / TensorRT (fp32, fp16, int8)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -284,15 +295,15 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8"])
     p.add_argument("--calib-dir", help="calibration images (searched recursively) for int8")
     p.add_argument("--calib-method", default="minmax", choices=["minmax", "entropy", "percentile"])
-    p.add_argument("--calib-samples", type=int, default=256, help="calibration images to use (default 256)")
+    p.add_argument("--calib-samples", type=positive_int, default=256, help="calibration images to use (default 256)")
     p.add_argument("--int8-target", default="tensorrt", choices=["tensorrt", "cpu"],
                    help="QDQ form: TensorRT's symmetric int8 (default) or ONNX Runtime CPU's uint8 activations")  # fmt: skip
     p.add_argument("--exclude", nargs="*", help="node-name patterns kept in float (per-layer fallback)")
     p.add_argument("--batch", default="1:8:32", help="MIN:OPT:MAX batch profile (default 1:8:32)")
-    p.add_argument("--img-size", type=int, help="export at this resolution (position embeddings resized)")
-    p.add_argument("--opset", type=int, default=18)
-    p.add_argument("--workspace", type=float, default=4.0, help="TensorRT workspace limit in GiB")
-    p.add_argument("--opt-level", type=int, default=3, help="TensorRT builder optimization level 0-5")
+    p.add_argument("--img-size", type=positive_int, help="export at this resolution (position embeddings resized)")
+    p.add_argument("--opset", type=positive_int, default=18, help="ONNX opset (default 18; 17 is the oldest with LayerNormalization)")
+    p.add_argument("--workspace", type=positive_float, default=4.0, help="TensorRT workspace limit in GiB")
+    p.add_argument("--opt-level", type=int_in(0, 5), default=3, help="TensorRT builder optimization level 0-5")
     p.add_argument("--timing-cache", help="TensorRT timing cache file, reused across builds")
     p.add_argument("--no-fp32-layernorm", action="store_true", help="let TensorRT run LayerNorm in fp16")
     p.add_argument("--out", required=True, help="output file (.onnx; .engine/.plan for trt) or folder (triton-repo)")
@@ -304,7 +315,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("artifact")
     p.add_argument("--checkpoint", help="fp32 weights to compare with (default: the artifact's recorded source)")
     p.add_argument("--data", help="image folder to draw inputs from (default: seeded random images)")
-    p.add_argument("--samples", type=int, default=16)
+    p.add_argument("--samples", type=positive_int, default=16, help="images to compare on (default 16)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_config_args(p)
     p.set_defaults(func=cmd_check)
@@ -314,6 +325,6 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="DIR/<class>/*.png|jpg: folders named by the model's labels, else sorted = class index")
     p.add_argument("--labels", metavar="FILE", help="class names (one per line, or a JSON list / {index: name}) to match folders by")
     p.add_argument("--against", metavar="REF", help="also evaluate REF (e.g. the fp32 checkpoint) and report the accuracy difference")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_eval)

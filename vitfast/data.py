@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -39,10 +40,16 @@ def labeled_images(root: str | Path) -> tuple[list[Path], list[int], list[str]]:
 
 
 def open_image(path: Path) -> Image.Image:
+    """The image at `path` as RGB; unreadable files and decompression bombs (more pixels than
+    Pillow's `Image.MAX_IMAGE_PIXELS`, decoded to gigabytes) are one `InputError` naming the file."""
     try:
-        with Image.open(path) as img:
-            return img.convert("RGB")
-    except (UnidentifiedImageError, OSError) as exc:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                return img.convert("RGB")
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
+        raise InputError(f"{path} is too large to decode safely ({exc}); remove it or resize it") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise InputError(f"{path} is not an image Pillow can read ({exc.__class__.__name__}); remove or replace it") from None
 
 

@@ -32,3 +32,8 @@ class BackendUnavailable(VitfastError, RuntimeError):
 
 class GuessedConfigWarning(UserWarning):
     """A checkpoint did not store part of its config (head count, preprocessing, ...) and vitfast guessed it."""
+
+
+class OutputError(ArtifactError, OSError):
+    """An output that cannot be written: it exists, another process is writing it, or its folder is
+    missing, read-only, full or a file."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from .atomic import atomic_write
 from .config import ViTConfig
 from .errors import BackendUnavailable, InputError, VitfastError
 
@@ -218,10 +219,12 @@ def load_image(path: str | os.PathLike) -> Image.Image:
     if not path.is_file():
         raise InputError(f"image not found: {path}")
     try:
-        with Image.open(path) as img:
-            img.load()  # decode now, so a truncated file fails here and not halfway through
-            return img.copy()
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)  # gigabytes of pixels: refuse, as vitfast.data does
+            with Image.open(path) as img:
+                img.load()  # decode now, so a truncated file fails here and not halfway through
+                return img.copy()
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"{path} is not an image Pillow can read ({reason})") from None
 
@@ -396,11 +399,4 @@ def save_figures(
 
 
 def _save_png(fig, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png", dpi=DPI)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI))

@@ -32,5 +32,9 @@ def compare(out: torch.Tensor, ref: torch.Tensor, precision: str = "fp32") -> di
         "top1_agreement": (out.argmax(-1) == ref.argmax(-1)).double().mean().item(),
         "tolerance": limits,
     }
-    result["passed"] = result["max_rel_err"] <= limits["max_rel_err"] and result["cosine"] >= limits["cosine"]
+    finite = bool(torch.isfinite(out).all() and torch.isfinite(ref).all())
+    if not finite:  # NaN logits make every comparison False and argmax agree by accident: never a pass
+        result |= {"max_abs_err": float("nan"), "max_rel_err": float("nan"), "cosine": float("nan"), "top1_agreement": float("nan")}
+    result["finite"] = finite
+    result["passed"] = finite and result["max_rel_err"] <= limits["max_rel_err"] and result["cosine"] >= limits["cosine"]
     return result

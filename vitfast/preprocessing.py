@@ -85,6 +85,8 @@ def crop_offset(size: int, crop: int, rounding: str) -> int:
 
 
 def _transform(img: Image.Image, config: ViTConfig) -> np.ndarray:
+    if 0 in img.size:
+        raise InputError(f"empty image: {img.size[0]}x{img.size[1]} pixels; give images at least 1x1 (they are resized to {config.img_hw})")
     h, w = config.img_hw
     size = resize_size(img.size[1], img.size[0], config)
     img = img.resize(size, _PIL_FILTERS[config.interpolation])

@@ -25,9 +25,13 @@ ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 
 
 class Engine(abc.ABC):
-    """Base class: input checking and preprocessing; subclasses implement `_run`."""
+    """Base class: input checking and preprocessing; subclasses implement `_run`.
+
+    NaN or infinite float inputs are refused, as `vitfast serve` refuses them (the logits would be
+    NaN); set `engine.allow_nonfinite = True` to pass them through."""
 
     kind = "base"
+    allow_nonfinite = False
 
     def __init__(self, config: ViTConfig, *, precision: str = "fp32", batch: tuple[int, int, int] | None = None,
                  metadata: dict[str, Any] | None = None, path: Path | None = None):  # fmt: skip
@@ -42,6 +46,11 @@ class Engine(abc.ABC):
 
     def prepare(self, images) -> torch.Tensor:
         """Any accepted image form -> a checked float32 [B, C, H, W] tensor."""
+        if not isinstance(images, (torch.Tensor, np.ndarray, list, tuple)) and not hasattr(images, "getbands"):
+            raise InputError(f"{self!r} takes images as a float tensor [B, C, H, W], a uint8 array [B, H, W, C] or PIL images, "
+                             f"got {type(images).__name__}")  # fmt: skip
+        if isinstance(images, torch.Tensor):
+            images = images.detach()  # inference only: a tensor that requires grad is fine
         is_float = (isinstance(images, torch.Tensor) and images.is_floating_point()) or (
             isinstance(images, np.ndarray) and images.dtype.kind == "f"
         )
@@ -55,6 +64,11 @@ class Engine(abc.ABC):
             raise InputError(f"{self!r} expects normalised float images {expected}, got shape {tuple(x.shape)}")
         if x.shape[0] == 0:
             raise InputError("empty batch: give at least one image")
+        if not self.allow_nonfinite:
+            bad = x.numel() - int(torch.isfinite(x).sum())
+            if bad:
+                raise InputError(f"non-finite values: {bad} NaN or infinite values in {x.numel()}; give finite, normalised images "
+                                 "(or set engine.allow_nonfinite = True to run them anyway)")  # fmt: skip
         if self.batch and not self.batch[0] <= x.shape[0] <= self.batch[2]:
             raise InputError(
                 f"batch size {x.shape[0]} is outside this artifact's profile {self.batch[0]}..{self.batch[2]}; "
@@ -119,6 +133,9 @@ class OnnxEngine(Engine):
             self.session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as exc:  # ORT raises its own exception types for unreadable models
             raise ArtifactError(f"ONNX Runtime cannot load {path}: {str(exc).splitlines()[0][:300]}") from None
+        from vitfast.export.artifacts import check_graph_matches
+
+        check_graph_matches(path, meta, *([(t.name, t.shape) for t in ts] for ts in (self.session.get_inputs(), self.session.get_outputs())))
         self.input_name = self.session.get_inputs()[0].name
         self.providers = self.session.get_providers()
 

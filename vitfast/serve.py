@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -158,12 +159,18 @@ def interpreter_library_path() -> Iterator[None]:
 
 def check_port_free(host: str, port: int, what: str) -> None:
     """Fail fast with the fix, instead of a server that dies while PyTriton waits minutes for it."""
+    flag = "--port" if what == "http" else f"--{what}-port"
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
+        except socket.gaierror as exc:  # the host, not the port, is the problem
+            raise ServeError(f"cannot bind to host {host!r} ({exc.strerror}); pass --host with an address of this machine, "
+                             "e.g. 127.0.0.1 or 0.0.0.0") from None  # fmt: skip
         except OSError as exc:
-            raise ServeError(f"cannot use {what} port {port} on {host} ({exc.strerror}); pass another --{what}-port") from None
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise ServeError(f"{host} is not an address of this machine; pass --host 127.0.0.1 or 0.0.0.0") from None
+            raise ServeError(f"cannot use {what} port {port} on {host} ({exc.strerror}); pass another {flag}") from None
 
 
 class Server:
@@ -214,6 +221,7 @@ def start(
     name: str = "vit",
     labels: list[str] | tuple[str, ...] | None = None,
     verbose: bool = False,
+    allow_nonfinite: bool = False,
 ) -> Server:
     """Load `artifact` (a path, or an `Engine`), start Triton and bind both models; returns when they are ready.
     `labels` (one per class) replace the artifact's own class names in `topk_labels`."""
@@ -227,6 +235,7 @@ def start(
     labels = tuple(labels) if labels is not None else engine.config.labels
     if labels is not None and len(labels) != engine.config.num_classes:
         raise InputError(f"{len(labels)} labels for a model with {engine.config.num_classes} classes; give one name per class")
+    engine.allow_nonfinite = allow_nonfinite or engine.allow_nonfinite
     max_batch = _max_batch(engine, max_batch_size)
     if top_k < 1 or max_queue_delay_us < 0:
         raise InputError("--top-k must be >= 1 and --max-queue-delay-us >= 0")
@@ -306,13 +315,13 @@ def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int, labe
     }
     for model, tensor in inputs.items():
         triton.bind(model_name=model, infer_func=Predictor(engine, k, lock, labels), inputs=[tensor], outputs=outputs, config=model_config)
-    _install_guard(triton, set(inputs))
+    _install_guard(triton, set(inputs), allow_nonfinite=engine.allow_nonfinite)
 
 
 GUARD_SOURCE = Path(__file__).with_name("serve_guard.py")
 
 
-def _install_guard(triton, models: set[str]) -> None:
+def _install_guard(triton, models: set[str], allow_nonfinite: bool = False) -> None:
     """Ship `serve_guard.py` as the python-backend `model.py` of each bound model, PyTriton's proxy model as
     `pytriton_model.py` beside it: each request is then checked on its own and errors reach the client as one
     line (see `vitfast.serve_guard`). PyTriton builds the files when it loads the models (`Model.get_proxy_model_files`),
@@ -324,6 +333,8 @@ def _install_guard(triton, models: set[str]) -> None:
               "own error texts (tracebacks) instead of one-line messages", file=sys.stderr, flush=True)  # fmt: skip
         return
     guard = GUARD_SOURCE.read_bytes()
+    if allow_nonfinite:  # the same opt-out as engine.allow_nonfinite in the Python API
+        guard = guard.replace(b"\nALLOW_NONFINITE = False", b"\nALLOW_NONFINITE = True", 1)
     for model in found:
         files = model.get_proxy_model_files
 
@@ -364,45 +375,47 @@ def cmd_serve(args: argparse.Namespace) -> int:
     labels = read_labels(args.labels) if args.labels else None
     serve(args.artifact, host=args.host, port=args.port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
           max_batch_size=args.max_batch, max_queue_delay_us=args.max_queue_delay_us, top_k=args.top_k, labels=labels,
-          name=args.name, verbose=args.verbose)  # fmt: skip
+          name=args.name, verbose=args.verbose, allow_nonfinite=args.allow_nonfinite)  # fmt: skip
     return 0
 
 
-def export_triton_repo(args: argparse.Namespace, batch: tuple[int, int, int]) -> int:
+def export_triton_repo(args: argparse.Namespace, batch: tuple[int, int, int], scratch: Path) -> int:
     """`vitfast export --format triton-repo`: the model to ONNX (at --precision), then the repository at --out."""
     from .commands import source_model
     from .export.onnx_export import to_onnx
     from .export.quantize import quantize_int8
     from .export.triton_repo import check_repository_free, triton_repository
 
-    out = check_repository_free(args.out, args.force)  # before the export, which takes a while
+    out = check_repository_free(args.out, args.force)
     model, source = source_model(args)
-    with tempfile.TemporaryDirectory() as tmp:
-        onnx_path = Path(tmp) / "model.onnx"
-        if args.precision == "int8":
-            fp32 = to_onnx(model, Path(tmp) / "fp32.onnx", batch=batch, opset=args.opset, source=source)
-            quantize_int8(fp32, onnx_path, args.calib_dir, method=args.calib_method, samples=args.calib_samples,
-                          target=args.int8_target, exclude=args.exclude or ())  # fmt: skip
-        else:
-            to_onnx(model, onnx_path, precision=args.precision, batch=batch, opset=args.opset, source=source)
-        triton_repository(onnx_path, out, max_batch_size=batch[2], force=args.force)
+    onnx_path = scratch / "model.onnx"  # temporaries in the staging folder beside --out, not /tmp
+    if args.precision == "int8":
+        fp32 = to_onnx(model, scratch / "fp32.onnx", batch=batch, opset=args.opset, source=source)
+        quantize_int8(fp32, onnx_path, args.calib_dir, method=args.calib_method, samples=args.calib_samples,
+                      target=args.int8_target, exclude=args.exclude or ())  # fmt: skip
+    else:
+        to_onnx(model, onnx_path, precision=args.precision, batch=batch, opset=args.opset, source=source)
+    triton_repository(onnx_path, out, max_batch_size=batch[2], force=args.force)
     print(f"wrote Triton model repository {out} ({args.precision} ONNX, max batch {batch[2]}); "
           f"run it with: tritonserver --model-repository {out.resolve()}", file=sys.stderr)  # fmt: skip
     return 0
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
+    from .flags import int_in, port, positive_int
+
     p = sub.add_parser("serve", parents=[common], help="serve an artifact on Triton Inference Server (dynamic batching, HTTP/gRPC, metrics)")
     p.add_argument("artifact", help="checkpoint, .onnx file or TensorRT engine")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 exposes it to the network)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORTS["http"], help="HTTP port (default 8000)")
-    p.add_argument("--grpc-port", type=int, default=DEFAULT_PORTS["grpc"], help="gRPC port (default 8001)")
-    p.add_argument("--metrics-port", type=int, default=DEFAULT_PORTS["metrics"], help="Prometheus metrics port (default 8002)")
-    p.add_argument("--max-batch", type=int, help="largest batch the dynamic batcher forms (default: the artifact's profile maximum, else 32)")
-    p.add_argument("--max-queue-delay-us", type=int, default=DEFAULT_QUEUE_DELAY_US,
+    p.add_argument("--port", type=port, default=DEFAULT_PORTS["http"], help="HTTP port (default 8000)")
+    p.add_argument("--grpc-port", type=port, default=DEFAULT_PORTS["grpc"], help="gRPC port (default 8001)")
+    p.add_argument("--metrics-port", type=port, default=DEFAULT_PORTS["metrics"], help="Prometheus metrics port (default 8002)")
+    p.add_argument("--max-batch", type=positive_int, help="largest batch the dynamic batcher forms (default: the artifact's profile maximum, else 32)")
+    p.add_argument("--max-queue-delay-us", type=int_in(0), default=DEFAULT_QUEUE_DELAY_US,
                    help=f"how long a request may wait for others to batch with (default {DEFAULT_QUEUE_DELAY_US} us)")  # fmt: skip
-    p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help=f"classes in topk_indices / topk_scores (default {DEFAULT_TOP_K})")
+    p.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, help=f"classes in topk_indices / topk_scores (default {DEFAULT_TOP_K})")
     p.add_argument("--name", default="vit", help="model name (default vit; the uint8 model is NAME_uint8)")
     p.add_argument("--labels", metavar="FILE", help="class names for topk_labels: one per line, or a JSON list / {index: name}")
     p.add_argument("--verbose", action="store_true", help="show the Triton server's own log")
+    p.add_argument("--allow-nonfinite", action="store_true", help="run NaN / infinite float inputs instead of refusing them (as engine.allow_nonfinite)")
     p.set_defaults(func=cmd_serve)

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from vitfast.config import PREPROCESSING_FIELDS, ViTConfig
-from vitfast.errors import BackendUnavailable
+from vitfast.errors import ArtifactError, BackendUnavailable, InputError
 
 BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitfast-compile", "onnxruntime", "tensorrt")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
@@ -83,8 +83,24 @@ class BackendOptions:
     engines: list[str] = field(default_factory=list)
     ort_provider: str = "auto"
     threads: int | None = None
-    work_dir: Path = Path(os.environ.get("TMPDIR", "/tmp")) / "vitfast-bench"
+    work_dir: Path = field(default_factory=lambda: user_cache_dir() / "bench")
     calib_samples: int = 16
+
+
+def user_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/vitfast, else ~/.cache/vitfast: the user's own, not a predictable shared /tmp path."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitfast"
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` (mode 0700) or check an existing one is the user's and not writable by others:
+    files cached there are loaded later, so nobody else may put them there."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise InputError(f"the bench cache {path} belongs to another user or is writable by others; "
+                         "remove it or pass --work-dir DIR with a folder of your own")  # fmt: skip
+    return path
 
 
 # ---------------------------------------------------------------------------- skip logic
@@ -162,7 +178,7 @@ def match_engine(paths: list[str], config: ViTConfig, precision: str) -> tuple[P
     wanted = _arch(config.to_dict())
     seen = []
     for path in map(Path, paths):
-        meta = read_sidecar(path)
+        meta = read_sidecar(path, verify=False)  # matching only: loading the engine checks the pair
         seen.append(f"{path.name}: {meta.get('config', {}).get('name')} {meta.get('precision')}")
         if meta.get("precision") == precision and _arch(meta.get("config", {})) == wanted:
             return path, None
@@ -266,12 +282,16 @@ def _artifact_path(config: ViTConfig, precision: str, options: BackendOptions) -
 def onnx_artifact(config: ViTConfig, precision: str, options: BackendOptions) -> tuple[Path, bool]:
     """The ONNX file for (config, precision), exported now or reused from the work dir -> (path, reused)."""
     from vitfast.export import quantize_int8, to_onnx
-    from vitfast.export.artifacts import sidecar_path
+    from vitfast.export.artifacts import read_sidecar, sidecar_path
 
     path = _artifact_path(config, precision, options)
+    private_dir(path.parent)
     if path.exists() and sidecar_path(path).exists():
-        return path, True
-    path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            read_sidecar(path)  # reused only if the sidecar is sound and the file is the one it describes
+            return path, True
+        except ArtifactError:
+            pass
     if precision == "int8":
         fp32, _ = onnx_artifact(config, "fp32", options)
         from vitfast.data import random_images

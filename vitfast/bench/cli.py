@@ -26,7 +26,7 @@ def parse_list(text: str, what: str, choices: tuple[str, ...] | None = None) -> 
 
 def parse_ints(text: str, what: str) -> list[int]:
     items = parse_list(text, what)
-    if not all(t.isdigit() and int(t) > 0 for t in items):
+    if not all(t.isascii() and t.isdigit() and int(t) > 0 for t in items):
         raise InputError(f"--{what} takes positive integers separated by commas, e.g. 1,8,64; got {text!r}")
     return [int(t) for t in items]
 
@@ -59,7 +59,7 @@ def settings_from_args(args: argparse.Namespace):
 
 def _outputs(args: argparse.Namespace) -> dict[str, Path]:
     """Requested output files, checked before the sweep so a long run cannot end in a refusal."""
-    from vitfast.export.artifacts import check_output_free
+    from vitfast.atomic import check_output_free
 
     wanted = {"out": args.out, "csv": args.csv, "plot": args.plot, "markdown": args.markdown if args.markdown != "-" else None}
     if args.plot:
@@ -70,10 +70,9 @@ def _outputs(args: argparse.Namespace) -> dict[str, Path]:
 
 
 def _write(path: Path, force: bool, write) -> None:
-    from vitfast.export.artifacts import atomic_artifact
+    from vitfast.atomic import atomic_write
 
-    with atomic_artifact(path, force) as tmp:
-        write(tmp)
+    atomic_write(path, write, force=force)
 
 
 def _output_flags(args: argparse.Namespace) -> str:
@@ -180,6 +179,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
+    from vitfast.flags import int_in, positive_float, positive_int
+
     p = sub.add_parser("bench", parents=[common], help="benchmark backends x precisions x batch sizes (or --compare / --report)",
                        description="Measure latency percentiles, throughput, %% of the matmul peak and peak memory.")  # fmt: skip
     p.add_argument("--model", metavar="LIST", help="registered model name(s), comma-separated (random weights, seed 0)")
@@ -189,18 +190,18 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", metavar="LIST", default="auto",
                    help=f"from {','.join(PRECISIONS)}, comma-separated (default: fp16 on a GPU, fp32 on CPU)")  # fmt: skip
     p.add_argument("--img-size", metavar="LIST", help="image sizes, comma-separated (default: each model's own)")
-    p.add_argument("--repeats", type=int, default=30, help="timed calls in each of the two repeats per row (default 30)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed calls after the first (compiling) call (default 5)")
-    p.add_argument("--max-seconds", type=float, default=20.0,
+    p.add_argument("--repeats", type=positive_int, default=30, help="timed calls in each of the two repeats per row (default 30)")
+    p.add_argument("--warmup", type=int_in(0), default=5, help="untimed calls after the first (compiling) call (default 5)")
+    p.add_argument("--max-seconds", type=positive_float, default=20.0,
                    help="cut a repeat short after this many seconds (at least 5 calls still run; default 20)")  # fmt: skip
-    p.add_argument("--buffers", type=int, default=4, help="input batches rotated through (default 4)")
+    p.add_argument("--buffers", type=positive_int, default=4, help="input batches rotated through (default 4)")
     p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES, help="torch.compile mode")
     p.add_argument("--engine", metavar="PATH", action="append",
                    help="TensorRT engine for the tensorrt backend; repeat for several models/precisions")  # fmt: skip
     p.add_argument("--ort-provider", default="auto", choices=["auto", "cpu", "cuda"], help="ONNX Runtime execution provider")
-    p.add_argument("--threads", type=int, help="CPU threads for PyTorch and ONNX Runtime (default: their own)")
-    p.add_argument("--work-dir", metavar="DIR", help="cache for exported ONNX files (default: $TMPDIR/vitfast-bench)")
-    p.add_argument("--calib-samples", type=int, default=16, help="random calibration images for onnxruntime int8 (default 16)")
+    p.add_argument("--threads", type=positive_int, help="CPU threads for PyTorch and ONNX Runtime (default: their own)")
+    p.add_argument("--work-dir", metavar="DIR", help="cache for exported ONNX files (default: ~/.cache/vitfast/bench, or $XDG_CACHE_HOME/vitfast/bench)")
+    p.add_argument("--calib-samples", type=positive_int, default=16, help="random calibration images for onnxruntime int8 (default 16)")
     p.add_argument("--out", metavar="FILE.json", help="every raw number and the environment")
     p.add_argument("--csv", metavar="FILE", help="one line per row")
     p.add_argument("--plot", metavar="FILE.png", help="throughput and latency percentiles vs batch")

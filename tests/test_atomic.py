@@ -1,0 +1,219 @@
+"""vitfast.atomic: exclusive claims across processes, no clobbering, staging cleanup after SIGKILL,
+and sidecar/artifact pairs that no interruption of the publishing renames can leave wrong."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+import types
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vitfast.atomic import STAGING, atomic_write_text, claim_output, clean_stale, reserve_output
+from vitfast.errors import ArtifactError, OutputError
+from vitfast.export.artifacts import read_sidecar, sidecar_path, write_sidecar
+from vitfast.registry import get_config
+
+CONFIG = get_config("vit_cifar_patch4_32").to_dict()
+
+
+def write_pair(path: Path, payload: bytes, force: bool = False) -> None:
+    """An artifact with `payload` and its bound sidecar recording the same payload, published atomically."""
+    with claim_output(path, force) as out:
+        out.tmp.write_bytes(payload)
+        write_sidecar(out.tmp, {"config": CONFIG, "precision": "fp32", "payload": payload.decode()})
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if STAGING in p.parts)
+
+
+def _claim_and_hold(path: str, barrier, results) -> None:
+    barrier.wait()
+    try:
+        with claim_output(path) as out:
+            out.tmp.write_text(str(os.getpid()))
+            time.sleep(0.5)  # long enough that every other process tries while this one holds the claim
+        results.put(("won", os.getpid()))
+    except OutputError as exc:
+        results.put(("lost", str(exc)))
+
+
+def test_concurrent_writers_exactly_one_wins(tmp_path):
+    ctx = multiprocessing.get_context("fork")  # the children only touch files: no torch work after fork
+    barrier, results = ctx.Barrier(4), ctx.Queue()
+    procs = [ctx.Process(target=_claim_and_hold, args=(str(tmp_path / "m.onnx"), barrier, results)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    winners = [pid for kind, pid in outcomes if kind == "won"]
+    assert len(winners) == 1, outcomes
+    assert all("another vitfast process is writing" in msg for kind, msg in outcomes if kind == "lost")
+    assert (tmp_path / "m.onnx").read_text() == str(winners[0])
+    assert leftovers(tmp_path) == []
+
+
+def test_a_file_that_appears_meanwhile_is_never_clobbered(tmp_path):
+    path = tmp_path / "m.onnx"
+    with pytest.raises(OutputError, match="appeared while vitfast was writing"):
+        with claim_output(path) as out:
+            out.tmp.write_text("vitfast's")
+            path.write_text("someone else's")  # not vitfast: no lock to respect
+    assert path.read_text() == "someone else's" and leftovers(tmp_path) == []
+
+
+def test_reserved_path_refuses_a_second_process_and_reenters_in_this_one(tmp_path):
+    path = tmp_path / "m.onnx"
+    with reserve_output(path) as scratch:
+        assert scratch.parent.name == STAGING
+        ctx = multiprocessing.get_context("fork")
+        results = ctx.Queue()
+        child = ctx.Process(target=lambda: results.put(_try_claim(path)))
+        child.start()
+        assert "another vitfast process is writing" in results.get(timeout=60)
+        child.join()
+        write_pair(path, b"mine")  # the same process: the reservation is re-entered
+    assert read_sidecar(path)["payload"] == "mine" and leftovers(tmp_path) == []
+
+
+def _try_claim(path: Path) -> str:
+    try:
+        with claim_output(path) as out:
+            out.tmp.write_text("x")
+    except OutputError as exc:
+        return str(exc)
+    return "claimed"
+
+
+def test_sigkilled_writer_leaves_only_staging_which_the_next_claim_removes(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    started = ctx.Event()
+
+    def writer():
+        with claim_output(tmp_path / "m.onnx") as out:
+            out.tmp.write_bytes(b"x" * 1000)
+            (out.scratch_dir / "big.tmp").write_bytes(b"y" * 1000)
+            started.set()
+            time.sleep(60)
+
+    child = ctx.Process(target=writer)
+    child.start()
+    assert started.wait(60)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [STAGING]  # nothing under the output name
+    assert leftovers(tmp_path)  # the killed process's staging folder, with its temporaries
+    atomic_write_text(tmp_path / "other.txt", "a later run in the same folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.txt"]
+
+
+def test_staging_of_a_live_process_is_not_cleaned(tmp_path):
+    with claim_output(tmp_path / "m.onnx") as out:
+        out.tmp.write_text("x")
+        clean_stale(tmp_path / STAGING)  # what another process's claim does
+        assert out.tmp.exists() and (out.work / "lock").exists()
+    assert (tmp_path / "m.onnx").read_text() == "x"
+
+
+def test_unwritable_output_locations_are_one_clear_error(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(OutputError, match="is a file, not a folder"):
+        write_pair(tmp_path / "afile" / "m.onnx", b"x")
+    with pytest.raises(OutputError, match="not a file name"):
+        write_pair(tmp_path / "..", b"x")
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(OutputError, match="exists and is not a file"):
+        write_pair(tmp_path / "adir", b"x")
+    write_pair(tmp_path / "m.onnx", b"x")
+    with pytest.raises(OutputError, match="already exists; pass --force") as refused:
+        write_pair(tmp_path / "m.onnx", b"y")
+    assert "force=True" not in str(refused.value) and read_sidecar(tmp_path / "m.onnx")["payload"] == "x"
+
+
+def test_disk_full_while_publishing_leaves_nothing(tmp_path, monkeypatch):
+    import errno
+
+    import vitfast.atomic
+
+    def full(*_):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(vitfast.atomic.Claim, "publish", full)
+    with pytest.raises(OutputError, match="the disk is full"):
+        write_pair(tmp_path / "m.onnx", b"x")
+    assert list(tmp_path.iterdir()) == []
+
+
+RENAMES = ("replace", "link", "unlink", "rename")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fail_at=st.integers(0, 12), old=st.booleans(), payload=st.binary(min_size=1, max_size=64).map(bytes.hex))
+def test_no_interruption_of_the_renames_leaves_a_wrong_pair(tmp_path_factory, fail_at, old, payload):
+    """Stop publishing at the n-th rename/link/unlink (what SIGKILL does there): whatever is left
+    under the output name is either refused on load or a matching pair, old or new."""
+    import vitfast.atomic
+
+    folder = tmp_path_factory.mktemp("pair")
+    path = folder / "m.onnx"
+    if old:
+        write_pair(path, b"old")
+    calls = {"n": 0}
+
+    def failing(name):
+        def op(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] > fail_at:
+                raise KeyboardInterrupt  # not an OSError: nothing converts it, like a kill
+            return getattr(os, name)(*args, **kwargs)
+
+        return op
+
+    fake_os = types.SimpleNamespace(**{k: getattr(os, k) for k in dir(os) if not k.startswith("__")})
+    for name in RENAMES:
+        setattr(fake_os, name, failing(name))
+    real = vitfast.atomic.os
+    vitfast.atomic.os = fake_os
+    try:
+        write_pair(path, payload.encode(), force=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        vitfast.atomic.os = real
+    if path.exists() or sidecar_path(path).exists():
+        try:
+            meta = read_sidecar(path)
+        except ArtifactError:
+            return  # refused: an interrupted pair is never trusted
+        assert meta["payload"] == path.read_bytes().decode()
+        assert meta["payload"] in ("old", payload)
+
+
+def test_sidecar_records_and_checks_its_artifact(tmp_path):
+    path = tmp_path / "m.onnx"
+    write_pair(path, b"first")
+    meta = json.loads(sidecar_path(path).read_text())
+    assert meta["files"][0] | {"sha256": None} == {"role": "artifact", "name": "m.onnx", "size": 5, "sha256": None}
+    os.rename(path, tmp_path / "n.onnx")  # a renamed pair still checks out
+    os.rename(sidecar_path(path), sidecar_path(tmp_path / "n.onnx"))
+    assert read_sidecar(tmp_path / "n.onnx")["payload"] == "first"
+    os.rename(tmp_path / "n.onnx", path)
+    os.rename(sidecar_path(tmp_path / "n.onnx"), sidecar_path(path))
+    path.write_bytes(b"fIrst")  # same size, other bytes
+    with pytest.raises(ArtifactError, match="is not the file its sidecar"):
+        read_sidecar(path)
+    path.write_bytes(b"second")
+    with pytest.raises(ArtifactError, match="is not the file its sidecar"):
+        read_sidecar(path)
+    del meta["files"]
+    sidecar_path(path).write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match="does not record which file"):
+        read_sidecar(path)

@@ -1,0 +1,299 @@
+"""Atomic, exclusive outputs: the one way vitfast writes a file or folder.
+
+    with claim_output(path, force=False) as out:
+        write(out.tmp)                    # the output (and any sidecar / `.data` file beside it)
+        scratch = out.scratch_dir         # temporaries that are never published
+    # success: renamed into place, sidecar last; any error: nothing at `path`, temporaries gone
+
+- Exclusive: a claim holds an `flock` on `PARENT/.vitfast-staging/NAME.lock` from start to finish,
+  so of two processes writing one path exactly one proceeds; the other fails at once. Without
+  `force` the final rename refuses to replace anything (a hard link, which fails if the name exists).
+- Staging: everything is written under `PARENT/.vitfast-staging/` (same filesystem, so renames are
+  atomic). A process killed with SIGKILL leaves its folder there; the next claim in that folder
+  removes every staging folder whose owner is gone (its lock is free), and the empty staging folder.
+- Pairs: files beside the output in `out.tmp`'s folder are published first, the sidecar last, and
+  an old sidecar is removed before its artifact is replaced; the sidecar records each file's size
+  and sha256 (`vitfast.export.artifacts`), so any interruption leaves either a valid pair or a pair
+  that loading refuses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .errors import ArtifactError, OutputError
+
+STAGING = ".vitfast-staging"
+SIDECAR_SUFFIX = ".json"
+_held: dict[tuple[int, Path], int] = {}  # (pid, lock file) this process holds -> claim depth (nested claims share it);
+# keyed by pid so that a forked child does not believe it holds its parent's locks
+_held_guard = threading.Lock()
+
+
+def check_output_free(path: str | os.PathLike, force: bool, *, directory: bool = False) -> Path:
+    """`path` if it may be written: absent, or (with `force`) an existing output of the same kind."""
+    path = Path(path)
+    if str(path) in ("", ".", "..") or path.name in ("", ".", ".."):
+        raise OutputError(f"{str(path)!r} is not a file name; give an output path such as out/model.onnx")
+    if path.exists() and path.is_dir() != directory:
+        want = "a folder" if directory else "a file"
+        raise OutputError(f"{path} exists and is not {want}; choose another output path")
+    if path.exists() and not force:
+        raise OutputError(f"{path} already exists; pass --force to overwrite it, or choose another output path")
+    _check_parent(path.parent)
+    return path
+
+
+def _check_parent(parent: Path) -> None:
+    for p in (parent, *parent.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise OutputError(f"cannot write under {parent}: {p} is a file, not a folder; choose another output path")
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise OutputError(f"cannot write under {parent}: {p} is not writable; choose another output path")
+            return
+
+
+class Claim:
+    """A claimed output: `tmp` is where to write it, `scratch_dir` holds unpublished temporaries."""
+
+    def __init__(self, path: Path, force: bool, work: Path):
+        self.path, self.force, self.work = path, force, work
+        (work / "out").mkdir()
+        self.scratch_dir = work / "scratch"
+        self.scratch_dir.mkdir()
+        self.tmp = work / "out" / path.name
+
+    def publish(self) -> None:
+        """Rename what was written into place: the old sidecar goes first, then companions
+        (`.data` weights), then the output (exclusively unless `force`), then the new sidecar."""
+        staged = self.work / "out"
+        sidecar = staged / (self.path.name + SIDECAR_SUFFIX)
+        if not self.tmp.exists():
+            raise ArtifactError(f"nothing was written for {self.path}")  # a bug in the writer, not user input
+        if self.force and not self.tmp.is_dir():  # a folder keeps its sidecar: it marks the folder as vitfast's
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(str(self.path) + SIDECAR_SUFFIX)  # never an old sidecar beside a new artifact
+        for item in sorted(staged.iterdir()):
+            if item not in (self.tmp, sidecar):
+                os.replace(item, self.path.parent / item.name)
+        _place(self.tmp, self.path, exclusive=not self.force, trash=self.work / "replaced")
+        if sidecar.exists():
+            os.replace(sidecar, self.path.parent / sidecar.name)
+
+
+def _place(src: Path, dst: Path, *, exclusive: bool, trash: Path) -> None:
+    """Rename `src` to `dst`; `exclusive`: fail if `dst` exists (even if it appeared just now)."""
+    taken = OutputError(f"{dst} appeared while vitfast was writing it; nothing was replaced")
+    if src.is_dir():
+        if dst.exists() or dst.is_symlink():
+            if exclusive:
+                raise taken
+            os.replace(dst, trash)  # the old folder goes with the staging folder
+        os.rename(src, dst)
+    elif not exclusive:
+        os.replace(src, dst)
+    else:
+        try:
+            os.link(src, dst)  # fails if dst exists: whatever raced us is never clobbered
+        except FileExistsError:
+            raise taken from None
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
+                raise
+            if dst.exists():
+                raise taken from None
+            os.replace(src, dst)  # a filesystem without hard links: checked, then renamed
+        else:
+            os.unlink(src)
+
+
+@contextlib.contextmanager
+def reserve_output(path: str | os.PathLike, force: bool = False, *, directory: bool = False) -> Iterator[Path]:
+    """Hold `path` for this process (a second process fails at once) without writing it yet;
+    yields a scratch folder in the staging folder. `claim_output` of the same path inside it
+    re-enters the reservation, so a long pipeline fails fast and keeps its temporaries beside the output."""
+    path = check_output_free(path, force, directory=directory)
+    with contextlib.ExitStack() as stack:
+        with output_errors(path):
+            staging = Path(os.path.abspath(path.parent)) / STAGING
+            staging.mkdir(parents=True, exist_ok=True)
+            stack.callback(_remove_if_empty, staging)
+            clean_stale(staging)
+            stack.enter_context(_name_lock(staging / f"{path.name}.lock", path))
+            check_output_free(path, force, directory=directory)  # again, now that nobody else can claim it
+            work = _new_work(staging, path.name)
+            stack.callback(_remove_work, work)
+        with output_errors(path, only=_FULL):  # the caller fills the staging folder, on the output's disk
+            yield work
+
+
+@contextlib.contextmanager
+def claim_output(path: str | os.PathLike, force: bool = False, *, directory: bool = False) -> Iterator[Claim]:
+    """Claim `path` exclusively, yield a `Claim`, publish on success; clean up on every exit."""
+    with reserve_output(path, force, directory=directory) as work:
+        claim = Claim(Path(path), force, work)
+        yield claim
+        with output_errors(claim.path):
+            claim.publish()
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], None], *, force: bool = True) -> Path:
+    """Write one file through `write(tmp_path)` and rename it into place (`force`: replace an old one)."""
+    with claim_output(path, force) as out:
+        write(out.tmp)
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, *, force: bool = True) -> Path:
+    return atomic_write(path, lambda tmp: tmp.write_text(text), force=force)
+
+
+@contextlib.contextmanager
+def temporaries_in(folder: Path) -> Iterator[None]:
+    """Point Python's `tempfile` default at `folder` meanwhile, so libraries that make their own
+    temporaries (ONNX Runtime's quantizer writes 100s of MB) make them in a staging folder, which a
+    later run cleans if this process is killed. Process-wide: for the CLI's single-threaded work."""
+    previous = tempfile.tempdir
+    tempfile.tempdir = str(folder)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = previous
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+@contextlib.contextmanager
+def output_errors(path: Path, only: tuple[int, ...] | None = None) -> Iterator[None]:
+    """OS errors while writing `path` (full disk, permissions, a file where a folder should be)
+    become one `OutputError` line naming the path; `only`: just these errnos."""
+    try:
+        yield
+    except OSError as exc:
+        if isinstance(exc, OutputError) or (only is not None and exc.errno not in only):
+            raise
+        reason = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded", errno.EFBIG: "file too large",
+                  errno.EACCES: "permission denied", errno.EPERM: "permission denied", errno.EROFS: "read-only filesystem",
+                  errno.ENOTDIR: "a parent is a file, not a folder"}.get(exc.errno, exc.strerror or str(exc))  # fmt: skip
+        raise OutputError(f"cannot write {path}: {reason}; free space or choose another output path") from exc
+
+
+def clean_stale(staging: Path) -> None:
+    """Remove staging folders and name locks left by processes that no longer run."""
+    for entry in list(staging.iterdir()) if staging.is_dir() else []:
+        if entry.suffix == ".work" and entry.is_dir() and _is_stale(entry / "lock"):
+            shutil.rmtree(entry, ignore_errors=True)
+        elif entry.suffix == ".lock" and (os.getpid(), entry) not in _held:
+            with contextlib.suppress(OSError):
+                _try_remove_lock(entry)
+
+
+# ---------------------------------------------------------------------------- locks
+
+
+def _new_work(staging: Path, name: str) -> Path:
+    """A fresh folder in `staging` whose `lock` this process holds until `_remove_work` (or death)."""
+    work = Path(tempfile.mkdtemp(prefix=f"{name[:64]}.", suffix=".work", dir=staging))
+    fd = os.open(work / "lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _work_fds[work] = fd
+    return work
+
+
+_work_fds: dict[Path, int] = {}  # staging folders of this process -> their locked fd
+
+
+def _is_stale(lock: Path) -> bool:
+    """True if no process holds `lock` (its owner was killed), or it was never created."""
+    if lock.parent in _work_fds:
+        return False
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:  # killed between mkdtemp and locking, or being created right now
+        with contextlib.suppress(OSError):
+            return time.time() - lock.parent.stat().st_mtime > 60
+        return False
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _remove_work(work: Path) -> None:
+    fd = _work_fds.pop(work, None)
+    shutil.rmtree(work, ignore_errors=True)
+    if fd is not None:
+        os.close(fd)
+
+
+def _remove_if_empty(staging: Path) -> None:
+    with contextlib.suppress(OSError):
+        staging.rmdir()  # fails while another claim uses it: the last one out removes it
+
+
+def _try_remove_lock(lock: Path) -> None:
+    fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.fstat(fd).st_ino == os.stat(lock).st_ino:
+            os.unlink(lock)  # unlinked while locked: a waiter on the old inode re-checks and retries
+    except (BlockingIOError, FileNotFoundError):
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _name_lock(lock: Path, path: Path) -> Iterator[None]:
+    """Hold `lock` exclusively (re-entrant within this process); fail at once if another holds it."""
+    key = (os.getpid(), lock)
+    with _held_guard:
+        if key in _held:
+            _held[key] += 1
+            fd = None
+        else:
+            fd = _acquire(lock, path)
+            _held[key] = 1
+    try:
+        yield
+    finally:
+        with _held_guard:
+            _held[key] -= 1
+            if _held[key] == 0:
+                del _held[key]
+                with contextlib.suppress(OSError):
+                    os.unlink(lock)
+                if fd is not None:
+                    os.close(fd)
+
+
+def _acquire(lock: Path, path: Path) -> int:
+    while True:
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise OutputError(f"another vitfast process is writing {path} right now; wait for it or choose another output path") from None
+        try:
+            if os.fstat(fd).st_ino == os.stat(lock).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the file was removed by its previous holder after we opened it: try again
