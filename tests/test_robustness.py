@@ -51,7 +51,9 @@ def run_cli(*args) -> tuple[int, str, str]:
 
 
 def tree(folder: Path) -> dict[str, tuple]:
-    return {str(p.relative_to(folder)): (p.is_dir(), p.stat().st_size if p.is_file() else 0, p.stat().st_mtime_ns)
+    """path -> (is folder, size, mtime) for everything under `folder` (a folder's mtime moves when a
+    staging folder comes and goes inside it: its entries are what count)."""
+    return {str(p.relative_to(folder)): (True, 0, 0) if p.is_dir() else (False, p.stat().st_size, p.stat().st_mtime_ns)
             for p in folder.rglob("*")}  # fmt: skip
 
 
@@ -95,10 +97,9 @@ def assets(tmp_path_factory):
     torch.manual_seed(0)
     vitfast.save_checkpoint(vitfast.create_model(MODEL), root / "m.safetensors")
     rng = np.random.default_rng(0)
-    for cls in ("a", "b"):
-        (root / "images" / cls).mkdir(parents=True)
-        for i in range(3):
-            Image.fromarray(rng.integers(0, 256, (36, 40, 3), dtype=np.uint8)).save(root / "images" / cls / f"{i}.png")
+    for cls in range(10):  # one folder per class of the model
+        (root / "images" / f"c{cls}").mkdir(parents=True)
+        Image.fromarray(rng.integers(0, 256, (36, 40, 3), dtype=np.uint8)).save(root / "images" / f"c{cls}" / "0.png")
     return root
 
 
@@ -380,3 +381,26 @@ def test_serve_messages_name_real_flags_and_blame_the_host():
         busy.listen()
         with pytest.raises(ServeError, match=r"pass another --port$"):
             check_port_free("127.0.0.1", busy.getsockname()[1], "http")
+
+
+def test_inspect_publishes_all_figures_or_none(assets, tmp_path, monkeypatch):
+    import vitfast.inspect as vi
+
+    image = Image.fromarray(np.random.default_rng(1).integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    image.save(tmp_path / "cat.png")
+    rendered = []
+
+    def fail_on_third(fig):
+        rendered.append(fig)
+        if len(rendered) == 3:
+            raise OSError(28, "No space left on device")  # the disk fills up halfway through
+        return b"png"
+
+    monkeypatch.setattr(vi, "_png", fail_on_third)
+    out = tmp_path / "figs"
+    out.mkdir()
+    before = tree(tmp_path)
+    result = run_cli("inspect", "--checkpoint", assets / "m.safetensors", "--image", tmp_path / "cat.png", "--out", out)
+    assert len(rendered) == 3 and "the disk is full" in result[2]
+    assert_contract(tmp_path, before, result, None, ok=(2,))
+    assert list(out.iterdir()) == []  # not two PNGs out of four

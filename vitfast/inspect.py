@@ -9,6 +9,8 @@ is token 0. Numbers come back as float64 CPU tensors; the plotting functions ret
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import os
 import warnings
@@ -20,7 +22,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from .atomic import atomic_write
+from .atomic import claim_output
 from .config import ViTConfig
 from .errors import BackendUnavailable, InputError, VitfastError
 
@@ -381,22 +383,24 @@ def save_figures(
 ) -> dict[str, Path]:
     """Write `<name>.png` for every figure into `out_dir` (created if missing); returns the paths.
 
-    Each PNG is written under a temporary name and renamed, so a failure leaves no partial file.
-    Existing files are refused unless `overwrite`.
+    All PNGs are rendered into a staging folder first and renamed into place only when every one
+    succeeded, so a failure leaves none of them. Existing files are refused unless `overwrite`.
     """
     out = Path(out_dir)
     paths = {name: out / f"{name}.png" for name in FIGSIZES}
     if not overwrite:
         existing = [p.name for p in paths.values() if p.exists()]
         if existing:
-            raise VitfastError(
-                f"{out} already holds {', '.join(existing)}; pass --force (Python: overwrite=True) to replace them"
-            )
-    out.mkdir(parents=True, exist_ok=True)
-    for name, fig in figures(inspection, index).items():
-        _save_png(fig, paths[name])
+            raise VitfastError(f"{out} already holds {', '.join(existing)}; pass --force to replace them")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} is a file; give --out a folder for the PNGs")
+    with contextlib.ExitStack() as claims:  # exits (publishes) only after the last figure rendered
+        for name, fig in figures(inspection, index).items():
+            claims.enter_context(claim_output(paths[name], overwrite)).tmp.write_bytes(_png(fig))
     return paths
 
 
-def _save_png(fig, path: Path) -> None:
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI))
+def _png(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    return buffer.getvalue()
