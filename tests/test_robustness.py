@@ -321,6 +321,27 @@ def test_engine_input_checks_match_the_server_and_have_an_opt_out(assets):
     assert torch.isnan(engine(x)[1]).all() and torch.isfinite(engine(x)[0]).all()
 
 
+def test_serve_allow_nonfinite_ships_a_guard_that_passes_nan_on():
+    import types
+
+    from vitfast.serve import _install_guard
+
+    class FakeModel:
+        model_name, model_version = "vit", 1
+
+        def get_proxy_model_files(self):
+            return {"file:1/model.py": b"proxy"}
+
+    shipped = {}
+    for allow in (False, True):
+        model = FakeModel()
+        _install_guard(types.SimpleNamespace(_model_manager=types.SimpleNamespace(models=[model])), {"vit"}, allow_nonfinite=allow)
+        namespace: dict = {}
+        exec(compile(model.get_proxy_model_files()["file:1/model.py"], "model.py", "exec"), namespace)  # the stub's view
+        shipped[allow] = namespace["find_problem"]("vit", "images", np.full((1, 3, 2, 2), np.nan, np.float32), [3, 2, 2])
+    assert "non-finite" in shipped[False] and shipped[True] is None
+
+
 def test_quantize_int8_refuses_bad_calibration_tensors(assets, tmp_path):
     from vitfast.export import quantize_int8
 
