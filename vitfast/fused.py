@@ -118,7 +118,8 @@ def can_fuse(block: nn.Module) -> bool:
         and type(block.norm2) is nn.LayerNorm
         and block.norm1.elementwise_affine
         and block.norm2.elementwise_affine
-        and type(block.ls2) in (nn.Identity, LayerScale)  # what the fc2 epilogue computes
+        and type(block.ls1) in (nn.Identity, LayerScale)  # what the branch-end epilogues compute
+        and type(block.ls2) in (nn.Identity, LayerScale)
     )
 
 
