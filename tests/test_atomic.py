@@ -61,6 +61,29 @@ def test_concurrent_writers_exactly_one_wins(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+def _write_many(folder: str, worker: int, results) -> None:
+    try:
+        for i in range(10):
+            atomic_write_text(Path(folder) / f"w{worker}-{i}.txt", f"{worker}:{i}")
+        results.put("ok")
+    except Exception as exc:  # reported to the parent, which asserts on it
+        results.put(repr(exc))
+
+
+def test_concurrent_writers_of_different_files_in_one_folder_all_succeed(tmp_path):
+    """The shared staging folder comes and goes as claims start and end: no writer may trip on that."""
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_write_many, args=(str(tmp_path), w, results)) for w in range(6)]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert outcomes == ["ok"] * 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"w{w}-{i}.txt" for w in range(6) for i in range(10))
+
+
 def test_a_file_that_appears_meanwhile_is_never_clobbered(tmp_path):
     path = tmp_path / "m.onnx"
     with pytest.raises(OutputError, match="appeared while vitfast was writing"):

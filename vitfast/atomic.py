@@ -191,7 +191,11 @@ def output_errors(path: Path, only: tuple[int, ...] | None = None) -> Iterator[N
 
 def clean_stale(staging: Path) -> None:
     """Remove staging folders and name locks left by processes that no longer run."""
-    for entry in list(staging.iterdir()) if staging.is_dir() else []:
+    try:
+        entries = list(staging.iterdir())
+    except (FileNotFoundError, NotADirectoryError):  # removed by another process's last claim meanwhile
+        return
+    for entry in entries:
         if entry.suffix == ".work" and entry.is_dir() and _is_stale(entry / "lock"):
             shutil.rmtree(entry, ignore_errors=True)
         elif entry.suffix == ".lock" and (os.getpid(), entry) not in _held:
@@ -285,7 +289,11 @@ def _name_lock(lock: Path, path: Path) -> Iterator[None]:
 
 def _acquire(lock: Path, path: Path) -> int:
     while True:
-        fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:  # another process just removed the empty staging folder: make it again
+            lock.parent.mkdir(exist_ok=True)
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
