@@ -23,7 +23,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from ._common import INTERPRET, check_device, next_pow2, runs_reference
+from ._common import INTERPRET, autotune, check_device, next_pow2, require_fitting_config, runs_reference
+from .linear_epilogue import shared_memory_bytes
 
 
 def _configs() -> list[triton.Config]:
@@ -38,8 +39,10 @@ def _configs() -> list[triton.Config]:
     ]
 
 
-@triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K"])  # tensor dtypes are part of the key too
-@triton.jit
+# tensor dtypes are part of the key too; configs too big for the device's shared memory are
+# dropped before tuning (the x / W tile pipeline is linear_epilogue's, so is its estimate)
+@autotune(configs=_configs(), key=["M_BUCKET", "N", "K"], estimate=shared_memory_bytes)
+@triton.jit(do_not_specialize=["M_BUCKET"])  # a tuning key only: no recompile per bucket
 def _linear_residual_layernorm_kernel(
     X, W, Bias, Gamma, Res, LnW, LnB, ResOut, Out,
     M, N, K, M_BUCKET, eps,
@@ -145,6 +148,9 @@ def linear_residual_layernorm_launch(
     if M == 0 or N == 0:
         return
     x2 = x.reshape(M, K)
+    if x.is_cuda:
+        require_fitting_config(_linear_residual_layernorm_kernel, {"X": x2}, x.device,
+                               f"linear + LayerNorm ({str(x.dtype).removeprefix('torch.')})")
     res2 = residual.reshape(M, N)
     res2 = res2 if res2.stride(-1) == 1 else res2.contiguous()
     ro2, out2 = residual_out.view(M, N), out.view(M, N)

@@ -1,0 +1,339 @@
+"""Ahead-of-time compile of the Triton kernels for GPU targets, on a machine without a GPU.
+
+    python -m vitfast.kernels.aot [--arch sm_80,sm_89,sm_90a] [--json FILE] [--jobs N] [--cache DIR]
+
+The launch arguments come from the real launchers, called on CPU tensors with the launch
+recorded instead of run (`LAUNCHES`), so Triton specialises them exactly as on a GPU (integers
+divisible by 16 or equal to 1, pointer alignment, constexprs). For each target, an autotuned
+kernel keeps the configs that its own prune keeps for that target's shared memory; those are
+compiled with the ptxas shipped in the triton wheel, and each compiled kernel's real shared
+memory (`metadata.shared`) is checked against the target's limit and against the prune's
+estimate. Registers and spills (ptxas -v) are reported. Results are cached per compiled-kernel
+hash (source, specialisation, options, target, Triton version) in --cache.
+
+Must run without TRITON_INTERPRET (the interpreter replaces the compiler). Exit status 1 when
+a kernel fails to compile, when a kept config exceeds the limit or its estimate, or when a
+launch in the supported range (`Launch.required`) has no config that fits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Callable
+from unittest import mock
+
+import torch
+
+# target -> (compute capability, bytes of shared memory per block: the opt-in maximum)
+TARGETS = {"sm_80": (80, 166912), "sm_89": (89, 101376), "sm_90a": (90, 232448)}
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One representative launcher call. `required`: inside the supported range, so every target
+    must keep a config for it; `all_configs`: compile every config kept (the shapes where shared
+    memory is tightest), otherwise one kept config per target, rotating through the list."""
+
+    name: str
+    dtype: str
+    call: Callable[[torch.dtype], None]
+    required: bool = True
+    all_configs: bool = False
+
+
+def _attention(B, N, H, D):
+    def call(dtype):
+        from vitfast.kernels.attention import attention_launch
+
+        attention_launch(torch.empty(B, N, 3 * H * D, dtype=dtype).unflatten(-1, (3, H, D)),
+                         torch.empty(B, N, H * D, dtype=dtype))  # fmt: skip
+
+    return call
+
+
+def _add_layernorm(rows, C, branch):
+    def call(dtype):
+        from vitfast.kernels.add_layernorm import add_layernorm_launch
+
+        x, w, b, out = torch.empty(rows, C, dtype=dtype), torch.empty(C, dtype=dtype), torch.empty(C, dtype=dtype), torch.empty(rows, C, dtype=dtype)
+        add_layernorm_launch(x, torch.empty_like(x) if branch else None, w, b, 1e-6, out, torch.empty_like(x) if branch else None)
+
+    return call
+
+
+def _bias_gelu(rows, C, approximate):
+    def call(dtype):
+        from vitfast.kernels.bias_gelu import bias_gelu_launch
+
+        bias_gelu_launch(torch.empty(rows, C, dtype=dtype), torch.empty(C, dtype=dtype), torch.empty(rows, C, dtype=dtype), approximate)
+
+    return call
+
+
+def _linear(rows, K, N, epilogue):
+    def call(dtype):
+        from vitfast.kernels.linear_epilogue import linear_epilogue_launch
+
+        x, w, b, out = (torch.empty(s, dtype=dtype) for s in ((rows, K), (N, K), (N,), (rows, N)))
+        kw = {"gelu": epilogue} if epilogue in ("none", "tanh") else {}
+        if epilogue.startswith("residual"):
+            kw = {"residual": torch.empty(rows, N, dtype=dtype), "gamma": b if epilogue == "residual_gamma" else None}
+        linear_epilogue_launch(x, w, b, out, **kw)
+
+    return call
+
+
+def _linear_layernorm(rows, K, N, gamma):
+    def call(dtype):
+        from vitfast.kernels.linear_layernorm import linear_residual_layernorm_launch
+
+        x, w, res, r_out, out = (torch.empty(s, dtype=dtype) for s in ((rows, K), (N, K), (rows, N), (rows, N), (rows, N)))
+        vec = torch.empty(N, dtype=dtype)
+        linear_residual_layernorm_launch(x, w, vec, res, vec if gamma else None, vec, vec, 1e-6, r_out, out)
+
+    return call
+
+
+def _launches() -> list[Launch]:
+    """ViT shapes: ViT-S/B/L (head_dim 64, 6/12/16 heads, N 197/577), ViT-H/14 (head_dim 80, N 257),
+    head_dims 32 and 128 (DESIGN.md's range), 256 (the launcher's limit, outside the range)."""
+    out = []
+    for dt in DTYPES:
+        every = dt == "fp16"  # bf16 tiles take fp16's shared memory; fp32 is not a speed path: sampled
+        out += [
+            Launch(f"attention B8 N197 H12 D64 {dt}", dt, _attention(8, 197, 12, 64)),
+            Launch(f"attention B2 N577 H16 D64 {dt}", dt, _attention(2, 577, 16, 64)),
+            Launch(f"attention B2 N257 H16 D80 {dt}", dt, _attention(2, 257, 16, 80)),
+            Launch(f"attention B2 N50 H6 D32 {dt}", dt, _attention(2, 50, 6, 32)),
+            Launch(f"attention B2 N256 H8 D128 {dt}", dt, _attention(2, 256, 8, 128), all_configs=every),
+            Launch(f"attention B1 N197 H2 D256 {dt}", dt, _attention(1, 197, 2, 256), required=False),
+            Launch(f"add_layernorm 394x768 {dt}", dt, _add_layernorm(394, 768, True)),
+            Launch(f"layernorm 394x384 {dt}", dt, _add_layernorm(394, 384, False)),
+            Launch(f"add_layernorm 50x1280 {dt}", dt, _add_layernorm(50, 1280, True)),
+            Launch(f"add_layernorm 7x37 {dt}", dt, _add_layernorm(7, 37, True)),
+            Launch(f"bias_gelu 394x3072 erf {dt}", dt, _bias_gelu(394, 3072, "none")),
+            Launch(f"bias_gelu 13x1000 tanh {dt}", dt, _bias_gelu(13, 1000, "tanh")),
+            Launch(f"linear fc1+gelu 1576x768->3072 {dt}", dt, _linear(1576, 768, 3072, "none"), all_configs=every),
+            Launch(f"linear fc2+residual*gamma 197x3072->768 {dt}", dt, _linear(197, 3072, 768, "residual_gamma")),
+            Launch(f"linear fc1+gelu_tanh 50x192->771 {dt}", dt, _linear(50, 192, 771, "tanh")),
+            Launch(f"linear fc2+residual 13x100->37 {dt}", dt, _linear(13, 100, 37, "residual")),
+            Launch(f"linear_layernorm proj 1576x768->768 {dt}", dt, _linear_layernorm(1576, 768, 768, False), all_configs=every),
+            Launch(f"linear_layernorm fc2*gamma 197x3072->768 {dt}", dt, _linear_layernorm(197, 3072, 768, True)),
+            Launch(f"linear_layernorm 13x100->37 {dt}", dt, _linear_layernorm(13, 100, 37, False)),
+        ]
+    return out
+
+
+LAUNCHES = _launches()
+
+
+# ---------------------------------------------------------------------------- recording
+def record(launch: Launch) -> tuple:
+    """(kernel, args, kwargs) of the one kernel launch `launch.call` makes, without running it."""
+    from vitfast.kernels import _common, add_layernorm, attention, bias_gelu, linear_epilogue, linear_layernorm
+
+    calls = []
+
+    def wrap_triton(kernel):
+        return _Subscript(lambda grid: lambda *args, **kwargs: calls.append((kernel, args, kwargs)))
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(_common, "INTERPRET", True))  # CPU tensors pass check_device
+        for module in (add_layernorm, attention, bias_gelu, linear_epilogue, linear_layernorm):
+            stack.enter_context(mock.patch.object(module, "wrap_triton", wrap_triton))
+        launch.call(DTYPES[launch.dtype])
+    assert len(calls) == 1, f"{launch.name}: expected one kernel launch, got {len(calls)}"
+    return calls[0]
+
+
+class _Subscript:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        return self.fn(grid)
+
+
+def kept_configs(kernel, args: tuple, kwargs: dict, budget: tuple[int, int]) -> list:
+    """The configs an autotuned kernel keeps for a (capability, bytes) budget (its own prune's rule), or the launch's
+    single config (num_warps / num_stages as passed) for a plain @triton.jit kernel."""
+    from triton import Config
+
+    from vitfast.kernels._common import configs_within
+
+    if not hasattr(kernel, "configs"):
+        return [Config({}, num_warps=kwargs.get("num_warps", 4), num_stages=kwargs.get("num_stages", 3))]
+    named = dict(zip(kernel.fn.arg_names, args))
+    return configs_within(kernel.configs, kernel.shared_memory_estimate, {**named, **kwargs}, budget)
+
+
+# ---------------------------------------------------------------------------- compiling
+_RECORDED: list = []
+
+
+def _init_worker() -> None:
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="vitfast-aot-")  # ptxas always runs on our misses
+    _RECORDED[:] = [record(launch) for launch in LAUNCHES]
+
+
+def compile_one(job: tuple) -> dict:
+    """Compile launch `i` with config `c` (an index into the kept list) for `target`."""
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.cache import get_cache_key
+    from triton.runtime.jit import create_function_from_signature
+
+    i, c, target, cache_dir = job
+    kernel, args, kwargs = _RECORDED[i]
+    arch, limit = TARGETS[target]
+    config = kept_configs(kernel, args, kwargs, TARGETS[target])[c]
+    jit = kernel.fn if hasattr(kernel, "configs") else kernel
+    gpu = GPUTarget("cuda", arch, 32)
+    backend = make_backend(gpu)
+    # Triton's own binder and packer: the specialisation a GPU launch would get
+    launch_kwargs = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
+    bind = create_function_from_signature(jit.signature, jit.params, backend)
+    bound, specialization, options = bind(*args, **launch_kwargs, **config.all_kwargs())
+    options, signature, constexprs, attrs = jit._pack_args(backend, options, bound, specialization, options)
+    src = ASTSource(jit, signature, constexprs, attrs)
+    key = hashlib.sha256(get_cache_key(src, backend, options, {}).encode()).hexdigest()
+    row = {"launch": LAUNCHES[i].name, "kernel": jit.__name__, "target": target, "limit": limit,
+           "config": _describe(config), "estimate": _estimate(kernel, args, kwargs, config, arch)}  # fmt: skip
+    cached = os.path.join(cache_dir, f"{key}.json")
+    if os.path.exists(cached):
+        with open(cached) as f:
+            return {**row, **json.load(f), "cached": True}
+    log, start = io.StringIO(), time.perf_counter()
+    try:
+        with mock.patch.object(knobs.nvidia, "dump_ptxas_log", True), contextlib.redirect_stdout(log):
+            compiled = triton.compile(src, target=gpu, options=options.__dict__)
+    except Exception as e:  # a compile error is a finding, reported with its first line
+        return {**row, "error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"}
+    result = {"shared": compiled.metadata.shared, "compile_s": round(time.perf_counter() - start, 2), **_ptxas_stats(log.getvalue())}
+    os.makedirs(cache_dir, exist_ok=True)
+    with open(cached + ".tmp", "w") as f:
+        json.dump(result, f)
+    os.replace(cached + ".tmp", cached)
+    return {**row, **result, "cached": False}
+
+
+def _describe(config) -> str:
+    meta = ",".join(f"{k}={v}" for k, v in config.kwargs.items())
+    return f"{meta}{',' if meta else ''}w{config.num_warps},s{config.num_stages}"
+
+
+def _estimate(kernel, args, kwargs, config, capability) -> int | None:
+    if not hasattr(kernel, "shared_memory_estimate"):
+        return None
+    return kernel.shared_memory_estimate(config, {**dict(zip(kernel.fn.arg_names, args)), **kwargs}, capability)
+
+
+def _ptxas_stats(log: str) -> dict:
+    """Registers and spills from ptxas -v."""
+    regs = re.search(r"Used (\d+) registers", log)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    stack = re.search(r"(\d+) bytes stack frame", log)
+    return {
+        "regs": int(regs.group(1)) if regs else None,
+        "spill_stores": int(spills.group(1)) if spills else None,
+        "spill_loads": int(spills.group(2)) if spills else None,
+        "stack": int(stack.group(1)) if stack else None,
+    }
+
+
+# ---------------------------------------------------------------------------- the check
+def plan(targets: list[str]) -> tuple[list[tuple], list[dict]]:
+    """(compile jobs, launches with no config on a target). Rotation picks which kept config a
+    sampled launch compiles, so across launches every config gets compiled on every target."""
+    jobs, unfit = [], []
+    for i, launch in enumerate(LAUNCHES):
+        kernel, args, kwargs = _RECORDED[i]
+        for t, target in enumerate(targets):
+            kept = kept_configs(kernel, args, kwargs, TARGETS[target])
+            if not kept:
+                unfit.append({"launch": launch.name, "target": target, "required": launch.required})
+                continue
+            picks = range(len(kept)) if launch.all_configs else [(i + t) % len(kept)]
+            jobs += [(i, c, target) for c in picks]
+    return jobs, unfit
+
+
+def problems(rows: list[dict], unfit: list[dict]) -> list[str]:
+    found = [f"{r['launch']} [{r['config']}] on {r['target']}: {r['error']}" for r in rows if "error" in r]
+    for r in rows:
+        if "shared" not in r:
+            continue
+        if r["shared"] > r["limit"]:
+            found.append(f"{r['launch']} [{r['config']}] on {r['target']}: {r['shared']} B shared > limit {r['limit']} B")
+        if r["estimate"] is not None and r["shared"] > r["estimate"]:
+            found.append(f"{r['launch']} [{r['config']}] on {r['target']}: {r['shared']} B shared > estimate {r['estimate']} B")
+    found += [f"{u['launch']} on {u['target']}: no config fits the shared memory" for u in unfit if u["required"]]
+    return found
+
+
+def table(rows: list[dict], unfit: list[dict]) -> str:
+    head = f"{'target':<7} {'launch':<44} {'config':<34} {'shared':>7} {'estim':>7} {'regs':>4} {'spill':>5}"
+    lines = [head, "-" * len(head)]
+    for r in sorted(rows, key=lambda r: (r["target"], r["launch"], r["config"])):
+        if "error" in r:
+            lines.append(f"{r['target']:<7} {r['launch']:<44} {r['config']:<34} ERROR {r['error']}")
+            continue
+        est = "" if r["estimate"] is None else r["estimate"]
+        spill = r["spill_stores"] if r["spill_stores"] is not None else "?"
+        lines.append(f"{r['target']:<7} {r['launch']:<44} {r['config']:<34} {r['shared']:>7} {est:>7} {r['regs'] or '?':>4} {spill:>5}")
+    lines += [f"{u['target']:<7} {u['launch']:<44} no config fits ({'a failure' if u['required'] else 'the launcher refuses it'})" for u in unfit]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vitfast.kernels.aot", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", default=",".join(TARGETS), help=f"comma-separated targets from {', '.join(TARGETS)}")
+    parser.add_argument("--json", help="write the rows, the launches with no config and the problems here")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes")
+    parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "vitfast-aot-cache"), help="results cache folder")
+    opts = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        parser.error("unset TRITON_INTERPRET: the interpreter replaces the compiler this check runs")
+    targets = opts.arch.split(",")
+    if unknown := [t for t in targets if t not in TARGETS]:
+        parser.error(f"unknown target(s) {', '.join(unknown)}; choose from {', '.join(TARGETS)}")
+    start = time.perf_counter()
+    _init_worker()
+    jobs, unfit = plan(targets)
+    jobs = [(*job, opts.cache) for job in jobs]
+    if opts.jobs > 1:
+        import multiprocessing
+
+        with ProcessPoolExecutor(opts.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker) as pool:
+            rows = list(pool.map(compile_one, jobs))
+    else:
+        rows = [compile_one(job) for job in jobs]
+    found = problems(rows, unfit)
+    print(table(rows, unfit))
+    fresh = sum(1 for r in rows if r.get("cached") is False)
+    print(f"\n{len(rows)} kernels ({fresh} compiled, {len(rows) - fresh - sum('error' in r for r in rows)} cached) "
+          f"for {', '.join(targets)} in {time.perf_counter() - start:.0f} s")  # fmt: skip
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump({"targets": {t: TARGETS[t] for t in targets}, "rows": rows, "unfit": unfit, "problems": found}, f, indent=1)
+    for p in found:
+        print(f"PROBLEM: {p}", file=sys.stderr)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
