@@ -29,6 +29,7 @@ PROCESSORS = {
     "deit": ("DeiTImageProcessor", dict(size={"height": 40, "width": 40}, crop_size={"height": 32, "width": 32}), 32),
     "clip-shortest-edge": ("CLIPImageProcessor", dict(size={"shortest_edge": 40}, crop_size={"height": 32, "width": 32}), 32),
     "convnext-crop-pct": ("ConvNextImageProcessor", dict(size={"shortest_edge": 32}, crop_pct=0.875, resample=2), 32),
+    "convnext-384-warps": ("ConvNextImageProcessor", dict(size={"shortest_edge": 384}), 384),
     "rescale-folded": ("ViTImageProcessor", dict(size={"height": 32, "width": 32}, rescale_factor=1 / 127.5,
                                                  image_mean=[1.0, 1.0, 1.0], image_std=[1.0, 1.0, 1.0]), 32),
 }  # fmt: skip
@@ -40,7 +41,7 @@ SIZES = [(480, 640), (640, 480), (97, 131), (3, 5), (1, 1), (1500, 2000), (224, 
 def _hf_folder(tmp_path, key: str):
     cls, kwargs, img_size = PROCESSORS[key]
     processor = processor_class(cls)(**kwargs)
-    hf_cfg = transformers.ViTConfig(image_size=img_size, patch_size=16 if img_size == 224 else 8, hidden_size=32,
+    hf_cfg = transformers.ViTConfig(image_size=img_size, patch_size=16 if img_size >= 224 else 8, hidden_size=32,
                                     num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, num_labels=3)  # fmt: skip
     model = transformers.ViTForImageClassification(hf_cfg).eval()
     model.save_pretrained(tmp_path)

@@ -197,9 +197,11 @@ def hf_preprocessing(pre: dict[str, Any], in_chans: int, img_size: int) -> tuple
         crop = {"height": crop, "width": crop}
     crop = crop if pre.get("do_center_crop") and isinstance(crop, dict) else None
     edge = size.get("shortest_edge") if isinstance(size, dict) else None
-    if "crop_pct" in pre and kind.startswith("ConvNext") and edge and edge < 384:
-        # ConvNextImageProcessor: shortest edge to int(edge / crop_pct), then an edge x edge crop
-        out |= {"crop_mode": "center", "crop_pct": float(pre["crop_pct"])}
+    if kind.startswith("ConvNext") and edge:
+        # ConvNextImageProcessor: below 384, shortest edge to int(edge / crop_pct) then an edge x edge
+        # crop; from 384 on, straight to edge x edge
+        pct = float(pre.get("crop_pct", 224 / 256)) if edge < 384 else 1.0
+        out |= {"crop_mode": "center" if edge < 384 else "squash", "crop_pct": pct}
         output = edge
     elif not pre.get("do_resize", True):
         out |= {"crop_mode": "squash", "crop_pct": 1.0}  # images must already have the input size
