@@ -50,7 +50,8 @@ def rebuild_reference(source: dict[str, Any] | None, checkpoint: str | None, con
     if source.get("model"):
         torch.manual_seed(RANDOM_SEED)
         return create_model(source["model"], **recorded, **({"img_size": source["img_size"]} if source.get("img_size") else {}))
-    raise ArtifactError("cannot tell which model this artifact came from; pass --checkpoint PATH with the fp32 weights")
+    raise ArtifactError("cannot tell which model this artifact came from; pass --checkpoint PATH with the fp32 weights "
+                        "or --against OTHER (any artifact of the same model)")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -137,6 +138,35 @@ def _report(path: Path, args) -> None:
     print(line, file=sys.stderr)
 
 
+# ---------------------------------------------------------------------------- artifacts
+def load_artifact(path: str, args: argparse.Namespace, labels: bool = True):
+    """`load_engine(path)` with the command's --config / field overrides / --img-size (and --labels
+    unless `labels` is False); says what it read off a foreign ONNX graph, and refuses one whose
+    preprocessing is unknown (raw images need it)."""
+    from .config_args import config_overrides
+    from .runtime import load_engine
+
+    overrides = config_overrides(args) | ({"img_size": args.img_size} if getattr(args, "img_size", None) else {})
+    if not labels:
+        overrides.pop("labels", None)
+    engine = load_engine(path, overrides=overrides)
+    if engine.metadata.get("foreign"):
+        from .foreign import report_choice
+
+        report_choice(engine.path, engine.io, engine.metadata["assumed"])
+    if getattr(engine, "missing_preprocessing", None):
+        raise InputError(engine.missing_preprocessing)
+    return engine
+
+
+def add_artifact_args(p: argparse.ArgumentParser, labels: bool = True) -> None:
+    """--config, the field overrides (and --labels) and --img-size, for commands that take any artifact."""
+    from .config_args import add_config_args
+
+    add_config_args(p, labels=labels)
+    p.add_argument("--img-size", type=int, metavar="N", help="input resolution of an ONNX graph with dynamic H/W and no vitfast sidecar")
+
+
 # ---------------------------------------------------------------------------- check
 def _check_inputs(config, engine, samples: int, data: str | None) -> torch.Tensor:
     n = samples if not engine.batch else max(min(samples, engine.batch[2]), engine.batch[0])
@@ -153,10 +183,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .checkpoint import describe_guesses, load_checkpoint
     from .config_args import config_overrides, warn_guesses
     from .parity import compare
-    from .runtime import TorchEngine, load_engine
+    from .runtime import TorchEngine
 
+    engine = load_artifact(args.artifact, args)
+    if args.against:
+        return _check_against(args, engine)
+    if args.mark_all:
+        raise InputError("--mark-all compares two ONNX graphs layer by layer: give the other one with --against OTHER.onnx")
     overrides = config_overrides(args)
-    engine = load_engine(args.artifact, overrides=overrides if _is_checkpoint(args.artifact) else None)
     if isinstance(engine, TorchEngine):
         reference = load_checkpoint(args.checkpoint or args.artifact, overrides=overrides)
         guessed = reference.config_guesses
@@ -169,28 +203,67 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise ArtifactError("the reference model does not match the artifact's config (image size / classes); pass the right --checkpoint")
     x = _check_inputs(engine.config, engine, args.samples, args.data)
     with torch.no_grad():
-        result = compare(engine(x).cpu(), reference.eval()(x), engine.precision)
+        result = compare(engine(x).cpu(), reference.eval()(x), engine.precision, atol=args.atol, rtol=args.rtol)
     result |= {"artifact": str(args.artifact), "backend": engine.kind, "inputs": args.data or "seeded random-pixel images",
                "guessed": guessed or {}}  # fmt: skip
+    return _print_check(result, args, f"{args.artifact} ({engine.kind}, {engine.precision}) vs fp32 reference")
+
+
+def _check_against(args: argparse.Namespace, engine) -> int:
+    """`check A --against B`: both artifacts on the same raw images, each with its own preprocessing."""
+    from .parity import compare, looser_precision
+
+    other = load_artifact(args.against, args)
+    limits = [e.batch[2] for e in (engine, other) if e.batch]
+    floors = [e.batch[0] for e in (engine, other) if e.batch]
+    n = max(min([args.samples, *limits]), max(floors, default=1))
+    images = _raw_images(engine.config, n, args.data)
+    with torch.no_grad():
+        out, ref = engine(images).cpu(), other(images).cpu()
+    if out.shape != ref.shape:
+        raise ArtifactError(f"{args.artifact} gives logits {tuple(out.shape)} but {args.against} gives {tuple(ref.shape)}; "
+                            "compare artifacts of the same model")  # fmt: skip
+    precision = looser_precision(engine.precision, other.precision)
+    result = compare(out, ref, precision, atol=args.atol, rtol=args.rtol)
+    result |= {"artifact": str(args.artifact), "against": str(args.against), "backend": engine.kind,
+               "against_backend": other.kind, "inputs": args.data or "seeded random-pixel images"}  # fmt: skip
+    if args.mark_all:
+        from .layerwise import compare_layers
+
+        result["layers"] = compare_layers(engine, other, engine.prepare(images), precision, atol=args.atol, rtol=args.rtol)
+    title = f"{args.artifact} ({engine.kind}, {engine.precision}) vs {args.against} ({other.kind}, {other.precision})"
+    return _print_check(result, args, title)
+
+
+def _raw_images(config, n: int, data: str | None):
+    """n raw images both sides of a comparison preprocess their own way: files, or seeded random pixels."""
+    if data:
+        from .data import find_images, open_image
+
+        return [open_image(p) for p in find_images(data)[:n]]
+    h, w = config.img_hw
+    return torch.randint(0, 256, (n, h, w, config.in_chans), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
+
+
+def _print_check(result: dict, args: argparse.Namespace, title: str) -> int:
     if args.json:
         print(json.dumps(result))
-    else:
-        from .cli import console
+        return 0 if result["passed"] else 1
+    from .cli import console
 
-        verdict = "[green]PASSED[/green]" if result["passed"] else "[red]FAILED[/red]"
-        console().print(
-            f"{args.artifact} ({engine.kind}, {engine.precision}) vs fp32 reference on {result['n']} images: {verdict}\n"
-            f"  max_abs_err {result['max_abs_err']:.3g}  max_rel_err {result['max_rel_err']:.3g} "
-            f"(limit {result['tolerance']['max_rel_err']})  cosine {result['cosine']:.6f} "
-            f"(limit {result['tolerance']['cosine']})  top-1 agreement {result['top1_agreement']:.3f}"
-        )
+    tol = result["tolerance"]
+    verdict = "[green]PASSED[/green]" if result["passed"] else "[red]FAILED[/red]"
+    console().print(
+        f"{title} on {result['n']} images: {verdict}\n"
+        f"  max_abs_err {result['max_abs_err']:.3g} (limit {tol['limit_abs_err']:.3g} = atol {tol['atol']:g} + rtol {tol['rtol']:g} x max|ref|)  "
+        f"max_rel_err {result['max_rel_err']:.3g}  cosine {result['cosine']:.6f} (limit {tol['cosine']})  "
+        f"top-1 agreement {result['top1_agreement']:.3f}"
+    )
+    if "layers" in result:
+        from .layerwise import describe_layers
+
+        console().print(describe_layers(result["layers"]))
     return 0 if result["passed"] else 1
-
-
-def _is_checkpoint(path: str) -> bool:
-    from .runtime import ENGINE_SUFFIXES
-
-    return Path(path).suffix.lower() not in (".onnx", *ENGINE_SUFFIXES)
 
 
 # ---------------------------------------------------------------------------- eval
@@ -200,9 +273,8 @@ TOP_K = 5
 def cmd_eval(args: argparse.Namespace) -> int:
     from .config_args import read_labels
     from .data import labeled_images
-    from .runtime import load_engine
 
-    engine = load_engine(args.artifact)
+    engine = load_artifact(args.artifact, args, labels=False)  # eval matches --labels to the folders itself
     files, folder_targets, classes = labeled_images(args.data)
     labels = read_labels(args.labels) if args.labels else engine.config.labels
     targets = torch.tensor(class_indices(engine.config.num_classes, labels, classes, folder_targets, args.data))
@@ -210,7 +282,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     result = {"artifact": str(args.artifact), "backend": engine.kind, "precision": engine.precision,
               **_accuracy(ours, targets), "classes": len(classes)}  # fmt: skip
     if args.against:
-        reference = load_engine(args.against)
+        reference = load_artifact(args.against, args, labels=False)
         if reference.config.num_classes != engine.config.num_classes:
             raise ArtifactError(f"--against {args.against} has {reference.config.num_classes} classes, {args.artifact} has "
                                 f"{engine.config.num_classes}; compare artifacts of the same model")  # fmt: skip
@@ -311,13 +383,19 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     add_config_args(p)
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("check", parents=[common], help="parity of an artifact vs the fp32 reference")
-    p.add_argument("artifact")
-    p.add_argument("--checkpoint", help="fp32 weights to compare with (default: the artifact's recorded source)")
+    p = sub.add_parser("check", parents=[common], help="parity of an artifact vs the fp32 reference, or vs another artifact")
+    p.add_argument("artifact", help="checkpoint, .onnx file (vitfast's or another tool's), Optimum folder or TensorRT engine")
+    ref = p.add_mutually_exclusive_group()
+    ref.add_argument("--checkpoint", help="fp32 weights to compare with (default: the artifact's recorded source)")
+    ref.add_argument("--against", metavar="OTHER", help="compare with any other artifact on the same images")
+    p.add_argument("--atol", type=float, help="absolute tolerance on the logits (default 0)")
+    p.add_argument("--rtol", type=float, help="tolerance relative to max |reference logit| (default: per precision)")
+    p.add_argument("--mark-all", action="store_true",
+                   help="ONNX vs ONNX: compare every intermediate tensor and name the first layer out of tolerance")  # fmt: skip
     p.add_argument("--data", help="image folder to draw inputs from (default: seeded random images)")
     p.add_argument("--samples", type=positive_int, default=16, help="images to compare on (default 16)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    add_config_args(p)
+    add_artifact_args(p)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("eval", parents=[common], help="top-1 / top-5 accuracy on an image folder DIR/<class>/*")
@@ -327,4 +405,5 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--against", metavar="REF", help="also evaluate REF (e.g. the fp32 checkpoint) and report the accuracy difference")
     p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_artifact_args(p, labels=False)  # eval has its own --labels
     p.set_defaults(func=cmd_eval)

@@ -21,10 +21,12 @@ _FLAGS = {"num_heads": "--num-heads", "num_classes": "--num-classes", "mean": "-
           "crop_pct": "--crop-pct", "crop_mode": "--crop-mode", "interpolation": "--interpolation"}  # fmt: skip
 
 
-def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """Add --config, the field overrides and --labels to a subcommand's parser."""
+def add_config_args(parser: argparse.ArgumentParser, labels: bool = True) -> None:
+    """Add --config, the field overrides and (unless the command has its own) --labels to a subcommand's parser."""
     group = parser.add_argument_group("checkpoint config (what the checkpoint did not store, or stored wrong)")
-    group.add_argument("--config", metavar="FILE.json", help="ViTConfig fields as a JSON object (all or some)")
+    group.add_argument("--config", metavar="FILE.json",
+                       help="ViTConfig fields as a JSON object (all or some), or an HF preprocessor_config.json / config.json, "
+                            "a timm config.json or a vitfast sidecar")  # fmt: skip
     group.add_argument("--num-heads", type=int, metavar="N", help="attention heads (not stored in timm weights)")
     group.add_argument("--num-classes", type=int, metavar="N", help="classifier outputs (0: no head)")
     group.add_argument("--mean", type=float, nargs="+", metavar="M", help="normalisation mean per channel, e.g. 0.485 0.456 0.406")
@@ -32,7 +34,8 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--crop-pct", type=float, metavar="P", help="centre-crop fraction (resize to img_size / P first)")
     group.add_argument("--crop-mode", choices=CROP_MODES, help="center: keep the aspect ratio; squash: resize both sides")
     group.add_argument("--interpolation", choices=INTERPOLATIONS, help="resize filter")
-    group.add_argument("--labels", metavar="FILE", help="class names: a text file (one per line) or a JSON list / {index: name}")
+    if labels:
+        group.add_argument("--labels", metavar="FILE", help="class names: a text file (one per line) or a JSON list / {index: name}")
 
 
 def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -58,6 +61,11 @@ def _read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"--config {path} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path} must hold a JSON object of ViTConfig fields, got {type(data).__name__}")
+    from .foreign import config_file_fields
+
+    converted = config_file_fields(data)  # HF preprocessor_config.json / config.json, timm config.json, a sidecar
+    if converted is not None:
+        data = converted
     data.pop("name", None)  # a registry name is informational; it does not select a model here
     check_field_names(data)
     return data

@@ -14,20 +14,36 @@ TOLERANCES = {
 }
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor, precision: str = "fp32") -> dict:
+def looser_precision(a: str, b: str) -> str:
+    """Of two precisions, the one with the wider tolerance (what comparing the two can promise)."""
+    return max(a, b, key=lambda p: TOLERANCES[p]["max_rel_err"])
+
+
+def tolerance(precision: str, ref_scale: float, atol: float | None = None, rtol: float | None = None) -> dict:
+    """The limits at `precision`: max |out - ref| <= atol + rtol * ref_scale (ref_scale = max |ref|),
+    and cosine >= the precision's limit. atol defaults to 0 and rtol to the precision's relative limit."""
+    limits = TOLERANCES[precision]
+    atol = 0.0 if atol is None else atol
+    rtol = limits["max_rel_err"] if rtol is None else rtol
+    return {"atol": atol, "rtol": rtol, "max_rel_err": rtol, "cosine": limits["cosine"], "limit_abs_err": atol + rtol * ref_scale}
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, precision: str = "fp32", *, atol: float | None = None,
+            rtol: float | None = None) -> dict:  # fmt: skip
     """out, ref [B, classes] -> max/mean abs error, max relative error, cosine, top-1 agreement, passed."""
     out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
     if out.shape != ref.shape:
         raise ValueError(f"logits shapes differ: {tuple(out.shape)} vs reference {tuple(ref.shape)}")
     diff = (out - ref).abs()
     cosine = torch.nn.functional.cosine_similarity(out, ref, dim=-1)
-    limits = TOLERANCES[precision]
+    scale = ref.abs().max().item()
+    limits = tolerance(precision, scale, atol, rtol)
     result = {
         "precision": precision,
         "n": int(out.shape[0]),
         "max_abs_err": diff.max().item(),
         "mean_abs_err": diff.mean().item(),
-        "max_rel_err": (diff.max() / ref.abs().max().clamp_min(1e-12)).item(),
+        "max_rel_err": diff.max().item() / max(scale, 1e-12),
         "cosine": cosine.min().item(),
         "top1_agreement": (out.argmax(-1) == ref.argmax(-1)).double().mean().item(),
         "tolerance": limits,
@@ -36,5 +52,5 @@ def compare(out: torch.Tensor, ref: torch.Tensor, precision: str = "fp32") -> di
     if not finite:  # NaN logits make every comparison False and argmax agree by accident: never a pass
         result |= {"max_abs_err": float("nan"), "max_rel_err": float("nan"), "cosine": float("nan"), "top1_agreement": float("nan")}
     result["finite"] = finite
-    result["passed"] = finite and result["max_rel_err"] <= limits["max_rel_err"] and result["cosine"] >= limits["cosine"]
+    result["passed"] = finite and result["max_abs_err"] <= limits["limit_abs_err"] and result["cosine"] >= limits["cosine"]
     return result

@@ -17,11 +17,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import ViTConfig
+from .config import PREPROCESSING_FIELDS, ViTConfig
 from .errors import ArtifactError, BackendUnavailable, InputError
 from .preprocessing import preprocess
 
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
+
+
+def is_float_images(images) -> bool:
+    """Already-normalised float images (a tensor or array) rather than raw uint8 / PIL ones."""
+    return (isinstance(images, torch.Tensor) and images.is_floating_point()) or (
+        isinstance(images, np.ndarray) and images.dtype.kind == "f"
+    )
 
 
 class Engine(abc.ABC):
@@ -51,10 +58,7 @@ class Engine(abc.ABC):
                              f"got {type(images).__name__}")  # fmt: skip
         if isinstance(images, torch.Tensor):
             images = images.detach()  # inference only: a tensor that requires grad is fine
-        is_float = (isinstance(images, torch.Tensor) and images.is_floating_point()) or (
-            isinstance(images, np.ndarray) and images.dtype.kind == "f"
-        )
-        if is_float:
+        if is_float_images(images):
             x = torch.as_tensor(images)
         else:
             x = preprocess(images, self.config)
@@ -107,21 +111,36 @@ class TorchEngine(Engine):
 
 
 class OnnxEngine(Engine):
-    """ONNX Runtime session over an exported `.onnx` file (config from its sidecar)."""
+    """ONNX Runtime session over an `.onnx` file: config from its vitfast sidecar, or, for a graph
+    another tool exported, input/output read from the graph and preprocessing from `overrides`
+    (ViTConfig fields: img_size and the preprocessing ones) or an Optimum folder's files."""
 
     kind = "onnxruntime"
 
-    def __init__(self, path: Path, *, providers: list[str] | None = None, threads: int | None = None):
+    def __init__(self, path: Path, *, providers: list[str] | None = None, threads: int | None = None,
+                 overrides: dict[str, Any] | None = None):  # fmt: skip
         try:
             import onnxruntime as ort
         except ImportError:
             raise BackendUnavailable("running ONNX files needs onnxruntime: pip install 'vitfast[export]'") from None
-        from vitfast.export.artifacts import read_sidecar
+        from vitfast.export.artifacts import read_sidecar, sidecar_path
 
-        meta = read_sidecar(path)
-        batch = meta.get("input", {}).get("batch")
-        super().__init__(ViTConfig.from_dict(meta["config"]), precision=meta.get("precision", "fp32"),
+        from . import foreign
+
+        path = foreign.resolve_onnx_path(path)
+        self.io = foreign.read_graph_io(path)
+        if sidecar_path(path).exists():
+            meta = read_sidecar(path)
+            stated = {k: v for k, v in (overrides or {}).items() if k in PREPROCESSING_FIELDS and v is not None}
+            config, missing = ViTConfig.from_dict(meta["config"]).replace(**stated), []
+            batch = meta.get("input", {}).get("batch")
+        else:
+            config, missing, assumed = foreign.foreign_config(path, self.io, overrides)
+            batch = (self.io.batch,) * 3 if self.io.batch else None
+            meta = {"foreign": True, "graph": self.io.describe(), "precision": self.io.precision, "assumed": assumed}
+        super().__init__(config, precision=meta.get("precision", "fp32"),
                          batch=tuple(batch) if batch else None, metadata=meta, path=path)  # fmt: skip
+        self.missing_preprocessing = foreign.missing_preprocessing_message(path, missing) if missing else None
         available = ort.get_available_providers()
         if providers is None:
             providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
@@ -133,31 +152,48 @@ class OnnxEngine(Engine):
             self.session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as exc:  # ORT raises its own exception types for unreadable models
             raise ArtifactError(f"ONNX Runtime cannot load {path}: {str(exc).splitlines()[0][:300]}") from None
-        from vitfast.export.artifacts import check_graph_matches
+        if not meta.get("foreign"):
+            from vitfast.export.artifacts import check_graph_matches
 
-        check_graph_matches(path, meta, *([(t.name, t.shape) for t in ts] for ts in (self.session.get_inputs(), self.session.get_outputs())))
-        self.input_name = self.session.get_inputs()[0].name
+            check_graph_matches(path, meta, *([(t.name, t.shape) for t in ts] for ts in (self.session.get_inputs(), self.session.get_outputs())))
+        self.input_name = self.io.input_name
         self.providers = self.session.get_providers()
 
+    def prepare(self, images) -> torch.Tensor:
+        if self.missing_preprocessing and not is_float_images(images):
+            raise InputError(self.missing_preprocessing)
+        return super().prepare(images)
+
+    def feed(self, x: torch.Tensor) -> dict[str, np.ndarray]:
+        """Checked float32 [B, C, H, W] -> the graph's input in its own layout and dtype."""
+        if self.io.layout == "NHWC":
+            x = x.permute(0, 2, 3, 1)
+        return {self.input_name: np.ascontiguousarray(x.cpu().numpy().astype(self.io.dtype))}
+
     def _run(self, x: torch.Tensor) -> torch.Tensor:
-        (logits,) = self.session.run(None, {self.input_name: x.cpu().numpy()})
+        (logits,) = self.session.run([self.io.output_name], self.feed(x))
         return torch.from_numpy(logits).float()
 
 
 def load_engine(path: str | os.PathLike, *, device: str | None = None, optimized: bool = False,
                 overrides: dict[str, Any] | None = None, **kwargs) -> Engine:  # fmt: skip
-    """An `Engine` for a checkpoint, an ONNX file or a TensorRT engine, chosen from the path
-    (`overrides`: ViTConfig fields for a checkpoint, as `load_checkpoint` takes them)."""
+    """An `Engine` for a checkpoint, an ONNX file (vitfast's or another tool's), an Optimum export
+    folder or a TensorRT engine, chosen from the path. `overrides`: ViTConfig fields for a checkpoint,
+    as `load_checkpoint` takes them (plus `img_size`); for an ONNX file, its preprocessing (all of
+    img_size/mean/std/... for a graph without a vitfast sidecar)."""
     path = Path(path)
     if not path.exists():
         raise ArtifactError(f"no such artifact: {path}")
     suffix = path.suffix.lower()
-    if suffix == ".onnx":
-        return OnnxEngine(path, **kwargs)
+    if suffix == ".onnx" or (path / "model.onnx").is_file():
+        return OnnxEngine(path, overrides=overrides, **kwargs)
     if suffix in ENGINE_SUFFIXES:
         from vitfast.export.tensorrt import TensorRTEngine
 
         return TensorRTEngine(path, **kwargs)
     from .checkpoint import load_checkpoint
 
-    return TorchEngine(load_checkpoint(path, overrides=overrides), device=device, optimized=optimized, path=path, **kwargs)
+    overrides = dict(overrides or {})
+    img_size = overrides.pop("img_size", None)
+    return TorchEngine(load_checkpoint(path, img_size=img_size, overrides=overrides), device=device, optimized=optimized,
+                       path=path, **kwargs)  # fmt: skip

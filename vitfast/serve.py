@@ -370,10 +370,12 @@ def serve(artifact, **options: Any) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from .commands import load_artifact
     from .config_args import read_labels
 
     labels = read_labels(args.labels) if args.labels else None
-    serve(args.artifact, host=args.host, port=args.port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
+    engine = load_artifact(args.artifact, args, labels=False)  # the uint8 model needs the preprocessing: refused here if unknown
+    serve(engine, host=args.host, port=args.port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
           max_batch_size=args.max_batch, max_queue_delay_us=args.max_queue_delay_us, top_k=args.top_k, labels=labels,
           name=args.name, verbose=args.verbose, allow_nonfinite=args.allow_nonfinite)  # fmt: skip
     return 0
@@ -405,7 +407,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     from .flags import int_in, port, positive_int
 
     p = sub.add_parser("serve", parents=[common], help="serve an artifact on Triton Inference Server (dynamic batching, HTTP/gRPC, metrics)")
-    p.add_argument("artifact", help="checkpoint, .onnx file or TensorRT engine")
+    p.add_argument("artifact", help="checkpoint, .onnx file (vitfast's or another tool's), Optimum folder or TensorRT engine")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 exposes it to the network)")
     p.add_argument("--port", type=port, default=DEFAULT_PORTS["http"], help="HTTP port (default 8000)")
     p.add_argument("--grpc-port", type=port, default=DEFAULT_PORTS["grpc"], help="gRPC port (default 8001)")
@@ -418,4 +420,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--labels", metavar="FILE", help="class names for topk_labels: one per line, or a JSON list / {index: name}")
     p.add_argument("--verbose", action="store_true", help="show the Triton server's own log")
     p.add_argument("--allow-nonfinite", action="store_true", help="run NaN / infinite float inputs instead of refusing them (as engine.allow_nonfinite)")
+    from .commands import add_artifact_args
+
+    add_artifact_args(p, labels=False)  # serve has its own --labels
     p.set_defaults(func=cmd_serve)

@@ -85,6 +85,7 @@ class BackendOptions:
     threads: int | None = None
     work_dir: Path = field(default_factory=lambda: user_cache_dir() / "bench")
     calib_samples: int = 16
+    calib_dir: str | None = None  # real calibration images for int8 rows (default: seeded random pixels)
 
 
 def user_cache_dir() -> Path:
@@ -233,7 +234,7 @@ def build_runner(backend: str, precision: str, config: ViTConfig, platform: Plat
     if backend in TORCH_BACKENDS:
         return _torch_runner(backend, precision, config, platform, options)
     if backend == "onnxruntime":
-        return _ort_runner(artifact, precision, platform, options)
+        return _ort_runner(artifact, platform, options)
     if backend == "tensorrt":
         return _tensorrt_runner(precision, config, options)
     raise ValueError(f"unknown backend {backend!r}")
@@ -273,10 +274,20 @@ def _artifact_path(config: ViTConfig, precision: str, options: BackendOptions) -
 
     recipe = {"arch": _arch(config.to_dict()), "precision": precision, "vitfast": __version__, "torch": torch.__version__}
     if precision == "int8":
-        recipe |= {"target": "cpu", "calib": f"{options.calib_samples} seeded random-pixel images"}
+        recipe |= {"target": "cpu", "calib": _calib_recipe(options)}
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
     h, w = config.img_hw
     return Path(options.work_dir) / f"{config.name or 'vit'}-{h}x{w}-{precision}-{key}.onnx"
+
+
+def _calib_recipe(options: BackendOptions) -> str:
+    if not options.calib_dir:
+        return f"{options.calib_samples} seeded random-pixel images"
+    from vitfast.data import find_images
+
+    files = find_images(options.calib_dir)[: options.calib_samples]
+    listing = hashlib.sha256("\n".join(f"{f}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files).encode()).hexdigest()[:12]
+    return f"{len(files)} images from {Path(options.calib_dir).resolve()} (listing {listing})"
 
 
 def onnx_artifact(config: ViTConfig, precision: str, options: BackendOptions) -> tuple[Path, bool]:
@@ -296,17 +307,17 @@ def onnx_artifact(config: ViTConfig, precision: str, options: BackendOptions) ->
         fp32, _ = onnx_artifact(config, "fp32", options)
         from vitfast.data import random_images
 
-        # random-pixel calibration images: the scales do not fit real data, but int8 speed does
-        # not depend on them (the same kernels run whatever the scales are)
-        images = random_images(config, options.calib_samples, seed=0)
-        quantize_int8(fp32, path, images, samples=options.calib_samples, target="cpu", force=True, progress=False)
+        # without --calib-dir, random-pixel calibration images: the scales do not fit real data, but
+        # int8 speed does not depend on them (the same kernels run whatever the scales are)
+        calib = options.calib_dir or random_images(config, options.calib_samples, seed=0)
+        quantize_int8(fp32, path, calib, samples=options.calib_samples, target="cpu", force=True, progress=False)
     else:
         source = {"model": config.name, "weights": "random init, torch.manual_seed(0)", "img_size": config.img_size}
         to_onnx(seeded_model(config), path, precision=precision, force=True, source=source)
     return path, False
 
 
-def _ort_runner(path: Path, precision: str, platform: Platform, options: BackendOptions) -> Runner:
+def _ort_runner(path: Path, platform: Platform, options: BackendOptions) -> Runner:
     from vitfast.runtime import load_engine
 
     provider = ort_provider(platform, options)
@@ -316,21 +327,28 @@ def _ort_runner(path: Path, precision: str, platform: Platform, options: Backend
     on_gpu = provider == ORT_PROVIDERS["cuda"]
     details = {"provider": provider, "artifact": str(path),
                "input": "float32 host tensor" + (" (host-to-device copy and logits copy back are timed)" if on_gpu else "")}  # fmt: skip
-    if precision == "int8":
+    if engine.precision == "int8":
         details["int8"] = engine.metadata.get("int8")
+    if engine.batch:  # a graph with a fixed batch (or a recorded profile) refuses other sizes
+        details["profile"] = list(engine.batch)
     return Runner(
         engine, torch.device("cpu"), torch.float32, "perf_counter_ns",
         _device_name(torch.device("cuda")) if on_gpu else "cpu", details,
         memory_outside_torch="ONNX Runtime's CUDA provider allocates outside PyTorch's allocator" if on_gpu else None,
+        batch_range=(engine.batch[0], engine.batch[2]) if engine.batch else None,
     )  # fmt: skip
 
 
 def _tensorrt_runner(precision: str, config: ViTConfig, options: BackendOptions) -> Runner:
-    from vitfast.runtime import load_engine
-
     path, reason = match_engine(options.engines, config, precision)
     if path is None:
         raise BackendUnavailable(reason)
+    return _engine_runner(path)
+
+
+def _engine_runner(path: Path) -> Runner:
+    from vitfast.runtime import load_engine
+
     engine = load_engine(path)
     device = torch.device("cuda", torch.cuda.current_device())
     lo, _, hi = engine.batch or (1, 1, 1 << 30)
@@ -338,3 +356,29 @@ def _tensorrt_runner(precision: str, config: ViTConfig, options: BackendOptions)
         engine, device, torch.float32, "cuda-events", _device_name(device), {"engine": str(path), "profile": engine.batch},
         memory_outside_torch="TensorRT allocates its activations outside PyTorch's allocator", batch_range=(lo, hi),
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- user artifacts
+def is_onnx_artifact(path: Path) -> bool:
+    return path.suffix.lower() == ".onnx" or (path / "model.onnx").is_file()
+
+
+def artifact_runner(path: Path, platform: Platform, options: BackendOptions) -> Runner:
+    """A user's artifact (`bench --artifact`) as it is: ONNX file or Optimum folder, TensorRT engine or
+    checkpoint; BackendUnavailable when this machine cannot run it. `Runner.call` is its `Engine`."""
+    from vitfast.runtime import ENGINE_SUFFIXES, load_engine
+
+    if is_onnx_artifact(path):
+        reason = _ort_reason("fp32", platform, options)
+        if reason:
+            raise BackendUnavailable(reason)
+        return _ort_runner(path, platform, options)
+    if path.suffix.lower() in ENGINE_SUFFIXES:
+        reason = "needs an NVIDIA GPU with CUDA; none is visible to torch" if not platform.cuda else platform.tensorrt
+        if reason:
+            raise BackendUnavailable(reason)
+        return _engine_runner(path)
+    engine = load_engine(path, device=str(platform.device))
+    timer = "cuda-events" if platform.cuda else "perf_counter_ns"
+    return Runner(engine, platform.device, torch.float32, timer, _device_name(platform.device),
+                  {"checkpoint": str(path), "attention": "SDPA"})  # fmt: skip

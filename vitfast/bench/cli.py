@@ -42,12 +42,20 @@ def settings_from_args(args: argparse.Namespace):
         precision = "fp16" if torch.cuda.is_available() else "fp32"
     if min(args.repeats, args.buffers, args.calib_samples) < 1 or args.warmup < 0 or args.max_seconds <= 0:
         raise InputError("--repeats, --buffers and --calib-samples must be >= 1, --warmup >= 0, --max-seconds > 0")
+    if args.calib_dir:
+        from vitfast.data import find_images
+
+        find_images(args.calib_dir)  # an empty or missing folder fails before the sweep
+    for artifact in args.artifact or []:
+        if not Path(artifact).exists():
+            raise InputError(f"--artifact {artifact}: no such file or folder")
     options = BackendOptions(compile_mode=args.compile_mode, engines=args.engine or [], ort_provider=args.ort_provider,
-                             threads=args.threads, calib_samples=args.calib_samples)  # fmt: skip
+                             threads=args.threads, calib_samples=args.calib_samples, calib_dir=args.calib_dir)  # fmt: skip
     if args.work_dir:
         options.work_dir = Path(args.work_dir)
     return Settings(
-        models=parse_list(args.model, "model"),
+        models=parse_list(args.model, "model") if args.model else [],
+        artifacts=args.artifact or [],
         backends=parse_list(args.backends, "backends", BACKENDS),
         batches=parse_ints(args.batch, "batch"),
         precisions=parse_list(precision, "precision", PRECISIONS),
@@ -87,8 +95,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return cmd_compare(args)
     if args.report:
         return cmd_report(args)
-    if not args.model:
-        raise InputError("give --model NAME[,NAME...] to measure (or --compare A.json B.json, or --report FILE...)")
+    if not args.model and not args.artifact:
+        raise InputError("give --model NAME[,NAME...] and/or --artifact PATH to measure (or --compare A.json B.json, or --report FILE...)")
     from . import report
 
     settings = settings_from_args(args)
@@ -123,7 +131,7 @@ def _run_with_progress(settings, command: str, quiet: bool) -> dict:
     """The sweep, with a progress bar on stderr when it is a terminal."""
     from .sweep import run_sweep
 
-    total = len(list(settings.configs())) * len(settings.backends) * len(settings.precisions) * len(settings.batches)
+    total = (len(list(settings.configs())) * len(settings.backends) * len(settings.precisions) + len(settings.artifacts)) * len(settings.batches)
     if quiet or not sys.stderr.isatty():
         return run_sweep(settings, command=command)
     from rich.console import Console
@@ -184,6 +192,9 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("bench", parents=[common], help="benchmark backends x precisions x batch sizes (or --compare / --report)",
                        description="Measure latency percentiles, throughput, %% of the matmul peak and peak memory.")  # fmt: skip
     p.add_argument("--model", metavar="LIST", help="registered model name(s), comma-separated (random weights, seed 0)")
+    p.add_argument("--artifact", metavar="PATH", action="append",
+                   help="your own artifact (ONNX file, Optimum folder, TensorRT engine, checkpoint), measured as it is "
+                        "beside the --model rows; repeatable")  # fmt: skip
     p.add_argument("--backends", metavar="LIST", default=",".join(BACKENDS),
                    help=f"comma-separated, from {','.join(BACKENDS)} (default: all; unavailable ones are skipped with the reason)")  # fmt: skip
     p.add_argument("--batch", metavar="LIST", default="1,8", help="batch sizes, comma-separated (default 1,8)")
@@ -201,7 +212,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--ort-provider", default="auto", choices=["auto", "cpu", "cuda"], help="ONNX Runtime execution provider")
     p.add_argument("--threads", type=positive_int, help="CPU threads for PyTorch and ONNX Runtime (default: their own)")
     p.add_argument("--work-dir", metavar="DIR", help="cache for exported ONNX files (default: ~/.cache/vitfast/bench, or $XDG_CACHE_HOME/vitfast/bench)")
-    p.add_argument("--calib-samples", type=positive_int, default=16, help="random calibration images for onnxruntime int8 (default 16)")
+    p.add_argument("--calib-samples", type=positive_int, default=16, help="calibration images for onnxruntime int8 (default 16)")
+    p.add_argument("--calib-dir", metavar="DIR", help="real calibration images for int8 rows (default: seeded random pixels)")
     p.add_argument("--out", metavar="FILE.json", help="every raw number and the environment")
     p.add_argument("--csv", metavar="FILE", help="one line per row")
     p.add_argument("--plot", metavar="FILE.png", help="throughput and latency percentiles vs batch")

@@ -37,7 +37,7 @@ def table_rows(result: dict[str, Any]) -> list[list[str]]:
         out.append([
             r["model"], str(r["img_size"]), r["backend"], r["precision"], str(r["batch"]), str(r["n"]),
             _f(r["median_ms"], ".2f"), _f(r["p95_ms"], ".2f"), _f(r["p99_ms"], ".2f"), _f(r["images_per_s"], ".1f"),
-            _f(r["tflops"] * 1e3, ".1f"), _f(r["pct_of_peak"], ".0f"), _f(r["peak_memory_mib"], ".0f"),
+            _f(r["tflops"] * 1e3 if r["tflops"] is not None else None, ".1f"), _f(r["pct_of_peak"], ".0f"), _f(r["peak_memory_mib"], ".0f"),
             _f(100 * r["spread"] if r["spread"] is not None else None, ".1f") + (" !" if (r["spread"] or 0) > NOISY else ""),
         ])  # fmt: skip
     return out

@@ -27,7 +27,7 @@ def relative_spread(values: Sequence[float]) -> float:
     return (hi - lo) / lo if lo > 0 else math.inf
 
 
-def summarize(repeats: Sequence[Sequence[float]], batch: int, gflops_per_image: float) -> dict[str, Any]:
+def summarize(repeats: Sequence[Sequence[float]], batch: int, gflops_per_image: float | None) -> dict[str, Any]:
     """Latency statistics over all repeats' samples (ms), throughput and achieved TFLOP/s.
 
     `spread` compares the medians of the repeats of the same backend: the noise floor of this row.
@@ -46,7 +46,8 @@ def summarize(repeats: Sequence[Sequence[float]], batch: int, gflops_per_image: 
         "repeat_medians_ms": rep_medians,
         "spread": relative_spread(rep_medians) if len(rep_medians) > 1 else None,
         "images_per_s": batch * 1e3 / median,
-        "tflops": gflops_per_image * batch / median,  # GFLOP per ms = TFLOP per s
+        # GFLOP per ms = TFLOP per s; None when the FLOPs are unknown (a foreign graph)
+        "tflops": gflops_per_image * batch / median if gflops_per_image is not None else None,
     }
 
 

@@ -39,7 +39,7 @@ ROW_FIELDS = ("model", "img_size", "backend", "precision", "batch", "status", "r
 class Settings:
     """What one sweep measures and how long it may take per row."""
 
-    models: list[str | ViTConfig]
+    models: list[str | ViTConfig]  # registry models, measured on every backend
     backends: list[str]
     batches: list[int]
     precisions: list[str]
@@ -50,6 +50,7 @@ class Settings:
     buffers: int = 4  # input batches rotated through
     options: BackendOptions = field(default_factory=BackendOptions)
     debug: bool = False
+    artifacts: list[str] = field(default_factory=list)  # the user's own files, each measured as it is
 
     def configs(self) -> Iterator[ViTConfig]:
         from vitfast.registry import get_config
@@ -63,13 +64,16 @@ class Settings:
         """The `vitfast bench` command line that repeats this sweep, every default spelled out."""
         names = [m if isinstance(m, str) else (m.name or "custom-config") for m in self.models]
         o = self.options
-        parts = ["vitfast bench", f"--model {','.join(names)}", f"--backends {','.join(self.backends)}",
-                 f"--batch {','.join(map(str, self.batches))}", f"--precision {','.join(self.precisions)}"]  # fmt: skip
+        parts = ["vitfast bench"] + ([f"--model {','.join(names)}"] if names else [])
+        parts += [f"--artifact {a}" for a in self.artifacts]
+        parts += [f"--backends {','.join(self.backends)}", f"--batch {','.join(map(str, self.batches))}",
+                  f"--precision {','.join(self.precisions)}"]  # fmt: skip
         if self.img_sizes != [None]:
             parts.append(f"--img-size {','.join(map(str, self.img_sizes))}")
         parts += [f"--repeats {self.repeats}", f"--warmup {self.warmup}", f"--max-seconds {self.max_seconds:g}",
                   f"--buffers {self.buffers}", f"--compile-mode {o.compile_mode}", f"--ort-provider {o.ort_provider}",
                   f"--calib-samples {o.calib_samples}"]  # fmt: skip
+        parts += [f"--calib-dir {o.calib_dir}"] if o.calib_dir else []
         parts += [f"--threads {o.threads}"] if o.threads else []
         parts += [f"--engine {e}" for e in o.engines]
         return " ".join(parts)
@@ -88,7 +92,10 @@ def run_sweep(settings: Settings, *, command: str | None = None, on_row: Callabl
     `on_row(row)` report progress; rows come out in sweep order, skipped and failed ones included."""
     if settings.options.threads:
         torch.set_num_threads(settings.options.threads)
-    platform = detect_platform(settings.backends)
+    from vitfast.runtime import ENGINE_SUFFIXES
+
+    engines_given = any(Path(a).suffix.lower() in ENGINE_SUFFIXES for a in settings.artifacts)
+    platform = detect_platform(settings.backends + (["tensorrt"] if engines_given else []))
     env = environment(command or settings.command(), settings.options.threads)
     started = time.perf_counter()
     peaks = [matmul_peak(platform.device)]
@@ -97,10 +104,12 @@ def run_sweep(settings: Settings, *, command: str | None = None, on_row: Callabl
         for backend in settings.backends:
             for precision in settings.precisions:
                 rows += _measure_backend(backend, precision, config, settings, platform, on_row or (lambda r: None), on_start)
+    for artifact in settings.artifacts:
+        rows += _measure_artifact(Path(artifact), settings, platform, on_row or (lambda r: None), on_start)
     peaks.append(matmul_peak(platform.device))
     peak = peak_tflops(peaks)
     for row in rows:
-        row["pct_of_peak"] = 100 * row["tflops"] / peak if row["status"] == "ok" else None
+        row["pct_of_peak"] = 100 * row["tflops"] / peak if row["status"] == "ok" and row["tflops"] is not None else None
     env["cpu"]["loadavg_end"] = list(os.getloadavg())
     first = peaks[0]
     return {
@@ -114,14 +123,17 @@ def run_sweep(settings: Settings, *, command: str | None = None, on_row: Callabl
     }
 
 
-def base_row(config: ViTConfig, backend: str, precision: str, batch: int) -> dict[str, Any]:
-    """A row with every field present (None until measured) and the model's FLOPs from its config."""
+def base_row(config: ViTConfig | None, backend: str, precision: str, batch: int, *, model: str | None = None,
+             architecture_known: bool = True) -> dict[str, Any]:  # fmt: skip
+    """A row with every field present (None until measured) and the model's FLOPs from its config
+    (none for a graph whose architecture is unknown, e.g. another tool's ONNX)."""
     from vitfast.flops import count_macs
 
-    macs = count_macs(config)
+    macs = count_macs(config) if config is not None and architecture_known else None
     row = dict.fromkeys(ROW_FIELDS)
-    row |= {"model": config.name or "custom", "img_size": config.img_hw[0], "backend": backend, "precision": precision,
-            "batch": batch, "gmacs_per_image": macs / 1e9, "gflops_per_image": 2 * macs / 1e9, "details": {}}  # fmt: skip
+    row |= {"model": model or config.name or "custom", "img_size": config.img_hw[0] if config else None, "backend": backend,
+            "precision": precision, "batch": batch, "details": {},
+            "gmacs_per_image": macs / 1e9 if macs else None, "gflops_per_image": 2 * macs / 1e9 if macs else None}  # fmt: skip
     return row
 
 
@@ -147,6 +159,42 @@ def _measure_backend(backend, precision, config, settings: Settings, platform: P
         return _finish([r | _error(exc, settings.debug) for r in rows], on_row)
     if artifact:
         runner.details["artifact_reused"] = reused
+    done = _measure_rows(runner, rows, config, label, settings, probe, prepare_s, load_s, on_row, on_start)
+    del runner
+    release_memory(platform.device)
+    return done
+
+
+def _measure_artifact(path: Path, settings: Settings, platform: Platform, on_row, on_start) -> list[dict]:
+    """Rows of one user artifact (`--artifact`), as it is (its own precision), at every batch size."""
+    from vitfast.errors import BackendUnavailable
+
+    from .backends import artifact_runner, is_onnx_artifact
+
+    label = path.name
+    if on_start:
+        on_start(f"{label}: loading")
+    probe = MemoryProbe(torch.device("cpu") if is_onnx_artifact(path) else platform.device)
+    probe.baseline()
+    try:
+        t0 = time.perf_counter()
+        runner = artifact_runner(path, platform, settings.options)
+        load_s = time.perf_counter() - t0
+    except Exception as exc:
+        outcome = {"status": "skipped", "reason": str(exc)} if isinstance(exc, BackendUnavailable) else _error(exc, settings.debug)
+        return _finish([base_row(None, "artifact", "?", b, model=label) | outcome for b in settings.batches], on_row)
+    engine = runner.call
+    known = not engine.metadata.get("foreign")
+    rows = [base_row(engine.config, engine.kind, engine.precision, b, model=label, architecture_known=known) for b in settings.batches]
+    runner.details["artifact"] = str(path)
+    done = _measure_rows(runner, rows, engine.config, label, settings, probe, 0.0, load_s, on_row, on_start)
+    del runner, engine
+    release_memory(platform.device)
+    return done
+
+
+def _measure_rows(runner: Runner, rows: list[dict], config: ViTConfig, label: str, settings: Settings, probe: MemoryProbe,
+                  prepare_s: float, load_s: float, on_row, on_start) -> list[dict]:  # fmt: skip
     probe.outside_torch = runner.memory_outside_torch
     done = []
     for row in rows:
@@ -158,8 +206,6 @@ def _measure_backend(backend, precision, config, settings: Settings, platform: P
         except Exception as exc:
             row |= _error(exc, settings.debug)
         done += _finish([row], on_row)
-    del runner
-    release_memory(platform.device)
     return done
 
 
