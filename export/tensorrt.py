@@ -1,33 +1,34 @@
-"""ONNX -> TensorRT 10 engine (fp32 / fp16 / int8 / fp8) with its sidecar, and `TensorRTEngine` to run one.
+"""ONNX -> TensorRT 10 engine (fp32 / fp16 / int8 / fp8) with its sidecar.
 
 TensorRT is imported only when a function needs it, so importing this module needs neither TensorRT
-nor CUDA. Everything that can be decided without the library (profile shapes, builder flags,
-version and GPU compatibility) is a pure function.
-
-Portability rule enforced by `check_engine_compatible`: an engine built without TensorRT's
-hardware- or version-compatibility modes (vitfast never enables them, they cost speed) runs only
-under the TensorRT version it was built with (same major.minor.patch) and on the GPU model it was
-built on (same device name and compute capability). NVIDIA, TensorRT support matrix, "Engine
-Portability": engines are not portable across TensorRT versions, GPU architectures or platforms.
+nor CUDA. Everything that can be decided without the library (profile shapes, builder flags) is a
+pure function. Running an engine, and the version / GPU compatibility rule, are the runtime's:
+`vitfast.runtime.tensorrt_engine` (`TensorRTEngine` is re-exported here for the public API).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-import re
 import sys
 import threading
 import warnings
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import torch
 
 from vitfast.config import ViTConfig
-from vitfast.errors import ArtifactError, BackendUnavailable, InputError
-from vitfast.runtime import Engine
+from vitfast.errors import ArtifactError, BackendUnavailable
+from vitfast.runtime.tensorrt_engine import (  # noqa: F401  (TensorRTEngine, check_engine_compatible, parse_version: public names)
+    REBUILD_HINT,
+    TensorRTEngine,
+    check_engine_compatible,
+    current_gpu,
+    parse_compute_capability,
+    parse_version,
+    require_tensorrt,
+    trt_logger,
+)
 
 from vitfast.atomic import atomic_write, check_output_free, claim_output
 
@@ -37,47 +38,10 @@ PRECISIONS = ("fp32", "fp16", "int8", "fp8")
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0) and newer
 MIN_TENSORRT_MAJOR = 10
 MAX_OPTIMIZATION_LEVEL = 5  # TensorRT's builder optimization levels are 0..5 (3 is its default)
-INSTALL_HINT = (
-    "run `pip install tensorrt` on a Linux machine with an NVIDIA GPU and driver, "
-    "or use NVIDIA's TensorRT container (nvcr.io/nvidia/tensorrt)"
-)
-REBUILD_HINT = "rebuild it on this machine with `vitfast export --format trt ...`"
-
 Shape = tuple[int, ...]
 
 
 # ---------------------------------------------------------------------------- pure helpers
-
-
-def require_tensorrt():
-    """The `tensorrt` module, imported now; `BackendUnavailable` (one line, with the fix) without it."""
-    try:
-        import tensorrt
-    except (ImportError, OSError) as exc:  # OSError: libnvinfer missing or built for another CUDA
-        if isinstance(exc, ModuleNotFoundError) and exc.name == "tensorrt":
-            raise BackendUnavailable(f"TensorRT is not installed: {INSTALL_HINT}") from None
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise BackendUnavailable(f"TensorRT is installed but cannot be imported ({reason}); reinstall it: {INSTALL_HINT}") from None
-    return tensorrt
-
-
-def parse_version(text: str) -> tuple[int, int, int]:
-    """A TensorRT version string -> (major, minor, patch): '10.7.0.23' and '10.7.0.post1' -> (10, 7, 0)."""
-    match = re.match(r"\s*(\d+)(?:\.(\d+))?(?:\.(\d+))?", str(text))
-    if not match:
-        raise ArtifactError(f"cannot read a TensorRT version from {text!r}; {REBUILD_HINT}")
-    major, minor, patch = (int(part or 0) for part in match.groups())
-    return major, minor, patch
-
-
-def parse_compute_capability(value: str | Sequence[int]) -> tuple[int, int]:
-    """'8.9' or (8, 9) -> (8, 9)."""
-    parts = str(value).split(".") if isinstance(value, str) else list(value)
-    try:
-        major, minor = (int(p) for p in parts)
-    except (TypeError, ValueError):
-        raise ArtifactError(f"compute capability must look like '8.9', got {value!r}") from None
-    return major, minor
 
 
 def profile_shapes(input_shape: Sequence[int], batch) -> tuple[Shape, Shape, Shape]:
@@ -152,53 +116,6 @@ def check_quantization(precision: str, quantized: bool, source: str | os.PathLik
         )
     if precision in ("fp32", "fp16") and quantized:
         raise ArtifactError(f"{source} is quantized (QuantizeLinear/DequantizeLinear nodes); build it with --precision int8")
-
-
-def check_engine_compatible(metadata: dict[str, Any], *, trt_version: str, gpu_name: str, compute_capability: str) -> None:
-    """Raise `ArtifactError` unless this machine can run the engine described by `metadata` (its sidecar).
-
-    The rule (see the module docstring): same TensorRT major.minor.patch, and the same GPU model,
-    i.e. the same device name and compute capability, as the engine was built with. The message
-    names what differs, both values, and how to rebuild.
-    """
-    built_version, built_gpu, built_cc = _built_for(metadata)
-    problems = []
-    if parse_version(built_version) != parse_version(trt_version):
-        problems.append(f"it was built with TensorRT {built_version}, this machine has TensorRT {trt_version}")
-    same_gpu = built_gpu.strip() == str(gpu_name).strip()
-    if not same_gpu or parse_compute_capability(built_cc) != parse_compute_capability(compute_capability):
-        problems.append(
-            f"it was built on {built_gpu} (compute capability {built_cc}), this GPU is {gpu_name} "
-            f"(compute capability {compute_capability})"
-        )
-    if problems:
-        raise ArtifactError(
-            f"TensorRT engine does not fit this machine: {'; '.join(problems)}. Engines only run with the TensorRT "
-            f"version and GPU model they were built with; {REBUILD_HINT}"
-        )
-
-
-def _built_for(metadata: dict[str, Any]) -> tuple[str, str, str]:
-    """(TensorRT version, GPU name, compute capability) recorded in an engine sidecar."""
-    try:
-        return (str(metadata["tensorrt"]["version"]), str(metadata["gpu"]["name"]),
-                str(metadata["gpu"]["compute_capability"]))  # fmt: skip
-    except (KeyError, TypeError):
-        raise ArtifactError(
-            f"the engine's sidecar does not record the TensorRT version and GPU it was built with; {REBUILD_HINT}"
-        ) from None
-
-
-def current_gpu() -> tuple[str, str]:
-    """(name, 'major.minor' compute capability) of the current CUDA device, read now (never at import)."""
-    if not torch.cuda.is_available():
-        raise BackendUnavailable(
-            "TensorRT needs an NVIDIA GPU and torch sees no CUDA device; run on a machine with an NVIDIA GPU, "
-            "its driver and a CUDA build of torch"
-        )
-    index = torch.cuda.current_device()
-    major, minor = torch.cuda.get_device_capability(index)
-    return torch.cuda.get_device_name(index), f"{major}.{minor}"
 
 
 # ---------------------------------------------------------------------------- building
@@ -293,20 +210,13 @@ def _require_tensorrt_10(version: str) -> None:
         raise BackendUnavailable(f"vitfast needs TensorRT >= {MIN_TENSORRT_MAJOR}, found {version}: run `pip install -U tensorrt`")
 
 
-@functools.lru_cache(maxsize=None)
-def _logger(trt):
-    """One logger per tensorrt module: TensorRT treats the logger as a process-wide singleton.
-    trt.Logger writes to stderr, so `--json` output on stdout stays clean."""
-    return trt.Logger(trt.Logger.WARNING)
-
-
 def _parse_onnx(trt, onnx_path: Path):
     """-> (builder, network) with the ONNX graph parsed in; every parser error in one `ArtifactError`."""
-    builder = trt.Builder(_logger(trt))
+    builder = trt.Builder(trt_logger(trt))
     # TensorRT 10 networks are always explicit-batch (EXPLICIT_BATCH is deprecated and ignored);
     # no STRONGLY_TYPED flag, so the precision flags and per-layer constraints below apply.
     network = builder.create_network(0)
-    parser = trt.OnnxParser(network, _logger(trt))
+    parser = trt.OnnxParser(network, trt_logger(trt))
     # From the file rather than bytes, so external weights (`*.data`) beside it are found.
     if not parser.parse_from_file(str(onnx_path)):
         errors = " | ".join(" ".join(str(parser.get_error(i)).split()) for i in range(parser.num_errors))
@@ -461,101 +371,3 @@ def _engine_metadata(onnx_path: Path, source_meta: dict[str, Any], precision: st
     return meta
 
 
-# ---------------------------------------------------------------------------- running
-
-
-class TensorRTEngine(Engine):
-    """A serialized TensorRT engine and its sidecar, run on the current CUDA device.
-
-    `engine(images)` -> float32 logits [B, classes] on the GPU. Inputs go to the engine's GPU in
-    its input dtype. `cuda_graph=True` captures one CUDA graph per input shape on first use and
-    replays it afterwards; each graph has its own execution context and static buffers.
-    """
-
-    kind = "tensorrt"
-
-    def __init__(self, path: str | os.PathLike, *, cuda_graph: bool = False):
-        trt = require_tensorrt()
-        gpu_name, compute_capability = current_gpu()
-        path = Path(path)
-        meta = read_sidecar(path)
-        check_engine_compatible(meta, trt_version=trt.__version__, gpu_name=gpu_name, compute_capability=compute_capability)
-        batch = (meta.get("input") or {}).get("batch")
-        super().__init__(ViTConfig.from_dict(meta["config"]), precision=meta.get("precision", "fp16"),
-                         batch=tuple(batch) if batch else None, metadata=meta, path=path)  # fmt: skip
-        self.device = torch.device("cuda", torch.cuda.current_device())
-        self.cuda_graph = cuda_graph
-        self._runtime = trt.Runtime(_logger(trt))
-        self.engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
-        if self.engine is None:
-            raise ArtifactError(f"TensorRT cannot load {path} (its log above says why); {REBUILD_HINT}")
-        self.input_name, self.output_name = _io_names(trt, self.engine, path)
-        self.input_dtype = _torch_dtype(trt, self.engine.get_tensor_dtype(self.input_name), path)
-        self.output_dtype = _torch_dtype(trt, self.engine.get_tensor_dtype(self.output_name), path)
-        self.context = self.engine.create_execution_context()
-        self._graphs: dict[Shape, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
-
-    def _run(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.cuda.device(self.device):
-            x = x.to(self.device, self.input_dtype).contiguous()
-            logits = self._replay(x) if self.cuda_graph else self._enqueue(self.context, x)
-        return logits.float()
-
-    def _enqueue(self, context, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Run `context` on x [B, C, H, W] (engine dtype, engine GPU, contiguous) on the current stream.
-        Writes into `out` when given, else a new tensor; returns the logits [B, classes]."""
-        if not context.set_input_shape(self.input_name, tuple(x.shape)):
-            raise InputError(f"TensorRT rejected input shape {tuple(x.shape)}; this engine's batch profile is {self.batch}")
-        if out is None:
-            shape = tuple(context.get_tensor_shape(self.output_name))
-            out = torch.empty(shape, dtype=self.output_dtype, device=x.device)
-        context.set_tensor_address(self.input_name, x.data_ptr())
-        context.set_tensor_address(self.output_name, out.data_ptr())
-        if not context.execute_async_v3(torch.cuda.current_stream(x.device).cuda_stream):
-            raise RuntimeError(f"TensorRT failed to run {self.path} (its log above says why)")
-        return out
-
-    def _replay(self, x: torch.Tensor) -> torch.Tensor:
-        key = tuple(x.shape)
-        if key not in self._graphs:
-            self._graphs[key] = self._capture(x)
-        graph, static_in, static_out = self._graphs[key]
-        static_in.copy_(x)
-        graph.replay()
-        return static_out.clone()  # the static buffer is overwritten by the next replay
-
-    def _capture(self, x: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
-        """A CUDA graph of one engine run for x.shape, with its own context and static in/out buffers."""
-        context = self.engine.create_execution_context()
-        static_in = x.clone()
-        stream = torch.cuda.Stream(self.device)  # capture needs a non-default stream
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            # TensorRT finishes shape-dependent setup in the first enqueue after set_input_shape;
-            # that work must not land in the graph, so run once before capturing.
-            static_out = self._enqueue(context, static_in)
-            stream.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream):
-                self._enqueue(context, static_in, static_out)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        return graph, static_in, static_out
-
-
-def _io_names(trt, engine, path: Path) -> tuple[str, str]:
-    """(input name, output name) of a vitfast engine: exactly one of each."""
-    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-    inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-    outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
-    if len(inputs) != 1 or len(outputs) != 1:
-        raise ArtifactError(
-            f"{path} has inputs {inputs} and outputs {outputs}, not one image input and one logits output; {REBUILD_HINT}"
-        )
-    return inputs[0], outputs[0]
-
-
-def _torch_dtype(trt, dtype, path: Path) -> torch.dtype:
-    table = {trt.DataType.FLOAT: torch.float32, trt.DataType.HALF: torch.float16, trt.DataType.BF16: torch.bfloat16}
-    if dtype not in table:
-        raise ArtifactError(f"{path} has an IO tensor of type {dtype}; vitfast engines take and return floats; {REBUILD_HINT}")
-    return table[dtype]

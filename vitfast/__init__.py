@@ -4,7 +4,7 @@ Reference ViT/DeiT/hybrid models in plain PyTorch that load timm and Hugging Fac
 exactly, plus (as they land) Triton kernels, ONNX/TensorRT export, benchmarks and serving.
 """
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 from .checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from .config import ViTConfig  # noqa: E402

@@ -30,7 +30,11 @@ class BackendUnavailable(VitfastError, RuntimeError):
     """An optional backend (onnxruntime, TensorRT, a GPU) is not installed or not present."""
 
 
-class GuessedConfigWarning(UserWarning):
+class VitfastWarning(UserWarning):
+    """Base class: something the user should know that does not stop the work; the CLI prints it as one line."""
+
+
+class GuessedConfigWarning(VitfastWarning):
     """A checkpoint did not store part of its config (head count, preprocessing, ...) and vitfast guessed it."""
 
 

@@ -8,7 +8,7 @@ import os
 import platform
 from typing import Any
 
-from . import __version__
+from ._version import __version__
 
 # distribution names to try for each library (TensorRT ships under several wheel names)
 LIBRARIES = {

@@ -26,12 +26,11 @@ Bad requests get an error response of one line each, and the server goes on serv
   buffer: ..." (Triton's status for a body it cannot parse), gRPC INTERNAL "Unable to parse
   request"; bytes that are not HTTP/2 at all make the gRPC server close that one connection.
 
-Also here: `export_triton_repo`, the CLI side of `vitfast export --format triton-repo`.
+The command line is `vitfast.cli.serve`.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import logging
@@ -50,7 +49,10 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from vitfast.export.triton_repo import check_model_name
+
 from .errors import BackendUnavailable, InputError, VitfastError
+from .runtime import Engine, load_engine
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 DEFAULT_MAX_BATCH = 32  # for artifacts without a batch profile (checkpoints)
@@ -225,12 +227,8 @@ def start(
 ) -> Server:
     """Load `artifact` (a path, or an `Engine`), start Triton and bind both models; returns when they are ready.
     `labels` (one per class) replace the artifact's own class names in `topk_labels`."""
-    from vitfast.export.triton_repo import check_model_name
-
     require_pytriton()
     check_model_name(name)
-    from .runtime import Engine, load_engine
-
     engine = artifact if isinstance(artifact, Engine) else load_engine(artifact)
     labels = tuple(labels) if labels is not None else engine.config.labels
     if labels is not None and len(labels) != engine.config.num_classes:
@@ -364,63 +362,3 @@ def serve(artifact, **options: Any) -> None:
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-
-
-# ---------------------------------------------------------------------------- CLI
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from .commands import load_artifact
-    from .config_args import read_labels
-
-    labels = read_labels(args.labels) if args.labels else None
-    engine = load_artifact(args.artifact, args, labels=False)  # the uint8 model needs the preprocessing: refused here if unknown
-    serve(engine, host=args.host, port=args.port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
-          max_batch_size=args.max_batch, max_queue_delay_us=args.max_queue_delay_us, top_k=args.top_k, labels=labels,
-          name=args.name, verbose=args.verbose, allow_nonfinite=args.allow_nonfinite)  # fmt: skip
-    return 0
-
-
-def export_triton_repo(args: argparse.Namespace, batch: tuple[int, int, int], scratch: Path) -> int:
-    """`vitfast export --format triton-repo`: the model to ONNX (at --precision), then the repository at --out."""
-    from .commands import source_model
-    from .export.onnx_export import to_onnx
-    from .export.quantize import quantize_int8
-    from .export.triton_repo import check_repository_free, triton_repository
-
-    out = check_repository_free(args.out, args.force)
-    model, source = source_model(args)
-    onnx_path = scratch / "model.onnx"  # temporaries in the staging folder beside --out, not /tmp
-    if args.precision == "int8":
-        fp32 = to_onnx(model, scratch / "fp32.onnx", batch=batch, opset=args.opset, source=source)
-        quantize_int8(fp32, onnx_path, args.calib_dir, method=args.calib_method, samples=args.calib_samples,
-                      target=args.int8_target, exclude=args.exclude or ())  # fmt: skip
-    else:
-        to_onnx(model, onnx_path, precision=args.precision, batch=batch, opset=args.opset, source=source)
-    triton_repository(onnx_path, out, max_batch_size=batch[2], force=args.force)
-    print(f"wrote Triton model repository {out} ({args.precision} ONNX, max batch {batch[2]}); "
-          f"run it with: tritonserver --model-repository {out.resolve()}", file=sys.stderr)  # fmt: skip
-    return 0
-
-
-def add_parsers(sub, common: argparse.ArgumentParser) -> None:
-    from .flags import int_in, port, positive_int
-
-    p = sub.add_parser("serve", parents=[common], help="serve an artifact on Triton Inference Server (dynamic batching, HTTP/gRPC, metrics)")
-    p.add_argument("artifact", help="checkpoint, .onnx file (vitfast's or another tool's), Optimum folder or TensorRT engine")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 exposes it to the network)")
-    p.add_argument("--port", type=port, default=DEFAULT_PORTS["http"], help="HTTP port (default 8000)")
-    p.add_argument("--grpc-port", type=port, default=DEFAULT_PORTS["grpc"], help="gRPC port (default 8001)")
-    p.add_argument("--metrics-port", type=port, default=DEFAULT_PORTS["metrics"], help="Prometheus metrics port (default 8002)")
-    p.add_argument("--max-batch", type=positive_int, help="largest batch the dynamic batcher forms (default: the artifact's profile maximum, else 32)")
-    p.add_argument("--max-queue-delay-us", type=int_in(0), default=DEFAULT_QUEUE_DELAY_US,
-                   help=f"how long a request may wait for others to batch with (default {DEFAULT_QUEUE_DELAY_US} us)")  # fmt: skip
-    p.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, help=f"classes in topk_indices / topk_scores (default {DEFAULT_TOP_K})")
-    p.add_argument("--name", default="vit", help="model name (default vit; the uint8 model is NAME_uint8)")
-    p.add_argument("--labels", metavar="FILE", help="class names for topk_labels: one per line, or a JSON list / {index: name}")
-    p.add_argument("--verbose", action="store_true", help="show the Triton server's own log")
-    p.add_argument("--allow-nonfinite", action="store_true", help="run NaN / infinite float inputs instead of refusing them (as engine.allow_nonfinite)")
-    from .commands import add_artifact_args
-
-    add_artifact_args(p, labels=False)  # serve has its own --labels
-    p.set_defaults(func=cmd_serve)

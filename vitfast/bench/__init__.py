@@ -6,15 +6,14 @@
 
 Modules: `backends` (what runs, why one is skipped), `measure` (timers, memory, matmul peak,
 environment), `stats` (percentiles, spread, comparisons), `sweep` (the loop and the JSON schema),
-`report` (tables, CSV, markdown, plot, README), `cli` (the subcommand).
+`report` (tables, CSV, markdown, plot, README). The subcommand is `vitfast.cli.bench`.
 """
 
 from .backends import BACKENDS, PRECISIONS, BackendOptions, Platform, detect_platform, skip_reason
-from .cli import add_parsers
 from .stats import compare_rows, percentile, summarize
 from .sweep import SCHEMA, Settings, load_result, run_sweep, validate_result
 
 __all__ = [
-    "BACKENDS", "PRECISIONS", "SCHEMA", "BackendOptions", "Platform", "Settings", "add_parsers", "compare_rows",
+    "BACKENDS", "PRECISIONS", "SCHEMA", "BackendOptions", "Platform", "Settings", "compare_rows",
     "detect_platform", "load_result", "percentile", "run_sweep", "skip_reason", "summarize", "validate_result",
 ]  # fmt: skip

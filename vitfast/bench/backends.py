@@ -208,7 +208,7 @@ class Runner:
 
 def seeded_model(config: ViTConfig) -> torch.nn.Module:
     """The reference model with the weights `vitfast export --model NAME` would give it."""
-    from vitfast.commands import RANDOM_SEED
+    from vitfast.sources import RANDOM_SEED
     from vitfast.registry import create_model
 
     torch.manual_seed(RANDOM_SEED)
@@ -270,7 +270,7 @@ def _torch_runner(backend: str, precision: str, config: ViTConfig, platform: Pla
 
 def _artifact_path(config: ViTConfig, precision: str, options: BackendOptions) -> Path:
     """Cache path keyed by the architecture, precision and the tool versions that shape the file."""
-    from vitfast import __version__
+    from vitfast._version import __version__
 
     recipe = {"arch": _arch(config.to_dict()), "precision": precision, "vitfast": __version__, "torch": torch.__version__}
     if precision == "int8":

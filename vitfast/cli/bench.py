@@ -7,10 +7,20 @@ import json
 import sys
 from pathlib import Path
 
-from vitfast.errors import InputError
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .backends import BACKENDS, COMPILE_MODES, PRECISIONS, BackendOptions
-from .stats import MIN_NOISE
+from vitfast.atomic import atomic_write, check_output_free
+from vitfast.bench import report
+from vitfast.bench.backends import BACKENDS, COMPILE_MODES, PRECISIONS, BackendOptions
+from vitfast.bench.stats import MIN_NOISE, compare_rows
+from vitfast.bench.sweep import Settings, load_result, run_sweep
+from vitfast.data import find_images
+from vitfast.errors import ArtifactError, InputError
+from vitfast.flags import int_in, positive_float, positive_int
+
+from .output import console
 
 
 def parse_list(text: str, what: str, choices: tuple[str, ...] | None = None) -> list[str]:
@@ -33,18 +43,12 @@ def parse_ints(text: str, what: str) -> list[int]:
 
 def settings_from_args(args: argparse.Namespace):
     """Validated `Settings` from the command line (precision 'auto': fp16 on a GPU, else fp32)."""
-    import torch
-
-    from .sweep import Settings
-
     precision = args.precision
     if precision == "auto":
         precision = "fp16" if torch.cuda.is_available() else "fp32"
     if min(args.repeats, args.buffers, args.calib_samples) < 1 or args.warmup < 0 or args.max_seconds <= 0:
         raise InputError("--repeats, --buffers and --calib-samples must be >= 1, --warmup >= 0, --max-seconds > 0")
     if args.calib_dir:
-        from vitfast.data import find_images
-
         find_images(args.calib_dir)  # an empty or missing folder fails before the sweep
     for artifact in args.artifact or []:
         if not Path(artifact).exists():
@@ -67,19 +71,13 @@ def settings_from_args(args: argparse.Namespace):
 
 def _outputs(args: argparse.Namespace) -> dict[str, Path]:
     """Requested output files, checked before the sweep so a long run cannot end in a refusal."""
-    from vitfast.atomic import check_output_free
-
     wanted = {"out": args.out, "csv": args.csv, "plot": args.plot, "markdown": args.markdown if args.markdown != "-" else None}
     if args.plot:
-        from .report import require_matplotlib
-
-        require_matplotlib()
+        report.require_matplotlib()
     return {kind: check_output_free(path, args.force) for kind, path in wanted.items() if path}
 
 
 def _write(path: Path, force: bool, write) -> None:
-    from vitfast.atomic import atomic_write
-
     atomic_write(path, write, force=force)
 
 
@@ -97,8 +95,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return cmd_report(args)
     if not args.model and not args.artifact:
         raise InputError("give --model NAME[,NAME...] and/or --artifact PATH to measure (or --compare A.json B.json, or --report FILE...)")
-    from . import report
-
     settings = settings_from_args(args)
     outputs = _outputs(args)
     command = " ".join(filter(None, [settings.command(), _output_flags(args)]))
@@ -115,8 +111,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    from vitfast.cli import console
-
     out = console()
     for table in report.rich_tables(result):
         out.print(table)
@@ -129,14 +123,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _run_with_progress(settings, command: str, quiet: bool) -> dict:
     """The sweep, with a progress bar on stderr when it is a terminal."""
-    from .sweep import run_sweep
-
     total = (len(list(settings.configs())) * len(settings.backends) * len(settings.precisions) + len(settings.artifacts)) * len(settings.batches)
     if quiet or not sys.stderr.isatty():
         return run_sweep(settings, command=command)
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("measuring the matmul peak", total=total)
@@ -145,18 +134,12 @@ def _run_with_progress(settings, command: str, quiet: bool) -> dict:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from . import report
-    from .stats import compare_rows
-    from .sweep import load_result
-
     base_path, new_path = args.compare
     base, new = load_result(base_path), load_result(new_path)
     rows = compare_rows(base["rows"], new["rows"], args.noise_floor)
     if args.json:
         print(json.dumps({"base": base_path, "new": new_path, "noise_floor": args.noise_floor, "rows": rows}))
         return 0
-    from vitfast.cli import console
-
     out = console()
     for name, result in ((base_path, base), (new_path, new)):
         env = result["environment"]
@@ -167,11 +150,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """benchmarks/README.md on stdout; other scripts' JSON in results/ is shown as its own rows."""
-    from vitfast.errors import ArtifactError
-
-    from .report import read_other, render_readme
-    from .sweep import load_result
-
     results, others = [], []
     for path in args.report:
         try:
@@ -179,16 +157,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         except ArtifactError as exc:
             if "not a `vitfast bench --out` file" not in str(exc):
                 raise
-            others.append((Path(path).name, read_other(path)))
+            others.append((Path(path).name, report.read_other(path)))
     if not results:
         raise InputError(f"none of {', '.join(args.report)} is a `vitfast bench --out` file")
-    print(render_readme(results, others), end="")
+    print(report.render_readme(results, others), end="")
     return 0
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
-    from vitfast.flags import int_in, positive_float, positive_int
-
     p = sub.add_parser("bench", parents=[common], help="benchmark backends x precisions x batch sizes (or --compare / --report)",
                        description="Measure latency percentiles, throughput, %% of the matmul peak and peak memory.")  # fmt: skip
     p.add_argument("--model", metavar="LIST", help="registered model name(s), comma-separated (random weights, seed 0)")

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .config import CROP_MODES, INTERPOLATIONS, check_field_names
-from .errors import ConfigError, InputError
+from vitfast.config import CROP_MODES, INTERPOLATIONS, check_field_names
+from vitfast.errors import ConfigError, InputError
+from vitfast.foreign import config_file_fields
 
 # flag -> ViTConfig field
 _FLAGS = {"num_heads": "--num-heads", "num_classes": "--num-classes", "mean": "--mean", "std": "--std",
@@ -61,8 +62,6 @@ def _read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"--config {path} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path} must hold a JSON object of ViTConfig fields, got {type(data).__name__}")
-    from .foreign import config_file_fields
-
     converted = config_file_fields(data)  # HF preprocessor_config.json / config.json, timm config.json, a sidecar
     if converted is not None:
         data = converted

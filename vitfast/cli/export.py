@@ -1,0 +1,215 @@
+"""`vitfast export`, `vitfast check` and `vitfast eval`: flags in, `vitfast.pipeline` does the work, results printed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.progress import track
+
+from vitfast import pipeline
+from vitfast.data import find_images
+from vitfast.errors import BackendUnavailable, InputError
+from vitfast.foreign import report_choice
+from vitfast.flags import int_in, positive_float, positive_int
+from vitfast.atomic import check_output_free, reserve_output
+from vitfast.export.artifacts import parse_batch, read_sidecar
+from vitfast.export.tensorrt import build_engine, require_tensorrt
+from vitfast.export.triton_repo import check_repository_free
+from vitfast.layerwise import describe_layers
+from vitfast.runtime import Engine, load_engine
+from vitfast.sources import source_model
+
+from .config_args import add_config_args, config_overrides, read_labels
+from .output import console
+
+
+# ---------------------------------------------------------------------------- export
+def cmd_export(args: argparse.Namespace) -> int:
+    batch = parse_batch(args.batch)
+    if args.format == "triton-repo":
+        out = check_repository_free(args.out, args.force)  # replaces only a repository vitfast wrote
+    else:
+        out = check_output_free(args.out, args.force)
+    if args.precision == "int8" and not args.calib_dir:
+        raise InputError("--precision int8 needs --calib-dir DIR with calibration images (searched recursively)")
+    if args.calib_dir:
+        find_images(args.calib_dir)  # fail early on an empty or missing folder
+    # held from here to the end: a second export to the same path fails now, not after minutes of work
+    with reserve_output(out, args.force, directory=args.format == "triton-repo") as scratch:
+        return _export(args, out, batch, scratch)
+
+
+def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], scratch: Path) -> int:
+    calibration = pipeline.Calibration(args.calib_dir, method=args.calib_method, samples=args.calib_samples,
+                                       target=args.int8_target, exclude=args.exclude or ()) if args.calib_dir else None  # fmt: skip
+    model, source = source_model(model=args.model, checkpoint=args.checkpoint, img_size=args.img_size,
+                                 overrides=config_overrides(args))  # fmt: skip
+    if args.format == "triton-repo":
+        pipeline.export_triton_repo(model, out, precision=args.precision, batch=batch, source=source, opset=args.opset,
+                                    calibration=calibration, force=args.force, scratch=scratch)  # fmt: skip
+        print(f"wrote Triton model repository {out} ({args.precision} ONNX, max batch {batch[2]}); "
+              f"run it with: tritonserver --model-repository {out.resolve()}", file=sys.stderr)  # fmt: skip
+        return 0
+    onnx_out = out if args.format == "onnx" else out.with_suffix(".onnx")
+    # TensorRT takes an fp32 ONNX and lowers it to fp16 itself; int8 needs the Q/DQ ONNX in every case
+    onnx_precision = args.precision if args.format == "onnx" or args.precision == "int8" else "fp32"
+    pipeline.export_onnx(model, onnx_out, precision=onnx_precision, batch=batch, source=source, opset=args.opset,
+                         calibration=calibration, force=args.force, scratch=scratch)  # fmt: skip
+    if args.format == "onnx":
+        _report(onnx_out)
+        return 0
+    try:
+        require_tensorrt()
+    except BackendUnavailable as exc:
+        raise BackendUnavailable(f"{str(exc).rstrip('.')}; the ONNX it would have used is at {onnx_out}") from None
+    build_engine(onnx_out, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
+                 optimization_level=args.opt_level, timing_cache=args.timing_cache,
+                 fp32_layernorm=not args.no_fp32_layernorm, force=args.force)  # fmt: skip
+    pipeline.record_engine_parity(out, model)
+    _report(out)
+    return 0
+
+
+def _report(path: Path) -> None:
+    meta = read_sidecar(path)
+    parity = meta.get("parity") or {}
+    line = f"wrote {path} ({meta['precision']}); parity vs fp32: max_abs_err {parity.get('max_abs_err', float('nan')):.3g}, " \
+           f"cosine {parity.get('cosine', float('nan')):.6f}, top-1 agreement {parity.get('top1_agreement', float('nan')):.3f}"
+    print(line, file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------- artifacts
+def load_artifact(path: str, args: argparse.Namespace, labels: bool = True) -> Engine:
+    """`load_engine(path)` with the command's --config / field overrides / --img-size (and --labels
+    unless `labels` is False); says what it read off a foreign ONNX graph, and refuses one whose
+    preprocessing is unknown (raw images need it)."""
+    overrides = config_overrides(args) | ({"img_size": args.img_size} if getattr(args, "img_size", None) else {})
+    if not labels:
+        overrides.pop("labels", None)
+    engine = load_engine(path, overrides=overrides)
+    if engine.metadata.get("foreign"):
+        report_choice(engine.path, engine.io, engine.metadata["assumed"])
+    if getattr(engine, "missing_preprocessing", None):
+        raise InputError(engine.missing_preprocessing)
+    return engine
+
+
+def add_artifact_args(p: argparse.ArgumentParser, labels: bool = True) -> None:
+    """--config, the field overrides (and --labels) and --img-size, for commands that take any artifact."""
+    add_config_args(p, labels=labels)
+    p.add_argument("--img-size", type=int, metavar="N", help="input resolution of an ONNX graph with dynamic H/W and no vitfast sidecar")
+
+
+# ---------------------------------------------------------------------------- check
+def cmd_check(args: argparse.Namespace) -> int:
+    engine = load_artifact(args.artifact, args)
+    if args.against:
+        other = load_artifact(args.against, args)
+        result = {"artifact": str(args.artifact), "against": str(args.against)} | pipeline.check_against(
+            engine, other, samples=args.samples, data=args.data, atol=args.atol, rtol=args.rtol, mark_all=args.mark_all)
+        return _print_check(result, args, f"{args.artifact} ({engine.kind}, {engine.precision}) vs {args.against} ({other.kind}, {other.precision})")
+    if args.mark_all:
+        raise InputError("--mark-all compares two ONNX graphs layer by layer: give the other one with --against OTHER.onnx")
+    result = pipeline.check_artifact(engine, args.artifact, checkpoint=args.checkpoint, data=args.data, samples=args.samples,
+                                     overrides=config_overrides(args), atol=args.atol, rtol=args.rtol)  # fmt: skip
+    return _print_check(result, args, f"{args.artifact} ({engine.kind}, {engine.precision}) vs fp32 reference")
+
+
+def _print_check(result: dict, args: argparse.Namespace, title: str) -> int:
+    if args.json:
+        print(json.dumps(result))
+        return 0 if result["passed"] else 1
+    tol = result["tolerance"]
+    verdict = "[green]PASSED[/green]" if result["passed"] else "[red]FAILED[/red]"
+    console().print(
+        f"{title} on {result['n']} images: {verdict}\n"
+        f"  max_abs_err {result['max_abs_err']:.3g} (limit {tol['limit_abs_err']:.3g} = atol {tol['atol']:g} + rtol {tol['rtol']:g} x max|ref|)  "
+        f"max_rel_err {result['max_rel_err']:.3g}  cosine {result['cosine']:.6f} (limit {tol['cosine']})  "
+        f"top-1 agreement {result['top1_agreement']:.3f}"
+    )
+    if "layers" in result:
+        console().print(describe_layers(result["layers"]))
+    return 0 if result["passed"] else 1
+
+
+# ---------------------------------------------------------------------------- eval
+def _rich_track(items, total: int, description: str):
+    return track(items, total=total, description=description, transient=True)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    show = sys.stderr.isatty() and not args.json
+    engine = load_artifact(args.artifact, args, labels=False)  # eval matches --labels to the folders itself
+    against = load_artifact(args.against, args, labels=False) if args.against else None
+    result = pipeline.evaluate(engine, args.data, labels=read_labels(args.labels) if args.labels else None,
+                               against=against, batch_size=args.batch_size, track=_rich_track if show else None)  # fmt: skip
+    result["artifact"] = str(args.artifact)
+    if against:
+        result["against"]["artifact"] = str(args.against)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    k = result["k"]
+    print(f"top-1 {100 * result['top1']:.2f}%  top-{k} {100 * result['top5']:.2f}% on {result['n']} images in "
+          f"{result['classes']} classes ({result['backend']}, {result['precision']})")  # fmt: skip
+    if args.against:
+        a = result["against"]
+        print(f"  vs {args.against} ({a['backend']}, {a['precision']}): top-1 {100 * a['top1']:.2f}% "
+              f"({100 * a['top1_diff']:+.2f} points), top-{k} {100 * a['top5']:.2f}% ({100 * a['top5_diff']:+.2f} points), "
+              f"same top-1 prediction on {100 * a['top1_agreement']:.2f}% of images")  # fmt: skip
+    return 0
+
+
+# ---------------------------------------------------------------------------- parsers
+def add_parsers(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("export", parents=[common], help="export to ONNX / TensorRT (fp32, fp16, int8)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="registered model name (random weights, seed 0)")
+    src.add_argument("--checkpoint", help="vitfast / timm / Hugging Face checkpoint")
+    p.add_argument("--format", required=True, choices=["onnx", "trt", "triton-repo"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8"])
+    p.add_argument("--calib-dir", help="calibration images (searched recursively) for int8")
+    p.add_argument("--calib-method", default="minmax", choices=["minmax", "entropy", "percentile"])
+    p.add_argument("--calib-samples", type=positive_int, default=256, help="calibration images to use (default 256)")
+    p.add_argument("--int8-target", default="tensorrt", choices=["tensorrt", "cpu"],
+                   help="QDQ form: TensorRT's symmetric int8 (default) or ONNX Runtime CPU's uint8 activations")  # fmt: skip
+    p.add_argument("--exclude", nargs="*", help="node-name patterns kept in float (per-layer fallback)")
+    p.add_argument("--batch", default="1:8:32", help="MIN:OPT:MAX batch profile (default 1:8:32)")
+    p.add_argument("--img-size", type=positive_int, help="export at this resolution (position embeddings resized)")
+    p.add_argument("--opset", type=positive_int, default=18, help="ONNX opset (default 18; 17 is the oldest with LayerNormalization)")
+    p.add_argument("--workspace", type=positive_float, default=4.0, help="TensorRT workspace limit in GiB")
+    p.add_argument("--opt-level", type=int_in(0, 5), default=3, help="TensorRT builder optimization level 0-5")
+    p.add_argument("--timing-cache", help="TensorRT timing cache file, reused across builds")
+    p.add_argument("--no-fp32-layernorm", action="store_true", help="let TensorRT run LayerNorm in fp16")
+    p.add_argument("--out", required=True, help="output file (.onnx; .engine/.plan for trt) or folder (triton-repo)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output")
+    add_config_args(p)
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("check", parents=[common], help="parity of an artifact vs the fp32 reference, or vs another artifact")
+    p.add_argument("artifact", help="checkpoint, .onnx file (vitfast's or another tool's), Optimum folder or TensorRT engine")
+    ref = p.add_mutually_exclusive_group()
+    ref.add_argument("--checkpoint", help="fp32 weights to compare with (default: the artifact's recorded source)")
+    ref.add_argument("--against", metavar="OTHER", help="compare with any other artifact on the same images")
+    p.add_argument("--atol", type=float, help="absolute tolerance on the logits (default 0)")
+    p.add_argument("--rtol", type=float, help="tolerance relative to max |reference logit| (default: per precision)")
+    p.add_argument("--mark-all", action="store_true",
+                   help="ONNX vs ONNX: compare every intermediate tensor and name the first layer out of tolerance")  # fmt: skip
+    p.add_argument("--data", help="image folder to draw inputs from (default: seeded random images)")
+    p.add_argument("--samples", type=positive_int, default=16, help="images to compare on (default 16)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_artifact_args(p)
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("eval", parents=[common], help="top-1 / top-5 accuracy on an image folder DIR/<class>/*")
+    p.add_argument("artifact")
+    p.add_argument("--data", required=True, help="DIR/<class>/*.png|jpg: folders named by the model's labels, else sorted = class index")
+    p.add_argument("--labels", metavar="FILE", help="class names (one per line, or a JSON list / {index: name}) to match folders by")
+    p.add_argument("--against", metavar="REF", help="also evaluate REF (e.g. the fp32 checkpoint) and report the accuracy difference")
+    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_artifact_args(p, labels=False)  # eval has its own --labels
+    p.set_defaults(func=cmd_eval)

@@ -1,0 +1,74 @@
+"""`vitfast info` and `vitfast models`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.table import Table
+
+from vitfast.errors import ConfigError
+from vitfast.flops import count_macs, count_params
+from vitfast.info import collect
+from vitfast.registry import get_config, list_models
+
+from .output import console
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    info = collect()
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    table = Table(title=f"vitfast {info['vitfast']} on Python {info['python']}", show_header=False)
+    for name, version in info["versions"].items():
+        table.add_row(name, version or "[dim]not installed[/dim]")
+    gpu = info["gpu"]
+    table.add_row("GPU", f"{gpu['name']} (compute capability {gpu['compute_capability']}, CUDA {gpu['cuda']})" if gpu["available"] else "no GPU")
+    table.add_row("TensorRT", "available" if info["tensorrt_available"] else "not installed (pip install tensorrt, on a machine with an NVIDIA GPU)")
+    table.add_row("Triton interpreter", "on (TRITON_INTERPRET=1)" if info["triton_interpret"] else "off")
+    console().print(table)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    names = list_models(args.filter)
+    if not names:
+        raise ConfigError(f"no registered model matches {args.filter!r}; run `vitfast models` to see them all")
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        cfg = get_config(name)
+        macs = count_macs(cfg)
+        rows.append(
+            dict(
+                name=name, params_m=round(count_params(cfg) / 1e6, 3), gmacs=round(macs / 1e9, 3),
+                gflops=round(2 * macs / 1e9, 3), img_size=cfg.img_size, patch_size=cfg.patch_size,
+                embed_dim=cfg.embed_dim, depth=cfg.depth, num_heads=cfg.num_heads, num_classes=cfg.num_classes,
+            )
+        )  # fmt: skip
+    if args.json:
+        print(json.dumps({"models": rows}))
+        return 0
+    table = Table(title="vitfast models (GFLOPs = 2 x GMACs, one image)")
+    table.add_column("name", no_wrap=True)
+    for col in ("params M", "GMACs", "GFLOPs", "img", "patch", "dim", "depth", "heads", "classes"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            r["name"], f"{r['params_m']:.2f}", f"{r['gmacs']:.2f}", f"{r['gflops']:.2f}", str(r["img_size"]),
+            str(r["patch_size"]), str(r["embed_dim"]), str(r["depth"]), str(r["num_heads"]), str(r["num_classes"]),
+        )  # fmt: skip
+    console().print(table)
+    return 0
+
+
+def add_parsers(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("info", parents=[common], help="versions, GPU and compute capability, TensorRT, interpreter mode")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("models", parents=[common], help="registered variants with parameters and GFLOPs")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--filter", metavar="PATTERN", help="shell-style name filter, e.g. 'deit*'")
+    p.set_defaults(func=cmd_models)

@@ -1,0 +1,50 @@
+"""`vitfast inspect`: attention maps and position-embedding similarity as PNGs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from vitfast import inspect
+from vitfast.checkpoint import load_checkpoint
+from vitfast.preprocessing import preprocess
+from vitfast.registry import create_model
+
+from .config_args import add_config_args, config_overrides
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    image = inspect.load_image(args.image)  # first: a bad image fails before any model is built
+    model = create_model(args.model) if args.model else load_checkpoint(args.checkpoint, overrides=config_overrides(args))
+    out_dir = Path(args.out) if args.out else Path(f"inspect-{Path(args.image).stem}")
+    result = inspect.inspect_model(model, preprocess(image, model.config))
+    paths = inspect.save_figures(result, out_dir, overwrite=args.force)
+    if args.json:
+        report = {"model": model.config.name or args.checkpoint, "image": args.image, **result.to_dict()}
+        print(json.dumps({**report, "files": {name: str(p) for name, p in paths.items()}}))
+    else:
+        print(f"attention maps start from the {result.source}; mean attention distance (pixels) per layer:")
+        for layer, row in enumerate(result.attention_distance.tolist(), start=1):
+            print(f"  layer {layer:>2}: mean {sum(row) / len(row):6.1f}  heads " + " ".join(f"{d:5.1f}" for d in row))
+        for p in paths.values():
+            print(f"wrote {p}")
+    if args.model:  # stderr, so --json output stays one object
+        print(f"vitfast: note: --model {args.model} has random weights; pass --checkpoint for a trained model", file=sys.stderr)
+    return 0
+
+
+def add_parsers(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "inspect", parents=[common], help="attention rollout, per-head attention, position-embedding similarity, attention distance (PNGs)"
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", metavar="NAME", help="registered variant (random weights)")
+    src.add_argument("--checkpoint", metavar="PATH", help="vitfast, timm or Hugging Face checkpoint")
+    p.add_argument("--image", metavar="IMG", required=True, help="an image file Pillow can read")
+    p.add_argument("--out", metavar="DIR", help="folder for the PNGs (default: ./inspect-<image stem>/)")
+    p.add_argument("--force", action="store_true", help="overwrite PNGs already in the folder")
+    p.add_argument("--json", action="store_true", help="print one JSON object with the numbers and file paths")
+    add_config_args(p)
+    p.set_defaults(func=cmd_inspect)

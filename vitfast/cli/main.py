@@ -1,0 +1,88 @@
+"""`vitfast` entry point. User errors: one line on stderr, exit code 2 (`--debug` for the traceback)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import traceback
+import warnings
+
+from vitfast._version import __version__
+from vitfast.errors import VitfastError, VitfastWarning
+
+from . import bench, export, info, inspect, serve
+from .config_args import warn_guesses
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vitfast", description="Fast, faithful Vision Transformer inference.")
+    parser.add_argument("--version", action="version", version=f"vitfast {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group in (info, export, serve, bench, inspect):  # the order of `vitfast --help`
+        group.add_parsers(sub, common)
+    return parser
+
+
+_GUESSES_SHOWN: set[str] = set()
+
+
+def _show_guesses() -> None:
+    """Print each `VitfastWarning` (guessed config fields, ...) once per command, as one `vitfast: warning:` line on stderr."""
+    _GUESSES_SHOWN.clear()
+    warnings.simplefilter("always", VitfastWarning)
+    if getattr(warnings.showwarning, "vitfast_guesses", False):
+        return
+    default = warnings.showwarning
+
+    def show(message, category, *rest, **kwargs):
+        if not issubclass(category, VitfastWarning):
+            return default(message, category, *rest, **kwargs)
+        if str(message) not in _GUESSES_SHOWN:
+            _GUESSES_SHOWN.add(str(message))
+            warn_guesses(str(message))
+
+    show.vitfast_guesses = True
+    warnings.showwarning = show
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _show_guesses()
+    _refuse_empty_values(parser, args)
+    previous = signal.signal(signal.SIGTERM, _terminate)  # so cleanup (staging folders) runs on SIGTERM too
+    try:
+        return args.func(args)
+    except VitfastError as exc:
+        return _fail(args, str(exc))
+    except OSError as exc:  # the environment (a file that vanished, a full disk): still one line, never a traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        return _fail(args, f"{exc.strerror or exc}{where}; check the path and its permissions and free space")
+    except KeyboardInterrupt:
+        print("vitfast: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _refuse_empty_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """argparse turns `--flag=--` into [] without calling the flag's type: refuse it like any bad value."""
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)  # noqa: SLF001
+    command = sub.choices.get(args.command) if sub else None
+    for action in command._actions if command else ():  # noqa: SLF001
+        if action.nargs is None and action.option_strings and getattr(args, action.dest, None) == []:
+            command.error(f"argument {'/'.join(action.option_strings)}: expected a value")
+
+
+def _fail(args: argparse.Namespace, message: str) -> int:
+    if args.debug:
+        traceback.print_exc()
+    print(f"vitfast: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,226 @@
+"""The work behind `vitfast export`, `check` and `eval`, as library functions with typed arguments.
+
+The command line (`vitfast.cli`) parses flags and prints; everything here takes plain values and
+returns paths or result dicts, so scripts and the CLI share one implementation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+
+from .checkpoint import describe_guesses, load_checkpoint
+from .config import ViTConfig
+from .data import batches, find_images, labeled_images, open_image, random_images
+from .errors import ArtifactError, GuessedConfigWarning, InputError, VitfastWarning
+from .export.artifacts import read_sidecar, write_sidecar
+from .export.onnx_export import to_onnx
+from .export.quantize import quantize_int8
+from .export.triton_repo import triton_repository
+from .layerwise import compare_layers
+from .parity import compare, looser_precision
+from .runtime import Engine, TorchEngine, load_engine
+from .sources import rebuild_reference
+
+TOP_K = 5  # eval reports top-1 and top-k accuracy
+Track = Callable[[Iterable, int, str], Iterable]  # (items, total, description) -> the same items, shown as they pass
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """int8 calibration: images under `data_dir` (searched recursively), see `vitfast.export.quantize_int8`."""
+
+    data_dir: str | os.PathLike
+    method: str = "minmax"
+    samples: int = 256
+    target: str = "tensorrt"
+    exclude: Sequence[str] = ()
+
+
+def export_onnx(model: torch.nn.Module, out: Path, *, precision: str, batch: tuple[int, int, int], source: dict[str, Any],
+                opset: int = 18, calibration: Calibration | None = None, force: bool = False,
+                scratch: Path | None = None) -> Path:  # fmt: skip
+    """`model` as an ONNX file at `out`: fp32/fp16 directly, int8 as an fp32 export then Q/DQ calibration.
+    `scratch`: a folder for the int8 path's fp32 intermediate (e.g. `vitfast.atomic.reserve_output`'s, beside `out`)."""
+    if precision != "int8":
+        return to_onnx(model, out, precision=precision, batch=batch, opset=opset, force=force, source=source)
+    if calibration is None:
+        raise ArtifactError("an int8 export needs calibration images (Calibration(data_dir=...), --calib-dir DIR)")
+    with _scratch(scratch) as folder:
+        fp32 = to_onnx(model, folder / "fp32.onnx", batch=batch, opset=opset, source=source)
+        return quantize_int8(fp32, out, calibration.data_dir, method=calibration.method, samples=calibration.samples,
+                             target=calibration.target, exclude=calibration.exclude, force=force)  # fmt: skip
+
+
+def export_triton_repo(model: torch.nn.Module, out: Path, *, precision: str, batch: tuple[int, int, int],
+                       source: dict[str, Any], opset: int = 18, calibration: Calibration | None = None,
+                       force: bool = False, scratch: Path | None = None) -> Path:  # fmt: skip
+    """`model` to ONNX (at `precision`) in `scratch` (default: a temporary folder), then a Triton model repository at `out`."""
+    with _scratch(scratch) as folder:
+        onnx_path = export_onnx(model, folder / "model.onnx", precision=precision, batch=batch, source=source,
+                                opset=opset, calibration=calibration, scratch=folder)  # fmt: skip
+        triton_repository(onnx_path, out, max_batch_size=batch[2], force=force)
+    return out
+
+
+@contextlib.contextmanager
+def _scratch(folder: Path | None) -> Iterator[Path]:
+    if folder is not None:
+        yield Path(folder)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        yield Path(tmp)
+
+
+def record_engine_parity(engine_path: Path, reference: torch.nn.Module) -> dict[str, Any]:
+    """Measure the built engine against the fp32 reference on this GPU and store it in the sidecar's `parity`."""
+    engine = load_engine(engine_path)
+    x = check_inputs(reference.config, engine, 8, None)
+    with torch.no_grad():
+        parity = compare(engine(x).cpu(), reference.float()(x), engine.precision)
+    meta = read_sidecar(engine_path)
+    meta["parity"] = parity
+    write_sidecar(engine_path, meta)
+    return parity
+
+
+def check_inputs(config: ViTConfig, engine: Engine, samples: int, data: str | os.PathLike | None) -> torch.Tensor:
+    """Inputs [n, C, H, W] for a parity check: images from `data`, else seeded random pixels; n fits the engine's profile."""
+    n = samples if not engine.batch else max(min(samples, engine.batch[2]), engine.batch[0])
+    if data:
+        return next(batches(find_images(data)[:n], config, n))
+    return random_images(config, n, seed=1)
+
+
+def check_artifact(engine: Engine, artifact: str | os.PathLike, *, checkpoint: str | os.PathLike | None = None,
+                   data: str | os.PathLike | None = None, samples: int = 16, overrides: dict[str, Any] | None = None,
+                   atol: float | None = None, rtol: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """Parity of `engine` (loaded from `artifact`) vs its fp32 reference (`checkpoint` with ViTConfig
+    `overrides`, else the sidecar's source): `vitfast.parity.compare`'s numbers plus artifact, backend,
+    inputs and `guessed` (the config fields the reference's checkpoint did not store, repeated as a
+    `GuessedConfigWarning`)."""
+    overrides = overrides or {}
+    if isinstance(engine, TorchEngine):
+        reference = load_checkpoint(checkpoint or artifact, overrides=overrides)
+        guessed = reference.config_guesses
+    else:
+        reference = rebuild_reference(engine.metadata.get("source"), checkpoint, engine.config, overrides)
+        guessed = getattr(reference, "config_guesses", None) if checkpoint else (engine.metadata.get("source") or {}).get("guessed")
+        if guessed and not checkpoint:  # the export warned once; the artifact still carries the guesses
+            warnings.warn(GuessedConfigWarning(describe_guesses(artifact, engine.config, guessed)), stacklevel=2)
+    if reference.config.img_hw != engine.config.img_hw or reference.config.num_classes != engine.config.num_classes:
+        raise ArtifactError("the reference model does not match the artifact's config (image size / classes); pass the right --checkpoint")
+    x = check_inputs(engine.config, engine, samples, data)
+    with torch.no_grad():
+        result = compare(engine(x).cpu(), reference.eval()(x), engine.precision, atol=atol, rtol=rtol)
+    return result | {"artifact": str(artifact), "backend": engine.kind, "inputs": str(data) if data else "seeded random-pixel images",
+                     "guessed": guessed or {}}  # fmt: skip
+
+
+def check_against(engine: Engine, other: Engine, *, samples: int = 16, data: str | os.PathLike | None = None,
+                  atol: float | None = None, rtol: float | None = None, mark_all: bool = False) -> dict[str, Any]:  # fmt: skip
+    """`engine` vs `other` on the same raw images, each with its own preprocessing; `mark_all` adds
+    the layer-by-layer comparison of two ONNX graphs under "layers"."""
+    limits = [e.batch[2] for e in (engine, other) if e.batch]
+    floors = [e.batch[0] for e in (engine, other) if e.batch]
+    n = max(min([samples, *limits]), max(floors, default=1))
+    images = raw_images(engine.config, n, data)
+    with torch.no_grad():
+        out, ref = engine(images).cpu(), other(images).cpu()
+    if out.shape != ref.shape:
+        raise ArtifactError(f"{engine.path} gives logits {tuple(out.shape)} but {other.path} gives {tuple(ref.shape)}; "
+                            "compare artifacts of the same model")  # fmt: skip
+    precision = looser_precision(engine.precision, other.precision)
+    result = compare(out, ref, precision, atol=atol, rtol=rtol)
+    result |= {"backend": engine.kind, "against_backend": other.kind, "inputs": str(data) if data else "seeded random-pixel images"}
+    if mark_all:
+        result["layers"] = compare_layers(engine, other, engine.prepare(images), precision, atol=atol, rtol=rtol)
+    return result
+
+
+def raw_images(config: ViTConfig, n: int, data: str | os.PathLike | None):
+    """n raw images both sides of a comparison preprocess their own way: files, or seeded random pixels [n, H, W, C] uint8."""
+    if data:
+        return [open_image(p) for p in find_images(data)[:n]]
+    h, w = config.img_hw
+    return torch.randint(0, 256, (n, h, w, config.in_chans), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
+
+
+def evaluate(engine: Engine, data: str | os.PathLike, *, labels: Sequence[str] | None = None, against: Engine | None = None,
+             batch_size: int = 32, track: Track | None = None) -> dict[str, Any]:  # fmt: skip
+    """Top-1 / top-5 accuracy of `engine` on the image folder `data` (DIR/<class>/*).
+
+    Folders are matched to `labels` (default: the model's own) by name when they are all labels,
+    else taken in sorted order as class indices. `against`: a second artifact (e.g. the fp32
+    checkpoint) evaluated on the same images, reported under "against" with the accuracy difference
+    and top-1 agreement. `track`, when given, wraps the batch iterators to show progress.
+    Returns artifact, backend, precision, top1, top5, k, n, classes (and against)."""
+    files, folder_targets, classes = labeled_images(data)
+    labels = tuple(labels) if labels is not None else engine.config.labels
+    targets = torch.tensor(class_indices(engine.config.num_classes, labels, classes, folder_targets, data))
+    ours = predict_topk(engine, files, batch_size, track)
+    result = {"artifact": str(engine.path), "backend": engine.kind, "precision": engine.precision,
+              **_accuracy(ours, targets), "classes": len(classes)}  # fmt: skip
+    if against:
+        reference = against
+        if reference.config.num_classes != engine.config.num_classes:
+            raise ArtifactError(f"--against {reference.path} has {reference.config.num_classes} classes, {engine.path} has "
+                                f"{engine.config.num_classes}; compare artifacts of the same model")  # fmt: skip
+        ref = predict_topk(reference, files, batch_size, track)
+        theirs = _accuracy(ref, targets)
+        result["against"] = {"artifact": str(reference.path), "backend": reference.kind, "precision": reference.precision, **theirs,
+                             "top1_diff": result["top1"] - theirs["top1"], "top5_diff": result["top5"] - theirs["top5"],
+                             "top1_agreement": float((ours[:, 0] == ref[:, 0]).float().mean())}  # fmt: skip
+    return result
+
+
+def class_indices(num_classes: int, labels: Sequence[str] | None, classes: list[str], folder_targets: list[int],
+                  data: str | os.PathLike) -> list[int]:  # fmt: skip
+    """The model's class index for each image: by name when every folder is one of the model's labels
+    (an ImageNet subset named by class works), else by sorted folder order, which needs one folder per class."""
+    if num_classes == 0:
+        raise ArtifactError("this model has no classifier head (num_classes 0); eval needs one")
+    if labels is not None and len(labels) != num_classes:
+        raise InputError(f"{len(labels)} labels for a model with {num_classes} classes; give one name per class")
+    if labels and set(classes) <= set(labels):
+        index = {name: i for i, name in enumerate(labels)}
+        return [index[classes[t]] for t in folder_targets]
+    if len(classes) != num_classes:
+        shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
+        raise InputError(
+            f"the model has {num_classes} classes but {data} has {len(classes)} class folders ({shown}); give a folder with "
+            "one subfolder per model class (sorted order = class index), or subfolders named by the model's labels "
+            "(its own, or --labels FILE)"
+        )
+    if labels and classes != list(labels):
+        warnings.warn(VitfastWarning(f"the folders of {data} are not the model's labels; folder i (sorted) is taken as class i"), stacklevel=2)
+    return folder_targets
+
+
+def predict_topk(engine: Engine, files: list[Path], batch_size: int, track: Track | None = None) -> torch.Tensor:
+    """The top-k (k = min(TOP_K, classes)) class indices [N, k] of every image file, best first."""
+    size = min(batch_size, engine.batch[2]) if engine.batch else batch_size
+    k = min(TOP_K, engine.config.num_classes)
+    batch_iter = batches(files, engine.config, size)
+    if track is not None:
+        batch_iter = track(batch_iter, -(-len(files) // size), "evaluating")
+    out = []
+    for x in batch_iter:
+        n = len(x)
+        if engine.batch and n < engine.batch[0]:  # a short last batch: pad up to the profile's minimum
+            x = torch.cat([x, x[:1].expand(engine.batch[0] - n, -1, -1, -1)])
+        out.append(engine(x)[:n].topk(k, dim=-1).indices.cpu())
+    return torch.cat(out)
+
+
+def _accuracy(topk: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
+    hits = topk == targets[:, None]
+    return {"top1": float(hits[:, 0].float().mean()), "top5": float(hits.any(dim=1).float().mean()), "k": topk.shape[1],
+            "n": len(targets)}  # fmt: skip

@@ -1,0 +1,82 @@
+"""`Engine`: the base of every runtime backend (input checking and preprocessing).
+
+Images in: normalised float `[B, C, H, W]`, or uint8 `[B, H, W, C]` / PIL images, which go through
+`vitfast.preprocess` with the artifact's own preprocessing. Logits out: float32 `[B, classes]`.
+"""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vitfast.config import ViTConfig
+from vitfast.errors import InputError
+from vitfast.preprocessing import preprocess
+
+
+def is_float_images(images) -> bool:
+    """Already-normalised float images (a tensor or array) rather than raw uint8 / PIL ones."""
+    return (isinstance(images, torch.Tensor) and images.is_floating_point()) or (
+        isinstance(images, np.ndarray) and images.dtype.kind == "f"
+    )
+
+
+class Engine(abc.ABC):
+    """Base class: input checking and preprocessing; subclasses implement `_run`.
+
+    NaN or infinite float inputs are refused, as `vitfast serve` refuses them (the logits would be
+    NaN); set `engine.allow_nonfinite = True` to pass them through."""
+
+    kind = "base"
+    allow_nonfinite = False
+
+    def __init__(self, config: ViTConfig, *, precision: str = "fp32", batch: tuple[int, int, int] | None = None,
+                 metadata: dict[str, Any] | None = None, path: Path | None = None):  # fmt: skip
+        self.config = config
+        self.precision = precision
+        self.batch = batch  # (min, opt, max) the artifact was built for; None = any
+        self.metadata = metadata or {}
+        self.path = path
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path or self.config.name}, precision={self.precision})"
+
+    def prepare(self, images) -> torch.Tensor:
+        """Any accepted image form -> a checked float32 [B, C, H, W] tensor."""
+        if not isinstance(images, (torch.Tensor, np.ndarray, list, tuple)) and not hasattr(images, "getbands"):
+            raise InputError(f"{self!r} takes images as a float tensor [B, C, H, W], a uint8 array [B, H, W, C] or PIL images, "
+                             f"got {type(images).__name__}")  # fmt: skip
+        if isinstance(images, torch.Tensor):
+            images = images.detach()  # inference only: a tensor that requires grad is fine
+        if is_float_images(images):
+            x = torch.as_tensor(images)
+        else:
+            x = preprocess(images, self.config)
+        h, w = self.config.img_hw
+        expected = f"[B, {self.config.in_chans}, {h}, {w}]"
+        if x.ndim != 4 or tuple(x.shape[1:]) != (self.config.in_chans, h, w):
+            raise InputError(f"{self!r} expects normalised float images {expected}, got shape {tuple(x.shape)}")
+        if x.shape[0] == 0:
+            raise InputError("empty batch: give at least one image")
+        if not self.allow_nonfinite:
+            bad = x.numel() - int(torch.isfinite(x).sum())
+            if bad:
+                raise InputError(f"non-finite values: {bad} NaN or infinite values in {x.numel()}; give finite, normalised images "
+                                 "(or set engine.allow_nonfinite = True to run them anyway)")  # fmt: skip
+        if self.batch and not self.batch[0] <= x.shape[0] <= self.batch[2]:
+            raise InputError(
+                f"batch size {x.shape[0]} is outside this artifact's profile {self.batch[0]}..{self.batch[2]}; "
+                "split the batch or re-export with a wider --batch MIN:OPT:MAX"
+            )
+        return x.float()
+
+    def __call__(self, images) -> torch.Tensor:
+        return self._run(self.prepare(images))
+
+    @abc.abstractmethod
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        """Checked float32 [B, C, H, W] -> float32 logits [B, num_classes], on the backend."""
