@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 
 from vitfast.flags import int_in, port, positive_int
-from vitfast.serve import DEFAULT_PORTS, DEFAULT_QUEUE_DELAY_US, DEFAULT_TOP_K, serve
+from vitfast.serve import DEFAULT_PORTS, DEFAULT_QUEUE_DELAY_US, DEFAULT_TOP_K, require_pytriton, serve
 
 from .config_args import read_labels
 from .export import add_artifact_args, load_artifact
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    require_pytriton()  # before loading the artifact: a missing dependency is the first thing to say
     labels = read_labels(args.labels) if args.labels else None
     engine = load_artifact(args.artifact, args, labels=False)  # the uint8 model needs the preprocessing: refused here if unknown
     serve(engine, host=args.host, port=args.port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
