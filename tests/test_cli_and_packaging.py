@@ -170,3 +170,16 @@ def test_wheel_installed_in_a_fresh_venv_runs_the_cli(wheel, tmp_path):
     for args in (("info",), ("bench", "--help"), ("models", "--filter", "vit_tiny*")):
         out = fresh_run(str(fresh / "bin" / "vitfast"), *args)
         assert out.returncode == 0, f"vitfast {' '.join(args)}: {out.stderr}"
+
+
+def test_json_into_a_closed_pipe_is_quiet():
+    """`vitfast models --json | head -c 1`: the reader is gone before vitfast writes; no BrokenPipe traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        out = subprocess.run([sys.executable, "-m", "vitfast.cli", "models", "--json"], stdout=write_end, stderr=subprocess.PIPE,
+                             text=True, timeout=120)  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert "BrokenPipe" not in out.stderr and "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr
+    assert out.returncode == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import traceback
@@ -55,7 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     _refuse_empty_values(parser, args)
     previous = signal.signal(signal.SIGTERM, _terminate)  # so cleanup (staging folders) runs on SIGTERM too
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a reader that went away (`--json | head`) shows up here, not as a traceback at exit
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the flush at exit is quiet too
+        return 1
     except VitfastError as exc:
         return _fail(args, str(exc))
     except OSError as exc:  # the environment (a file that vanished, a full disk): still one line, never a traceback
