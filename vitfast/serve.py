@@ -52,6 +52,7 @@ import torch
 from vitfast.export.triton_repo import check_model_name
 
 from .errors import BackendUnavailable, InputError, VitfastError
+from .pytriton_adapter import rewrite_model_files
 from .runtime import Engine, load_engine
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
@@ -322,28 +323,23 @@ GUARD_SOURCE = Path(__file__).with_name("serve_guard.py")
 def _install_guard(triton, models: set[str], allow_nonfinite: bool = False) -> None:
     """Ship `serve_guard.py` as the python-backend `model.py` of each bound model, PyTriton's proxy model as
     `pytriton_model.py` beside it: each request is then checked on its own and errors reach the client as one
-    line (see `vitfast.serve_guard`). PyTriton builds the files when it loads the models (`Model.get_proxy_model_files`),
-    reached here through its model manager; if a PyTriton release moves these, serving still works, with
-    PyTriton's own error texts, and a warning says so."""
-    found = [m for m in getattr(getattr(triton, "_model_manager", None), "models", ()) if getattr(m, "model_name", None) in models]
-    if len(found) != len(models) or not all(callable(getattr(m, "get_proxy_model_files", None)) for m in found):
-        print("vitfast: warning: this PyTriton version does not expose its model files; bad requests get PyTriton's "
-              "own error texts (tracebacks) instead of one-line messages", file=sys.stderr, flush=True)  # fmt: skip
-        return
+    line (see `vitfast.serve_guard`). The files are swapped through `vitfast.pytriton_adapter` (PyTriton has
+    no public hook); on a PyTriton it was not tested with, serving still works, with PyTriton's own error
+    texts, and a warning says so."""
     guard = GUARD_SOURCE.read_bytes()
     if allow_nonfinite:  # the same opt-out as engine.allow_nonfinite in the Python API
         guard = guard.replace(b"\nALLOW_NONFINITE = False", b"\nALLOW_NONFINITE = True", 1)
-    for model in found:
-        files = model.get_proxy_model_files
 
-        def guarded(files=files, version=model.model_version) -> dict[str, bytes]:
-            out = dict(files())
-            if f"file:{version}/model.py" in out:
-                out[f"file:{version}/pytriton_model.py"] = out.pop(f"file:{version}/model.py")
-                out[f"file:{version}/model.py"] = guard
-            return out
+    def swap(files: dict[str, bytes], version: int) -> dict[str, bytes]:
+        if f"file:{version}/model.py" in files:
+            files[f"file:{version}/pytriton_model.py"] = files.pop(f"file:{version}/model.py")
+            files[f"file:{version}/model.py"] = guard
+        return files
 
-        model.get_proxy_model_files = guarded
+    problem = rewrite_model_files(triton, models, swap)
+    if problem:
+        print(f"vitfast: warning: {problem}; bad requests get PyTriton's own error texts (tracebacks) instead of "
+              "one-line messages", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def serve(artifact, **options: Any) -> None:
