@@ -105,6 +105,9 @@ def test_skip_reasons_name_the_cause():
     assert "NVIDIA GPU" in skip_reason("tensorrt", "fp16", cpu, opts, cfg)
     assert "not installed" in skip_reason("tensorrt", "fp16", _platform(cuda=True), opts, cfg)
     assert "--engine" in skip_reason("tensorrt", "fp16", gpu, opts, cfg)
+    assert skip_reason("openvino", "int8", _platform(openvino=None), opts, cfg) is None
+    assert "bf16" in skip_reason("openvino", "bf16", _platform(openvino=None), opts, cfg)
+    assert "vitfast[openvino]" in skip_reason("openvino", "fp32", _platform(openvino="OpenVINO is not installed: pip install 'vitfast[openvino]'"), opts, cfg)
 
 
 def test_tensorrt_engine_is_matched_by_config_and_precision(tmp_path):

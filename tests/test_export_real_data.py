@@ -94,3 +94,45 @@ def test_fp32_and_int8_onnx_keep_the_accuracy(trained, tmp_path):
     assert meta["precision"] == "int8" and meta["int8"]["samples"] == 256 and meta["parity"]["cosine"] > 0.99
     check = vitfast_cli("check", tmp_path / "int8.onnx", "--data", test_dir, "--samples", 32, "--json")
     assert check["passed"] and check["top1_agreement"] >= 0.9
+
+
+def test_every_cpu_int8_path_keeps_the_accuracy(trained, tmp_path):
+    """Both int8 QDQ forms in both CPU runtimes, and NNCF's int8 in OpenVINO (what benchmarks/cpu_runtimes.py
+    compares against): at most 1 point of top-1 below the fp32 ONNX on held-out images."""
+    pytest.importorskip("openvino", reason="the openvino backend needs OpenVINO (pip install 'vitfast[openvino]')")
+    ckpt, train_dir, test_dir = trained
+    vitfast_cli("export", "--checkpoint", ckpt, "--format", "onnx", "--out", tmp_path / "fp32.onnx")
+    fp32 = vitfast_cli("eval", tmp_path / "fp32.onnx", "--data", test_dir, "--backend", "onnxruntime", "--json")["top1"]
+    results = {}
+    for target in ("tensorrt", "cpu"):
+        out = tmp_path / f"int8-{target}.onnx"
+        vitfast_cli("export", "--checkpoint", ckpt, "--format", "onnx", "--precision", "int8", "--int8-target", target,
+                    "--calib-dir", train_dir, "--calib-samples", 256, "--out", out)  # fmt: skip
+        for backend in ("openvino", "onnxruntime"):
+            result = vitfast_cli("eval", out, "--data", test_dir, "--backend", backend, "--json")
+            assert result["backend"] == backend
+            results[f"{target} QDQ in {backend}"] = result["top1"]
+    results["NNCF in openvino"] = _nncf_top1(tmp_path / "fp32.onnx", train_dir, test_dir)
+    assert all(top1 >= fp32 - 0.01 for top1 in results.values()), (fp32, results)
+
+
+def _nncf_top1(fp32_onnx: Path, train_dir: Path, test_dir: Path) -> float:
+    """NNCF post-training quantization (transformer preset) of the fp32 ONNX, run in OpenVINO."""
+    nncf = pytest.importorskip("nncf", reason="NNCF is the comparison (test extra)")
+    import openvino as ov
+
+    from vitfast.data import batches, find_images, labeled_images
+    from vitfast.export.artifacts import read_sidecar, write_sidecar
+    from vitfast.runtime.openvino_engine import OpenVinoEngine
+
+    config = vitfast.load_engine(fp32_onnx).config
+    calib = [b.numpy() for b in batches(find_images(train_dir)[:256], config, 16)]
+    quantized = nncf.quantize(ov.Core().read_model(str(fp32_onnx)), nncf.Dataset(calib), model_type=nncf.ModelType.TRANSFORMER,
+                              subset_size=256)  # fmt: skip
+    xml = fp32_onnx.with_name("nncf.xml")
+    ov.save_model(quantized, str(xml))
+    write_sidecar(xml, read_sidecar(fp32_onnx) | {"precision": "int8"}, companions=[xml.with_suffix(".bin")])
+    engine = OpenVinoEngine(xml)
+    files, labels, _ = labeled_images(test_dir)
+    predicted = torch.cat([engine(x).argmax(-1) for x in batches(files, config, 32)])
+    return float((predicted == torch.tensor(labels)).float().mean())

@@ -225,12 +225,13 @@ def start(
     labels: list[str] | tuple[str, ...] | None = None,
     verbose: bool = False,
     allow_nonfinite: bool = False,
+    backend: str = "auto",
 ) -> Server:
     """Load `artifact` (a path, or an `Engine`), start Triton and bind both models; returns when they are ready.
     `labels` (one per class) replace the artifact's own class names in `topk_labels`."""
     require_pytriton()
     check_model_name(name)
-    engine = artifact if isinstance(artifact, Engine) else load_engine(artifact)
+    engine = artifact if isinstance(artifact, Engine) else load_engine(artifact, backend=backend)
     labels = tuple(labels) if labels is not None else engine.config.labels
     if labels is not None and len(labels) != engine.config.num_classes:
         raise InputError(f"{len(labels)} labels for a model with {engine.config.num_classes} classes; give one name per class")

@@ -21,11 +21,13 @@ import torch
 from vitfast.config import PREPROCESSING_FIELDS, ViTConfig
 from vitfast.errors import ArtifactError, BackendUnavailable, InputError
 
-BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitfast-compile", "onnxruntime", "tensorrt")
+BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitfast-compile", "onnxruntime", "openvino", "tensorrt")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+# the int8 QDQ form each CPU runtime runs fastest (benchmarks/cpu_runtimes.py measures them all)
+INT8_TARGETS = {"onnxruntime": "cpu", "openvino": "tensorrt"}
 TORCH_BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitfast-compile")
 
 
@@ -40,6 +42,7 @@ class Platform:
     onnxruntime: str | None  # None when importable, else why not
     ort_providers: tuple[str, ...] = ()
     tensorrt: str | None = "not checked"  # None when importable, else why not
+    openvino: str | None = "not checked"  # None when importable, else why not
 
     @property
     def device(self) -> torch.device:
@@ -64,6 +67,7 @@ def detect_platform(backends: list[str]) -> Platform:
             trt_reason = None
         except BackendUnavailable as exc:
             trt_reason = str(exc)
+    ov_reason = None if importlib.util.find_spec("openvino") else "OpenVINO is not installed: pip install 'vitfast[openvino]'"
     return Platform(
         cuda=torch.cuda.is_available(),
         triton_interpret=os.environ.get("TRITON_INTERPRET") == "1",
@@ -72,6 +76,7 @@ def detect_platform(backends: list[str]) -> Platform:
         onnxruntime=ort_reason,
         ort_providers=providers,
         tensorrt=trt_reason,
+        openvino=ov_reason,
     )
 
 
@@ -83,6 +88,7 @@ class BackendOptions:
     engines: list[str] = field(default_factory=list)
     ort_provider: str = "auto"
     threads: int | None = None
+    ov_hint: str | None = None  # OpenVINO PERFORMANCE_HINT (latency / throughput); None = OpenVINO's default
     work_dir: Path = field(default_factory=lambda: user_cache_dir() / "bench")
     calib_samples: int = 16
     calib_dir: str | None = None  # real calibration images for int8 rows (default: seeded random pixels)
@@ -117,6 +123,10 @@ def skip_reason(backend: str, precision: str, platform: Platform, options: Backe
         return _compile_reason(platform)
     if backend == "onnxruntime":
         return _ort_reason(precision, platform, options)
+    if backend == "openvino":
+        if precision == "bf16":
+            return "to_onnx exports fp32 and fp16 graphs (int8 through quantize_int8); there is no bf16 ONNX export"
+        return platform.openvino or platform.onnxruntime  # the int8 artifact is calibrated with onnxruntime
     if backend == "tensorrt":
         return _tensorrt_reason(precision, platform, options, config)
     return None
@@ -221,8 +231,8 @@ def prepare(backend: str, precision: str, config: ViTConfig, options: BackendOpt
     Kept apart from `build_runner` so that exporting (and the exporter's imports) is not counted
     in the backend's memory or load time.
     """
-    if backend == "onnxruntime":
-        return onnx_artifact(config, precision, options)
+    if backend in ("onnxruntime", "openvino"):
+        return onnx_artifact(config, precision, options, INT8_TARGETS[backend])
     if backend in ("compile", "vitfast-compile"):
         importlib.import_module("torch._inductor.compile_fx")  # inductor's imports are the process's, not the row's
     return None, False
@@ -235,6 +245,8 @@ def build_runner(backend: str, precision: str, config: ViTConfig, platform: Plat
         return _torch_runner(backend, precision, config, platform, options)
     if backend == "onnxruntime":
         return _ort_runner(artifact, platform, options)
+    if backend == "openvino":
+        return _openvino_runner(artifact, precision, options)
     if backend == "tensorrt":
         return _tensorrt_runner(precision, config, options)
     raise ValueError(f"unknown backend {backend!r}")
@@ -268,13 +280,13 @@ def _torch_runner(backend: str, precision: str, config: ViTConfig, platform: Pla
     return Runner(torch.inference_mode()(forward), device, engine.dtype, timer, _device_name(device), details)
 
 
-def _artifact_path(config: ViTConfig, precision: str, options: BackendOptions) -> Path:
+def _artifact_path(config: ViTConfig, precision: str, options: BackendOptions, target: str) -> Path:
     """Cache path keyed by the architecture, precision and the tool versions that shape the file."""
     from vitfast._version import __version__
 
     recipe = {"arch": _arch(config.to_dict()), "precision": precision, "vitfast": __version__, "torch": torch.__version__}
     if precision == "int8":
-        recipe |= {"target": "cpu", "calib": _calib_recipe(options)}
+        recipe |= {"target": target, "calib": _calib_recipe(options)}
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
     h, w = config.img_hw
     return Path(options.work_dir) / f"{config.name or 'vit'}-{h}x{w}-{precision}-{key}.onnx"
@@ -290,12 +302,13 @@ def _calib_recipe(options: BackendOptions) -> str:
     return f"{len(files)} images from {Path(options.calib_dir).resolve()} (listing {listing})"
 
 
-def onnx_artifact(config: ViTConfig, precision: str, options: BackendOptions) -> tuple[Path, bool]:
-    """The ONNX file for (config, precision), exported now or reused from the work dir -> (path, reused)."""
+def onnx_artifact(config: ViTConfig, precision: str, options: BackendOptions, target: str = "cpu") -> tuple[Path, bool]:
+    """The ONNX file for (config, precision), exported now or reused from the work dir -> (path, reused);
+    int8 files are quantized for `target` (the QDQ form that runtime runs fastest)."""
     from vitfast.export import quantize_int8, to_onnx
     from vitfast.export.artifacts import read_sidecar, sidecar_path
 
-    path = _artifact_path(config, precision, options)
+    path = _artifact_path(config, precision, options, target)
     private_dir(path.parent)
     if path.exists() and sidecar_path(path).exists():
         try:
@@ -310,7 +323,7 @@ def onnx_artifact(config: ViTConfig, precision: str, options: BackendOptions) ->
         # without --calib-dir, random-pixel calibration images: the scales do not fit real data, but
         # int8 speed does not depend on them (the same kernels run whatever the scales are)
         calib = options.calib_dir or random_images(config, options.calib_samples, seed=0)
-        quantize_int8(fp32, path, calib, samples=options.calib_samples, target="cpu", force=True, progress=False)
+        quantize_int8(fp32, path, calib, samples=options.calib_samples, target=target, force=True, progress=False)
     else:
         source = {"model": config.name, "weights": "random init, torch.manual_seed(0)", "img_size": config.img_size}
         to_onnx(seeded_model(config), path, precision=precision, force=True, source=source)
@@ -337,6 +350,17 @@ def _ort_runner(path: Path, platform: Platform, options: BackendOptions) -> Runn
         memory_outside_torch="ONNX Runtime's CUDA provider allocates outside PyTorch's allocator" if on_gpu else None,
         batch_range=(engine.batch[0], engine.batch[2]) if engine.batch else None,
     )  # fmt: skip
+
+
+def _openvino_runner(path: Path, precision: str, options: BackendOptions) -> Runner:
+    from vitfast.runtime import load_engine
+
+    engine = load_engine(path, backend="openvino", threads=options.threads, hint=options.ov_hint)
+    details = {"artifact": str(path), "input": "float32 host tensor", "properties": engine.compiled_properties()}
+    if precision == "int8":
+        details["int8"] = engine.metadata.get("int8")
+    return Runner(engine, torch.device("cpu"), torch.float32, "perf_counter_ns", "cpu", details,
+                  memory_outside_torch="OpenVINO allocates outside PyTorch's allocator")  # fmt: skip
 
 
 def _tensorrt_runner(precision: str, config: ViTConfig, options: BackendOptions) -> Runner:

@@ -146,7 +146,7 @@ def _measure_backend(backend, precision, config, settings: Settings, platform: P
         return _finish([r | {"status": "skipped", "reason": reason} for r in rows], on_row)
     if on_start:
         on_start(f"{label}: building")
-    probe = MemoryProbe(platform.device if backend != "onnxruntime" else torch.device("cpu"))
+    probe = MemoryProbe(platform.device if backend not in ("onnxruntime", "openvino") else torch.device("cpu"))
     try:
         t0 = time.perf_counter()
         artifact, reused = prepare(backend, precision, config, settings.options)

@@ -54,7 +54,8 @@ def settings_from_args(args: argparse.Namespace):
         if not Path(artifact).exists():
             raise InputError(f"--artifact {artifact}: no such file or folder")
     options = BackendOptions(compile_mode=args.compile_mode, engines=args.engine or [], ort_provider=args.ort_provider,
-                             threads=args.threads, calib_samples=args.calib_samples, calib_dir=args.calib_dir)  # fmt: skip
+                             threads=args.threads, calib_samples=args.calib_samples, calib_dir=args.calib_dir,
+                             ov_hint=args.ov_hint)  # fmt: skip
     if args.work_dir:
         options.work_dir = Path(args.work_dir)
     return Settings(
@@ -186,7 +187,9 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", metavar="PATH", action="append",
                    help="TensorRT engine for the tensorrt backend; repeat for several models/precisions")  # fmt: skip
     p.add_argument("--ort-provider", default="auto", choices=["auto", "cpu", "cuda"], help="ONNX Runtime execution provider")
-    p.add_argument("--threads", type=positive_int, help="CPU threads for PyTorch and ONNX Runtime (default: their own)")
+    p.add_argument("--threads", type=positive_int, help="CPU threads for PyTorch, ONNX Runtime and OpenVINO (default: their own)")
+    p.add_argument("--ov-hint", choices=["latency", "throughput"],
+                   help="OpenVINO PERFORMANCE_HINT (default OpenVINO's: latency; throughput splits a batch across streams)")
     p.add_argument("--work-dir", metavar="DIR", help="cache for exported ONNX files (default: ~/.cache/vitfast/bench, or $XDG_CACHE_HOME/vitfast/bench)")
     p.add_argument("--calib-samples", type=positive_int, default=16, help="calibration images for onnxruntime int8 (default 16)")
     p.add_argument("--calib-dir", metavar="DIR", help="real calibration images for int8 rows (default: seeded random pixels)")

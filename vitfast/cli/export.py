@@ -19,7 +19,7 @@ from vitfast.export.artifacts import parse_batch, read_sidecar
 from vitfast.export.tensorrt import build_engine, require_tensorrt
 from vitfast.export.triton_repo import check_repository_free
 from vitfast.layerwise import describe_layers
-from vitfast.runtime import Engine, load_engine
+from vitfast.runtime import BACKENDS, Engine, load_engine
 from vitfast.sources import source_model
 
 from .config_args import add_config_args, config_overrides, read_labels
@@ -82,14 +82,14 @@ def _report(path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- artifacts
-def load_artifact(path: str, args: argparse.Namespace, labels: bool = True) -> Engine:
+def load_artifact(path: str, args: argparse.Namespace, labels: bool = True, backend: str = "auto") -> Engine:
     """`load_engine(path)` with the command's --config / field overrides / --img-size (and --labels
     unless `labels` is False); says what it read off a foreign ONNX graph, and refuses one whose
     preprocessing is unknown (raw images need it)."""
     overrides = config_overrides(args) | ({"img_size": args.img_size} if getattr(args, "img_size", None) else {})
     if not labels:
         overrides.pop("labels", None)
-    engine = load_engine(path, overrides=overrides)
+    engine = load_engine(path, backend=backend, overrides=overrides)
     if engine.metadata.get("foreign"):
         report_choice(engine.path, engine.io, engine.metadata["assumed"])
     if getattr(engine, "missing_preprocessing", None):
@@ -100,12 +100,14 @@ def load_artifact(path: str, args: argparse.Namespace, labels: bool = True) -> E
 def add_artifact_args(p: argparse.ArgumentParser, labels: bool = True) -> None:
     """--config, the field overrides (and --labels) and --img-size, for commands that take any artifact."""
     add_config_args(p, labels=labels)
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
+                   help="runtime for the artifact (default auto: the fastest this machine has for it)")  # fmt: skip
     p.add_argument("--img-size", type=int, metavar="N", help="input resolution of an ONNX graph with dynamic H/W and no vitfast sidecar")
 
 
 # ---------------------------------------------------------------------------- check
 def cmd_check(args: argparse.Namespace) -> int:
-    engine = load_artifact(args.artifact, args)
+    engine = load_artifact(args.artifact, args, backend=args.backend)
     if args.against:
         other = load_artifact(args.against, args)
         result = {"artifact": str(args.artifact), "against": str(args.against)} | pipeline.check_against(
@@ -142,7 +144,7 @@ def _rich_track(items, total: int, description: str):
 
 def cmd_eval(args: argparse.Namespace) -> int:
     show = sys.stderr.isatty() and not args.json
-    engine = load_artifact(args.artifact, args, labels=False)  # eval matches --labels to the folders itself
+    engine = load_artifact(args.artifact, args, labels=False, backend=args.backend)  # eval matches --labels to the folders itself
     against = load_artifact(args.against, args, labels=False) if args.against else None
     result = pipeline.evaluate(engine, args.data, labels=read_labels(args.labels) if args.labels else None,
                                against=against, batch_size=args.batch_size, track=_rich_track if show else None)  # fmt: skip

@@ -14,7 +14,7 @@ from .export import add_artifact_args, load_artifact
 def cmd_serve(args: argparse.Namespace) -> int:
     require_pytriton()  # before loading the artifact: a missing dependency is the first thing to say
     labels = read_labels(args.labels) if args.labels else None
-    engine = load_artifact(args.artifact, args, labels=False)  # the uint8 model needs the preprocessing: refused here if unknown
+    engine = load_artifact(args.artifact, args, labels=False, backend=args.backend)  # the uint8 model needs the preprocessing: refused here if unknown
     serve(engine, host=args.host, port=args.port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
           max_batch_size=args.max_batch, max_queue_delay_us=args.max_queue_delay_us, top_k=args.top_k, labels=labels,
           name=args.name, verbose=args.verbose, allow_nonfinite=args.allow_nonfinite)  # fmt: skip

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vitfast.checkpoint import load_checkpoint
-from vitfast.errors import ArtifactError
+from vitfast.errors import ArtifactError, InputError
 
 from .engine import Engine, is_float_images
 from .onnx_engine import OnnxEngine
@@ -26,19 +26,58 @@ from .torch_engine import TorchEngine
 __all__ = ["ENGINE_SUFFIXES", "Engine", "is_float_images", "OnnxEngine", "TensorRTEngine", "TorchEngine", "load_engine", "read_sidecar", "sidecar_path"]
 
 
-def load_engine(path: str | os.PathLike, *, device: str | None = None, optimized: bool = False,
+BACKENDS = ("auto", "torch", "onnxruntime", "openvino", "tensorrt")
+
+
+def onnx_backend() -> str:
+    """`backend="auto"` for a vitfast ONNX file: ONNX Runtime where it has a CUDA GPU, else OpenVINO
+    when installed (measured faster on CPU for fp32, fp16 and int8 files: benchmarks/cpu_runtimes.py),
+    else ONNX Runtime."""
+    import importlib.util
+
+    import torch
+
+    if torch.cuda.is_available() and importlib.util.find_spec("onnxruntime") is not None:
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" in ort.get_available_providers():
+            return "onnxruntime"
+    return "openvino" if importlib.util.find_spec("openvino") is not None else "onnxruntime"
+
+
+def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str | None = None, optimized: bool = False,
                 overrides: dict[str, Any] | None = None, **kwargs) -> Engine:  # fmt: skip
     """An `Engine` for a checkpoint, an ONNX file (vitfast's or another tool's), an Optimum export
     folder or a TensorRT engine, chosen from the path. `overrides`: ViTConfig fields for a checkpoint,
     as `load_checkpoint` takes them (plus `img_size`); for an ONNX file, its preprocessing (all of
-    img_size/mean/std/... for a graph without a vitfast sidecar)."""
+    img_size/mean/std/... for a graph without a vitfast sidecar).
+
+    `backend`: "auto" (the fastest this machine has for the artifact: `onnx_backend`), or one of
+    "torch" (checkpoints), "onnxruntime" / "openvino" (ONNX files; openvino for vitfast's own), "tensorrt" (engines)."""
     path = Path(path)
+    if backend not in BACKENDS:
+        raise InputError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     if not path.exists():
         raise ArtifactError(f"no such artifact: {path}")
     suffix = path.suffix.lower()
-    if suffix == ".onnx" or (path / "model.onnx").is_file():
+    kind = "onnx" if suffix == ".onnx" or (path / "model.onnx").is_file() else "engine" if suffix in ENGINE_SUFFIXES else "checkpoint"
+    allowed = {"onnx": ("onnxruntime", "openvino"), "engine": ("tensorrt",), "checkpoint": ("torch",)}[kind]
+    if backend != "auto" and backend not in allowed:
+        raise InputError(f"{path} is a{'n' if kind != 'checkpoint' else ''} {kind}: the {backend} backend cannot run it; "
+                         f"use backend {' or '.join(allowed)} (or auto)")  # fmt: skip
+    if kind == "onnx":
+        ours = path.is_file() and sidecar_path(path).exists()  # vitfast's export: config and input spec in the sidecar
+        if backend == "auto":
+            backend = onnx_backend() if ours else "onnxruntime"
+        if backend == "openvino":
+            if not ours:
+                raise InputError(f"the openvino backend runs ONNX files exported by vitfast (with a .json sidecar); "
+                                 f"{path} has none: use backend onnxruntime")  # fmt: skip
+            from .openvino_engine import OpenVinoEngine
+
+            return OpenVinoEngine(path, **kwargs)
         return OnnxEngine(path, overrides=overrides, **kwargs)
-    if suffix in ENGINE_SUFFIXES:
+    if kind == "engine":
         return TensorRTEngine(path, **kwargs)
     overrides = dict(overrides or {})
     img_size = overrides.pop("img_size", None)

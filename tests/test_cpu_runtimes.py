@@ -1,0 +1,36 @@
+"""benchmarks/cpu_runtimes.py --dry-run: every row of the CPU comparison runs (tiny model, 2 calls per
+row), so the script cannot rot; the figures themselves are taken on a quiet machine, never asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("openvino", reason="the comparison needs OpenVINO (pip install 'vitfast[openvino]')")
+pytest.importorskip("nncf", reason="the comparison needs NNCF (test extra)")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_runtimes.py"
+
+
+def test_dry_run_measures_every_runtime_and_records_the_machine(tmp_path):
+    out = tmp_path / "cpu-runtimes.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    runtimes = {r["runtime"] for r in rows}
+    assert {"onnxruntime fp32", "onnxruntime int8 quantize_dynamic", "openvino fp32", "openvino int8 NNCF (latency)",
+            "openvino int8 vitfast QDQ (throughput)"} <= runtimes  # fmt: skip
+    assert {(r["model"], r["batch"]) for r in rows} == {("vit_tiny_patch16_224", 1), ("vit_tiny_patch16_224", 2)}
+    for r in rows:
+        assert len(r["samples_ms"]) == 2 and r["median_ms"] > 0 and r["images_per_s"] > 0
+        if r["runtime"] == "onnxruntime fp32":
+            assert r["vs_ort_fp32"] == 1.0
+    env = result["environment"]
+    assert env["dry_run"] and env["command"].endswith("--dry-run --out " + str(out))
+    assert len(env["loadavg_start"]) == 3 and env["cpu"] and env["versions"]["openvino"] and env["versions"]["nncf"]
+    assert "| openvino int8 NNCF (throughput)" in done.stdout

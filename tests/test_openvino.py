@@ -1,0 +1,151 @@
+"""OpenVINO as a runtime: parity with the fp32 PyTorch reference, throughput streams, properties,
+backend selection in `load_engine`, the CLI's --backend, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime", reason="export tests need onnxruntime (pip install 'vitfast[onnx]')")
+pytest.importorskip("openvino", reason="the openvino backend needs OpenVINO (pip install 'vitfast[openvino]')")
+
+import vitfast  # noqa: E402
+from conftest import randomize  # noqa: E402
+from vitfast.export import quantize_int8, to_onnx  # noqa: E402
+from vitfast.export.artifacts import read_sidecar, write_sidecar  # noqa: E402
+from vitfast.runtime.openvino_engine import OpenVinoEngine, compile_properties  # noqa: E402
+from vitfast.runtime import OnnxEngine, load_engine  # noqa: E402
+
+VITFAST = Path(sys.executable).parent / "vitfast"
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """(model, fp32 ONNX, fp16 ONNX): 50 tokens (7x7 patches + class token), width 192, random weights."""
+    root = tmp_path_factory.mktemp("ov")
+    torch.manual_seed(0)
+    model = randomize(vitfast.create_model("vit_tiny_patch16_224", img_size=112, depth=3, num_classes=11), scale=0.1).eval()
+    return model, to_onnx(model, root / "m.onnx", batch=(1, 4, 16)), to_onnx(model, root / "m.fp16.onnx", precision="fp16")
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_fp32_and_fp16_match_the_pytorch_reference(exported, batch):
+    model, fp32, fp16 = exported
+    x = torch.randn(batch, 3, 112, 112)
+    with torch.no_grad():
+        ref = model(x)
+    for path, limit in ((fp32, 1e-4), (fp16, 2e-2)):
+        engine = load_engine(path, backend="openvino")
+        assert isinstance(engine, OpenVinoEngine) and engine.compiled_properties()["INFERENCE_PRECISION_HINT"] == "f32"
+        got = engine(x)
+        assert got.dtype == torch.float32 and got.shape == ref.shape
+        assert ((got - ref).abs().max() / ref.abs().max()).item() <= limit, path.name
+
+
+def test_throughput_streams_split_the_batch_and_keep_the_order(exported):
+    model, fp32, _ = exported
+    latency = load_engine(fp32, backend="openvino", hint="latency", threads=1)
+    streams = load_engine(fp32, backend="openvino", hint="throughput", streams=2, threads=2)  # OpenVINO caps streams at the cores
+    assert latency.streams == 1 and streams.streams == 2 and streams.queue is not None
+    x = torch.randn(5, 3, 112, 112)  # 3 + 2 across two requests running at once
+    with torch.no_grad():
+        ref = model(x)
+    for got in (streams(x), streams(x[:1]), latency(x)):
+        torch.testing.assert_close(got, ref[: len(got)], atol=1e-4, rtol=1e-4)
+
+
+def test_uint8_images_go_through_the_artifacts_preprocessing(exported):
+    model, fp32, _ = exported
+    raw = np.random.default_rng(1).integers(0, 256, (3, 150, 130, 3), dtype=np.uint8)
+    with torch.no_grad():
+        ref = model(vitfast.preprocess(raw, model.config))
+    torch.testing.assert_close(load_engine(fp32, backend="openvino")(raw), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_int8_runs_in_openvino_close_to_onnxruntime(exported, tmp_path):
+    model, fp32, _ = exported
+    calib = torch.randn(16, 3, 112, 112, generator=torch.Generator().manual_seed(0))
+    int8 = quantize_int8(fp32, tmp_path / "m.int8.onnx", calib, samples=16, progress=False)
+    x = torch.randn(4, 3, 112, 112)
+    ov, ort, ref = load_engine(int8, backend="openvino")(x), load_engine(int8, backend="onnxruntime")(x), model(x).detach()
+    assert torch.nn.functional.cosine_similarity(ov, ref).min() > 0.95
+    assert torch.nn.functional.cosine_similarity(ov, ort).min() > 0.99  # the same QDQ graph, two int8 implementations
+
+
+def test_properties_the_openvino_way():
+    import openvino.properties as props
+    import openvino.properties.hint as hints
+
+    out = compile_properties(threads=2, hint="throughput", properties={props.streams.num: 4, hints.inference_precision: "bf16"})
+    assert out == {"INFERENCE_PRECISION_HINT": "bf16", "PERFORMANCE_HINT": "THROUGHPUT", "INFERENCE_NUM_THREADS": 2, "NUM_STREAMS": 4}
+    assert compile_properties() == {"INFERENCE_PRECISION_HINT": "f32"}  # fp32 stays fp32 (not bf16 on AVX512-BF16 CPUs)
+    with pytest.raises(vitfast.InputError, match="latency, throughput"):
+        compile_properties(hint="fast")
+    with pytest.raises(vitfast.InputError, match="threads must be >= 1"):
+        compile_properties(threads=0)
+
+
+def test_bad_property_and_bad_model_are_artifact_errors(exported, tmp_path):
+    _, fp32, _ = exported
+    with pytest.raises(vitfast.ArtifactError, match="OpenVINO cannot load .* for CPU: .*number of streams"):
+        load_engine(fp32, backend="openvino", properties={"NUM_STREAMS": "many"})
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model")
+    write_sidecar(broken, read_sidecar(fp32))  # a sidecar that matches: the file itself is what is wrong
+    with pytest.raises(vitfast.ArtifactError, match="broken.onnx is not a readable ONNX model"):
+        load_engine(broken, backend="openvino")
+
+
+def test_backend_choice(exported, monkeypatch):
+    _, fp32, _ = exported
+    assert isinstance(load_engine(fp32, backend="onnxruntime"), OnnxEngine)
+    assert isinstance(load_engine(fp32), OpenVinoEngine)  # auto on a CPU machine with OpenVINO installed
+    with pytest.raises(vitfast.InputError, match="use backend onnxruntime or openvino"):
+        load_engine(fp32, backend="tensorrt")
+    with pytest.raises(vitfast.InputError, match="unknown backend 'tvm'"):
+        load_engine(fp32, backend="tvm")
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a))
+    assert isinstance(load_engine(fp32), OnnxEngine)  # auto without OpenVINO
+
+
+def test_openvino_missing_is_one_clear_error(exported, monkeypatch):
+    _, fp32, _ = exported
+    monkeypatch.setitem(sys.modules, "openvino", None)  # makes `import openvino` raise ImportError
+    with pytest.raises(vitfast.BackendUnavailable, match=r"pip install 'vitfast\[openvino\]'"):
+        load_engine(fp32, backend="openvino")
+
+
+def test_cli_check_and_eval_through_openvino(tmp_path):
+    def vitfast_cli(*args):
+        return subprocess.run([str(VITFAST), *map(str, args)], capture_output=True, text=True, timeout=600)
+
+    onnx_path = tmp_path / "m.onnx"
+    assert vitfast_cli("export", "--model", "vit_cifar_patch4_32", "--format", "onnx", "--out", onnx_path).returncode == 0
+    check = vitfast_cli("check", onnx_path, "--backend", "openvino", "--json")
+    assert check.returncode == 0, check.stderr
+    result = json.loads(check.stdout)
+    assert result["backend"] == "openvino" and result["passed"]
+    bad = vitfast_cli("eval", onnx_path, "--data", tmp_path, "--backend", "tensorrt")
+    assert bad.returncode == 2 and "use backend onnxruntime or openvino" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_bench_measures_openvino_on_its_own_int8_form(tmp_path, capsys):
+    from vitfast.cli import main
+
+    argv = ["bench", "--model", "vit_tiny_patch16_224", "--img-size", "32", "--backends", "openvino", "--precision", "fp32,int8",
+            "--batch", "2", "--repeats", "3", "--warmup", "1", "--threads", "2", "--ov-hint", "throughput",
+            "--work-dir", str(tmp_path), "--calib-samples", "4", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    rows = {r["precision"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert all(r["status"] == "ok" and r["median_ms"] > 0 for r in rows.values()), rows
+    assert rows["fp32"]["details"]["properties"]["PERFORMANCE_HINT"] == "THROUGHPUT"
+    assert rows["int8"]["details"]["int8"]["target"] == "tensorrt"

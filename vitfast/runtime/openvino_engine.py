@@ -1,0 +1,127 @@
+"""OpenVINO as a runtime for vitfast's ONNX artifacts: `OpenVinoEngine`, and the property names
+OpenVINO users know (`PERFORMANCE_HINT`, `NUM_STREAMS`, `INFERENCE_NUM_THREADS`, ...).
+
+    engine = load_engine("m.int8.onnx", backend="openvino", hint="throughput", threads=2)
+    engine = load_engine("m.onnx", backend="openvino", properties={"NUM_STREAMS": 2, "PERF_COUNT": True})
+
+The fp32 parts of the graph run in fp32 (`INFERENCE_PRECISION_HINT=f32`) unless the properties
+say otherwise: OpenVINO's CPU plugin would otherwise pick bf16 on CPUs with AVX512-BF16 or AMX,
+which changes an fp32 artifact's numbers. With several streams (the throughput hint), one call's
+batch is split across that many infer requests running at once, each on its own cores.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vitfast.config import ViTConfig
+from vitfast.errors import ArtifactError, BackendUnavailable, InputError
+
+from .engine import Engine
+
+HINTS = ("latency", "throughput", "cumulative_throughput")
+
+
+def require_openvino():
+    try:
+        import openvino
+    except ImportError:
+        raise BackendUnavailable("the openvino backend needs OpenVINO: pip install 'vitfast[openvino]'") from None
+    return openvino
+
+
+def compile_properties(*, threads: int | None = None, streams: int | str | None = None, hint: str | None = None,
+                       properties: dict | None = None) -> dict[str, Any]:  # fmt: skip
+    """OpenVINO `compile_model` properties from vitfast's keywords; explicit `properties` win.
+
+    Keys may be strings ("NUM_STREAMS") or `openvino.properties` objects (`props.streams.num`)."""
+    out: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
+    if hint is not None:
+        if str(hint).lower() not in HINTS:
+            raise InputError(f"OpenVINO performance hint must be one of {', '.join(HINTS)}, got {hint!r}")
+        out["PERFORMANCE_HINT"] = str(hint).upper()
+    if threads is not None:
+        if int(threads) < 1:
+            raise InputError(f"threads must be >= 1, got {threads}")
+        out["INFERENCE_NUM_THREADS"] = int(threads)
+    if streams is not None:
+        if str(streams).upper() != "AUTO" and int(streams) < 1:
+            raise InputError(f"streams must be >= 1 or 'AUTO', got {streams!r}")
+        out["NUM_STREAMS"] = streams
+    out |= {str(k): v for k, v in (properties or {}).items()}
+    return out
+
+
+class OpenVinoEngine(Engine):
+    """An ONNX artifact compiled by OpenVINO (config, precision and batch profile from its sidecar)."""
+
+    kind = "openvino"
+
+    def __init__(self, path: Path, *, device: str = "CPU", threads: int | None = None, streams: int | str | None = None,
+                 hint: str | None = None, properties: dict | None = None):  # fmt: skip
+        ov = require_openvino()
+        from .sidecar import read_sidecar
+
+        meta = read_sidecar(path)
+        batch = meta.get("input", {}).get("batch")
+        super().__init__(ViTConfig.from_dict(meta["config"]), precision=meta.get("precision", "fp32"),
+                         batch=tuple(batch) if batch else None, metadata=meta, path=path)  # fmt: skip
+        self.properties = compile_properties(threads=threads, streams=streams, hint=hint, properties=properties)
+        if path.suffix.lower() == ".onnx":  # refused before OpenVINO's parser logs protobuf errors on stderr
+            from vitfast.foreign import read_graph_io  # (an OpenVINO IR .xml with a sidecar loads too)
+
+            read_graph_io(path)
+        core = ov.Core()
+        try:
+            self.compiled = core.compile_model(core.read_model(str(path)), device.upper(), self.properties)
+        except RuntimeError as exc:  # OpenVINO reports unreadable models and bad properties as RuntimeError
+            raise ArtifactError(f"OpenVINO cannot load {path} for {device}: {_reason(exc)}") from None
+        self.device = device.upper()
+        self.streams = int(self.compiled.get_property("NUM_STREAMS"))
+        self.dynamic_batch = self.compiled.inputs[0].partial_shape[0].is_dynamic
+        self.request = self.compiled.create_infer_request()
+        self.queue = ov.AsyncInferQueue(self.compiled, self.streams) if self.streams > 1 and self.dynamic_batch else None
+        self.lock = threading.Lock()  # infer requests are not reentrant; `vitfast serve` calls from several threads
+
+    def compiled_properties(self) -> dict[str, str]:
+        """What OpenVINO chose: streams, threads, hint, inference precision, requests."""
+        names = ("PERFORMANCE_HINT", "NUM_STREAMS", "INFERENCE_NUM_THREADS", "INFERENCE_PRECISION_HINT",
+                 "OPTIMAL_NUMBER_OF_INFER_REQUESTS", "EXECUTION_DEVICES")  # fmt: skip
+        return {name: _text(self.compiled.get_property(name)) for name in names}
+
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        with self.lock:
+            return torch.from_numpy(self._infer(np.ascontiguousarray(x.cpu().numpy())))
+
+    def _infer(self, images: np.ndarray) -> np.ndarray:
+        if self.queue is None or len(images) < 2:
+            return self.request.infer([images])[0].copy()
+        chunks = np.array_split(images, min(self.streams, len(images)))
+        outputs: list[np.ndarray | None] = [None] * len(chunks)
+
+        def done(request, index):  # runs on OpenVINO's thread; copy before the request is reused
+            outputs[index] = request.get_output_tensor(0).data.copy()
+
+        self.queue.set_callback(done)
+        for index, chunk in enumerate(chunks):
+            self.queue.start_async([chunk], index)
+        self.queue.wait_all()
+        return np.concatenate(outputs)
+
+
+def _text(value) -> str:
+    """A property value as OpenVINO's own tools print it ("f32", not "<Type: 'float32'>")."""
+    if hasattr(value, "to_string"):
+        return value.to_string()
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value).split(".")[-1]
+
+
+def _reason(exc: Exception) -> str:
+    """The informative line of an OpenVINO error (not its "Exception from src/...cpp:84:" frames)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip() and not line.startswith("Exception from ")]
+    return (lines[-1] if lines else type(exc).__name__)[:300]
