@@ -108,10 +108,12 @@ def test_every_cpu_int8_path_keeps_the_accuracy(trained, tmp_path):
         out = tmp_path / f"int8-{target}.onnx"
         vitfast_cli("export", "--checkpoint", ckpt, "--format", "onnx", "--precision", "int8", "--int8-target", target,
                     "--calib-dir", train_dir, "--calib-samples", 256, "--out", out)  # fmt: skip
-        for backend in ("openvino", "onnxruntime"):
+        for backend in ("openvino", "onnxruntime") if target == "tensorrt" else ("onnxruntime",):
             result = vitfast_cli("eval", out, "--data", test_dir, "--backend", backend, "--json")
             assert result["backend"] == backend
             results[f"{target} QDQ in {backend}"] = result["top1"]
+    # the uint8 cpu form lost ~10 points in OpenVINO here: auto must keep it on ONNX Runtime
+    assert vitfast_cli("eval", tmp_path / "int8-cpu.onnx", "--data", test_dir, "--json")["backend"] == "onnxruntime"
     results["NNCF in openvino"] = _nncf_top1(tmp_path / "fp32.onnx", train_dir, test_dir)
     assert all(top1 >= fp32 - 0.01 for top1 in results.values()), (fp32, results)
 
