@@ -18,6 +18,7 @@ import torch
 
 from vitfast.errors import ArtifactError, BackendUnavailable, ConfigError
 from vitfast.parity import compare
+from vitfast.precision import ONNX, require
 
 from vitfast.atomic import claim_output
 
@@ -88,8 +89,7 @@ def to_onnx(
     if type(opset) is not int or not MIN_OPSET <= opset <= newest:
         raise ArtifactError(f"--opset must be {MIN_OPSET}..{newest} (LayerNormalization needs {MIN_OPSET}; {newest} is the newest "
                             f"this torch / onnx / onnxruntime can all handle), got {opset!r}")  # fmt: skip
-    if precision not in ("fp32", "fp16"):
-        raise ArtifactError(f"to_onnx precision must be fp32 or fp16 (int8 goes through quantize_int8), got {precision!r}")
+    require(precision, ONNX, "to_onnx", " (int8 goes through quantize_int8)")
     if dynamic_image_size:
         raise ArtifactError(
             "dynamic image size is not supported: the position-embedding resize is not expressed in the graph; "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import sys
 import threading
 import warnings
@@ -19,6 +20,7 @@ from typing import Any, Iterator, Sequence
 
 from vitfast.config import ViTConfig
 from vitfast.errors import ArtifactError, BackendUnavailable
+from vitfast.precision import QUANTIZED, TENSORRT, require
 from vitfast.runtime.tensorrt_engine import (  # noqa: F401  (TensorRTEngine, check_engine_compatible, parse_version: public names)
     REBUILD_HINT,
     TensorRTEngine,
@@ -34,7 +36,6 @@ from vitfast.atomic import atomic_write, check_output_free, claim_output
 
 from .artifacts import base_metadata, parse_batch, read_sidecar, write_sidecar
 
-PRECISIONS = ("fp32", "fp16", "int8", "fp8")
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0) and newer
 MIN_TENSORRT_MAJOR = 10
 MAX_OPTIMIZATION_LEVEL = 5  # TensorRT's builder optimization levels are 0..5 (3 is its default)
@@ -70,9 +71,26 @@ def profile_shapes(input_shape: Sequence[int], batch) -> tuple[Shape, Shape, Sha
     return tuple((b, *shape[1:]) for b in (lo, opt, hi))
 
 
-def _check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise ArtifactError(f"TensorRT precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+TRTEXEC_PRECISION = {"fp32": ["--noTF32"], "fp16": ["--fp16"], "int8": ["--int8", "--fp16"], "fp8": ["--fp8", "--fp16"]}
+
+
+def trtexec_command(onnx_path: str | os.PathLike, engine_path: str | os.PathLike, *, precision: str, batch,
+                    workspace_gib: float = 4.0, optimization_level: int = 3,
+                    timing_cache: str | os.PathLike | None = None) -> str:  # fmt: skip
+    """The `trtexec` line that builds what `build_engine` would from the vitfast ONNX at `onnx_path`
+    (its sidecar gives the input name and [C, H, W]), for a machine where only trtexec is at hand.
+    The engine it writes has no vitfast sidecar and no LayerNorm pinned to fp32."""
+    require(precision, TENSORRT, "TensorRT")
+    spec = read_sidecar(onnx_path)["input"]
+    name, chw = spec["name"], spec["shape"][1:]
+    shapes = profile_shapes([-1 if spec["shape"][0] == "batch" else spec["shape"][0], *chw], batch)
+    dims = ["x".join(map(str, shape)) for shape in shapes]
+    args = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={engine_path}", *TRTEXEC_PRECISION[precision],
+            *(f"--{which}Shapes={name}:{d}" for which, d in zip(("min", "opt", "max"), dims)),
+            f"--memPoolSize=workspace:{round(workspace_gib * 1024)}M", f"--builderOptimizationLevel={optimization_level}"]  # fmt: skip
+    if timing_cache:
+        args.append(f"--timingCacheFile={timing_cache}")
+    return shlex.join(args)
 
 
 def precision_flags(precision: str, compute_capability: str | Sequence[int], *, fp32_layernorm: bool = False) -> list[str]:
@@ -84,7 +102,7 @@ def precision_flags(precision: str, compute_capability: str | Sequence[int], *, 
     PREFER_PRECISION_CONSTRAINTS so the LayerNorm layers pinned to fp32 keep it, while TensorRT may
     still fall back (with a warning) where no fp32 kernel fits a fusion, rather than fail the build.
     """
-    _check_precision(precision)
+    require(precision, TENSORRT, "TensorRT")
     flags = {"fp32": [], "fp16": ["FP16"], "int8": ["INT8", "FP16"], "fp8": ["FP8", "FP16"]}[precision]
     if precision == "fp8" and parse_compute_capability(compute_capability) < FP8_MIN_COMPUTE_CAPABILITY:
         raise ArtifactError(
@@ -109,12 +127,12 @@ def check_quantization(precision: str, quantized: bool, source: str | os.PathLik
             f"{source} was quantized for ONNX Runtime's CPU kernels (asymmetric uint8 activations), which TensorRT "
             "cannot build; quantize the fp32 ONNX again with quantize_int8(..., target='tensorrt')"
         )
-    if precision in ("int8", "fp8") and not quantized:
+    if precision in QUANTIZED and not quantized:
         raise ArtifactError(
             f"{source} has no QuantizeLinear/DequantizeLinear nodes, so it cannot become a {precision} engine; "
             "quantize it first (vitfast.export.quantize_int8, `vitfast export --format onnx --precision int8 --calib-dir DIR`)"
         )
-    if precision in ("fp32", "fp16") and quantized:
+    if precision not in QUANTIZED and quantized:
         raise ArtifactError(f"{source} is quantized (QuantizeLinear/DequantizeLinear nodes); build it with --precision int8")
 
 
@@ -188,7 +206,7 @@ def build_engine(
 
 
 def _check_build_args(precision: str, workspace_gib: float, optimization_level: int) -> None:
-    _check_precision(precision)
+    require(precision, TENSORRT, "TensorRT")
     if not workspace_gib > 0:
         raise ArtifactError(f"the TensorRT workspace must be > 0 GiB, got {workspace_gib}")
     if optimization_level not in range(MAX_OPTIMIZATION_LEVEL + 1):

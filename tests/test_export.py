@@ -211,6 +211,38 @@ def test_trt_export_without_tensorrt_keeps_the_onnx_and_says_how_to_install(tmp_
     assert out.returncode == 2 and "TensorRT is not installed" in out.stderr and "pip install tensorrt" in out.stderr
     assert out.stderr.strip().count("\n") == 0 and str(tmp_path / "m.onnx") in out.stderr
     assert (tmp_path / "m.onnx").exists() and not (tmp_path / "m.engine").exists()
+    trtexec = f"trtexec --onnx={tmp_path / 'm.onnx'} --saveEngine={tmp_path / 'm.engine'} --fp16 --minShapes=images:1x3x32x32"
+    assert trtexec in out.stderr and "--maxShapes=images:32x3x32x32" in out.stderr
+
+
+def test_trt_export_checks_for_tensorrt_before_the_onnx_export(monkeypatch, tmp_path, capsys):
+    from vitfast import pipeline
+    from vitfast.cli import export as cli_export
+    from vitfast.cli import main
+    from vitfast.errors import BackendUnavailable
+
+    calls = []
+    real_export_onnx = pipeline.export_onnx
+
+    def missing():
+        calls.append("require_tensorrt")
+        raise BackendUnavailable("TensorRT is not installed: pip install tensorrt")
+
+    def export_onnx(*args, **kwargs):
+        calls.append("export_onnx")
+        return real_export_onnx(*args, **kwargs)
+
+    monkeypatch.setattr(cli_export, "require_tensorrt", missing)
+    monkeypatch.setattr(pipeline, "export_onnx", export_onnx)
+    args = ["export", "--model", "vit_cifar_patch4_32", "--format", "trt", "--precision", "fp32", "--batch", "2:3:7",
+            "--workspace", "1", "--out", tmp_path / "m.plan"]  # fmt: skip
+    assert main([*map(str, args)]) == 2
+    assert calls == ["require_tensorrt", "export_onnx"]
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("vitfast: error: TensorRT is not installed")
+    assert (f"trtexec --onnx={tmp_path / 'm.onnx'} --saveEngine={tmp_path / 'm.plan'} --noTF32 --minShapes=images:2x3x32x32 "
+            "--optShapes=images:3x3x32x32 --maxShapes=images:7x3x32x32 --memPoolSize=workspace:1024M") in err  # fmt: skip
+    assert (tmp_path / "m.onnx").exists() and not (tmp_path / "m.plan").exists()
 
 
 @pytest.mark.parametrize(

@@ -439,6 +439,31 @@ def test_precision_flags_refuses_fp8_before_ada_and_unknown_precisions():
         trt_export.precision_flags("fp64", "9.0")
 
 
+@pytest.mark.parametrize(
+    "precision, batch, flags",
+    [
+        ("fp16", (2, 3, 5), "--fp16"),
+        ("int8", (1, 8, 32), "--int8 --fp16"),
+        ("fp8", (4, 4, 4), "--fp8 --fp16"),
+        ("fp32", (1, 1, 1), "--noTF32"),
+    ],
+)  # fmt: skip
+def test_trtexec_command_matches_build_engine(onnx_file, precision, batch, flags):
+    b1, b2, b3 = batch
+    line = trt_export.trtexec_command(onnx_file, "out dir/vit.engine", precision=precision, batch=batch,
+                                      workspace_gib=2.5, optimization_level=4, timing_cache="t.cache")  # fmt: skip
+    assert line == (f"trtexec --onnx={onnx_file} '--saveEngine=out dir/vit.engine' {flags} "
+                    f"--minShapes=images:{b1}x3x32x32 --optShapes=images:{b2}x3x32x32 --maxShapes=images:{b3}x3x32x32 "
+                    "--memPoolSize=workspace:2560M --builderOptimizationLevel=4 --timingCacheFile=t.cache")  # fmt: skip
+
+
+def test_trtexec_command_refuses_what_build_engine_refuses(onnx_file):
+    with pytest.raises(ArtifactError, match="TensorRT precision must be one of fp32, fp16, int8, fp8, got 'bf16'"):
+        trt_export.trtexec_command(onnx_file, "vit.engine", precision="bf16", batch=(1, 1, 1))
+    with pytest.raises(ArtifactError, match="MIN <= OPT <= MAX"):
+        trt_export.trtexec_command(onnx_file, "vit.engine", precision="fp16", batch=(8, 4, 2))
+
+
 def test_parse_version():
     assert trt_export.parse_version("10.7.0") == (10, 7, 0)
     assert trt_export.parse_version("10.7.0.23") == (10, 7, 0)
@@ -591,6 +616,15 @@ def test_build_fp8_refused_on_compute_capability_8_0(rec, gpu, monkeypatch, onnx
     with pytest.raises(ArtifactError, match=r"8\.9"):
         build(onnx_file, tmp_path / "vit.engine", precision="fp8")
     assert rec.calls == []
+
+
+def test_fp8_engine_builds_and_its_sidecar_is_read_back(rec, gpu, onnx_file, tmp_path):
+    rec.extra_layers = ["QUANTIZE", "DEQUANTIZE"]  # fp8 engines come from a Q/DQ ONNX
+    path = build(onnx_file, tmp_path / "vit.engine", precision="fp8")
+    assert rec.configs[0].flags == {"BuilderFlag.FP8", "BuilderFlag.FP16", "BuilderFlag.PREFER_PRECISION_CONSTRAINTS"}
+    assert read_sidecar(path)["precision"] == "fp8"
+    engine = trt_export.TensorRTEngine(path)  # the runtime's sidecar reader used to refuse fp8
+    assert engine.precision == "fp8" and vitfast.parity.tolerance("fp8", 1.0)["cosine"] == 0.97
 
 
 def test_parser_errors_become_one_artifact_error(rec, gpu, onnx_file, tmp_path):

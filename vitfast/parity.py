@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import torch
 
-# Limits on the relative max error (max |out - ref| / max |ref|) and the worst per-image cosine.
-TOLERANCES = {
-    "fp32": {"max_rel_err": 1e-4, "cosine": 0.99999},
-    "fp16": {"max_rel_err": 2e-2, "cosine": 0.999},
-    "bf16": {"max_rel_err": 5e-2, "cosine": 0.995},
-    "int8": {"max_rel_err": 0.25, "cosine": 0.97},
-    "fp8": {"max_rel_err": 0.25, "cosine": 0.97},
-}
+from .precision import TOLERANCES
 
 
 def looser_precision(a: str, b: str) -> str:

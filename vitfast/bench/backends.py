@@ -20,10 +20,11 @@ import torch
 
 from vitfast.config import PREPROCESSING_FIELDS, ViTConfig
 from vitfast.errors import ArtifactError, BackendUnavailable, InputError
+from vitfast.precision import BENCH as PRECISIONS
+from vitfast.precision import TORCH as TORCH_PRECISIONS
+from vitfast.precision import TORCH_DTYPES
 
 BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitfast-compile", "onnxruntime", "openvino", "tensorrt")
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
-TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # the int8 QDQ form each CPU runtime runs fastest (benchmarks/cpu_runtimes.py measures them all)
@@ -113,7 +114,7 @@ def private_dir(path: Path) -> Path:
 # ---------------------------------------------------------------------------- skip logic
 def skip_reason(backend: str, precision: str, platform: Platform, options: BackendOptions, config: ViTConfig) -> str | None:
     """Why `backend` at `precision` cannot be measured here, or None when it can."""
-    if backend in TORCH_BACKENDS and precision == "int8":
+    if backend in TORCH_BACKENDS and precision not in TORCH_PRECISIONS:
         return "PyTorch backends run fp32/fp16/bf16; int8 is measured through onnxruntime (quantize_int8) and tensorrt engines"
     if backend in ("vitfast", "vitfast-graphs"):
         return _vitfast_reason(backend, platform)

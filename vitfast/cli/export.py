@@ -16,9 +16,10 @@ from vitfast.foreign import report_choice
 from vitfast.flags import int_in, positive_float, positive_int
 from vitfast.atomic import check_output_free, reserve_output
 from vitfast.export.artifacts import parse_batch, read_sidecar
-from vitfast.export.tensorrt import build_engine, require_tensorrt
+from vitfast.export.tensorrt import build_engine, require_tensorrt, trtexec_command
 from vitfast.export.triton_repo import check_repository_free
 from vitfast.layerwise import describe_layers
+from vitfast.precision import EXPORT as EXPORT_PRECISIONS
 from vitfast.runtime import BACKENDS, Engine, load_engine
 from vitfast.sources import source_model
 
@@ -37,12 +38,26 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise InputError("--precision int8 needs --calib-dir DIR with calibration images (searched recursively)")
     if args.calib_dir:
         find_images(args.calib_dir)  # fail early on an empty or missing folder
+    no_tensorrt = _tensorrt_missing() if args.format == "trt" else None
     # held from here to the end: a second export to the same path fails now, not after minutes of work
     with reserve_output(out, args.force, directory=args.format == "triton-repo") as scratch:
-        return _export(args, out, batch, scratch)
+        return _export(args, out, batch, scratch, no_tensorrt)
 
 
-def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], scratch: Path) -> int:
+def _tensorrt_missing() -> BackendUnavailable | None:
+    """Checked before the ONNX export (a minute on ViT-B): without TensorRT only the ONNX is written, and a
+    terminal is told so up front (a pipe or log gets the one error line at the end, with the trtexec command)."""
+    try:
+        require_tensorrt()
+    except BackendUnavailable as exc:
+        if sys.stderr.isatty():
+            print(f"{str(exc).rstrip('.')}; writing only the ONNX, then the trtexec command that builds it", file=sys.stderr)
+        return exc
+    return None
+
+
+def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], scratch: Path,
+            no_tensorrt: BackendUnavailable | None) -> int:  # fmt: skip
     calibration = pipeline.Calibration(args.calib_dir, method=args.calib_method, samples=args.calib_samples,
                                        target=args.int8_target, exclude=args.exclude or ()) if args.calib_dir else None  # fmt: skip
     model, source = source_model(model=args.model, checkpoint=args.checkpoint, img_size=args.img_size,
@@ -61,10 +76,11 @@ def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], sc
     if args.format == "onnx":
         _report(onnx_out)
         return 0
-    try:
-        require_tensorrt()
-    except BackendUnavailable as exc:
-        raise BackendUnavailable(f"{str(exc).rstrip('.')}; the ONNX it would have used is at {onnx_out}") from None
+    if no_tensorrt is not None:
+        trtexec = trtexec_command(onnx_out, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
+                                  optimization_level=args.opt_level, timing_cache=args.timing_cache)  # fmt: skip
+        raise BackendUnavailable(f"{str(no_tensorrt).rstrip('.')}; the ONNX it would have used is at {onnx_out}; "
+                                 f"on a machine with TensorRT, build it with: {trtexec}")  # fmt: skip
     build_engine(onnx_out, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
                  optimization_level=args.opt_level, timing_cache=args.timing_cache,
                  fp32_layernorm=not args.no_fp32_layernorm, force=args.force)  # fmt: skip
@@ -172,7 +188,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     src.add_argument("--model", help="registered model name (random weights, seed 0)")
     src.add_argument("--checkpoint", help="vitfast / timm / Hugging Face checkpoint")
     p.add_argument("--format", required=True, choices=["onnx", "trt", "triton-repo"])
-    p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8"])
+    p.add_argument("--precision", default="fp32", choices=EXPORT_PRECISIONS)
     p.add_argument("--calib-dir", help="calibration images (searched recursively) for int8")
     p.add_argument("--calib-method", default="minmax", choices=["minmax", "entropy", "percentile"])
     p.add_argument("--calib-samples", type=positive_int, default=256, help="calibration images to use (default 256)")

@@ -17,8 +17,7 @@ from typing import Any
 from vitfast.atomic import SIDECAR_SUFFIX
 from vitfast.config import ViTConfig
 from vitfast.errors import ArtifactError, ConfigError
-
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+from vitfast.precision import PRECISIONS
 
 
 def sidecar_path(path: str | os.PathLike) -> Path:

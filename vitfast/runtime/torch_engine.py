@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from vitfast.optimize import optimize
+from vitfast.precision import from_dtype
 
 from .engine import Engine
 
@@ -18,8 +19,7 @@ class TorchEngine(Engine):
 
     def __init__(self, model: torch.nn.Module, *, device: str | None = None, dtype: torch.dtype = torch.float32,
                  optimized: bool = False, path: Path | None = None):  # fmt: skip
-        precision = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
-        super().__init__(model.config, precision=precision, path=path)
+        super().__init__(model.config, precision=from_dtype(dtype), path=path)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = dtype
         self.model = model.to(self.device, dtype).eval()

@@ -1,0 +1,61 @@
+"""One precision vocabulary: every part of vitfast validates against `vitfast.precision`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from vitfast import precision
+from vitfast.bench.backends import PRECISIONS as BENCH_PRECISIONS
+from vitfast.cli.main import build_parser
+from vitfast.config import ViTConfig
+from vitfast.errors import ArtifactError
+from vitfast.export.artifacts import base_metadata
+from vitfast.parity import tolerance
+from vitfast.runtime.sidecar import read_sidecar, sidecar_path
+
+
+def test_every_part_uses_a_subset_of_the_one_vocabulary():
+    for part in (precision.TORCH, precision.ONNX, precision.EXPORT, precision.TENSORRT, precision.BENCH, precision.QUANTIZED):
+        assert set(part) <= set(precision.PRECISIONS)
+    assert set(precision.TOLERANCES) == set(precision.PRECISIONS)
+    assert BENCH_PRECISIONS == precision.BENCH and "fp8" in precision.TENSORRT and "bf16" not in precision.ONNX
+
+
+@pytest.mark.parametrize("name", [*precision.PRECISIONS, "fp4"])
+def test_export_flag_offers_the_export_precisions(name, capsys):
+    argv = ["export", "--model", "vit_tiny_patch16_224", "--format", "onnx", "--out", "m.onnx", "--precision", name]
+    if name in precision.EXPORT:
+        assert build_parser().parse_args(argv).precision == name
+    else:
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(argv)
+        assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", [*precision.PRECISIONS, "fp4"])
+def test_sidecar_reader_takes_every_precision(tmp_path, name):
+    artifact = tmp_path / "m.engine"
+    meta = base_metadata("tensorrt", ViTConfig(img_size=32, patch_size=4, embed_dim=32, depth=1, num_heads=2), name,
+                         batch=None, dynamic_batch=True)
+    sidecar_path(artifact).write_text(json.dumps(meta))
+    if name in precision.PRECISIONS:
+        assert read_sidecar(artifact, verify=False)["precision"] == name
+    else:
+        with pytest.raises(ArtifactError, match="'precision' must be one of"):
+            read_sidecar(artifact, verify=False)
+
+
+@pytest.mark.parametrize("dtype, name", [(torch.float32, "fp32"), (torch.float16, "fp16"), (torch.bfloat16, "bf16")])
+def test_from_dtype(dtype, name):
+    assert precision.from_dtype(dtype) == name and precision.TORCH_DTYPES[name] == dtype
+
+
+def test_unknown_precisions_are_refused_with_the_choices():
+    with pytest.raises(ArtifactError, match="no vitfast precision runs in torch.float64"):
+        precision.from_dtype(torch.float64)
+    with pytest.raises(ArtifactError, match="to_onnx precision must be one of fp32, fp16, got 'int8'"):
+        precision.require("int8", precision.ONNX, "to_onnx")
+    assert tolerance("fp8", 2.0)["limit_abs_err"] == 0.5
