@@ -245,6 +245,29 @@ def test_trt_export_checks_for_tensorrt_before_the_onnx_export(monkeypatch, tmp_
     assert (tmp_path / "m.onnx").exists() and not (tmp_path / "m.plan").exists()
 
 
+def test_trt_export_without_tensorrt_tells_a_terminal_before_the_onnx_export(monkeypatch, tmp_path, capsys):
+    from vitfast import pipeline
+    from vitfast.cli import export as cli_export
+    from vitfast.cli import main
+    from vitfast.errors import BackendUnavailable
+
+    class SaidBeforeExport(Exception):
+        pass
+
+    def missing():
+        raise BackendUnavailable("TensorRT is not installed: pip install tensorrt")
+
+    def export_onnx(*args, **kwargs):  # stands in for the minute-long export: what had been said by then
+        raise SaidBeforeExport(capsys.readouterr().err)
+
+    monkeypatch.setattr(cli_export, "require_tensorrt", missing)
+    monkeypatch.setattr(pipeline, "export_onnx", export_onnx)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    with pytest.raises(SaidBeforeExport) as said:
+        main(["export", "--model", "vit_cifar_patch4_32", "--format", "trt", "--out", str(tmp_path / "m.engine")])
+    assert said.value.args[0] == "TensorRT is not installed: pip install tensorrt; writing only the ONNX, then the trtexec command that builds it\n"
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
