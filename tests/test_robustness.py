@@ -279,14 +279,22 @@ def test_sigkill_during_int8_export_leaves_no_output_and_no_tmp_and_blocks_a_sec
     leaves nothing under the output name and nothing in TMPDIR; the next vitfast write there cleans up."""
     work = copy_assets(assets, tmp_path / "w")
     out = work / "q.onnx"
+    # Enough calibration images that ONNX Runtime's calibration lasts well beyond one poll interval,
+    # and the exporter is frozen (SIGSTOP) the moment its temporaries show, so the second export
+    # meets it mid-calibration however fast the machine is.
+    rng = np.random.default_rng(1)
+    for i in range(256):
+        (work / "calib" / f"c{i % 10}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (36, 40, 3), dtype=np.uint8)).save(work / "calib" / f"c{i % 10}" / f"{i}.png")
     env = {**os.environ, "TMPDIR": str(private_tmpdir)}
     proc = subprocess.Popen([str(VITFAST), "export", "--model", MODEL, "--format", "onnx", "--precision", "int8",
-                             "--calib-dir", work / "images", "--out", out], env=env, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                             "--calib-dir", work / "calib", "--out", out], env=env, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 300
         while not list((work / STAGING).glob("*.work/scratch/ort.quant.*")):  # ONNX Runtime's calibration temporaries
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else "timeout"
-            time.sleep(0.1)
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGSTOP)
         code, _, err = run_cli("export", "--model", MODEL, "--format", "onnx", "--out", out)
         assert code == 2 and "another vitfast process is writing" in err
     finally:
