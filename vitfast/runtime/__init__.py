@@ -29,25 +29,6 @@ __all__ = ["ENGINE_SUFFIXES", "Engine", "is_float_images", "OnnxEngine", "Tensor
 BACKENDS = ("auto", "torch", "onnxruntime", "openvino", "tensorrt")
 
 
-def onnx_backend(int8_target: str | None = None) -> str:
-    """`backend="auto"` for a vitfast ONNX file: ONNX Runtime where it has a CUDA GPU or for the
-    uint8 `--int8-target cpu` form (OpenVINO lost 10 points of top-1 on it in
-    tests/test_export_real_data.py), else OpenVINO when installed (measured faster on CPU for fp32,
-    fp16 and int8 files: benchmarks/cpu_runtimes.py), else ONNX Runtime."""
-    if int8_target == "cpu":
-        return "onnxruntime"
-    import importlib.util
-
-    import torch
-
-    if torch.cuda.is_available() and importlib.util.find_spec("onnxruntime") is not None:
-        import onnxruntime as ort
-
-        if "CUDAExecutionProvider" in ort.get_available_providers():
-            return "onnxruntime"
-    return "openvino" if importlib.util.find_spec("openvino") is not None else "onnxruntime"
-
-
 def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str | None = None, optimized: bool = False,
                 overrides: dict[str, Any] | None = None, **kwargs) -> Engine:  # fmt: skip
     """An `Engine` for a checkpoint, an ONNX file (vitfast's or another tool's), an Optimum export
@@ -55,8 +36,10 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
     as `load_checkpoint` takes them (plus `img_size`); for an ONNX file, its preprocessing (all of
     img_size/mean/std/... for a graph without a vitfast sidecar).
 
-    `backend`: "auto" (the fastest this machine has for the artifact: `onnx_backend`), or one of
-    "torch" (checkpoints), "onnxruntime" / "openvino" (ONNX files; openvino for vitfast's own), "tensorrt" (engines)."""
+    `backend`: "auto" (torch for checkpoints, ONNX Runtime for ONNX files, TensorRT for engines), or
+    one of "torch", "onnxruntime" / "openvino" (ONNX files; openvino for vitfast's own), "tensorrt".
+    OpenVINO is chosen explicitly: it is the faster CPU runtime here (benchmarks/cpu_runtimes.py) but
+    not yet the default, which every other tool path (check --mark-all, bench) is built on."""
     path = Path(path)
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
@@ -70,15 +53,13 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
                          f"use backend {' or '.join(allowed)} (or auto)")  # fmt: skip
     if kind == "onnx":
         ours = path.is_file() and sidecar_path(path).exists()  # vitfast's export: config and input spec in the sidecar
-        if backend == "auto":
-            backend = onnx_backend((read_sidecar(path).get("int8") or {}).get("target")) if ours else "onnxruntime"
         if backend == "openvino":
             if not ours:
                 raise InputError(f"the openvino backend runs ONNX files exported by vitfast (with a .json sidecar); "
                                  f"{path} has none: use backend onnxruntime")  # fmt: skip
             from .openvino_engine import OpenVinoEngine
 
-            return OpenVinoEngine(path, **kwargs)
+            return OpenVinoEngine(path, overrides=overrides, **kwargs)
         return OnnxEngine(path, overrides=overrides, **kwargs)
     if kind == "engine":
         return TensorRTEngine(path, **kwargs)

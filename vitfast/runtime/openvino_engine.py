@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitfast.config import ViTConfig
+from vitfast.config import PREPROCESSING_FIELDS, ViTConfig
 from vitfast.errors import ArtifactError, BackendUnavailable, InputError
 
 from .engine import Engine
+from .sidecar import check_graph_matches, read_sidecar
 
 HINTS = ("latency", "throughput", "cumulative_throughput")
 
@@ -63,9 +64,8 @@ class OpenVinoEngine(Engine):
     kind = "openvino"
 
     def __init__(self, path: Path, *, device: str = "CPU", threads: int | None = None, streams: int | str | None = None,
-                 hint: str | None = None, properties: dict | None = None):  # fmt: skip
+                 hint: str | None = None, properties: dict | None = None, overrides: dict[str, Any] | None = None):  # fmt: skip
         ov = require_openvino()
-        from .sidecar import read_sidecar
 
         meta = read_sidecar(path)
         if (meta.get("int8") or {}).get("target") == "cpu":
@@ -74,7 +74,8 @@ class OpenVinoEngine(Engine):
             raise ArtifactError(f"{path} is an --int8-target cpu file, which loses accuracy in OpenVINO; run it with "
                                 "backend onnxruntime, or export the default --int8-target tensorrt file for OpenVINO")  # fmt: skip
         batch = meta.get("input", {}).get("batch")
-        super().__init__(ViTConfig.from_dict(meta["config"]), precision=meta.get("precision", "fp32"),
+        stated = {k: v for k, v in (overrides or {}).items() if k in PREPROCESSING_FIELDS and v is not None}
+        super().__init__(ViTConfig.from_dict(meta["config"]).replace(**stated), precision=meta.get("precision", "fp32"),
                          batch=tuple(batch) if batch else None, metadata=meta, path=path)  # fmt: skip
         self.properties = compile_properties(threads=threads, streams=streams, hint=hint, properties=properties)
         if path.suffix.lower() == ".onnx":  # refused before OpenVINO's parser logs protobuf errors on stderr
@@ -86,6 +87,9 @@ class OpenVinoEngine(Engine):
             self.compiled = core.compile_model(core.read_model(str(path)), device.upper(), self.properties)
         except RuntimeError as exc:  # OpenVINO reports unreadable models and bad properties as RuntimeError
             raise ArtifactError(f"OpenVINO cannot load {path} for {device}: {_reason(exc)}") from None
+        if path.suffix.lower() == ".onnx":
+            check_graph_matches(path, meta, *([(t.get_any_name(), _dims(t.partial_shape)) for t in ts]
+                                              for ts in (self.compiled.inputs, self.compiled.outputs)))  # fmt: skip
         self.device = device.upper()
         self.streams = int(self.compiled.get_property("NUM_STREAMS"))
         self.dynamic_batch = self.compiled.inputs[0].partial_shape[0].is_dynamic
@@ -117,6 +121,11 @@ class OpenVinoEngine(Engine):
             self.queue.start_async([chunk], index)
         self.queue.wait_all()
         return np.concatenate(outputs)
+
+
+def _dims(shape) -> list[int | None]:
+    """An OpenVINO partial shape as (int | None) per axis, None for a dynamic one."""
+    return [dim.get_length() if dim.is_static else None for dim in shape]
 
 
 def _text(value) -> str:
