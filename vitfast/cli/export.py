@@ -117,7 +117,7 @@ def add_artifact_args(p: argparse.ArgumentParser, labels: bool = True) -> None:
     """--config, the field overrides (and --labels) and --img-size, for commands that take any artifact."""
     add_config_args(p, labels=labels)
     p.add_argument("--backend", default="auto", choices=BACKENDS,
-                   help="runtime for the artifact (default auto: the fastest this machine has for it)")  # fmt: skip
+                   help="runtime for the artifact (default auto: torch, ONNX Runtime or TensorRT by the artifact; openvino on request)")  # fmt: skip
     p.add_argument("--img-size", type=int, metavar="N", help="input resolution of an ONNX graph with dynamic H/W and no vitfast sidecar")
 
 
