@@ -33,7 +33,7 @@ def require_onnx():
         import onnx
         import onnxruntime
     except ImportError:
-        raise BackendUnavailable("ONNX export needs onnx and onnxruntime: pip install 'vitfast[export]'") from None
+        raise BackendUnavailable("ONNX export needs onnx and onnxruntime: pip install 'vitfast[onnx]'") from None
     return onnx, onnxruntime
 
 

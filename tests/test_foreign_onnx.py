@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-onnx = pytest.importorskip("onnx", reason="foreign-ONNX tests need onnx (pip install 'vitfast[export]')")
-pytest.importorskip("onnxruntime", reason="foreign-ONNX tests need onnxruntime (pip install 'vitfast[export]')")
+onnx = pytest.importorskip("onnx", reason="foreign-ONNX tests need onnx (pip install 'vitfast[onnx]')")
+pytest.importorskip("onnxruntime", reason="foreign-ONNX tests need onnxruntime (pip install 'vitfast[onnx]')")
 transformers = pytest.importorskip("transformers", reason="the foreign graphs are exported from transformers' ViT")
 
 import vitfast  # noqa: E402

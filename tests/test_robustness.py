@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-pytest.importorskip("onnxruntime", reason="the artifacts here are ONNX exports: pip install 'vitfast[export]'")
+pytest.importorskip("onnxruntime", reason="the artifacts here are ONNX exports: pip install 'vitfast[onnx]'")
 
 import vitfast  # noqa: E402
 from vitfast import cli  # noqa: E402

@@ -226,7 +226,7 @@ def test_a_busy_port_is_reported_with_the_fix():
 # ---------------------------------------------------------------------------- server fixtures
 @pytest.fixture(scope="module")
 def onnx_artifact(tmp_path_factory) -> Path:
-    pytest.importorskip("onnxruntime", reason="the served artifact is an ONNX export: pip install 'vitfast[export]'")
+    pytest.importorskip("onnxruntime", reason="the served artifact is an ONNX export: pip install 'vitfast[onnx]'")
     from vitfast.export import to_onnx
 
     torch.manual_seed(0)

@@ -58,7 +58,7 @@ def detect_platform(backends: list[str]) -> Platform:
 
         providers = tuple(onnxruntime.get_available_providers())
     except ImportError:
-        ort_reason = "onnxruntime is not installed: pip install 'vitfast[export]'"
+        ort_reason = "onnxruntime is not installed: pip install 'vitfast[onnx]'"
     trt_reason = "not checked"
     if "tensorrt" in backends:
         from vitfast.export.tensorrt import require_tensorrt

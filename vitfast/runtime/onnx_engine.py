@@ -29,7 +29,7 @@ class OnnxEngine(Engine):
         try:
             import onnxruntime as ort  # optional and heavy: only when an ONNX file is run
         except ImportError:
-            raise BackendUnavailable("running ONNX files needs onnxruntime: pip install 'vitfast[export]'") from None
+            raise BackendUnavailable("running ONNX files needs onnxruntime: pip install 'vitfast[onnx]'") from None
         path = foreign.resolve_onnx_path(path)
         self.io = foreign.read_graph_io(path)
         if sidecar_path(path).exists():
