@@ -18,11 +18,20 @@ from typing import Any, Callable
 
 import torch
 
+from vitfast._version import __version__
 from vitfast.config import PREPROCESSING_FIELDS, ViTConfig
+from vitfast.data import find_images, random_images
 from vitfast.errors import ArtifactError, BackendUnavailable, InputError
+from vitfast.export import quantize_int8, to_onnx
+from vitfast.export.artifacts import read_sidecar, sidecar_path
+from vitfast.export.tensorrt import require_tensorrt
+from vitfast.optimize import optimize
 from vitfast.precision import BENCH as PRECISIONS
 from vitfast.precision import TORCH as TORCH_PRECISIONS
 from vitfast.precision import TORCH_DTYPES
+from vitfast.registry import create_model
+from vitfast.runtime import ENGINE_SUFFIXES, TorchEngine, load_engine
+from vitfast.sources import RANDOM_SEED
 
 BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitfast-compile", "onnxruntime", "openvino", "tensorrt")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -61,8 +70,6 @@ def detect_platform(backends: list[str]) -> Platform:
         ort_reason = "onnxruntime is not installed: pip install 'vitfast[onnx]'"
     trt_reason = "not checked"
     if "tensorrt" in backends:
-        from vitfast.export.tensorrt import require_tensorrt
-
         try:
             require_tensorrt()
             trt_reason = None
@@ -185,8 +192,6 @@ def _tensorrt_reason(precision: str, platform: Platform, options: BackendOptions
 
 def match_engine(paths: list[str], config: ViTConfig, precision: str) -> tuple[Path | None, str | None]:
     """The --engine whose sidecar has this model config and precision, or (None, what the engines are)."""
-    from vitfast.export.artifacts import read_sidecar
-
     wanted = _arch(config.to_dict())
     seen = []
     for path in map(Path, paths):
@@ -219,9 +224,6 @@ class Runner:
 
 def seeded_model(config: ViTConfig) -> torch.nn.Module:
     """The reference model with the weights `vitfast export --model NAME` would give it."""
-    from vitfast.sources import RANDOM_SEED
-    from vitfast.registry import create_model
-
     torch.manual_seed(RANDOM_SEED)
     return create_model(config)
 
@@ -258,9 +260,6 @@ def _device_name(device: torch.device) -> str:
 
 
 def _torch_runner(backend: str, precision: str, config: ViTConfig, platform: Platform, options: BackendOptions) -> Runner:
-    from vitfast.optimize import optimize
-    from vitfast.runtime import TorchEngine
-
     device = platform.device
     engine = TorchEngine(seeded_model(config), device=str(device), dtype=TORCH_DTYPES[precision])
     model, details = engine.model, {"attention": "SDPA"}
@@ -283,8 +282,6 @@ def _torch_runner(backend: str, precision: str, config: ViTConfig, platform: Pla
 
 def _artifact_path(config: ViTConfig, precision: str, options: BackendOptions, target: str) -> Path:
     """Cache path keyed by the architecture, precision and the tool versions that shape the file."""
-    from vitfast._version import __version__
-
     recipe = {"arch": _arch(config.to_dict()), "precision": precision, "vitfast": __version__, "torch": torch.__version__}
     if precision == "int8":
         recipe |= {"target": target, "calib": _calib_recipe(options)}
@@ -296,8 +293,6 @@ def _artifact_path(config: ViTConfig, precision: str, options: BackendOptions, t
 def _calib_recipe(options: BackendOptions) -> str:
     if not options.calib_dir:
         return f"{options.calib_samples} seeded random-pixel images"
-    from vitfast.data import find_images
-
     files = find_images(options.calib_dir)[: options.calib_samples]
     listing = hashlib.sha256("\n".join(f"{f}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files).encode()).hexdigest()[:12]
     return f"{len(files)} images from {Path(options.calib_dir).resolve()} (listing {listing})"
@@ -306,9 +301,6 @@ def _calib_recipe(options: BackendOptions) -> str:
 def onnx_artifact(config: ViTConfig, precision: str, options: BackendOptions, target: str = "cpu") -> tuple[Path, bool]:
     """The ONNX file for (config, precision), exported now or reused from the work dir -> (path, reused);
     int8 files are quantized for `target` (the QDQ form that runtime runs fastest)."""
-    from vitfast.export import quantize_int8, to_onnx
-    from vitfast.export.artifacts import read_sidecar, sidecar_path
-
     path = _artifact_path(config, precision, options, target)
     private_dir(path.parent)
     if path.exists() and sidecar_path(path).exists():
@@ -319,8 +311,6 @@ def onnx_artifact(config: ViTConfig, precision: str, options: BackendOptions, ta
             pass
     if precision == "int8":
         fp32, _ = onnx_artifact(config, "fp32", options)
-        from vitfast.data import random_images
-
         # without --calib-dir, random-pixel calibration images: the scales do not fit real data, but
         # int8 speed does not depend on them (the same kernels run whatever the scales are)
         calib = options.calib_dir or random_images(config, options.calib_samples, seed=0)
@@ -332,8 +322,6 @@ def onnx_artifact(config: ViTConfig, precision: str, options: BackendOptions, ta
 
 
 def _ort_runner(path: Path, platform: Platform, options: BackendOptions) -> Runner:
-    from vitfast.runtime import load_engine
-
     provider = ort_provider(platform, options)
     engine = load_engine(path, providers=[provider], threads=options.threads)
     if engine.providers[0] != provider:  # ORT falls back silently when a provider's libraries are missing
@@ -354,8 +342,6 @@ def _ort_runner(path: Path, platform: Platform, options: BackendOptions) -> Runn
 
 
 def _openvino_runner(path: Path, precision: str, options: BackendOptions) -> Runner:
-    from vitfast.runtime import load_engine
-
     engine = load_engine(path, backend="openvino", threads=options.threads, hint=options.ov_hint)
     details = {"artifact": str(path), "input": "float32 host tensor", "properties": engine.compiled_properties()}
     if precision == "int8":
@@ -372,8 +358,6 @@ def _tensorrt_runner(precision: str, config: ViTConfig, options: BackendOptions)
 
 
 def _engine_runner(path: Path) -> Runner:
-    from vitfast.runtime import load_engine
-
     engine = load_engine(path)
     device = torch.device("cuda", torch.cuda.current_device())
     lo, _, hi = engine.batch or (1, 1, 1 << 30)
@@ -391,8 +375,6 @@ def is_onnx_artifact(path: Path) -> bool:
 def artifact_runner(path: Path, platform: Platform, options: BackendOptions) -> Runner:
     """A user's artifact (`bench --artifact`) as it is: ONNX file or Optimum folder, TensorRT engine or
     checkpoint; BackendUnavailable when this machine cannot run it. `Runner.call` is its `Engine`."""
-    from vitfast.runtime import ENGINE_SUFFIXES, load_engine
-
     if is_onnx_artifact(path):
         reason = _ort_reason("fp32", platform, options)
         if reason:

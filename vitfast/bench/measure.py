@@ -25,6 +25,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from vitfast.info import collect
+
+from .stats import percentile
+
 MIN_ITERS = 5  # a repeat never stops early below this many calls, whatever --max-seconds says
 CPU_MATMUL = (2048, torch.float32)
 GPU_MATMUL = (8192, torch.float16)
@@ -153,8 +157,6 @@ def matmul_peak(device: torch.device, repeats: int = 2, iters: int = 8) -> dict[
 
 def peak_tflops(peaks: Sequence[dict[str, Any]]) -> float:
     """TFLOP/s at the median of every matmul sample taken (before and after the sweep)."""
-    from .stats import percentile
-
     n = peaks[0]["size"]
     samples = [t for p in peaks for rep in p["samples_ms"] for t in rep]
     return 2 * n**3 / percentile(samples, 50) / 1e9
@@ -187,8 +189,6 @@ def git_state() -> dict[str, Any]:
 
 def environment(command: str, ort_threads: int | None) -> dict[str, Any]:
     """Everything that decides a figure: versions, GPU and driver, CPU, threads, git sha, command."""
-    from vitfast.info import collect
-
     env = collect()
     gpu = env["gpu"]
     if gpu.get("available"):

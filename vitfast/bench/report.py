@@ -9,6 +9,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
+from vitfast.errors import BackendUnavailable, InputError
+
 from .stats import PERCENTILES
 
 CSV_FIELDS = ("model", "img_size", "backend", "precision", "batch", "status", "reason", "runs_on", "n", "median_ms",
@@ -131,8 +133,6 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        from vitfast.errors import BackendUnavailable
-
         raise BackendUnavailable("--plot needs matplotlib: pip install 'vitfast[plot]'") from None
 
 
@@ -145,8 +145,6 @@ def build_figure(result: dict[str, Any]):
 
     groups = series(result)
     if not groups:
-        from vitfast.errors import InputError
-
         raise InputError("nothing to plot: every row was skipped or failed")
     fig = Figure(figsize=(6.5 * len(groups), 9), layout="constrained")
     axes = fig.subplots(2, len(groups), squeeze=False)

@@ -20,9 +20,14 @@ from typing import Any, Callable, Iterator
 import torch
 
 from vitfast.config import ViTConfig
-from vitfast.errors import ArtifactError
+from vitfast.errors import ArtifactError, BackendUnavailable
+from vitfast.flops import count_macs
+from vitfast.registry import get_config
+from vitfast.runtime import ENGINE_SUFFIXES
 
-from .backends import BackendOptions, Platform, Runner, build_runner, detect_platform, prepare, skip_reason
+from .backends import (
+    BackendOptions, Platform, Runner, artifact_runner, build_runner, detect_platform, is_onnx_artifact, prepare, skip_reason,
+)
 from .measure import MemoryProbe, environment, matmul_peak, peak_tflops, random_inputs, release_memory, time_calls
 from .stats import summarize
 
@@ -53,8 +58,6 @@ class Settings:
     artifacts: list[str] = field(default_factory=list)  # the user's own files, each measured as it is
 
     def configs(self) -> Iterator[ViTConfig]:
-        from vitfast.registry import get_config
-
         for model in self.models:
             for size in self.img_sizes:
                 base = get_config(model) if isinstance(model, str) else model
@@ -92,8 +95,6 @@ def run_sweep(settings: Settings, *, command: str | None = None, on_row: Callabl
     `on_row(row)` report progress; rows come out in sweep order, skipped and failed ones included."""
     if settings.options.threads:
         torch.set_num_threads(settings.options.threads)
-    from vitfast.runtime import ENGINE_SUFFIXES
-
     engines_given = any(Path(a).suffix.lower() in ENGINE_SUFFIXES for a in settings.artifacts)
     platform = detect_platform(settings.backends + (["tensorrt"] if engines_given else []))
     env = environment(command or settings.command(), settings.options.threads)
@@ -127,8 +128,6 @@ def base_row(config: ViTConfig | None, backend: str, precision: str, batch: int,
              architecture_known: bool = True) -> dict[str, Any]:  # fmt: skip
     """A row with every field present (None until measured) and the model's FLOPs from its config
     (none for a graph whose architecture is unknown, e.g. another tool's ONNX)."""
-    from vitfast.flops import count_macs
-
     macs = count_macs(config) if config is not None and architecture_known else None
     row = dict.fromkeys(ROW_FIELDS)
     row |= {"model": model or config.name or "custom", "img_size": config.img_hw[0] if config else None, "backend": backend,
@@ -167,10 +166,6 @@ def _measure_backend(backend, precision, config, settings: Settings, platform: P
 
 def _measure_artifact(path: Path, settings: Settings, platform: Platform, on_row, on_start) -> list[dict]:
     """Rows of one user artifact (`--artifact`), as it is (its own precision), at every batch size."""
-    from vitfast.errors import BackendUnavailable
-
-    from .backends import artifact_runner, is_onnx_artifact
-
     label = path.name
     if on_start:
         on_start(f"{label}: loading")
