@@ -9,6 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
+from vitfast.atomic import atomic_write
 from vitfast.errors import BackendUnavailable, InputError
 
 from .stats import PERCENTILES
@@ -175,8 +176,11 @@ def build_figure(result: dict[str, Any]):
     return fig
 
 
-def save_plot(result: dict[str, Any], path) -> None:
-    build_figure(result).savefig(path, format="png", dpi=100)
+def save_plot(result: dict[str, Any], path, *, force: bool = True) -> Path:
+    """The plot as a PNG at `path`, written like every other output (`vitfast.atomic`: whole or not at all,
+    the umask's mode like the JSON beside it); `force`: replace an existing file."""
+    figure = build_figure(result)
+    return atomic_write(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100), force=force)
 
 
 # ---------------------------------------------------------------------------- compare

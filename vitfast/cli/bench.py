@@ -108,7 +108,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _write(outputs["markdown"], args.force, lambda p: p.write_text(report.to_markdown(result)))
     plotted = "plot" in outputs and any(r["status"] == "ok" for r in result["rows"])
     if plotted:
-        _write(outputs["plot"], args.force, lambda p: report.save_plot(result, p))
+        report.save_plot(result, outputs["plot"], force=args.force)
     if args.json:
         print(json.dumps(result))
         return 0
