@@ -59,6 +59,26 @@ def shared_memory_bytes(config: triton.Config, args: dict, capability: int) -> i
     return max(buffers, 1) * (kw["BLOCK_M"] + kw["BLOCK_N"]) * kw["BLOCK_K"] * elsize
 
 
+@triton.jit
+def gemm_tile(x_ptrs, w_ptrs, K, stride_xk, stride_wk, IEEE_FP32: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """The K loop: x tile [BLOCK_M, BLOCK_K] (pointers) times W^T tile [BLOCK_K, BLOCK_N] summed over
+    K into an fp32 [BLOCK_M, BLOCK_N] accumulator; the K tail is masked to zero."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        mask_k = offs_k < K - k
+        a = tl.load(x_ptrs, mask=mask_k[None, :], other=0.0)
+        b = tl.load(w_ptrs, mask=mask_k[:, None], other=0.0)
+        if IEEE_FP32:  # fp32 inputs: IEEE products, not TF32
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+    return acc
+
+
 # Keyed on the GEMM shape (M by power-of-two bucket, so a new batch size does not always retune)
 # and the epilogue; tensor dtypes are part of the key too.
 @autotune(configs=_configs(), key=["M_BUCKET", "N", "K", "ACTIVATION", "RESIDUAL"], estimate=shared_memory_bytes)
@@ -92,18 +112,7 @@ def _linear_epilogue_kernel(
     x_ptrs = X + (offs_m % M)[:, None] * stride_xm + offs_k[None, :] * stride_xk  # [BLOCK_M, BLOCK_K]
     w_ptrs = W + (offs_n % N)[None, :] * stride_wn + offs_k[:, None] * stride_wk  # W^T tile [BLOCK_K, BLOCK_N]
 
-    # -- main loop: fp32 accumulator, K tail masked to zero
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        mask_k = offs_k < K - k
-        a = tl.load(x_ptrs, mask=mask_k[None, :], other=0.0)
-        b = tl.load(w_ptrs, mask=mask_k[:, None], other=0.0)
-        if IEEE_FP32:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
-        x_ptrs += BLOCK_K * stride_xk
-        w_ptrs += BLOCK_K * stride_wk
+    acc = gemm_tile(x_ptrs, w_ptrs, K, stride_xk, stride_wk, IEEE_FP32, BLOCK_M, BLOCK_N, BLOCK_K)
 
     # -- epilogue in fp32 registers: bias, then GELU or the (scaled) residual add; one rounding
     mask_n = offs_n < N
@@ -118,6 +127,14 @@ def _linear_epilogue_kernel(
         acc += tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
     out_ptrs = Out + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
     tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=mask)
+
+
+def check_column_offsets(what: str, weight: torch.Tensor, *rows: torch.Tensor) -> None:
+    """Row offsets are 64-bit in the GEMM kernels, offsets within a row of x / residual / out [M, *]
+    and within the weight are 32-bit: refuse a layout that would overflow them."""
+    if max(span(weight), *(span(t, slice(1, None)) for t in rows)) > INT32_MAX:
+        raise InputError(f"{what}: the weight, or one row of x / residual / out, spans 2^31 elements "
+                         "or more (column offsets are 32-bit); pass contiguous rows or split the layer")
 
 
 def linear_epilogue_launch(
@@ -168,9 +185,7 @@ def linear_epilogue_launch(
     out2 = out.view(M, N)
     mode = 0 if residual is None else 1 if gamma is None else 2
     res2 = residual.reshape(M, N) if residual is not None else out2  # placeholders when unused
-    if max(span(weight), *(span(t, slice(1, None)) for t in (x2, res2, out2))) > INT32_MAX:
-        raise InputError("linear epilogue: the weight, or one row of x / residual / out, spans 2^31 elements "
-                         "or more (column offsets are 32-bit); pass contiguous rows or split the layer")
+    check_column_offsets("linear epilogue", weight, x2, res2, out2)
     gamma = gamma if gamma is not None else bias
     if x.is_cuda:
         require_fitting_config(_linear_epilogue_kernel, {"X": x2}, x.device, f"linear epilogue ({str(x.dtype).removeprefix('torch.')})")

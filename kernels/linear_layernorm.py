@@ -24,7 +24,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from ._common import INTERPRET, autotune, check_device, next_pow2, require_fitting_config, runs_reference
-from .linear_epilogue import shared_memory_bytes
+from .linear_epilogue import check_column_offsets, gemm_tile, shared_memory_bytes
 
 
 def _configs() -> list[triton.Config]:
@@ -64,17 +64,7 @@ def _linear_residual_layernorm_kernel(
         mask_n = offs_n < N
         x_ptrs = X + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk
         w_ptrs = W + (offs_n % N)[None, :] * stride_wn + offs_k[:, None] * stride_wk
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            mask_k = offs_k < K - k
-            a = tl.load(x_ptrs, mask=mask_k[None, :], other=0.0)
-            b = tl.load(w_ptrs, mask=mask_k[:, None], other=0.0)
-            if IEEE_FP32:
-                acc = tl.dot(a, b, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
-            x_ptrs += BLOCK_K * stride_xk
-            w_ptrs += BLOCK_K * stride_wk
+        acc = gemm_tile(x_ptrs, w_ptrs, K, stride_xk, stride_wk, IEEE_FP32, BLOCK_M, BLOCK_N, BLOCK_K)
         acc += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         if HAS_GAMMA:
             acc *= tl.load(Gamma + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -154,6 +144,7 @@ def linear_residual_layernorm_launch(
     res2 = residual.reshape(M, N)
     res2 = res2 if res2.stride(-1) == 1 else res2.contiguous()
     ro2, out2 = residual_out.view(M, N), out.view(M, N)
+    check_column_offsets("linear + LayerNorm", weight, x2, res2, ro2, out2)
 
     def grid(meta):
         return (triton.cdiv(M, meta["BLOCK_M"]),)

@@ -22,6 +22,7 @@ from vitfast.kernels import add_layernorm as aln  # noqa: E402
 from vitfast.kernels import attention as att  # noqa: E402
 from vitfast.kernels import bias_gelu as bg  # noqa: E402
 from vitfast.kernels import linear_epilogue as le  # noqa: E402
+from vitfast.kernels import linear_layernorm as lln  # noqa: E402
 
 FAR = 2**31 - 1  # the largest stride that is still a 32-bit kernel argument
 LEAD = 64  # elements before row 0, so the wrapped (negative) offsets of 32-bit code stay in the storage
@@ -78,6 +79,21 @@ def test_linear_epilogue_row_offsets_past_2_31(device):
     check_2x(out, le.linear_epilogue_reference(x, w, b, residual=residual), exact, torch.float16)
 
 
+def test_linear_layernorm_row_offsets_past_2_31(device):
+    """GEMM + residual + LayerNorm with x and the residual's rows 2^31 - 1 apart."""
+    K, N = 40, 72
+    x, residual = far_apart((3, K), device), far_apart((3, N), device)
+    w, b = (torch.randn(N, K, device=device) * K**-0.5).half(), torch.randn(N, device=device).half()
+    gamma, ln_w, ln_b = (torch.randn(N, device=device).half() for _ in range(3))
+    res_out, out = poisoned((3, N), torch.float16, device), poisoned((3, N), torch.float16, device)
+    lln.linear_residual_layernorm_launch(x, w, b, residual, gamma, ln_w, ln_b, 1e-6, res_out, out)
+    as_double = [t.double() for t in (x, w, b, residual, gamma, ln_w, ln_b)]
+    exact_res, exact = lln.linear_residual_layernorm_reference(*as_double, 1e-6)
+    torch_res, torch_out = lln.linear_residual_layernorm_reference(x, w, b, residual, gamma, ln_w, ln_b, 1e-6)
+    check_2x(res_out, torch_res, exact_res, torch.float16)
+    check_2x(out, torch_out, exact, torch.float16)
+
+
 def test_in_row_offsets_that_stay_32_bit_are_guarded():
     """Offsets within one image (attention) or one row / the weight (GEMM) stay 32-bit: a layout
     that would overflow them is refused with a clear error (meta tensors: nothing is allocated)."""
@@ -88,6 +104,10 @@ def test_in_row_offsets_that_stay_32_bit_are_guarded():
     weight = torch.empty(4, 8, device="meta").as_strided((4, 8), (2**30, 1))
     with pytest.raises(InputError, match="weight, or one row of x"):
         le.linear_epilogue_launch(x, weight, torch.empty(4, device="meta"), torch.empty(2, 4, device="meta"))
+    vec = torch.empty(4, device="meta")
+    with pytest.raises(InputError, match="linear \\+ LayerNorm: the weight, or one row of x"):
+        lln.linear_residual_layernorm_launch(x, weight, vec, torch.empty(2, 4, device="meta"), None, vec, vec, 1e-6,
+                                             torch.empty(2, 4, device="meta"), torch.empty(2, 4, device="meta"))
 
 
 # ---------------------------------------------------------------------------- grids
