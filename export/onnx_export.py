@@ -19,6 +19,7 @@ import torch
 from vitfast.errors import ArtifactError, BackendUnavailable, ConfigError
 from vitfast.parity import compare
 from vitfast.precision import ONNX, require
+from vitfast.progress import Reporter, reporting
 
 from vitfast.atomic import claim_output
 
@@ -76,6 +77,7 @@ def to_onnx(
     batch: tuple[int, int, int] | None = None,
     force: bool = False,
     source: dict | None = None,
+    progress: Reporter | None = None,
 ) -> Path:
     """Export `model` to ONNX at `path` (+ `path.json` sidecar), atomically; returns `path`.
 
@@ -83,6 +85,7 @@ def to_onnx(
     softmax in float32, and float32 inputs/outputs. `batch` (min, opt, max) is recorded for engines built from
     it; with `dynamic_batch=False` the graph is fixed at batch `opt`. The ONNX Runtime logits are
     compared with the PyTorch fp32 reference on random images and the numbers go in the sidecar.
+    `progress`: a `vitfast.progress.Reporter` told each phase (default: silent).
     """
     onnx, _ = require_onnx()
     newest = max_opset()
@@ -101,9 +104,13 @@ def to_onnx(
     example_batch = 2 if dynamic_batch else (batch or (1, 1, 1))[1]  # not 1: torch.export specialises size-1 dims
     example = torch.randn(example_batch, cfg.in_chans, *cfg.img_hw)
     graph_module = _Fp16Graph(copy.deepcopy(ref)) if precision == "fp16" else ref
+    parity_batch = example_batch if not dynamic_batch else PARITY_BATCH
+    report = reporting(progress)
     with claim_output(path, force) as out:
         tmp = out.tmp
+        report.phase(f"tracing {precision} ONNX (opset {opset})")
         _export(graph_module, example, tmp, opset, dynamic_batch)
+        report.phase(f"checking the graph, parity with PyTorch fp32 on {parity_batch} images")
         try:
             onnx.checker.check_model(str(tmp), full_check=True)
         except Exception as exc:  # onnx raises ValidationError and friends
@@ -111,7 +118,7 @@ def to_onnx(
         meta = base_metadata("onnx", cfg, precision, batch=batch, dynamic_batch=dynamic_batch)
         meta["source"] = source
         meta["onnx"] = {"opset": opset, "exporter": f"torch.onnx (dynamo) {torch.__version__}", "dynamic_batch": dynamic_batch}
-        meta["parity"] = onnx_parity(tmp, ref, precision, example_batch if not dynamic_batch else PARITY_BATCH)
+        meta["parity"] = onnx_parity(tmp, ref, precision, parity_batch)
         write_sidecar(tmp, meta)
     return Path(path)
 

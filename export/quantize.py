@@ -22,6 +22,7 @@ import torch
 from vitfast.data import batches, find_images
 from vitfast.errors import ArtifactError, InputError
 from vitfast.parity import compare
+from vitfast.progress import Reporter, reporting
 
 from vitfast.atomic import claim_output, temporaries_in
 
@@ -43,9 +44,7 @@ def split_calibration(source, config, *, samples: int, batch_size: int = 16) -> 
     if type(samples) is not int or samples < 1:
         raise InputError(f"samples must be a whole number >= 1, got {samples!r}")
     if isinstance(source, (str, os.PathLike)):
-        files = find_images(source)
-        random.Random(0).shuffle(files)  # a sample of every class, not the first folders in sorted order
-        calib_files, held_files = _split(files, samples)
+        calib_files, held_files = calibration_files(source, samples)
         held = torch.cat(list(batches(held_files, config, batch_size))).numpy()
         return [b.numpy() for b in batches(calib_files, config, batch_size)], held
     if isinstance(source, torch.Tensor):
@@ -63,6 +62,13 @@ def split_calibration(source, config, *, samples: int, batch_size: int = 16) -> 
         raise InputError("no calibration data: give an image folder, a tensor or an iterable of batches")
     calib, held = _split(np.concatenate(out), samples)
     return [calib[i : i + batch_size] for i in range(0, len(calib), batch_size)], held
+
+
+def calibration_files(folder: str | os.PathLike, samples: int) -> tuple[list[Path], list[Path]]:
+    """(calibration files, held-out files) that `split_calibration` takes from the image folder `folder`."""
+    files = find_images(folder)
+    random.Random(0).shuffle(files)  # a sample of every class, not the first folders in sorted order
+    return _split(files, samples)
 
 
 def _split(items, samples: int):
@@ -116,9 +122,10 @@ def quantize_int8(
     exclude: Iterable[str] = (),
     percentile: float = 99.999,
     force: bool = False,
-    progress: bool = True,
+    progress: Reporter | None = None,
 ) -> Path:
-    """fp32 ONNX (with sidecar) -> INT8 QDQ ONNX (+ sidecar with calibration and parity numbers)."""
+    """fp32 ONNX (with sidecar) -> INT8 QDQ ONNX (+ sidecar with calibration and parity numbers).
+    `progress`: a `vitfast.progress.Reporter` told each phase and the images calibrated so far (default: silent)."""
     require_onnx()
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -136,10 +143,11 @@ def quantize_int8(
     config = ViTConfig.from_dict(meta["config"])
     data, held_out = split_calibration(calibration, config, samples=samples)
     n_samples = sum(len(b) for b in data)
+    report = reporting(progress)
 
     class Reader(CalibrationDataReader):
         def __init__(self):
-            self.items = iter(_with_progress(data, "calibrating", progress))
+            self.items = iter(report.track(data, f"calibrating int8 ({method}) on {n_samples} images", total=n_samples, size=len))
 
         def get_next(self):
             batch = next(self.items, None)
@@ -158,6 +166,7 @@ def quantize_int8(
     }
     with claim_output(out_path, force) as out, temporaries_in(out.scratch_dir):  # ONNX Runtime's temporaries too: off /tmp
         tmp, prepared = out.tmp, out.scratch_dir / "prepared.onnx"
+        report.phase("preparing the graph for quantization (shape inference)")
         quant_pre_process(str(onnx_path), str(prepared), skip_symbolic_shape=False)
         quantize_static(
             str(prepared), str(tmp), Reader(),
@@ -171,6 +180,7 @@ def quantize_int8(
                               "percentile": CalibrationMethod.Percentile}[method],
             extra_options=extra,
         )  # fmt: skip
+        report.phase(f"int8 parity with the fp32 ONNX on {len(held_out)} held-out images")
         new_meta = dict(meta)
         new_meta.update(
             kind="onnx", precision="int8",  # "source" stays the model the fp32 ONNX came from
@@ -182,16 +192,6 @@ def quantize_int8(
         )  # fmt: skip
         write_sidecar(tmp, new_meta)
     return Path(out_path)
-
-
-def _with_progress(items: list, label: str, enabled: bool):
-    import sys
-
-    if not (enabled and sys.stderr.isatty()):
-        return items
-    from rich.progress import track
-
-    return track(items, description=label, transient=True, console=None)
 
 
 def _int8_parity(int8_path: Path, fp32_path: Path, images: np.ndarray) -> dict:

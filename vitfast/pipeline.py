@@ -12,7 +12,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -22,15 +22,16 @@ from .data import batches, find_images, labeled_images, open_image, random_image
 from .errors import ArtifactError, GuessedConfigWarning, InputError, VitfastWarning
 from .export.artifacts import read_sidecar, write_sidecar
 from .export.onnx_export import to_onnx
-from .export.quantize import quantize_int8
+from .export.quantize import calibration_files, quantize_int8
 from .export.triton_repo import triton_repository
 from .layerwise import compare_layers
 from .parity import compare, looser_precision
+from .progress import Reporter, reporting
 from .runtime import Engine, TorchEngine, load_engine
 from .sources import rebuild_reference
 
 TOP_K = 5  # eval reports top-1 and top-k accuracy
-Track = Callable[[Iterable, int, str], Iterable]  # (items, total, description) -> the same items, shown as they pass
+CHECK_CHUNK = 16  # images per call in a parity check: memory stays bounded on --samples 1000, and progress shows
 
 
 @dataclass(frozen=True)
@@ -46,26 +47,30 @@ class Calibration:
 
 def export_onnx(model: torch.nn.Module, out: Path, *, precision: str, batch: tuple[int, int, int], source: dict[str, Any],
                 opset: int = 18, calibration: Calibration | None = None, force: bool = False,
-                scratch: Path | None = None) -> Path:  # fmt: skip
+                scratch: Path | None = None, progress: Reporter | None = None) -> Path:  # fmt: skip
     """`model` as an ONNX file at `out`: fp32/fp16 directly, int8 as an fp32 export then Q/DQ calibration.
-    `scratch`: a folder for the int8 path's fp32 intermediate (e.g. `vitfast.atomic.reserve_output`'s, beside `out`)."""
+    `scratch`: a folder for the int8 path's fp32 intermediate (e.g. `vitfast.atomic.reserve_output`'s, beside `out`).
+    `progress`: told each phase (`vitfast.progress`)."""
     if precision != "int8":
-        return to_onnx(model, out, precision=precision, batch=batch, opset=opset, force=force, source=source)
+        return to_onnx(model, out, precision=precision, batch=batch, opset=opset, force=force, source=source, progress=progress)
     if calibration is None:
         raise ArtifactError("an int8 export needs calibration images (Calibration(data_dir=...), --calib-dir DIR)")
+    for path in (path for part in calibration_files(calibration.data_dir, calibration.samples) for path in part):
+        open_image(path)  # an unreadable calibration image fails now, not after the fp32 export
     with _scratch(scratch) as folder:
-        fp32 = to_onnx(model, folder / "fp32.onnx", batch=batch, opset=opset, source=source)
+        fp32 = to_onnx(model, folder / "fp32.onnx", batch=batch, opset=opset, source=source, progress=progress)
         return quantize_int8(fp32, out, calibration.data_dir, method=calibration.method, samples=calibration.samples,
-                             target=calibration.target, exclude=calibration.exclude, force=force)  # fmt: skip
+                             target=calibration.target, exclude=calibration.exclude, force=force, progress=progress)  # fmt: skip
 
 
 def export_triton_repo(model: torch.nn.Module, out: Path, *, precision: str, batch: tuple[int, int, int],
                        source: dict[str, Any], opset: int = 18, calibration: Calibration | None = None,
-                       force: bool = False, scratch: Path | None = None) -> Path:  # fmt: skip
+                       force: bool = False, scratch: Path | None = None, progress: Reporter | None = None) -> Path:  # fmt: skip
     """`model` to ONNX (at `precision`) in `scratch` (default: a temporary folder), then a Triton model repository at `out`."""
     with _scratch(scratch) as folder:
         onnx_path = export_onnx(model, folder / "model.onnx", precision=precision, batch=batch, source=source,
-                                opset=opset, calibration=calibration, scratch=folder)  # fmt: skip
+                                opset=opset, calibration=calibration, scratch=folder, progress=progress)  # fmt: skip
+        reporting(progress).phase(f"writing the Triton model repository {out}")
         triton_repository(onnx_path, out, max_batch_size=batch[2], force=force)
     return out
 
@@ -79,10 +84,11 @@ def _scratch(folder: Path | None) -> Iterator[Path]:
         yield Path(tmp)
 
 
-def record_engine_parity(engine_path: Path, reference: torch.nn.Module) -> dict[str, Any]:
+def record_engine_parity(engine_path: Path, reference: torch.nn.Module, progress: Reporter | None = None) -> dict[str, Any]:
     """Measure the built engine against the fp32 reference on this GPU and store it in the sidecar's `parity`."""
     engine = load_engine(engine_path)
     x = check_inputs(reference.config, engine, 8, None)
+    reporting(progress).phase(f"parity with PyTorch fp32 on {len(x)} images")
     with torch.no_grad():
         parity = compare(engine(x).cpu(), reference.float()(x), engine.precision)
     meta = read_sidecar(engine_path)
@@ -101,11 +107,11 @@ def check_inputs(config: ViTConfig, engine: Engine, samples: int, data: str | os
 
 def check_artifact(engine: Engine, artifact: str | os.PathLike, *, checkpoint: str | os.PathLike | None = None,
                    data: str | os.PathLike | None = None, samples: int = 16, overrides: dict[str, Any] | None = None,
-                   atol: float | None = None, rtol: float | None = None) -> dict[str, Any]:  # fmt: skip
+                   atol: float | None = None, rtol: float | None = None, progress: Reporter | None = None) -> dict[str, Any]:  # fmt: skip
     """Parity of `engine` (loaded from `artifact`) vs its fp32 reference (`checkpoint` with ViTConfig
     `overrides`, else the sidecar's source): `vitfast.parity.compare`'s numbers plus artifact, backend,
     inputs and `guessed` (the config fields the reference's checkpoint did not store, repeated as a
-    `GuessedConfigWarning`)."""
+    `GuessedConfigWarning`). `progress`: told each phase and the images run so far."""
     overrides = overrides or {}
     if isinstance(engine, TorchEngine):
         reference = load_checkpoint(checkpoint or artifact, overrides=overrides)
@@ -118,22 +124,34 @@ def check_artifact(engine: Engine, artifact: str | os.PathLike, *, checkpoint: s
     if reference.config.img_hw != engine.config.img_hw or reference.config.num_classes != engine.config.num_classes:
         raise ArtifactError("the reference model does not match the artifact's config (image size / classes); pass the right --checkpoint")
     x = check_inputs(engine.config, engine, samples, data)
-    with torch.no_grad():
-        result = compare(engine(x).cpu(), reference.eval()(x), engine.precision, atol=atol, rtol=rtol)
+    reference.eval()
+    outs, refs = [], []
+    for part in reporting(progress).track(_chunks(x, engine), f"running {len(x)} images through {Path(artifact).name} and the fp32 "
+                                          "reference", total=len(x), size=len):  # fmt: skip
+        with torch.no_grad():
+            outs.append(_run(engine, part).cpu())
+            refs.append(reference(part))
+    result = compare(torch.cat(outs), torch.cat(refs), engine.precision, atol=atol, rtol=rtol)
     return result | {"artifact": str(artifact), "backend": engine.kind, "inputs": str(data) if data else "seeded random-pixel images",
                      "guessed": guessed or {}}  # fmt: skip
 
 
 def check_against(engine: Engine, other: Engine, *, samples: int = 16, data: str | os.PathLike | None = None,
-                  atol: float | None = None, rtol: float | None = None, mark_all: bool = False) -> dict[str, Any]:  # fmt: skip
+                  atol: float | None = None, rtol: float | None = None, mark_all: bool = False,
+                  progress: Reporter | None = None) -> dict[str, Any]:  # fmt: skip
     """`engine` vs `other` on the same raw images, each with its own preprocessing; `mark_all` adds
-    the layer-by-layer comparison of two ONNX graphs under "layers"."""
+    the layer-by-layer comparison of two ONNX graphs under "layers". `progress`: told each phase."""
+    report = reporting(progress)
     limits = [e.batch[2] for e in (engine, other) if e.batch]
     floors = [e.batch[0] for e in (engine, other) if e.batch]
     n = max(min([samples, *limits]), max(floors, default=1))
     images = raw_images(engine.config, n, data)
-    with torch.no_grad():
-        out, ref = engine(images).cpu(), other(images).cpu()
+    outs, refs = [], []
+    for part in report.track(_chunks(images, engine, other), f"running {n} images through both", total=n, size=len):
+        with torch.no_grad():
+            outs.append(_run(engine, part).cpu())
+            refs.append(_run(other, part).cpu())
+    out, ref = torch.cat(outs), torch.cat(refs)
     if out.shape != ref.shape:
         raise ArtifactError(f"{engine.path} gives logits {tuple(out.shape)} but {other.path} gives {tuple(ref.shape)}; "
                             "compare artifacts of the same model")  # fmt: skip
@@ -141,8 +159,25 @@ def check_against(engine: Engine, other: Engine, *, samples: int = 16, data: str
     result = compare(out, ref, precision, atol=atol, rtol=rtol)
     result |= {"backend": engine.kind, "against_backend": other.kind, "inputs": str(data) if data else "seeded random-pixel images"}
     if mark_all:
+        report.phase("comparing every intermediate tensor")
         result["layers"] = compare_layers(engine, other, engine.prepare(images), precision, atol=atol, rtol=rtol)
     return result
+
+
+def _chunks(items, *engines: Engine) -> list:
+    """`items` (a batch tensor or a list of images) in runs of `CHECK_CHUNK`, fewer when an engine's profile says so."""
+    size = min([CHECK_CHUNK, *(e.batch[2] for e in engines if e.batch)])
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _run(engine: Engine, part):
+    """engine(part), a short `part` (a batch tensor or a list of images) padded up to the profile's minimum batch."""
+    n = len(part)
+    extra = engine.batch[0] - n if engine.batch else 0
+    if extra > 0:
+        padding = part[:1].expand(extra, *part.shape[1:]) if isinstance(part, torch.Tensor) else [part[0]] * extra
+        part = torch.cat([part, padding]) if isinstance(part, torch.Tensor) else [*part, *padding]
+    return engine(part)[:n]
 
 
 def raw_images(config: ViTConfig, n: int, data: str | os.PathLike | None):
@@ -154,18 +189,18 @@ def raw_images(config: ViTConfig, n: int, data: str | os.PathLike | None):
 
 
 def evaluate(engine: Engine, data: str | os.PathLike, *, labels: Sequence[str] | None = None, against: Engine | None = None,
-             batch_size: int = 32, track: Track | None = None) -> dict[str, Any]:  # fmt: skip
+             batch_size: int = 32, progress: Reporter | None = None) -> dict[str, Any]:  # fmt: skip
     """Top-1 / top-5 accuracy of `engine` on the image folder `data` (DIR/<class>/*).
 
     Folders are matched to `labels` (default: the model's own) by name when they are all labels,
     else taken in sorted order as class indices. `against`: a second artifact (e.g. the fp32
     checkpoint) evaluated on the same images, reported under "against" with the accuracy difference
-    and top-1 agreement. `track`, when given, wraps the batch iterators to show progress.
+    and top-1 agreement. `progress`: told the images evaluated so far.
     Returns artifact, backend, precision, top1, top5, k, n, classes (and against)."""
     files, folder_targets, classes = labeled_images(data)
     labels = tuple(labels) if labels is not None else engine.config.labels
     targets = torch.tensor(class_indices(engine.config.num_classes, labels, classes, folder_targets, data))
-    ours = predict_topk(engine, files, batch_size, track)
+    ours = predict_topk(engine, files, batch_size, progress)
     result = {"artifact": str(engine.path), "backend": engine.kind, "precision": engine.precision,
               **_accuracy(ours, targets), "classes": len(classes)}  # fmt: skip
     if against:
@@ -173,7 +208,7 @@ def evaluate(engine: Engine, data: str | os.PathLike, *, labels: Sequence[str] |
         if reference.config.num_classes != engine.config.num_classes:
             raise ArtifactError(f"--against {reference.path} has {reference.config.num_classes} classes, {engine.path} has "
                                 f"{engine.config.num_classes}; compare artifacts of the same model")  # fmt: skip
-        ref = predict_topk(reference, files, batch_size, track)
+        ref = predict_topk(reference, files, batch_size, progress)
         theirs = _accuracy(ref, targets)
         result["against"] = {"artifact": str(reference.path), "backend": reference.kind, "precision": reference.precision, **theirs,
                              "top1_diff": result["top1"] - theirs["top1"], "top5_diff": result["top5"] - theirs["top5"],
@@ -204,20 +239,13 @@ def class_indices(num_classes: int, labels: Sequence[str] | None, classes: list[
     return folder_targets
 
 
-def predict_topk(engine: Engine, files: list[Path], batch_size: int, track: Track | None = None) -> torch.Tensor:
+def predict_topk(engine: Engine, files: list[Path], batch_size: int, progress: Reporter | None = None) -> torch.Tensor:
     """The top-k (k = min(TOP_K, classes)) class indices [N, k] of every image file, best first."""
     size = min(batch_size, engine.batch[2]) if engine.batch else batch_size
     k = min(TOP_K, engine.config.num_classes)
-    batch_iter = batches(files, engine.config, size)
-    if track is not None:
-        batch_iter = track(batch_iter, -(-len(files) // size), "evaluating")
-    out = []
-    for x in batch_iter:
-        n = len(x)
-        if engine.batch and n < engine.batch[0]:  # a short last batch: pad up to the profile's minimum
-            x = torch.cat([x, x[:1].expand(engine.batch[0] - n, -1, -1, -1)])
-        out.append(engine(x)[:n].topk(k, dim=-1).indices.cpu())
-    return torch.cat(out)
+    batch_iter = reporting(progress).track(batches(files, engine.config, size), f"evaluating {Path(engine.path).name} on {len(files)} images",
+                                           total=len(files), size=len)  # fmt: skip
+    return torch.cat([_run(engine, x).topk(k, dim=-1).indices.cpu() for x in batch_iter])
 
 
 def _accuracy(topk: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:

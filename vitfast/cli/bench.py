@@ -21,6 +21,7 @@ from vitfast.errors import ArtifactError, InputError
 from vitfast.flags import int_in, positive_float, positive_int
 
 from .output import console
+from .progress import add_quiet
 
 
 def parse_list(text: str, what: str, choices: tuple[str, ...] | None = None) -> list[str]:
@@ -99,7 +100,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     outputs = _outputs(args)
     command = " ".join(filter(None, [settings.command(), _output_flags(args)]))
-    result = _run_with_progress(settings, command, quiet=args.json)
+    result = _run_with_progress(settings, command, quiet=args.json or args.quiet)
     if "out" in outputs:
         _write(outputs["out"], args.force, lambda p: p.write_text(json.dumps(result, indent=1)))
     if "csv" in outputs:
@@ -199,6 +200,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", metavar="FILE", nargs="?", const="-", help="markdown table to FILE (printed without FILE)")
     p.add_argument("--force", action="store_true", help="overwrite existing output files")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object (no table)")
+    add_quiet(p)
     p.add_argument("--compare", nargs=2, metavar=("BASE.json", "NEW.json"), help="ratios new / base per row instead of measuring")
     p.add_argument("--noise-floor", type=float, default=MIN_NOISE, metavar="FRACTION",
                    help=f"--compare calls nothing closer than this a win or regression (default {MIN_NOISE}; "

@@ -7,8 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-from rich.progress import track
-
 from vitfast import pipeline
 from vitfast.data import find_images
 from vitfast.errors import BackendUnavailable, InputError
@@ -20,11 +18,13 @@ from vitfast.export.tensorrt import build_engine, require_tensorrt, trtexec_comm
 from vitfast.export.triton_repo import check_repository_free
 from vitfast.layerwise import describe_layers
 from vitfast.precision import EXPORT as EXPORT_PRECISIONS
+from vitfast.progress import Reporter
 from vitfast.runtime import BACKENDS, Engine, load_engine
 from vitfast.sources import source_model
 
 from .config_args import add_config_args, config_overrides, read_labels
 from .output import console
+from .progress import add_quiet, paused, reporter
 
 
 # ---------------------------------------------------------------------------- export
@@ -38,58 +38,63 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise InputError("--precision int8 needs --calib-dir DIR with calibration images (searched recursively)")
     if args.calib_dir:
         find_images(args.calib_dir)  # fail early on an empty or missing folder
-    no_tensorrt = _tensorrt_missing() if args.format == "trt" else None
+    no_tensorrt = _tensorrt_missing(args.quiet) if args.format == "trt" else None
     # held from here to the end: a second export to the same path fails now, not after minutes of work
-    with reserve_output(out, args.force, directory=args.format == "triton-repo") as scratch:
-        return _export(args, out, batch, scratch, no_tensorrt)
+    with reserve_output(out, args.force, directory=args.format == "triton-repo") as scratch, reporter("export", args.quiet) as progress:
+        return _export(args, out, batch, scratch, no_tensorrt, progress)
 
 
-def _tensorrt_missing() -> BackendUnavailable | None:
+def _tensorrt_missing(quiet: bool) -> BackendUnavailable | None:
     """Checked before the ONNX export (a minute on ViT-B): without TensorRT only the ONNX is written, and a
     terminal is told so up front (a pipe or log gets the one error line at the end, with the trtexec command)."""
     try:
         require_tensorrt()
     except BackendUnavailable as exc:
-        if sys.stderr.isatty():
+        if sys.stderr.isatty() and not quiet:
             print(f"{str(exc).rstrip('.')}; writing only the ONNX, then the trtexec command that builds it", file=sys.stderr)
         return exc
     return None
 
 
 def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], scratch: Path,
-            no_tensorrt: BackendUnavailable | None) -> int:  # fmt: skip
+            no_tensorrt: BackendUnavailable | None, progress: Reporter) -> int:  # fmt: skip
     calibration = pipeline.Calibration(args.calib_dir, method=args.calib_method, samples=args.calib_samples,
                                        target=args.int8_target, exclude=args.exclude or ()) if args.calib_dir else None  # fmt: skip
     model, source = source_model(model=args.model, checkpoint=args.checkpoint, img_size=args.img_size,
                                  overrides=config_overrides(args))  # fmt: skip
     if args.format == "triton-repo":
         pipeline.export_triton_repo(model, out, precision=args.precision, batch=batch, source=source, opset=args.opset,
-                                    calibration=calibration, force=args.force, scratch=scratch)  # fmt: skip
-        print(f"wrote Triton model repository {out} ({args.precision} ONNX, max batch {batch[2]}); "
-              f"run it with: tritonserver --model-repository {out.resolve()}", file=sys.stderr)  # fmt: skip
+                                    calibration=calibration, force=args.force, scratch=scratch, progress=progress)  # fmt: skip
+        if not args.quiet:
+            print(f"wrote Triton model repository {out} ({args.precision} ONNX, max batch {batch[2]}); "
+                  f"run it with: tritonserver --model-repository {out.resolve()}", file=sys.stderr)  # fmt: skip
         return 0
     onnx_out = out if args.format == "onnx" else out.with_suffix(".onnx")
     # TensorRT takes an fp32 ONNX and lowers it to fp16 itself; int8 needs the Q/DQ ONNX in every case
     onnx_precision = args.precision if args.format == "onnx" or args.precision == "int8" else "fp32"
     pipeline.export_onnx(model, onnx_out, precision=onnx_precision, batch=batch, source=source, opset=args.opset,
-                         calibration=calibration, force=args.force, scratch=scratch)  # fmt: skip
+                         calibration=calibration, force=args.force, scratch=scratch, progress=progress)  # fmt: skip
     if args.format == "onnx":
-        _report(onnx_out)
+        _report(onnx_out, args.quiet)
         return 0
     if no_tensorrt is not None:
         trtexec = trtexec_command(onnx_out, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
                                   optimization_level=args.opt_level, timing_cache=args.timing_cache)  # fmt: skip
         raise BackendUnavailable(f"{str(no_tensorrt).rstrip('.')}; the ONNX it would have used is at {onnx_out}; "
                                  f"on a machine with TensorRT, build it with: {trtexec}")  # fmt: skip
-    build_engine(onnx_out, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
-                 optimization_level=args.opt_level, timing_cache=args.timing_cache,
-                 fp32_layernorm=not args.no_fp32_layernorm, force=args.force)  # fmt: skip
-    pipeline.record_engine_parity(out, model)
-    _report(out)
+    progress.phase(f"building the {args.precision} TensorRT engine")
+    with paused(progress):  # TensorRT's own bar shows the builder's phases on a terminal
+        build_engine(onnx_out, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
+                     optimization_level=args.opt_level, timing_cache=args.timing_cache,
+                     fp32_layernorm=not args.no_fp32_layernorm, force=args.force, progress=not args.quiet)  # fmt: skip
+    pipeline.record_engine_parity(out, model, progress)
+    _report(out, args.quiet)
     return 0
 
 
-def _report(path: Path) -> None:
+def _report(path: Path, quiet: bool) -> None:
+    if quiet:
+        return
     meta = read_sidecar(path)
     parity = meta.get("parity") or {}
     line = f"wrote {path} ({meta['precision']}); parity vs fp32: max_abs_err {parity.get('max_abs_err', float('nan')):.3g}, " \
@@ -126,13 +131,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     engine = load_artifact(args.artifact, args, backend=args.backend)
     if args.against:
         other = load_artifact(args.against, args)
-        result = {"artifact": str(args.artifact), "against": str(args.against)} | pipeline.check_against(
-            engine, other, samples=args.samples, data=args.data, atol=args.atol, rtol=args.rtol, mark_all=args.mark_all)
+        with reporter("check", args.quiet) as progress:
+            result = {"artifact": str(args.artifact), "against": str(args.against)} | pipeline.check_against(
+                engine, other, samples=args.samples, data=args.data, atol=args.atol, rtol=args.rtol, mark_all=args.mark_all,
+                progress=progress)  # fmt: skip
         return _print_check(result, args, f"{args.artifact} ({engine.kind}, {engine.precision}) vs {args.against} ({other.kind}, {other.precision})")
     if args.mark_all:
         raise InputError("--mark-all compares two ONNX graphs layer by layer: give the other one with --against OTHER.onnx")
-    result = pipeline.check_artifact(engine, args.artifact, checkpoint=args.checkpoint, data=args.data, samples=args.samples,
-                                     overrides=config_overrides(args), atol=args.atol, rtol=args.rtol)  # fmt: skip
+    with reporter("check", args.quiet) as progress:
+        result = pipeline.check_artifact(engine, args.artifact, checkpoint=args.checkpoint, data=args.data, samples=args.samples,
+                                         overrides=config_overrides(args), atol=args.atol, rtol=args.rtol, progress=progress)  # fmt: skip
     return _print_check(result, args, f"{args.artifact} ({engine.kind}, {engine.precision}) vs fp32 reference")
 
 
@@ -154,16 +162,12 @@ def _print_check(result: dict, args: argparse.Namespace, title: str) -> int:
 
 
 # ---------------------------------------------------------------------------- eval
-def _rich_track(items, total: int, description: str):
-    return track(items, total=total, description=description, transient=True)
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
-    show = sys.stderr.isatty() and not args.json
     engine = load_artifact(args.artifact, args, labels=False, backend=args.backend)  # eval matches --labels to the folders itself
     against = load_artifact(args.against, args, labels=False) if args.against else None
-    result = pipeline.evaluate(engine, args.data, labels=read_labels(args.labels) if args.labels else None,
-                               against=against, batch_size=args.batch_size, track=_rich_track if show else None)  # fmt: skip
+    with reporter("eval", args.quiet) as progress:
+        result = pipeline.evaluate(engine, args.data, labels=read_labels(args.labels) if args.labels else None,
+                                   against=against, batch_size=args.batch_size, progress=progress)  # fmt: skip
     result["artifact"] = str(args.artifact)
     if against:
         result["against"]["artifact"] = str(args.against)
@@ -204,6 +208,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--no-fp32-layernorm", action="store_true", help="let TensorRT run LayerNorm in fp16")
     p.add_argument("--out", required=True, help="output file (.onnx; .engine/.plan for trt) or folder (triton-repo)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
+    add_quiet(p, "nothing but errors (no progress, no summary line)")
     add_config_args(p)
     p.set_defaults(func=cmd_export)
 
@@ -219,6 +224,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="image folder to draw inputs from (default: seeded random images)")
     p.add_argument("--samples", type=positive_int, default=16, help="images to compare on (default 16)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_quiet(p)
     add_artifact_args(p)
     p.set_defaults(func=cmd_check)
 
@@ -229,5 +235,6 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--against", metavar="REF", help="also evaluate REF (e.g. the fp32 checkpoint) and report the accuracy difference")
     p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_quiet(p)
     add_artifact_args(p, labels=False)  # eval has its own --labels
     p.set_defaults(func=cmd_eval)
