@@ -118,5 +118,5 @@ def describe_layers(report: dict[str, Any]) -> str:
     else:
         lines.append("  every matched tensor is within tolerance")
     for layer in report["worst"]:
-        lines.append(f"    {layer['tensor']:<40} {layer['node']:<40} max_rel_err {layer['max_rel_err']:.3g}  cosine {layer['cosine']:.6f}")
+        lines.append(f"    {layer['tensor']} ({layer['node']}): max_rel_err {layer['max_rel_err']:.3g}, cosine {layer['cosine']:.6f}")
     return "\n".join(lines)

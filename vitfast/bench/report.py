@@ -59,12 +59,20 @@ def not_measured(result: dict[str, Any]) -> list[tuple[str, str, str, str, str]]
     return [(m, b, p, ",".join(map(str, batches)), reason) for (m, b, p, reason), batches in groups.items()]
 
 
-def rich_tables(result: dict[str, Any]) -> list:
-    """The terminal view: the measured table, then what was skipped and why."""
+# the 80-column view: header -> column of TABLE_COLUMNS (n, p95 and GFLOP/s are in --markdown / --csv / --out)
+COMPACT_COLUMNS = {"backend": "backend", "prec": "prec", "batch": "batch", "median": "median ms", "p99": "p99 ms", "img/s": "img/s",
+                   "%peak": "% peak", "MiB": "peak MiB", "spread": "spread %"}  # fmt: skip
+
+
+def rich_tables(result: dict[str, Any], compact: bool = False) -> list:
+    """The terminal view: the measured table, then what was skipped and why; `compact`: one table per
+    model and image size with `COMPACT_COLUMNS`, and the skipped rows as wrapped lines (fits 80 columns)."""
     from rich.table import Table
 
     env = result["environment"]
     title = f"vitfast bench on {device_label(result)} (torch {env['versions']['torch']}, git {(env['git']['sha'] or '?')[:10]})"
+    if compact:
+        return _compact_tables(result, title)
     table = Table(title=title, caption=f"% peak: of the measured {peak_label(result)}; spread: gap between two repeats' medians")
     for col in TABLE_COLUMNS:
         table.add_column(col, justify="left" if col in ("model", "backend", "prec") else "right", no_wrap=col == "model")
@@ -79,6 +87,31 @@ def rich_tables(result: dict[str, Any]) -> list:
         for row in skipped:
             skip.add_row(*row)
         out.append(skip)
+    return out
+
+
+def _compact_tables(result: dict[str, Any], title: str) -> list:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    picks = [TABLE_COLUMNS.index(c) for c in COMPACT_COLUMNS.values()]
+    by_model: dict[str, list[list[str]]] = defaultdict(list)
+    for row in table_rows(result):
+        by_model[f"{row[0]} at {row[1]} px"].append([row[i] for i in picks])
+    out: list = [Text(title, style="bold")]
+    for name, rows in by_model.items():
+        table = Table(title=f"{name}, latency in ms", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+        for col in COMPACT_COLUMNS:
+            table.add_column(col, justify="left" if col in ("backend", "prec") else "right", no_wrap=True)
+        for row in rows:
+            table.add_row(*row)
+        out.append(table)
+    out.append(Text(f"%peak: of the measured {peak_label(result)}; spread: % gap between two repeats' medians", style="dim"))
+    skipped = not_measured(result)
+    if skipped:
+        out.append(Text("not measured:", style="bold"))
+        out += [Text(f"- {b} {p} ({m}, batch {bs}): {reason}") for m, b, p, bs, reason in skipped]
     return out
 
 
@@ -184,27 +217,56 @@ def save_plot(result: dict[str, Any], path, *, force: bool = True) -> Path:
 
 
 # ---------------------------------------------------------------------------- compare
-def compare_table(rows: list[dict[str, Any]], base_name: str, new_name: str):
-    """Rich table of `stats.compare_rows` output: new / base per row with its verdict."""
+def compare_tables(rows: list[dict[str, Any]], base_name: str, new_name: str, compact: bool = False) -> list:
+    """Rich tables of `stats.compare_rows` output: new / base per row with its verdict; `compact`: one
+    table per model and image size, short headers and no img/s ratio (1 / latency x), for 80 columns."""
+    from rich import box
     from rich.table import Table
+    from rich.text import Text
 
     colors = {"win": "green", "regression": "red", "same": "dim"}
     both_skipped = [r for r in rows if r["status"] == "base skipped, new skipped"]
     caption = "ratios are new / base; noise: larger repeat spread of the two"
     if both_skipped:
         caption += f"; {len(both_skipped)} rows skipped in both files not shown"
-    table = Table(title=f"{new_name} vs {base_name}", caption=caption)
-    for col in ("model", "img", "backend", "prec", "batch", "base ms", "new ms", "latency x", "img/s x", "p99 x", "noise %", "verdict"):
-        table.add_column(col, justify="left" if col in ("model", "backend", "prec", "verdict") else "right")
-    for r in (r for r in rows if r not in both_skipped):
-        head = [r["model"], str(r["img_size"]), r["backend"], r["precision"], str(r["batch"]), _f(r["base_ms"], ".2f"), _f(r["new_ms"], ".2f")]
-        if r["status"] != "ok":
-            table.add_row(*head, "-", "-", "-", "-", f"[yellow]{r['status']}[/yellow]")
-            continue
-        v = r["verdict"]
-        table.add_row(*head, f"{r['latency_ratio']:.3f}", f"{r['throughput_ratio']:.3f}", f"{r['p99_ratio']:.3f}",
-                      f"{100 * r['noise']:.1f}", f"[{colors[v]}]{v}[/{colors[v]}]")  # fmt: skip
+    shown = [r for r in rows if r not in both_skipped]
+    if not compact:
+        table = _compare_table(f"{new_name} vs {base_name}", ("model", "img", "backend", "prec", "batch", "base ms", "new ms",
+                               "latency x", "img/s x", "p99 x", "noise %", "verdict"), caption=caption)  # fmt: skip
+        for r in shown:
+            table.add_row(r["model"], str(r["img_size"]), *_compare_cells(r, colors, throughput=True))
+        return [table]
+    groups: dict[str, list] = defaultdict(list)
+    for r in shown:
+        groups[f"{r['model']} at {r['img_size']} px"].append(r)
+    out: list = [Text(f"{new_name} vs {base_name}", style="bold")]
+    for name, group in groups.items():
+        table = _compare_table(f"{name}, median ms", ("backend", "prec", "batch", "base", "new", "lat x", "p99 x", "noise%", "verdict"),
+                               title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)  # fmt: skip
+        for r in group:
+            table.add_row(*_compare_cells(r, colors, throughput=False))
+        out.append(table)
+    out.append(Text(caption, style="dim"))
+    return out
+
+
+def _compare_table(title: str, columns: tuple[str, ...], **options):
+    from rich.table import Table
+
+    table = Table(title=title, **options)
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("model", "backend", "prec", "verdict") else "right", no_wrap=col != "verdict")
     return table
+
+
+def _compare_cells(r: dict[str, Any], colors: dict[str, str], throughput: bool) -> list[str]:
+    """backend .. verdict of one compared row."""
+    head = [r["backend"], r["precision"], str(r["batch"]), _f(r["base_ms"], ".2f"), _f(r["new_ms"], ".2f")]
+    if r["status"] != "ok":
+        return [*head, *["-"] * (3 + throughput), f"[yellow]{r['status']}[/yellow]"]
+    v = r["verdict"]
+    ratios = [r["latency_ratio"], *([r["throughput_ratio"]] if throughput else []), r["p99_ratio"]]
+    return [*head, *(f"{x:.3f}" for x in ratios), f"{100 * r['noise']:.1f}", f"[{colors[v]}]{v}[/{colors[v]}]"]
 
 
 # ---------------------------------------------------------------------------- README

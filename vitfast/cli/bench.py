@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import torch
-from rich.console import Console
+from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from vitfast.atomic import atomic_write, check_output_free
@@ -20,7 +20,7 @@ from vitfast.data import find_images
 from vitfast.errors import ArtifactError, InputError
 from vitfast.flags import int_in, positive_float, positive_int
 
-from .output import console
+from .output import console, fitting
 from .progress import add_quiet
 
 
@@ -114,8 +114,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     out = console()
-    for table in report.rich_tables(result):
-        out.print(table)
+    out.print(fitting(out, Group(*report.rich_tables(result)), Group(*report.rich_tables(result, compact=True))))
     if args.markdown == "-":
         print(report.to_markdown(result))
     for kind, path in outputs.items():
@@ -146,7 +145,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for name, result in ((base_path, base), (new_path, new)):
         env = result["environment"]
         out.print(f"{name}: {report.device_label(result)}, git {(env['git']['sha'] or '?')[:10]}, {env['time_utc']}, {report.peak_label(result)}")
-    out.print(report.compare_table(rows, base_path, new_path))
+    out.print(fitting(out, Group(*report.compare_tables(rows, base_path, new_path)),
+                      Group(*report.compare_tables(rows, base_path, new_path, compact=True))))  # fmt: skip
     return 0
 
 

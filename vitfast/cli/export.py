@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from rich.table import Table
+
 from vitfast import pipeline
 from vitfast.data import find_images
 from vitfast.errors import BackendUnavailable, InputError
@@ -150,14 +152,20 @@ def _print_check(result: dict, args: argparse.Namespace, title: str) -> int:
         return 0 if result["passed"] else 1
     tol = result["tolerance"]
     verdict = "[green]PASSED[/green]" if result["passed"] else "[red]FAILED[/red]"
-    console().print(
-        f"{title} on {result['n']} images: {verdict}\n"
-        f"  max_abs_err {result['max_abs_err']:.3g} (limit {tol['limit_abs_err']:.3g} = atol {tol['atol']:g} + rtol {tol['rtol']:g} x max|ref|)  "
-        f"max_rel_err {result['max_rel_err']:.3g}  cosine {result['cosine']:.6f} (limit {tol['cosine']})  "
-        f"top-1 agreement {result['top1_agreement']:.3f}"
-    )
+    out = console()
+    out.print(f"{title} on {result['n']} images: {verdict}")
+    numbers = Table.grid(padding=(0, 2))  # one metric per row: fits 80 columns, the limits wrap in their own column
+    numbers.add_column(no_wrap=True)
+    numbers.add_column(no_wrap=True, justify="right")
+    numbers.add_column()
+    numbers.add_row("  max_abs_err", f"{result['max_abs_err']:.3g}",
+                    f"limit {tol['limit_abs_err']:.3g} = atol {tol['atol']:g} + rtol {tol['rtol']:g} x max|ref|")  # fmt: skip
+    numbers.add_row("  max_rel_err", f"{result['max_rel_err']:.3g}", "")
+    numbers.add_row("  cosine", f"{result['cosine']:.6f}", f"limit {tol['cosine']}")
+    numbers.add_row("  top-1 agreement", f"{result['top1_agreement']:.3f}", "")
+    out.print(numbers)
     if "layers" in result:
-        console().print(describe_layers(result["layers"]))
+        out.print(describe_layers(result["layers"]))
     return 0 if result["passed"] else 1
 
 
@@ -177,11 +185,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     k = result["k"]
     print(f"top-1 {100 * result['top1']:.2f}%  top-{k} {100 * result['top5']:.2f}% on {result['n']} images in "
           f"{result['classes']} classes ({result['backend']}, {result['precision']})")  # fmt: skip
-    if args.against:
+    if args.against:  # short lines: an 80-column terminal shows each whole
         a = result["against"]
-        print(f"  vs {args.against} ({a['backend']}, {a['precision']}): top-1 {100 * a['top1']:.2f}% "
-              f"({100 * a['top1_diff']:+.2f} points), top-{k} {100 * a['top5']:.2f}% ({100 * a['top5_diff']:+.2f} points), "
-              f"same top-1 prediction on {100 * a['top1_agreement']:.2f}% of images")  # fmt: skip
+        print(f"  vs {args.against} ({a['backend']}, {a['precision']}):\n"
+              f"    top-1 {100 * a['top1']:.2f}% ({100 * a['top1_diff']:+.2f} points), top-{k} {100 * a['top5']:.2f}% "
+              f"({100 * a['top5_diff']:+.2f} points)\n"
+              f"    same top-1 prediction on {100 * a['top1_agreement']:.2f}% of images")  # fmt: skip
     return 0
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
 from vitfast.errors import ConfigError
@@ -13,7 +14,7 @@ from vitfast.flops import count_macs, count_params
 from vitfast.info import collect
 from vitfast.registry import get_config, list_models
 
-from .output import console
+from .output import console, fitting
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -50,17 +51,29 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"models": rows}))
         return 0
-    table = Table(title="vitfast models (GFLOPs = 2 x GMACs, one image)")
-    table.add_column("name", no_wrap=True)
-    for col in ("params M", "GMACs", "GFLOPs", "img", "patch", "dim", "depth", "heads", "classes"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(
-            r["name"], f"{r['params_m']:.2f}", f"{r['gmacs']:.2f}", f"{r['gflops']:.2f}", str(r["img_size"]),
-            str(r["patch_size"]), str(r["embed_dim"]), str(r["depth"]), str(r["num_heads"]), str(r["num_classes"]),
-        )  # fmt: skip
-    console().print(table)
+    out = console()
+    out.print(fitting(out, models_table(rows), models_table(rows, compact=True)))
     return 0
+
+
+MODEL_COLUMNS = {"params M": "params_m", "GMACs": "gmacs", "GFLOPs": "gflops", "img": "img_size", "patch": "patch_size",
+                 "dim": "embed_dim", "depth": "depth", "heads": "num_heads", "classes": "num_classes"}  # fmt: skip
+FOLDED = ("GFLOPs", "img", "patch")  # left out on a narrow terminal: 2 x GMACs, and both are in every registered name
+
+
+def models_table(rows: list[dict[str, Any]], compact: bool = False) -> Table:
+    """`vitfast models` as a table; `compact` fits 80 columns (box without rules, `FOLDED` columns left out)."""
+    columns = [c for c in MODEL_COLUMNS if not (compact and c in FOLDED)]
+    title = "vitfast models (one image; GFLOPs = 2 x GMACs" + ("; size and patch in the name)" if compact else ")")
+    table = Table(title=title, box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, pad_edge=not compact,
+                  collapse_padding=compact, show_edge=not compact)
+    table.add_column("name", no_wrap=True)
+    for col in columns:
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in rows:
+        table.add_row(r["name"], *(f"{r[MODEL_COLUMNS[c]]:.2f}" if isinstance(r[MODEL_COLUMNS[c]], float) else str(r[MODEL_COLUMNS[c]])
+                                   for c in columns))  # fmt: skip
+    return table
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:

@@ -15,6 +15,9 @@ from vitfast.registry import create_model
 from .config_args import add_config_args, config_overrides
 
 
+HEADS_PER_LINE = 8  # 8 distances after the layer's prefix fit an 80-column line
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     image = inspect.load_image(args.image)  # first: a bad image fails before any model is built
     model = create_model(args.model) if args.model else load_checkpoint(args.checkpoint, overrides=config_overrides(args))
@@ -25,9 +28,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         report = {"model": model.config.name or args.checkpoint, "image": args.image, **result.to_dict()}
         print(json.dumps({**report, "files": {name: str(p) for name, p in paths.items()}}))
     else:
-        print(f"attention maps start from the {result.source}; mean attention distance (pixels) per layer:")
+        print(f"attention maps start from the {result.source}\nmean attention distance (pixels) per layer:")
         for layer, row in enumerate(result.attention_distance.tolist(), start=1):
-            print(f"  layer {layer:>2}: mean {sum(row) / len(row):6.1f}  heads " + " ".join(f"{d:5.1f}" for d in row))
+            head = f"  layer {layer:>2}: mean {sum(row) / len(row):6.1f}  heads "
+            runs = [" ".join(f"{d:5.1f}" for d in row[i : i + HEADS_PER_LINE]) for i in range(0, len(row), HEADS_PER_LINE)]
+            print(head + ("\n" + " " * len(head)).join(runs))
         for p in paths.values():
             print(f"wrote {p}")
     if args.model:  # stderr, so --json output stays one object
