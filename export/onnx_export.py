@@ -16,7 +16,9 @@ from pathlib import Path
 
 import torch
 
+from vitfast.data import random_images
 from vitfast.errors import ArtifactError, BackendUnavailable, ConfigError
+from vitfast.optimize import restore
 from vitfast.parity import compare
 from vitfast.precision import ONNX, require
 from vitfast.progress import Reporter, reporting
@@ -58,8 +60,6 @@ def check_finite_weights(model: torch.nn.Module) -> None:
 
 def exportable_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A float32 CPU copy of the reference model on its plain-math path (Triton blocks undone)."""
-    from vitfast.optimize import restore
-
     if not hasattr(model, "config") or not hasattr(model, "set_fused_attn"):
         raise ConfigError("to_onnx takes a vitfast VisionTransformer (create_model / load_checkpoint)")
     clone = restore(copy.deepcopy(model)).to("cpu", torch.float32).eval()
@@ -170,8 +170,6 @@ class _Fp16Graph(torch.nn.Module):
 def onnx_parity(path: Path, reference: torch.nn.Module, precision: str, batch_size: int) -> dict:
     """Run the ONNX file on seeded random-pixel images through ONNX Runtime (CPU) vs the fp32 model."""
     import onnxruntime as ort
-
-    from vitfast.data import random_images
 
     images = random_images(reference.config, batch_size, seed=0)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -19,6 +19,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from vitfast.config import ViTConfig
 from vitfast.data import batches, find_images
 from vitfast.errors import ArtifactError, InputError
 from vitfast.parity import compare
@@ -138,8 +139,6 @@ def quantize_int8(
     meta = read_sidecar(onnx_path)
     if meta.get("precision") != "fp32":
         raise ArtifactError(f"{onnx_path} is {meta.get('precision')}; quantize an fp32 ONNX export")
-    from vitfast.config import ViTConfig
-
     config = ViTConfig.from_dict(meta["config"])
     data, held_out = split_calibration(calibration, config, samples=samples)
     n_samples = sum(len(b) for b in data)

@@ -9,6 +9,8 @@ from typing import Any, Callable
 
 import torch
 
+from vitfast.errors import InputError
+
 # Read once, like triton itself: TRITON_INTERPRET must be set before triton is imported.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 INT32_MAX = 2**31 - 1
@@ -99,8 +101,6 @@ def autotune(configs: list, key: list[str], estimate: SharedMemoryEstimate):
 def require_fitting_config(tuner, args: dict, device: torch.device, what: str) -> None:
     """Raise a clear error when none of `tuner`'s configs fits the device's shared memory
     (Triton's own error would be 'No valid autotuner configs after pruning')."""
-    from vitfast.errors import InputError
-
     budget = shared_memory_budget(device)
     if budget is None or configs_within(tuner.configs, tuner.shared_memory_estimate, args, budget):
         return

@@ -34,6 +34,14 @@ from typing import Callable
 from unittest import mock
 
 import torch
+import triton
+from triton import Config, knobs
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.cache import get_cache_key
+from triton.runtime.jit import create_function_from_signature
+
+from vitfast.kernels import _common, add_layernorm, attention, bias_gelu, linear_epilogue, linear_layernorm
 
 # target -> (compute capability, bytes of shared memory per block: the opt-in maximum)
 TARGETS = {"sm_80": (80, 166912), "sm_89": (89, 101376), "sm_90a": (90, 232448)}
@@ -55,53 +63,43 @@ class Launch:
 
 def _attention(B, N, H, D):
     def call(dtype):
-        from vitfast.kernels.attention import attention_launch
-
-        attention_launch(torch.empty(B, N, 3 * H * D, dtype=dtype).unflatten(-1, (3, H, D)),
-                         torch.empty(B, N, H * D, dtype=dtype))  # fmt: skip
+        attention.attention_launch(torch.empty(B, N, 3 * H * D, dtype=dtype).unflatten(-1, (3, H, D)),
+                                   torch.empty(B, N, H * D, dtype=dtype))  # fmt: skip
 
     return call
 
 
 def _add_layernorm(rows, C, branch):
     def call(dtype):
-        from vitfast.kernels.add_layernorm import add_layernorm_launch
-
         x, w, b, out = torch.empty(rows, C, dtype=dtype), torch.empty(C, dtype=dtype), torch.empty(C, dtype=dtype), torch.empty(rows, C, dtype=dtype)
-        add_layernorm_launch(x, torch.empty_like(x) if branch else None, w, b, 1e-6, out, torch.empty_like(x) if branch else None)
+        add_layernorm.add_layernorm_launch(x, torch.empty_like(x) if branch else None, w, b, 1e-6, out, torch.empty_like(x) if branch else None)
 
     return call
 
 
 def _bias_gelu(rows, C, approximate):
     def call(dtype):
-        from vitfast.kernels.bias_gelu import bias_gelu_launch
-
-        bias_gelu_launch(torch.empty(rows, C, dtype=dtype), torch.empty(C, dtype=dtype), torch.empty(rows, C, dtype=dtype), approximate)
+        bias_gelu.bias_gelu_launch(torch.empty(rows, C, dtype=dtype), torch.empty(C, dtype=dtype), torch.empty(rows, C, dtype=dtype), approximate)
 
     return call
 
 
 def _linear(rows, K, N, epilogue):
     def call(dtype):
-        from vitfast.kernels.linear_epilogue import linear_epilogue_launch
-
         x, w, b, out = (torch.empty(s, dtype=dtype) for s in ((rows, K), (N, K), (N,), (rows, N)))
         kw = {"gelu": epilogue} if epilogue in ("none", "tanh") else {}
         if epilogue.startswith("residual"):
             kw = {"residual": torch.empty(rows, N, dtype=dtype), "gamma": b if epilogue == "residual_gamma" else None}
-        linear_epilogue_launch(x, w, b, out, **kw)
+        linear_epilogue.linear_epilogue_launch(x, w, b, out, **kw)
 
     return call
 
 
 def _linear_layernorm(rows, K, N, gamma):
     def call(dtype):
-        from vitfast.kernels.linear_layernorm import linear_residual_layernorm_launch
-
         x, w, res, r_out, out = (torch.empty(s, dtype=dtype) for s in ((rows, K), (N, K), (rows, N), (rows, N), (rows, N)))
         vec = torch.empty(N, dtype=dtype)
-        linear_residual_layernorm_launch(x, w, vec, res, vec if gamma else None, vec, vec, 1e-6, r_out, out)
+        linear_layernorm.linear_residual_layernorm_launch(x, w, vec, res, vec if gamma else None, vec, vec, 1e-6, r_out, out)
 
     return call
 
@@ -142,8 +140,6 @@ LAUNCHES = _launches()
 # ---------------------------------------------------------------------------- recording
 def record(launch: Launch) -> tuple:
     """(kernel, args, kwargs) of the one kernel launch `launch.call` makes, without running it."""
-    from vitfast.kernels import _common, add_layernorm, attention, bias_gelu, linear_epilogue, linear_layernorm
-
     calls = []
 
     def wrap_triton(kernel):
@@ -169,14 +165,10 @@ class _Subscript:
 def kept_configs(kernel, args: tuple, kwargs: dict, budget: tuple[int, int]) -> list:
     """The configs an autotuned kernel keeps for a (capability, bytes) budget (its own prune's rule), or the launch's
     single config (num_warps / num_stages as passed) for a plain @triton.jit kernel."""
-    from triton import Config
-
-    from vitfast.kernels._common import configs_within
-
     if not hasattr(kernel, "configs"):
         return [Config({}, num_warps=kwargs.get("num_warps", 4), num_stages=kwargs.get("num_stages", 3))]
     named = dict(zip(kernel.fn.arg_names, args))
-    return configs_within(kernel.configs, kernel.shared_memory_estimate, {**named, **kwargs}, budget)
+    return _common.configs_within(kernel.configs, kernel.shared_memory_estimate, {**named, **kwargs}, budget)
 
 
 # ---------------------------------------------------------------------------- compiling
@@ -190,13 +182,6 @@ def _init_worker() -> None:
 
 def compile_one(job: tuple) -> dict:
     """Compile launch `i` with config `c` (an index into the kept list) for `target`."""
-    import triton
-    from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
-    from triton.runtime.cache import get_cache_key
-    from triton.runtime.jit import create_function_from_signature
-
     i, c, target, cache_dir = job
     kernel, args, kwargs = _RECORDED[i]
     arch, limit = TARGETS[target]

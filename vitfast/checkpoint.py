@@ -23,6 +23,7 @@ from .atomic import atomic_write
 from .config import ViTConfig
 from .convert import Guesses, StateDict, detect_format, hf_config_to_vit, hf_to_timm, infer_timm_config, timm_hub_config
 from .errors import CheckpointError, ConfigError, GuessedConfigWarning
+from .model import VisionTransformer
 from .pos_embed import resample_pos_embed
 
 FORMAT_TAG = "vitfast"
@@ -70,8 +71,6 @@ def load_checkpoint(
     class/distillation/register tokens apart: timm's antialiased resize for timm and vitfast
     checkpoints, Hugging Face's `interpolate_pos_encoding` for HF ones.
     """
-    from .model import VisionTransformer
-
     path = Path(path)
     source_cfg, sd, fmt, guesses = _read(path)
     if config is not None:

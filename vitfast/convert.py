@@ -20,6 +20,7 @@ import torch
 
 from .config import CROP_MODES, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, ViTConfig
 from .errors import CheckpointError, ConfigError
+from .registry import _REGISTRY, get_config
 
 StateDict = dict[str, torch.Tensor]
 Guesses = dict[str, str]  # ViTConfig field -> why its value is a guess
@@ -241,8 +242,6 @@ def _exact_crop_pct(crop: int, resized: int) -> float:
 def infer_timm_config(sd: StateDict, *, norm_eps: float = 1e-6) -> tuple[ViTConfig, Guesses]:
     """Read a `ViTConfig` off a timm-named state dict's tensor shapes; the head count and the
     preprocessing are not in the weights and come back as guesses."""
-    from .registry import _REGISTRY
-
     def has(key: str) -> bool:
         return key in sd
 
@@ -316,8 +315,6 @@ def timm_hub_config(cfg: dict[str, Any], sd: StateDict) -> tuple[ViTConfig, Gues
     the architecture from `architecture` (+ `model_args`), `num_classes`, preprocessing from
     `pretrained_cfg`, class names from `label_names`. An architecture vitfast has not registered
     is read off the weights' shapes instead (its head count then being a guess)."""
-    from .registry import get_config
-
     arch = str(cfg["architecture"])
     model_args = {k: v for k, v in (cfg.get("model_args") or {}).items() if k in ViTConfig.__dataclass_fields__}
     try:

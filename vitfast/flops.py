@@ -9,12 +9,11 @@ from __future__ import annotations
 import torch
 
 from .config import ViTConfig
+from .model import VisionTransformer
 
 
 def count_params(config: ViTConfig) -> int:
     """Exact parameter count, built on the meta device (no memory is allocated)."""
-    from .model import VisionTransformer
-
     with torch.device("meta"):
         model = VisionTransformer(config)
     return sum(p.numel() for p in model.parameters())

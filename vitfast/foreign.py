@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import PREPROCESSING_FIELDS, ViTConfig
+from .convert import hf_preprocessing
 from .errors import ArtifactError, ConfigError
 
 QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger"}
@@ -116,8 +117,6 @@ def _precision(graph, input_dtype: str) -> str:
 def config_file_fields(data: dict[str, Any], img_size: int | None = None) -> dict[str, Any] | None:
     """ViTConfig fields from another tool's JSON: an HF `preprocessor_config.json` or `config.json`,
     a timm Hub `config.json` (`pretrained_cfg`), or a vitfast sidecar; None for anything else."""
-    from .convert import hf_preprocessing
-
     if "pretrained_cfg" in data:  # timm Hub config.json
         pre = data["pretrained_cfg"] or {}
         fields = {k: pre[k] for k in ("mean", "std", "crop_pct", "interpolation", "crop_mode") if pre.get(k) is not None}

@@ -49,7 +49,7 @@ def load_kernels() -> None:
     """Import the kernel modules, which registers their `torch.ops.vitfast.*` ops (triton is an
     optional dependency, so not at vitfast's import)."""
     for name in KERNEL_MODULES:
-        importlib.import_module(f"vitfast.kernels.{name}")
+        importlib.import_module(f"vitfast.kernels.{name}")  # lazy: each kernel module imports triton (optional)
 
 
 # ---------------------------------------------------------------------------- MLP dispatch

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from .errors import VitfastError
+from .fused import MLP_PATHS, FusedBlock, can_fuse
 
 _GRAPHED = "_vitfast_cuda_graphs"
 
@@ -46,8 +47,6 @@ def optimize(model: nn.Module, *, cuda_graphs: bool = False, mlp: str = "auto") 
     "cublas" where nothing was measured, which is everywhere until a GPU run is committed).
     Calling optimize again on an optimized model changes `mlp` (and can add CUDA graphs).
     """
-    from .fused import MLP_PATHS, FusedBlock, can_fuse
-
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.Sequential):
         raise VitfastError("optimize takes a vitfast VisionTransformer (create_model / load_checkpoint)")
@@ -73,8 +72,6 @@ def optimize(model: nn.Module, *, cuda_graphs: bool = False, mlp: str = "auto") 
 
 def restore(model: nn.Module) -> nn.Module:
     """Put the reference blocks (same parameters) back and drop any captured CUDA graphs."""
-    from .fused import FusedBlock
-
     blocks = getattr(model, "blocks", None)
     if isinstance(blocks, nn.Sequential):
         for i, block in enumerate(blocks):

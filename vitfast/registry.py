@@ -11,6 +11,7 @@ from typing import Any
 
 from .config import IMAGENET_MEAN, IMAGENET_STD, ViTConfig
 from .errors import ConfigError
+from .model import VisionTransformer
 
 # (embed_dim, depth, num_heads) of the ViT paper / DeiT sizes.
 SIZES = {
@@ -112,8 +113,6 @@ def create_model(name_or_config: str | ViTConfig, **overrides: Any):
 
     >>> create_model("vit_tiny_patch16_224", img_size=32, num_classes=10)
     """
-    from .model import VisionTransformer
-
     if isinstance(name_or_config, ViTConfig):
         cfg = name_or_config.replace(**overrides) if overrides else name_or_config
     elif isinstance(name_or_config, str):

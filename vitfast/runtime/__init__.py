@@ -19,11 +19,12 @@ from vitfast.errors import ArtifactError, InputError
 
 from .engine import Engine, is_float_images
 from .onnx_engine import OnnxEngine
+from .openvino_engine import OpenVinoEngine
 from .sidecar import read_sidecar, sidecar_path
 from .tensorrt_engine import ENGINE_SUFFIXES, TensorRTEngine
 from .torch_engine import TorchEngine
 
-__all__ = ["ENGINE_SUFFIXES", "Engine", "is_float_images", "OnnxEngine", "TensorRTEngine", "TorchEngine", "load_engine", "read_sidecar", "sidecar_path"]
+__all__ = ["ENGINE_SUFFIXES", "Engine", "is_float_images", "OnnxEngine", "OpenVinoEngine", "TensorRTEngine", "TorchEngine", "load_engine", "read_sidecar", "sidecar_path"]
 
 
 BACKENDS = ("auto", "torch", "onnxruntime", "openvino", "tensorrt")
@@ -57,8 +58,6 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
             if not ours:
                 raise InputError(f"the openvino backend runs ONNX files exported by vitfast (with a .json sidecar); "
                                  f"{path} has none: use backend onnxruntime")  # fmt: skip
-            from .openvino_engine import OpenVinoEngine
-
             return OpenVinoEngine(path, overrides=overrides, **kwargs)
         return OnnxEngine(path, overrides=overrides, **kwargs)
     if kind == "engine":
