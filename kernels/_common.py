@@ -8,6 +8,7 @@ import os
 from typing import Any, Callable
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from vitfast.errors import InputError
 
@@ -41,8 +42,6 @@ def runs_reference(t: torch.Tensor) -> bool:
     which the interpreter cannot read) and any CPU tensor without the interpreter take the
     reference math, so an optimized model traces and runs on CPU as well.
     """
-    from torch._subclasses.fake_tensor import is_fake
-
     return t.device.type == "cpu" and (not INTERPRET or is_fake(t))
 
 
@@ -62,7 +61,7 @@ def shared_memory_budget(device: torch.device) -> tuple[int, int] | None:
 
 @functools.cache
 def _cuda_shared_memory_budget(index: int) -> tuple[int, int]:
-    from triton.runtime import driver
+    from triton.runtime import driver  # lazy: triton is optional, and vitfast.fused imports this module without it
 
     major, minor = torch.cuda.get_device_capability(index)
     return 10 * major + minor, driver.active.utils.get_device_properties(index)["max_shared_mem"]
@@ -81,7 +80,7 @@ def autotune(configs: list, key: list[str], estimate: SharedMemoryEstimate):
     (instead of compiling them only to fail), and keeps tuning results on disk (in Triton's cache
     dir, TRITON_CACHE_DIR) where the installed Triton can. `.shared_memory_estimate` is kept on
     the autotuner for the launchers' error messages and the ahead-of-time compile check."""
-    import triton
+    import triton  # lazy: triton is optional, and vitfast.fused imports this module without it
 
     def prune(configs, named_args, **kwargs):
         args = {**named_args, **kwargs}

@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import multiprocessing
 import os
 import re
 import sys
@@ -301,8 +302,6 @@ def main(argv: list[str] | None = None) -> int:
     jobs, unfit = plan(targets)
     jobs = [(*job, opts.cache) for job in jobs]
     if opts.jobs > 1:
-        import multiprocessing
-
         with ProcessPoolExecutor(opts.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker) as pool:
             rows = list(pool.map(compile_one, jobs))
     else:

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from PIL import Image
 
 import vitfast
 
@@ -28,7 +29,7 @@ def _row(label: str, value: str) -> None:
 
 def hf_round_trip(workdir: Path) -> Path | None:
     try:
-        import transformers
+        import transformers  # lazy: optional ([test] extra) and slow to import; the demo skips this step without it
     except ImportError:
         print("transformers is not installed: skipping the Hugging Face parity step (pip install -e .[test])")
         return None
@@ -87,8 +88,6 @@ def attention_maps(model: vitfast.VisionTransformer) -> None:
 
 def calibration_images(out: Path, config: vitfast.ViTConfig, n: int = 64) -> None:
     """Random RGB images as PNGs: enough to show INT8 calibration run; not a real calibration set."""
-    from PIL import Image
-
     folder = out / "calib"
     folder.mkdir(parents=True, exist_ok=True)
     rng = torch.Generator().manual_seed(0)

@@ -8,6 +8,8 @@ import os
 import platform
 from typing import Any
 
+import torch
+
 from ._version import __version__
 
 # distribution names to try for each library (TensorRT ships under several wheel names)
@@ -37,8 +39,6 @@ def library_version(module: str) -> str | None:
 
 def gpu_info() -> dict[str, Any]:
     """GPU name, compute capability, CUDA version; {'available': False} without one."""
-    import torch
-
     if not torch.cuda.is_available():
         return {"available": False, "name": None, "reason": "no CUDA GPU visible to torch"}
     idx = torch.cuda.current_device()

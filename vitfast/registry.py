@@ -7,6 +7,7 @@ headless ImageNet-21k or DINO checkpoint).
 from __future__ import annotations
 
 import difflib
+import fnmatch
 from typing import Any
 
 from .config import IMAGENET_MEAN, IMAGENET_STD, ViTConfig
@@ -90,8 +91,6 @@ _REGISTRY: dict[str, dict[str, Any]] = {
 
 def list_models(pattern: str | None = None) -> list[str]:
     """Registered names, sorted; `pattern` is a shell-style filter such as ``"deit*"``."""
-    import fnmatch
-
     names = sorted(_REGISTRY)
     return [n for n in names if fnmatch.fnmatch(n, pattern)] if pattern else names
 
