@@ -3,7 +3,7 @@
 This file is self-contained (numpy and the standard library only) because it is copied verbatim
 into a Triton model repository as the python-backend model `<name>_preprocess/1/model.py`, where
 vitfast, torch and Pillow may not be installed. It reproduces `vitfast.preprocess` exactly: the
-same resize (crop_mode "center" or "squash"), centre crop (offset rounded or floored) and mean/std, with
+same resize (crop_mode "center", "squash" or "border" with its padding), centre crop (offset rounded or floored) and mean/std, with
 Pillow's resampling re-done in numpy, including Pillow's 8-bit fixed-point arithmetic, its
 rounding of the intermediate image between the two passes and (Pillow >= 13) its choice of which
 pass runs first, so the server and `engine(uint8_images)` see bit-identical inputs.
@@ -52,7 +52,7 @@ class PreprocessSpec:
             raise ValueError(f"server-side preprocessing handles 1 or 3 channels, not {self.in_chans}")
         if self.interpolation not in ("bicubic", "bilinear", "nearest"):
             raise ValueError(f"unknown interpolation {self.interpolation!r}")
-        if self.crop_mode not in ("center", "squash") or self.crop_rounding not in ("round", "floor"):
+        if self.crop_mode not in ("center", "squash", "border") or self.crop_rounding not in ("round", "floor"):
             raise ValueError(f"unknown crop_mode {self.crop_mode!r} or crop_rounding {self.crop_rounding!r}")
 
     @classmethod
@@ -155,12 +155,23 @@ def _resize_size(height, width, spec):
     scale_h, scale_w = math.floor(h / spec.crop_pct), math.floor(w / spec.crop_pct)
     if spec.crop_mode == "squash":
         return scale_w, scale_h
-    if scale_h == scale_w:
+    if spec.crop_mode == "center" and scale_h == scale_w:
         if width <= height:
             return scale_w, int(scale_w * height / width)
         return int(scale_h * width / height), scale_h
-    ratio = min(height / scale_h, width / scale_w)
-    return round(width / ratio), round(height / ratio)
+    ratios = (height / scale_h, width / scale_w)
+    ratio = max(ratios) if spec.crop_mode == "border" else min(ratios)
+    return max(1, round(width / ratio)), max(1, round(height / ratio))
+
+
+def _pad_to(image, height, width, mean):
+    """Pad to at least height x width with round(255 * mean), centred (vitfast.preprocessing._pad_to)."""
+    out_h, out_w = max(height, image.shape[0]), max(width, image.shape[1])
+    canvas = np.empty((out_h, out_w, image.shape[2]), dtype=np.uint8)
+    canvas[...] = np.asarray([round(255 * m) for m in mean], dtype=np.uint8)
+    top, left = (out_h - image.shape[0]) // 2, (out_w - image.shape[1]) // 2
+    canvas[top : top + image.shape[0], left : left + image.shape[1]] = image
+    return canvas
 
 
 def _offset(size, crop, rounding):
@@ -169,7 +180,7 @@ def _offset(size, crop, rounding):
 
 
 def _centre_crop(image, height, width, rounding):
-    """The centre box of Pillow's crop (crop_pct <= 1, so the resized image always covers it)."""
+    """The centre box of Pillow's crop (crop_pct <= 1, so the resized or padded image always covers it)."""
     top = _offset(image.shape[0], height, rounding)
     left = _offset(image.shape[1], width, rounding)
     return image[top : top + height, left : left + width]
@@ -185,6 +196,8 @@ def preprocess_image(image, spec):
         raise ValueError(f"image has no pixels: shape {list(image.shape)}; send uint8 images [B, H, W, {spec.in_chans}] with H, W >= 1")
     h, w = spec.img_size
     resized = resize(image, _resize_size(image.shape[0], image.shape[1], spec), spec.interpolation)
+    if spec.crop_mode == "border":
+        resized = _pad_to(resized, h, w, spec.mean)
     pixels = _centre_crop(resized, h, w, spec.crop_rounding).astype(np.float32) / 255.0
     mean, std = np.asarray(spec.mean, dtype=np.float32), np.asarray(spec.std, dtype=np.float32)
     return ((pixels - mean) / std).transpose(2, 0, 1)

@@ -39,7 +39,7 @@ def test_non_square_image_size_round_trips():
         (dict(distilled=True, global_pool="avg"), "distilled"),
         (dict(num_classes=-1), "num_classes must be >= 0"),
         (dict(crop_pct=0), "crop_pct must be in (0, 1]"),
-        (dict(crop_mode="border"), "crop_mode must be one of"),
+        (dict(crop_mode="letterbox"), "crop_mode must be one of"),
         (dict(crop_rounding="ceil"), "crop_rounding must be one of"),
         (dict(num_classes=3, labels=("a", "b")), "2 labels for 3 classes"),
     ],

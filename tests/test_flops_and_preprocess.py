@@ -57,6 +57,19 @@ def test_preprocess_resize_crop_normalise():
     np.testing.assert_allclose(out[0].permute(1, 2, 0).numpy(), expected, atol=1e-6)
 
 
+def test_preprocess_border_keeps_the_whole_image_and_pads_with_the_mean():
+    """timm's border mode: longest side to img_size / crop_pct, the short side padded with round(255 * mean)."""
+    cfg = vitfast.get_config("vit_cifar_patch4_32", crop_pct=0.8, crop_mode="border", interpolation="bilinear")
+    img = _gradient_image(25, 80)  # portrait: height 80 -> 40, width 25 -> round(12.5) = 12, padded 10 + 10 to 32
+    out = vitfast.preprocess(img, cfg)[0].permute(1, 2, 0).numpy()
+    resized = np.asarray(Image.fromarray(img).resize((12, 40), Image.Resampling.BILINEAR), dtype=np.float32)
+    padded = np.empty((40, 32, 3), np.float32)
+    padded[:] = [round(255 * m) for m in cfg.mean]
+    padded[:, 10:22] = resized
+    expected = (padded[4:36] / 255 - np.array(cfg.mean, dtype=np.float32)) / np.array(cfg.std, dtype=np.float32)
+    np.testing.assert_allclose(out, expected, atol=1e-6)
+
+
 def test_preprocess_batches_pil_arrays_and_tensors_alike():
     cfg = vitfast.get_config("vit_cifar_patch4_32")
     imgs = np.stack([_gradient_image(40, 40), _gradient_image(40, 40)[::-1].copy()])

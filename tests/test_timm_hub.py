@@ -66,9 +66,16 @@ def test_unknown_architecture_is_read_off_the_weights_with_a_loud_head_guess(tmp
         torch.testing.assert_close(model(x), source(x), rtol=0, atol=0)
 
 
-def test_unsupported_crop_mode_is_a_guess(tmp_path):
+def test_border_crop_mode_is_read(tmp_path):
     _hub_folder(tmp_path, pretrained_cfg=PRETRAINED_CFG | {"crop_mode": "border"})
-    with pytest.warns(vitfast.GuessedConfigWarning, match="crop_mode 'border' is not supported"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", vitfast.GuessedConfigWarning)
+        assert vitfast.load_checkpoint(tmp_path).config.crop_mode == "border"
+
+
+def test_unsupported_crop_mode_is_a_guess(tmp_path):
+    _hub_folder(tmp_path, pretrained_cfg=PRETRAINED_CFG | {"crop_mode": "letterbox"})
+    with pytest.warns(vitfast.GuessedConfigWarning, match="crop_mode 'letterbox' is not supported"):
         assert vitfast.load_checkpoint(tmp_path).config.crop_mode == "center"
 
 

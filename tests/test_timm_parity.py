@@ -1,14 +1,22 @@
-"""Parity against timm itself. timm needs torchvision, which does not install beside the CPU
-torch used here, so these tests skip unless timm imports (`make test-timm` builds a venv where it does)."""
+"""Parity against timm itself. timm needs torchvision, which `make test` does not install, so these
+tests skip unless timm imports (`make test-timm` builds a venv where it does, see torchvision_cpu.py)."""
 
 from __future__ import annotations
 
+import zlib
+
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import vitfast
 from conftest import randomize
+from torchvision_cpu import allow_import_without_extension
+from vitfast.convert import timm_hub_config
+from vitfast.foreign import config_file_fields
 
+allow_import_without_extension()
 timm = pytest.importorskip("timm", reason="timm is not importable here (it needs torchvision); run `make test-timm`")
 
 ATOL = 1e-5
@@ -92,8 +100,6 @@ def test_registry_matches_timm_architectures():
 )
 def test_preprocess_matches_timm_eval_transform(crop_mode, crop_pct, img_size, interpolation):
     """vitfast.preprocess == timm's create_transform(is_training=False) on PIL images of many shapes."""
-    import numpy as np
-    from PIL import Image
     from timm.data import create_transform
 
     cfg = vitfast.ViTConfig(img_size=img_size, patch_size=8, embed_dim=16, depth=1, num_heads=1, num_classes=2,
@@ -105,3 +111,56 @@ def test_preprocess_matches_timm_eval_transform(crop_mode, crop_pct, img_size, i
     for h, w in [(480, 640), (640, 480), (97, 131), (3, 5), (1500, 2000), (224, 224)]:
         image = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
         torch.testing.assert_close(vitfast.preprocess(image, cfg)[0], transform(image), atol=2e-6, rtol=0, msg=f"{h}x{w}")
+
+
+def _pretrained_cfg_variants() -> list[tuple[str, dict]]:
+    """(timm tag, overrides): one real pretrained_cfg per distinct eval preprocessing among the
+    registered architectures' tags, one per (crop_mode, interpolation, square or not) among all of
+    timm's tags (e.g. border: deepseek_vit, non-square squash: sapiens2), and non-square border /
+    squash at crop_pct < 1 (border then crops one side and pads the other), which no timm tag has."""
+    from timm.models import get_pretrained_cfg
+
+    registered, picked = set(vitfast.list_models()), {}
+    for tag in timm.list_pretrained():
+        pc = get_pretrained_cfg(tag).to_dict()
+        key = (pc.get("crop_mode"), pc["interpolation"], pc["input_size"][1] == pc["input_size"][2])
+        if tag.split(".")[0] in registered:
+            key += (pc["input_size"], pc["crop_pct"], tuple(pc["mean"]), tuple(pc["std"]))
+        picked.setdefault(key, (tag, {}))
+    base = "vit_base_patch16_224.augreg2_in21k_ft_in1k"
+    extra = [(base, {"crop_mode": "border", "crop_pct": 0.875, "input_size": (3, 224, 280)}),
+             (base, {"crop_mode": "squash", "interpolation": "bilinear", "crop_pct": 0.9, "input_size": (3, 320, 224)})]  # fmt: skip
+    return sorted(picked.values()) + extra
+
+
+def _random_images(rng: np.random.Generator, input_hw: tuple[int, int]) -> list[Image.Image]:
+    """Odd, tiny, huge, exact-size and random-shaped RGB images, and one grayscale image."""
+    h, w = input_hw
+    shapes = [(h, w), (h + 1, w), (480, 640), (640, 480), (3, 5), (2, 300), (97, 131), (1500, 2000)]
+    shapes += [tuple(int(v) for v in rng.integers(8, 900, 2)) for _ in range(4)]
+    images = [Image.fromarray(rng.integers(0, 256, (*hw, 3), dtype=np.uint8)) for hw in shapes]
+    return images + [Image.fromarray(rng.integers(0, 256, (333, 250), dtype=np.uint8))]
+
+
+@pytest.mark.parametrize("tag, overrides", _pretrained_cfg_variants(), ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v.values())))
+def test_pretrained_cfg_preprocessing_matches_timm(tag, overrides):
+    """A timm Hub config.json (and `--config` with it) preprocesses like timm's
+    resolve_data_config + create_transform for the same pretrained_cfg, on fresh random PIL images."""
+    from timm.data import create_transform, resolve_data_config
+    from timm.models import get_pretrained_cfg
+
+    pc = get_pretrained_cfg(tag).to_dict() | overrides
+    data_cfg = resolve_data_config(pretrained_cfg=pc)
+    transform = create_transform(**data_cfg)
+    hw = data_cfg["input_size"][1:]
+    arch = next(n for n in vitfast.list_models() if all(s % vitfast.get_config(n).patch_size == 0 for s in hw))
+    hub = {"architecture": arch, "num_classes": 10, "pretrained_cfg": pc}
+    from_hub, guesses = timm_hub_config(hub, {})
+    assert not guesses, guesses
+    from_flag = vitfast.get_config(arch).replace(**config_file_fields(hub))
+    rng = np.random.default_rng(zlib.crc32(repr((tag, overrides)).encode()))
+    for image in _random_images(rng, hw):
+        expected = transform(image.convert("RGB"))
+        for config in (from_hub, from_flag):
+            ours = vitfast.preprocess(image, config)[0]
+            torch.testing.assert_close(ours, expected, atol=0, rtol=0, msg=lambda m: f"{image.size} {image.mode}: {m}")

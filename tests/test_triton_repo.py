@@ -81,10 +81,10 @@ def test_numpy_preprocessing_equals_vitfast_preprocess_exactly(interpolation, cr
 
 
 @pytest.mark.skipif(PILLOW < (13, 0), reason="the numpy port follows Pillow >= 13 (which pass runs first changed in 13.0)")
-@pytest.mark.parametrize("crop_mode, crop_rounding", [("squash", "round"), ("center", "floor"), ("squash", "floor")])
+@pytest.mark.parametrize("crop_mode, crop_rounding", [("squash", "round"), ("center", "floor"), ("squash", "floor"), ("border", "round")])
 @pytest.mark.parametrize("img_size", [32, (24, 40)])
 def test_numpy_preprocessing_follows_crop_mode_and_rounding(crop_mode, crop_rounding, img_size):
-    """Hugging Face's squash resize and floored crop offsets, bit-identical too (odd margins included)."""
+    """Hugging Face's squash resize, floored crop offsets and timm's border padding, bit-identical too (odd margins included)."""
     rng = np.random.default_rng(1)
     config = vitfast.ViTConfig(img_size=img_size, patch_size=8, embed_dim=16, depth=1, num_heads=1, num_classes=2,
                                crop_pct=0.875, interpolation="bilinear", crop_mode=crop_mode, crop_rounding=crop_rounding)  # fmt: skip

@@ -23,7 +23,7 @@ INCEPTION_STD = (0.5, 0.5, 0.5)
 GLOBAL_POOLS = ("token", "avg")
 ACT_LAYERS = ("gelu", "gelu_tanh")
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
-CROP_MODES = ("center", "squash")  # timm's names: keep the aspect ratio, or resize both sides
+CROP_MODES = ("center", "squash", "border")  # timm's names: crop the short side, resize both sides, pad the short side
 CROP_ROUNDINGS = ("round", "floor")  # centre-crop offset: torchvision/timm round, Hugging Face floors
 
 

@@ -6,6 +6,9 @@ With `scale = floor(img_size / crop_pct)` per side (all settings from the `ViTCo
   `Resize(int)`; a non-square `img_size` resizes by one ratio, rounded, as timm's `ResizeKeepRatio`;
 - `crop_mode="squash"` (Hugging Face `ViTImageProcessor`/`DeiTImageProcessor`, timm's squash):
   both sides straight to `scale`, ignoring the aspect ratio;
+- `crop_mode="border"` (timm's `ResizeKeepRatio(longest=1)` + `CenterCropOrPad`): the longer side
+  to `scale` by one ratio, rounded, and a side shorter than `img_size` padded evenly (the extra
+  pixel right/bottom) with the colour `round(255 * mean)`, which normalises to about 0;
 then the centre `img_size` crop (offset rounded as torchvision's `CenterCrop`, or floored as
 Hugging Face's `center_crop` with `crop_rounding="floor"`), scale to [0, 1], subtract `mean`,
 divide by `std`. Resampling is Pillow's, as both timm (on PIL images) and HF's PIL processors use.
@@ -71,17 +74,26 @@ def resize_size(height: int, width: int, config: ViTConfig) -> tuple[int, int]:
     scale_h, scale_w = math.floor(h / config.crop_pct), math.floor(w / config.crop_pct)
     if config.crop_mode == "squash":
         return scale_w, scale_h
-    if scale_h == scale_w:  # torchvision Resize(int): shorter side exact, longer side truncated
+    if config.crop_mode == "center" and scale_h == scale_w:  # torchvision Resize(int): shorter side exact, longer truncated
         if width <= height:
             return scale_w, int(scale_w * height / width)
         return int(scale_h * width / height), scale_h
-    ratio = min(height / scale_h, width / scale_w)  # timm ResizeKeepRatio(longest=0)
-    return round(width / ratio), round(height / ratio)
+    ratios = (height / scale_h, width / scale_w)  # timm ResizeKeepRatio: longest=0 (center) or 1 (border)
+    ratio = max(ratios) if config.crop_mode == "border" else min(ratios)
+    return max(1, round(width / ratio)), max(1, round(height / ratio))
 
 
 def crop_offset(size: int, crop: int, rounding: str) -> int:
     """Start of the centre crop: torchvision rounds half to even, Hugging Face floors."""
     return (size - crop) // 2 if rounding == "floor" else int(round((size - crop) / 2.0))
+
+
+def _pad_to(img: Image.Image, width: int, height: int, mean: tuple[float, ...]) -> Image.Image:
+    """Pad to at least width x height, centred as timm's `center_crop_or_pad` (odd pixel right/bottom)."""
+    fill = tuple(round(255 * m) for m in mean)
+    canvas = Image.new(img.mode, (max(width, img.size[0]), max(height, img.size[1])), fill if len(fill) > 1 else fill[0])
+    canvas.paste(img, ((canvas.size[0] - img.size[0]) // 2, (canvas.size[1] - img.size[1]) // 2))
+    return canvas
 
 
 def _transform(img: Image.Image, config: ViTConfig) -> np.ndarray:
@@ -90,6 +102,9 @@ def _transform(img: Image.Image, config: ViTConfig) -> np.ndarray:
     h, w = config.img_hw
     size = resize_size(img.size[1], img.size[0], config)
     img = img.resize(size, _PIL_FILTERS[config.interpolation])
+    if config.crop_mode == "border" and (size[0] < w or size[1] < h):
+        img = _pad_to(img, w, h, config.mean)
+        size = img.size
     left, top = crop_offset(size[0], w, config.crop_rounding), crop_offset(size[1], h, config.crop_rounding)
     img = img.crop((left, top, left + w, top + h))
     arr = np.asarray(img, dtype=np.float32) / 255.0

@@ -33,7 +33,7 @@ def add_config_args(parser: argparse.ArgumentParser, labels: bool = True) -> Non
     group.add_argument("--mean", type=float, nargs="+", metavar="M", help="normalisation mean per channel, e.g. 0.485 0.456 0.406")
     group.add_argument("--std", type=float, nargs="+", metavar="S", help="normalisation std per channel, e.g. 0.229 0.224 0.225")
     group.add_argument("--crop-pct", type=float, metavar="P", help="centre-crop fraction (resize to img_size / P first)")
-    group.add_argument("--crop-mode", choices=CROP_MODES, help="center: keep the aspect ratio; squash: resize both sides")
+    group.add_argument("--crop-mode", choices=CROP_MODES, help="center: keep the aspect ratio, crop; squash: resize both sides; border: keep the aspect ratio, pad")
     group.add_argument("--interpolation", choices=INTERPOLATIONS, help="resize filter")
     if labels:
         group.add_argument("--labels", metavar="FILE", help="class names: a text file (one per line) or a JSON list / {index: name}")
