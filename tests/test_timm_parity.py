@@ -80,7 +80,10 @@ def test_pos_embed_resize_matches_timm(tmp_path, variant):
 
 
 def test_registry_matches_timm_architectures():
-    """Every registered timm name builds the same parameter shapes as timm's own model."""
+    """Every registered timm name builds the same parameter shapes as timm's own model, and has
+    the preprocessing timm resolves for it (its default pretrained tag)."""
+    from timm.data import resolve_data_config
+
     for name in vitfast.list_models():
         if name not in timm.list_models():
             continue
@@ -90,8 +93,10 @@ def test_registry_matches_timm_architectures():
         ref_shapes = {k: tuple(v.shape) for k, v in ref.state_dict().items()}
         our_shapes = {k: tuple(v.shape) for k, v in ours.state_dict().items()}
         assert our_shapes == ref_shapes, name
-        cfg = ref.pretrained_cfg
-        assert tuple(cfg["mean"]) == ours.config.mean and cfg["crop_pct"] == ours.config.crop_pct, name
+        c = ours.config
+        ours_data = {"input_size": (c.in_chans, *c.img_hw), "interpolation": c.interpolation, "mean": c.mean,
+                     "std": c.std, "crop_pct": c.crop_pct, "crop_mode": c.crop_mode}  # fmt: skip
+        assert ours_data == resolve_data_config(model=ref), name
 
 
 @pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
