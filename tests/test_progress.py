@@ -147,3 +147,26 @@ def test_eval_on_a_pseudo_terminal_draws_a_bar_and_keeps_stdout_json(work):
     assert json.loads(out)["n"] == 20
     text = screen.decode(errors="replace")
     assert "eval: evaluating m.onnx on 20 images" in text and "20/20" in text and "━" in text
+
+
+def test_a_library_bar_gets_the_terminal_to_itself_meanwhile():
+    from vitfast.cli.progress import paused
+
+    with reporter("export", console=Console(file=io.StringIO(), force_terminal=True)) as progress:
+        progress.phase("building the fp16 TensorRT engine")
+        with paused(progress):
+            assert not progress.display.live.is_started  # TensorRT's own bar draws now
+        assert progress.display.live.is_started
+
+
+def test_library_calls_are_silent_by_default_even_on_a_terminal(work, tmp_path, capsys, monkeypatch):
+    import vitfast
+    from vitfast import pipeline
+    from vitfast.export import quantize_int8
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    quantize_int8(work / "m.onnx", tmp_path / "q.onnx", work / "data", samples=8)
+    engine = vitfast.load_engine(work / "m.onnx")
+    pipeline.check_artifact(engine, work / "m.onnx", samples=20)
+    pipeline.evaluate(engine, work / "data")
+    assert capsys.readouterr() == ("", "")
