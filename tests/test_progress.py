@@ -126,6 +126,16 @@ def test_a_tracked_step_on_a_terminal_is_a_bar_with_counts():
     assert "\x1b[?25h" in drawn and drawn.endswith("\x1b[2K")  # the cursor is back and the display erased (transient)
 
 
+def test_a_long_step_on_80_columns_wraps_its_text_and_keeps_the_counts_whole():
+    screen = io.StringIO()
+    with reporter("check", console=Console(file=screen, force_terminal=True, width=80)) as progress:
+        for _ in progress.track(range(4), "running 3200 images through a_model_file_with_a_long_name.onnx and the fp32 reference",
+                                total=3200, size=lambda _: 800):  # fmt: skip
+            progress.display.refresh()
+    drawn = screen.getvalue()
+    assert "1600/3200" in drawn and "3200/3200" in drawn and "…" not in drawn
+
+
 def test_eval_on_a_pseudo_terminal_draws_a_bar_and_keeps_stdout_json(work):
     master, slave = pty.openpty()
     env = {**os.environ, "COLUMNS": "80", "TERM": "xterm"}

@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Column
 from rich.text import Text
 
 from vitfast.progress import SILENT, Reporter, counted
@@ -34,8 +35,9 @@ def reporter(command: str, quiet: bool = False, console: Console | None = None) 
     if not console.is_terminal:
         yield PlainReporter(command)
         return
-    display = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), _Count(), TimeElapsedColumn(),
-                       console=console, transient=True)  # fmt: skip
+    # the description wraps on a narrow terminal, so the counts and the time always show whole
+    display = Progress(SpinnerColumn(), TextColumn("{task.description}", table_column=Column(no_wrap=False)), BarColumn(bar_width=20),
+                       _Count(), TimeElapsedColumn(), console=console, transient=True)  # fmt: skip
     try:
         yield RichReporter(command, display)
     finally:
