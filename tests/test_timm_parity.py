@@ -3,6 +3,7 @@ tests skip unless timm imports (`make test-timm` builds a venv where it does, se
 
 from __future__ import annotations
 
+import warnings
 import zlib
 
 import numpy as np
@@ -79,6 +80,37 @@ def test_pos_embed_resize_matches_timm(tmp_path, variant):
         torch.testing.assert_close(ours(x), ref_big(x), atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize(
+    "variant, img_size, data_config, safe",
+    [
+        ("plain", 64, None, True),
+        ("plain", (48, 64), {"crop_pct": 0.95, "interpolation": "bilinear"}, True),
+        ("deit-distilled", 48, {"crop_mode": "border", "interpolation": "bilinear", "crop_pct": 0.875}, False),
+        ("reg4-gap", 64, None, True),
+        ("hybrid-r50", 64, {"crop_mode": "squash", "crop_pct": 1.0}, True),
+    ],
+)
+def test_save_for_hf_folder_loads_as_timm_loads_it(tmp_path, variant, img_size, data_config, safe):
+    """A folder written by timm's own save_for_hf: the model and its preprocessing equal timm's
+    create_model("local-dir:...") and the transform timm resolves for it, nothing guessed."""
+    from timm.data import create_transform, resolve_data_config
+    from timm.models import save_for_hf
+
+    name, kw = VARIANTS[variant]
+    kw = dict(kw, img_size=img_size)
+    save_for_hf(_timm_model(name, **kw), tmp_path, safe_serialization=safe, data_config=data_config)
+    ref = timm.create_model(f"local-dir:{tmp_path}", pretrained=True).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", vitfast.GuessedConfigWarning)
+        ours = vitfast.load_checkpoint(tmp_path)
+    x = torch.randn(2, 3, *ours.config.img_hw)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x), atol=ATOL, rtol=0)
+    transform = create_transform(**resolve_data_config(model=ref))
+    rng = np.random.default_rng(zlib.crc32(repr((variant, img_size, data_config)).encode()))
+    _assert_preprocess_matches(transform, ours.config, _random_images(rng, ours.config.img_hw))
+
+
 def test_registry_matches_timm_architectures():
     """Every registered timm name builds the same parameter shapes as timm's own model, and has
     the preprocessing timm resolves for it (its default pretrained tag)."""
@@ -147,6 +179,20 @@ def _random_images(rng: np.random.Generator, input_hw: tuple[int, int]) -> list[
     return images + [Image.fromarray(rng.integers(0, 256, (333, 250), dtype=np.uint8))]
 
 
+def _assert_preprocess_matches(transform, config: vitfast.ViTConfig, images: list[Image.Image]) -> None:
+    """vitfast.preprocess == timm's transform, bit for bit. Where timm fails (border mode rounds
+    a sliver image's short side to 0 pixels), vitfast keeps one pixel row and still answers."""
+    for image in images:
+        ours = vitfast.preprocess(image, config)[0]
+        try:
+            expected = transform(image.convert("RGB"))
+        except ValueError as exc:
+            assert config.crop_mode == "border" and "must be > 0" in str(exc), exc
+            assert ours.shape == (3, *config.img_hw) and bool(torch.isfinite(ours).all())
+            continue
+        torch.testing.assert_close(ours, expected, atol=0, rtol=0, msg=lambda m: f"{image.size} {image.mode}: {m}")
+
+
 @pytest.mark.parametrize("tag, overrides", _pretrained_cfg_variants(), ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v.values())))
 def test_pretrained_cfg_preprocessing_matches_timm(tag, overrides):
     """A timm Hub config.json (and `--config` with it) preprocesses like timm's
@@ -164,8 +210,6 @@ def test_pretrained_cfg_preprocessing_matches_timm(tag, overrides):
     assert not guesses, guesses
     from_flag = vitfast.get_config(arch).replace(**config_file_fields(hub))
     rng = np.random.default_rng(zlib.crc32(repr((tag, overrides)).encode()))
-    for image in _random_images(rng, hw):
-        expected = transform(image.convert("RGB"))
-        for config in (from_hub, from_flag):
-            ours = vitfast.preprocess(image, config)[0]
-            torch.testing.assert_close(ours, expected, atol=0, rtol=0, msg=lambda m: f"{image.size} {image.mode}: {m}")
+    images = _random_images(rng, hw)
+    for config in (from_hub, from_flag):
+        _assert_preprocess_matches(transform, config, images)

@@ -7,8 +7,9 @@ With `scale = floor(img_size / crop_pct)` per side (all settings from the `ViTCo
 - `crop_mode="squash"` (Hugging Face `ViTImageProcessor`/`DeiTImageProcessor`, timm's squash):
   both sides straight to `scale`, ignoring the aspect ratio;
 - `crop_mode="border"` (timm's `ResizeKeepRatio(longest=1)` + `CenterCropOrPad`): the longer side
-  to `scale` by one ratio, rounded, and a side shorter than `img_size` padded evenly (the extra
-  pixel right/bottom) with the colour `round(255 * mean)`, which normalises to about 0;
+  to `scale` by one ratio, rounded (at least 1 pixel: timm fails on such a sliver), and a side
+  shorter than `img_size` padded evenly (the extra pixel right/bottom) with the colour
+  `round(255 * mean)`, which normalises to about 0;
 then the centre `img_size` crop (offset rounded as torchvision's `CenterCrop`, or floored as
 Hugging Face's `center_crop` with `crop_rounding="floor"`), scale to [0, 1], subtract `mean`,
 divide by `std`. Resampling is Pillow's, as both timm (on PIL images) and HF's PIL processors use.
