@@ -1,6 +1,9 @@
 """CPU runtimes side by side (issue 15): ONNX Runtime and OpenVINO on vitfast's fp32 and int8 ONNX
-files, ONNX Runtime's `quantize_dynamic`, and NNCF's post-training quantization run in OpenVINO
-(what an OpenVINO user does by default), for several models and batch sizes, in one run.
+files (every --int8-target), ONNX Runtime's `quantize_dynamic`, and NNCF's post-training
+quantization run in OpenVINO (what an OpenVINO user does by default), for several models and batch
+sizes, in one run. `vs_nncf`: an OpenVINO int8 row against NNCF's file under the same hint. `auto`:
+the row `load_engine(path)` (backend "auto", threads only) runs for the fp32 and the
+--int8-target openvino file, with its properties and reason in the JSON's environment.
 
     python benchmarks/cpu_runtimes.py --out benchmarks/results/cpu-runtimes-<sha>.json
     python benchmarks/cpu_runtimes.py --dry-run      # tiny model, 2 calls per row: every path runs, figures meaningless
@@ -43,7 +46,7 @@ BASELINE = "onnxruntime fp32"
 
 
 def build_artifacts(name: str, work: Path, calib_samples: int, img_size: int | None) -> dict[str, Path]:
-    """fp32 ONNX, vitfast int8 in both CPU forms, ORT quantize_dynamic, NNCF int8 (OpenVINO IR)."""
+    """fp32 ONNX, vitfast int8 in every target's form, ORT quantize_dynamic, NNCF int8 (OpenVINO IR)."""
     import nncf
     import openvino as ov
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -53,7 +56,7 @@ def build_artifacts(name: str, work: Path, calib_samples: int, img_size: int | N
     fp32 = to_onnx(model, work / "fp32.onnx", batch=(1, 8, 64))
     calib = random_images(model.config, calib_samples, seed=0)
     paths = {"fp32": fp32}
-    for target in ("cpu", "tensorrt"):
+    for target in ("cpu", "tensorrt", "openvino"):
         paths[f"int8-{target}"] = quantize_int8(fp32, work / f"int8-{target}.onnx", calib, samples=calib_samples, target=target, progress=False)
     paths["dynamic"] = work / "dynamic.onnx"
     quantize_dynamic(str(fp32), str(paths["dynamic"]), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
@@ -69,18 +72,33 @@ def build_artifacts(name: str, work: Path, calib_samples: int, img_size: int | N
 
 
 def runtimes(paths: dict[str, Path], threads: int) -> dict[str, Callable]:
-    """Row name -> engine. OpenVINO rows under both hints; NNCF gets the same runtime settings as vitfast's file."""
+    """Row name -> engine. OpenVINO rows under both hints; NNCF gets the same runtime settings as vitfast's files."""
     rows = {
         BASELINE: OnnxEngine(paths["fp32"], threads=threads),
         "onnxruntime int8 vitfast QDQ (cpu target)": OnnxEngine(paths["int8-cpu"], threads=threads),
         "onnxruntime int8 vitfast QDQ (tensorrt target)": OnnxEngine(paths["int8-tensorrt"], threads=threads),
+        "onnxruntime int8 vitfast QDQ (openvino target)": OnnxEngine(paths["int8-openvino"], threads=threads),
         "onnxruntime int8 quantize_dynamic": OnnxEngine(paths["dynamic"], threads=threads),
         "openvino fp32": OpenVinoEngine(paths["fp32"], threads=threads),
     }
     for hint in ("latency", "throughput"):
-        rows[f"openvino int8 vitfast QDQ ({hint})"] = OpenVinoEngine(paths["int8-tensorrt"], threads=threads, hint=hint)
+        for target in ("tensorrt", "openvino"):
+            rows[f"openvino int8 vitfast QDQ ({target} target, {hint})"] = OpenVinoEngine(paths[f"int8-{target}"], threads=threads, hint=hint)
         rows[f"openvino int8 NNCF ({hint})"] = OpenVinoEngine(paths["nncf"], threads=threads, hint=hint)
     return rows
+
+
+def auto_choices(paths: dict[str, Path], threads: int, rows: dict[str, Callable]) -> dict[str, dict]:
+    """What `load_engine(path, threads=...)` picks for the fp32 and the --int8-target openvino file,
+    and which measured row runs the same backend, file and settings (None if none does)."""
+    out = {}
+    for artifact in ("fp32", "int8-openvino"):
+        engine = vitfast.load_engine(paths[artifact], threads=threads)
+        props = engine.compiled_properties() if isinstance(engine, OpenVinoEngine) else None
+        same = [name for name, other in rows.items() if type(other) is type(engine) and other.path == engine.path
+                and (props is None or other.compiled_properties() == props)]  # fmt: skip
+        out[artifact] = {"backend": engine.kind, "why": engine.backend_choice, "properties": props, "row": same[0] if same else None}
+    return out
 
 
 def measure(engines: dict[str, Callable], inputs: list[torch.Tensor], repeats: int, warmup: int) -> dict[str, list[float]]:
@@ -97,15 +115,19 @@ def measure(engines: dict[str, Callable], inputs: list[torch.Tensor], repeats: i
     return times
 
 
-def rows_for(model: str, batch: int, times: dict[str, list[float]]) -> list[dict]:
+def rows_for(model: str, batch: int, times: dict[str, list[float]], auto: dict[str, dict]) -> list[dict]:
     base = statistics.median(times[BASELINE])
+    auto_rows = {choice["row"]: artifact for artifact, choice in auto.items()}
     rows = []
     for name, samples in times.items():
         ms = statistics.median(samples)
         half = len(samples) // 2  # first vs second half: how much the figure moved during the run
         spread = abs(statistics.median(samples[:half]) - statistics.median(samples[half:])) / ms if half else 0.0
+        hint = name.rsplit(", ", 1)[-1].rstrip(")") if name.startswith("openvino int8 vitfast") else None
+        nncf = statistics.median(times[f"openvino int8 NNCF ({hint})"]) if hint else None
         rows.append({"model": model, "batch": batch, "runtime": name, "median_ms": round(ms, 3),
                      "images_per_s": round(batch * 1e3 / ms, 2), "vs_ort_fp32": round(base / ms, 3),
+                     "vs_nncf": round(nncf / ms, 3) if nncf else "", "auto": auto_rows.get(name, ""),
                      "half_spread": round(spread, 3), "samples_ms": [round(t, 3) for t in samples]})  # fmt: skip
     return rows
 
@@ -126,15 +148,17 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in args.batch.split(",")]
     torch.set_num_threads(args.threads)
     started, load_start = time.time(), list(os.getloadavg())
-    rows = []
+    rows, auto = [], {}
     for name in args.models.split(","):
         work = Path(tempfile.mkdtemp(prefix="vitfast-cpu-runtimes-"))
         try:
-            engines = runtimes(build_artifacts(name, work, args.calib_samples, 32 if args.dry_run else None), args.threads)
+            paths = build_artifacts(name, work, args.calib_samples, 32 if args.dry_run else None)
+            engines = runtimes(paths, args.threads)
+            auto[name] = auto_choices(paths, args.threads, engines)
             config = engines[BASELINE].config
             for batch in batches:
                 inputs = [torch.randn(batch, 3, *config.img_hw) for _ in range(3)]
-                rows += rows_for(name, batch, measure(engines, inputs, args.repeats, args.warmup))
+                rows += rows_for(name, batch, measure(engines, inputs, args.repeats, args.warmup), auto[name])
                 print_rows([r for r in rows if r["model"] == name and r["batch"] == batch])
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -143,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python", "benchmarks/cpu_runtimes.py", *(argv if argv is not None else sys.argv[1:])]),
         "git_sha": git_state()["sha"], "git": git_state(), "cpu": cpu_model(), "logical_cpus": os.cpu_count(),
         "threads": args.threads, "repeats": args.repeats, "loadavg_start": load_start, "loadavg_end": list(os.getloadavg()),
-        "elapsed_s": round(time.time() - started, 1), "dry_run": args.dry_run,
+        "elapsed_s": round(time.time() - started, 1), "dry_run": args.dry_run, "auto": auto,
         "versions": env["versions"] | {lib: library_version(lib) for lib in ("openvino", "nncf")},
     }  # fmt: skip
     print(f"load average {load_start[0]:.1f} at start, {env['loadavg_end'][0]:.1f} at end on {os.cpu_count()} CPUs; "
@@ -155,10 +179,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_rows(rows: list[dict]) -> None:
     print(f"\n{rows[0]['model']}, batch {rows[0]['batch']}")
-    print(f"| {'runtime':<48} | {'img/s':>8} | {'ms':>9} | vs ORT fp32 |")
-    print(f"|{'-' * 50}|{'-' * 10}|{'-' * 11}|-------------|")
+    print(f"| {'runtime':<56} | {'img/s':>7} | {'ms':>7} | vs ORT fp32 | vs NNCF | auto |")
+    print(f"|{'-' * 58}|{'-' * 9}|{'-' * 9}|-------------|---------|------|")
     for r in rows:
-        print(f"| {r['runtime']:<48} | {r['images_per_s']:8.1f} | {r['median_ms']:9.1f} | {r['vs_ort_fp32']:10.2f}x |", flush=True)
+        nncf = f"{r['vs_nncf']:6.2f}x" if r["vs_nncf"] else ""
+        print(f"| {r['runtime']:<56} | {r['images_per_s']:7.1f} | {r['median_ms']:7.1f} | {r['vs_ort_fp32']:10.2f}x | {nncf:>7} | "
+              f"{'yes' if r['auto'] else '':>4} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """INT8 post-training quantization of an exported fp32 ONNX model with ONNX Runtime's calibrators.
 
-Two targets from one calibration:
+Three targets from one calibration:
 - "tensorrt" (default): explicit QDQ that TensorRT builds INT8 engines from: symmetric int8
   activations and weights (zero point 0), per-channel weights, Q/DQ only on the inputs of the
   patch-embedding Conv and the MatMul/Gemm layers; LayerNorm, Softmax and GELU stay float.
+- "openvino": the same Q/DQ placement on a graph whose attention computes q, k and v with three
+  MatMuls (`qkv_split.py`): the fastest int8 file for OpenVINO on CPU (benchmarks/cpu_runtimes.py).
 - "cpu": the form ONNX Runtime's CPU int8 kernels want on x86 (VNNI multiplies uint8 x int8):
   asymmetric uint8 activations, symmetric per-channel int8 weights, same layers.
 """
@@ -29,9 +31,10 @@ from vitfast.atomic import claim_output, temporaries_in
 
 from .artifacts import read_sidecar, sha256_file, write_sidecar
 from .onnx_export import require_onnx
+from .qkv_split import write_split_qkv
 
 METHODS = ("minmax", "entropy", "percentile")
-TARGETS = ("tensorrt", "cpu")
+TARGETS = ("tensorrt", "openvino", "cpu")
 QUANTIZED_OPS = ["Conv", "MatMul", "Gemm"]
 HELD_OUT = 64  # images the int8 parity is measured on, never calibrated on
 
@@ -152,7 +155,7 @@ def quantize_int8(
             batch = next(self.items, None)
             return None if batch is None else {"images": batch}
 
-    symmetric_acts = target == "tensorrt"
+    symmetric_acts = target != "cpu"
     extra = {
         "ActivationSymmetric": symmetric_acts,
         "WeightSymmetric": True,
@@ -164,9 +167,13 @@ def quantize_int8(
         "OpTypesToExcludeOutputQuantization": QUANTIZED_OPS if symmetric_acts else [],
     }
     with claim_output(out_path, force) as out, temporaries_in(out.scratch_dir):  # ONNX Runtime's temporaries too: off /tmp
-        tmp, prepared = out.tmp, out.scratch_dir / "prepared.onnx"
+        tmp, prepared, source = out.tmp, out.scratch_dir / "prepared.onnx", onnx_path
+        if target == "openvino":
+            report.phase("splitting q/k/v in the graph")
+            source = out.scratch_dir / "split_qkv.onnx"
+            split_blocks = write_split_qkv(onnx_path, source, config.num_heads)
         report.phase("preparing the graph for quantization (shape inference)")
-        quant_pre_process(str(onnx_path), str(prepared), skip_symbolic_shape=False)
+        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=False)
         quantize_static(
             str(prepared), str(tmp), Reader(),
             quant_format=QuantFormat.QDQ,
@@ -186,7 +193,8 @@ def quantize_int8(
             quantized_from={"path": str(onnx_path), "sha256": sha256_file(onnx_path)},
             int8={"target": target, "method": method, "samples": n_samples, "held_out": len(held_out), "per_channel_weights": True,
                   "symmetric_activations": symmetric_acts, "quantized_ops": QUANTIZED_OPS, "exclude": list(exclude),
-                  "calibration": str(calibration) if isinstance(calibration, (str, os.PathLike)) else "tensors"},
+                  "calibration": str(calibration) if isinstance(calibration, (str, os.PathLike)) else "tensors"}
+                 | ({"split_qkv_blocks": split_blocks} if target == "openvino" else {}),
             parity=_int8_parity(tmp, onnx_path, held_out),
         )  # fmt: skip
         write_sidecar(tmp, new_meta)

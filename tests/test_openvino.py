@@ -116,12 +116,53 @@ def test_preprocessing_overrides_apply_as_in_onnx_runtime(exported):
 def test_backend_choice(exported):
     _, fp32, _ = exported
     assert isinstance(load_engine(fp32, backend="onnxruntime"), OnnxEngine)
-    assert isinstance(load_engine(fp32), OnnxEngine)  # auto: ONNX Runtime; OpenVINO is asked for by name
-    assert isinstance(load_engine(fp32, backend="openvino"), OpenVinoEngine)
+    engine = load_engine(fp32)
+    assert isinstance(engine, OnnxEngine) and "fp32 ONNX files" in engine.backend_choice  # auto: OpenVINO is no faster in fp32
+    engine = load_engine(fp32, backend="openvino")
+    assert isinstance(engine, OpenVinoEngine) and engine.backend_choice == "openvino requested"
+    assert isinstance(load_engine(fp32, hint="latency"), OpenVinoEngine)  # OpenVINO's own keywords ask for it
     with pytest.raises(vitfast.InputError, match="use backend onnxruntime or openvino"):
         load_engine(fp32, backend="tensorrt")
     with pytest.raises(vitfast.InputError, match="unknown backend 'tvm'"):
         load_engine(fp32, backend="tvm")
+
+
+def test_auto_runs_symmetric_int8_in_openvino_and_says_why(exported, tmp_path, monkeypatch):
+    """The rule in `onnx_backend`: symmetric int8 QDQ -> OpenVINO when installed; the uint8 cpu form,
+    execution providers, or no OpenVINO -> ONNX Runtime. The engine says which and why."""
+    _, fp32, _ = exported
+    calib = torch.randn(8, 3, 112, 112, generator=torch.Generator().manual_seed(0))
+    files = {t: quantize_int8(fp32, tmp_path / f"{t}.onnx", calib, samples=6, target=t, progress=False) for t in ("openvino", "tensorrt", "cpu")}
+    for target in ("openvino", "tensorrt"):
+        engine = load_engine(files[target])
+        assert isinstance(engine, OpenVinoEngine) and engine.backend_choice.startswith("auto: OpenVINO"), target
+    engine = load_engine(files["cpu"])
+    assert isinstance(engine, OnnxEngine) and "--int8-target cpu" in engine.backend_choice
+    engine = load_engine(files["openvino"], providers=["CPUExecutionProvider"])
+    assert isinstance(engine, OnnxEngine) and "providers" in engine.backend_choice
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else find_spec(name, *a))
+    engine = load_engine(files["openvino"])
+    assert isinstance(engine, OnnxEngine) and "not installed" in engine.backend_choice
+
+
+def test_cli_auto_reports_openvino_and_mark_all_stays_on_onnx_runtime(exported, tmp_path):
+    """check/eval on an int8 file under auto say on stderr that OpenVINO runs it; --mark-all, which
+    needs ONNX Runtime's marked outputs, asks for ONNX Runtime itself."""
+    _, fp32, _ = exported
+    calib = torch.randn(8, 3, 112, 112, generator=torch.Generator().manual_seed(0))
+    int8 = quantize_int8(fp32, tmp_path / "m.int8.onnx", calib, samples=6, target="openvino", progress=False)
+    run = lambda *args: subprocess.run([str(VITFAST), *map(str, args)], capture_output=True, text=True, timeout=600)  # noqa: E731
+    check = run("check", int8, "--against", fp32, "--json")
+    assert check.returncode == 0, check.stderr
+    assert json.loads(check.stdout)["backend"] == "openvino" and "auto: OpenVINO runs symmetric int8" in check.stderr
+    marked = run("check", int8, "--against", fp32, "--mark-all", "--json")
+    assert marked.returncode in (0, 1) and "Traceback" not in marked.stderr, marked.stderr
+    result = json.loads(marked.stdout)
+    assert result["backend"] == result["against_backend"] == "onnxruntime" and result["layers"]["compared"] > 0
+    assert "OpenVINO" not in marked.stderr
 
 
 def test_openvino_missing_is_one_clear_error(exported, monkeypatch):
@@ -155,4 +196,4 @@ def test_bench_measures_openvino_on_its_own_int8_form(tmp_path, capsys):
     rows = {r["precision"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert all(r["status"] == "ok" and r["median_ms"] > 0 for r in rows.values()), rows
     assert rows["fp32"]["details"]["properties"]["PERFORMANCE_HINT"] == "THROUGHPUT"
-    assert rows["int8"]["details"]["int8"]["target"] == "tensorrt"
+    assert rows["int8"]["details"]["int8"]["target"] == "openvino"

@@ -37,7 +37,7 @@ BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitf
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # the int8 QDQ form each CPU runtime runs fastest (benchmarks/cpu_runtimes.py measures them all)
-INT8_TARGETS = {"onnxruntime": "cpu", "openvino": "tensorrt"}
+INT8_TARGETS = {"onnxruntime": "cpu", "openvino": "openvino"}
 TORCH_BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitfast-compile")
 
 
@@ -323,7 +323,7 @@ def onnx_artifact(config: ViTConfig, precision: str, options: BackendOptions, ta
 
 def _ort_runner(path: Path, platform: Platform, options: BackendOptions) -> Runner:
     provider = ort_provider(platform, options)
-    engine = load_engine(path, providers=[provider], threads=options.threads)
+    engine = load_engine(path, backend="onnxruntime", providers=[provider], threads=options.threads)
     if engine.providers[0] != provider:  # ORT falls back silently when a provider's libraries are missing
         raise BackendUnavailable(f"ONNX Runtime could not start {provider} (session has {engine.providers})")
     on_gpu = provider == ORT_PROVIDERS["cuda"]

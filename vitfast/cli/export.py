@@ -113,6 +113,8 @@ def load_artifact(path: str, args: argparse.Namespace, labels: bool = True, back
     if not labels:
         overrides.pop("labels", None)
     engine = load_engine(path, backend=backend, overrides=overrides)
+    if backend == "auto" and engine.kind == "openvino" and not getattr(args, "quiet", False):  # not the runtime it was calibrated with
+        print(f"{path}: {engine.backend_choice}", file=sys.stderr)
     if engine.metadata.get("foreign"):
         report_choice(engine.path, engine.io, engine.metadata["assumed"])
     if getattr(engine, "missing_preprocessing", None):
@@ -120,19 +122,29 @@ def load_artifact(path: str, args: argparse.Namespace, labels: bool = True, back
     return engine
 
 
+def _is_onnx(path: str) -> bool:
+    """An ONNX file or an Optimum export folder (what `load_engine` runs with ONNX Runtime or OpenVINO)."""
+    return Path(path).suffix.lower() == ".onnx" or (Path(path) / "model.onnx").is_file()
+
+
 def add_artifact_args(p: argparse.ArgumentParser, labels: bool = True) -> None:
     """--config, the field overrides (and --labels) and --img-size, for commands that take any artifact."""
     add_config_args(p, labels=labels)
     p.add_argument("--backend", default="auto", choices=BACKENDS,
-                   help="runtime for the artifact (default auto: torch, ONNX Runtime or TensorRT by the artifact; openvino on request)")  # fmt: skip
+                   help="runtime for the artifact (default auto: torch, TensorRT, or for ONNX files OpenVINO when installed for "
+                        "symmetric int8 QDQ, else ONNX Runtime)")  # fmt: skip
     p.add_argument("--img-size", type=int, metavar="N", help="input resolution of an ONNX graph with dynamic H/W and no vitfast sidecar")
 
 
 # ---------------------------------------------------------------------------- check
 def cmd_check(args: argparse.Namespace) -> int:
-    engine = load_artifact(args.artifact, args, backend=args.backend)
+    backend, other_backend = args.backend, "auto"
+    if args.mark_all and args.against and all(_is_onnx(p) for p in (args.artifact, args.against)):
+        # marked intermediate outputs are an ONNX Runtime session feature: there, auto means ONNX Runtime
+        backend, other_backend = "onnxruntime" if backend == "auto" else backend, "onnxruntime"
+    engine = load_artifact(args.artifact, args, backend=backend)
     if args.against:
-        other = load_artifact(args.against, args)
+        other = load_artifact(args.against, args, backend=other_backend)
         with reporter("check", args.quiet) as progress:
             result = {"artifact": str(args.artifact), "against": str(args.against)} | pipeline.check_against(
                 engine, other, samples=args.samples, data=args.data, atol=args.atol, rtol=args.rtol, mark_all=args.mark_all,
@@ -205,8 +217,9 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--calib-dir", help="calibration images (searched recursively) for int8")
     p.add_argument("--calib-method", default="minmax", choices=["minmax", "entropy", "percentile"])
     p.add_argument("--calib-samples", type=positive_int, default=256, help="calibration images to use (default 256)")
-    p.add_argument("--int8-target", default="tensorrt", choices=["tensorrt", "cpu"],
-                   help="QDQ form: TensorRT's symmetric int8 (default) or ONNX Runtime CPU's uint8 activations")  # fmt: skip
+    p.add_argument("--int8-target", default="tensorrt", choices=["tensorrt", "openvino", "cpu"],
+                   help="QDQ form: TensorRT's symmetric int8 (default), the same with q/k/v split (fastest in OpenVINO), "
+                        "or ONNX Runtime CPU's uint8 activations")  # fmt: skip
     p.add_argument("--exclude", nargs="*", help="node-name patterns kept in float (per-layer fallback)")
     p.add_argument("--batch", default="1:8:32", help="MIN:OPT:MAX batch profile (default 1:8:32)")
     p.add_argument("--img-size", type=positive_int, help="export at this resolution (position embeddings resized)")

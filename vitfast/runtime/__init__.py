@@ -10,6 +10,7 @@ The runtime reads artifacts and their sidecars (`sidecar.py`); it never imports 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = ["ENGINE_SUFFIXES", "Engine", "is_float_images", "OnnxEngine", "OpenVi
 
 
 BACKENDS = ("auto", "torch", "onnxruntime", "openvino", "tensorrt")
+OPENVINO_KEYWORDS = {"hint", "streams", "properties"}  # OpenVinoEngine's own: with auto, they pick OpenVINO
 
 
 def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str | None = None, optimized: bool = False,
@@ -37,10 +39,10 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
     as `load_checkpoint` takes them (plus `img_size`); for an ONNX file, its preprocessing (all of
     img_size/mean/std/... for a graph without a vitfast sidecar).
 
-    `backend`: "auto" (torch for checkpoints, ONNX Runtime for ONNX files, TensorRT for engines), or
-    one of "torch", "onnxruntime" / "openvino" (ONNX files; openvino for vitfast's own), "tensorrt".
-    OpenVINO is chosen explicitly: it is the faster CPU runtime here (benchmarks/cpu_runtimes.py) but
-    not yet the default, which every other tool path (check --mark-all, bench) is built on."""
+    `backend`: "auto" (torch for checkpoints, TensorRT for engines, for ONNX files the rule of
+    `onnx_backend`), or one of "torch", "onnxruntime" / "openvino" (ONNX files; openvino for
+    vitfast's own), "tensorrt". The engine's `backend_choice` says which backend ran and why;
+    code that needs ONNX Runtime itself (sessions, providers, marked outputs) asks for it by name."""
     path = Path(path)
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
@@ -52,17 +54,63 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
     if backend != "auto" and backend not in allowed:
         raise InputError(f"{path} is a{'n' if kind != 'checkpoint' else ''} {kind}: the {backend} backend cannot run it; "
                          f"use backend {' or '.join(allowed)} (or auto)")  # fmt: skip
+    reason = f"{backend} requested"
     if kind == "onnx":
         ours = path.is_file() and sidecar_path(path).exists()  # vitfast's export: config and input spec in the sidecar
+        if backend == "auto":
+            backend, reason = onnx_backend(read_sidecar(path) if ours else None, kwargs)
         if backend == "openvino":
             if not ours:
                 raise InputError(f"the openvino backend runs ONNX files exported by vitfast (with a .json sidecar); "
                                  f"{path} has none: use backend onnxruntime")  # fmt: skip
-            return OpenVinoEngine(path, overrides=overrides, **kwargs)
-        return OnnxEngine(path, overrides=overrides, **kwargs)
-    if kind == "engine":
-        return TensorRTEngine(path, **kwargs)
-    overrides = dict(overrides or {})
-    img_size = overrides.pop("img_size", None)
-    return TorchEngine(load_checkpoint(path, img_size=img_size, overrides=overrides), device=device, optimized=optimized,
-                       path=path, **kwargs)  # fmt: skip
+            engine = OpenVinoEngine(path, overrides=overrides, **kwargs)
+        else:
+            engine = OnnxEngine(path, overrides=overrides, **kwargs)
+    elif kind == "engine":
+        engine = TensorRTEngine(path, **kwargs)
+    else:
+        overrides = dict(overrides or {})
+        img_size = overrides.pop("img_size", None)
+        engine = TorchEngine(load_checkpoint(path, img_size=img_size, overrides=overrides), device=device, optimized=optimized,
+                             path=path, **kwargs)  # fmt: skip
+    engine.backend_choice = reason if kind == "onnx" or backend != "auto" else f"auto: {engine.kind} runs {kind} artifacts"
+    return engine
+
+
+def onnx_backend(meta: dict | None, kwargs: dict[str, Any]) -> tuple[str, str]:
+    """(backend, why) for `backend="auto"` on an ONNX file; `meta` is its vitfast sidecar (None: none).
+
+    The rule, from benchmarks/cpu_runtimes.py on CPU: a vitfast int8 file in a symmetric int8 QDQ form
+    (`--int8-target openvino` or `tensorrt`) runs ~2x faster in OpenVINO than in ONNX Runtime, so it
+    goes to OpenVINO when OpenVINO is installed and ONNX Runtime has no CUDA GPU to run it on.
+    Everything else stays on ONNX Runtime: fp32/fp16 (OpenVINO was no faster), the uint8
+    `--int8-target cpu` form (OpenVINO lost ~10 points of top-1 on it), graphs without a vitfast
+    sidecar, and calls passing ONNX Runtime's own keywords (`providers`). OpenVINO's own keywords
+    (`hint`, `streams`, `properties`) pick OpenVINO for any vitfast ONNX file."""
+    int8 = (meta or {}).get("int8") or {}
+    if meta is not None and OPENVINO_KEYWORDS & kwargs.keys():
+        return "openvino", f"auto: OpenVINO because its keywords ({', '.join(sorted(OPENVINO_KEYWORDS & kwargs.keys()))}) were given"
+    if meta is None:
+        return "onnxruntime", "auto: ONNX Runtime for an ONNX graph without a vitfast sidecar"
+    if meta.get("precision") != "int8":
+        return "onnxruntime", f"auto: ONNX Runtime for {meta.get('precision', 'fp32')} ONNX files (OpenVINO is no faster on them)"
+    if int8.get("target") == "cpu":
+        return "onnxruntime", "auto: ONNX Runtime for an --int8-target cpu file (its uint8 form loses accuracy in OpenVINO)"
+    if int8.get("target") not in ("tensorrt", "openvino"):
+        return "onnxruntime", "auto: ONNX Runtime for an int8 file vitfast did not calibrate"
+    if "providers" in kwargs:
+        return "onnxruntime", "auto: ONNX Runtime because execution providers were given"
+    if importlib.util.find_spec("openvino") is None:
+        return "onnxruntime", "auto: ONNX Runtime (OpenVINO, the faster int8 CPU runtime, is not installed: pip install 'vitfast[openvino]')"
+    if _ort_has_cuda():
+        return "onnxruntime", "auto: ONNX Runtime with its CUDA provider (int8 on GPU: build a TensorRT engine)"
+    return "openvino", "auto: OpenVINO runs symmetric int8 QDQ files fastest on CPU (--backend onnxruntime for ONNX Runtime)"
+
+
+def _ort_has_cuda() -> bool:
+    """ONNX Runtime would run the file on a CUDA GPU (it picks that provider first when it has one)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return False
+    return "CUDAExecutionProvider" in ort.get_available_providers()
