@@ -18,7 +18,7 @@ import numpy as np
 def write_split_qkv(src: Path, dst: Path, num_heads: int) -> int:
     """`src` (an fp32 ONNX file from `to_onnx`) with q/k/v split, written to `dst` (weights beside
     it in `dst.data` when over protobuf's 2 GB); returns how many attention blocks were rewritten."""
-    import onnx
+    import onnx  # optional dependency (the onnx extra)
 
     model = onnx.load(str(src))
     count = split_qkv(model, num_heads)
@@ -30,7 +30,7 @@ def write_split_qkv(src: Path, dst: Path, num_heads: int) -> int:
 def split_qkv(model, num_heads: int) -> int:
     """Rewrite `model` (an `onnx.ModelProto` from `to_onnx`) in place; returns how many attention
     blocks were rewritten. A graph without the fused pattern is left as it is (returns 0)."""
-    from onnx import helper, numpy_helper
+    from onnx import helper, numpy_helper  # optional dependency (the onnx extra), needed only when a graph is rewritten
 
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
@@ -110,7 +110,7 @@ def _fused_qkv(matmul, consumers, producer, inits):
 
 def _slice_start(node, inits) -> int | None:
     """Which of q/k/v (0/1/2) a Slice on axis 0 of the permuted qkv takes."""
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # optional dependency (the onnx extra)
 
     if node.op_type != "Slice" or len(node.input) < 4 or any(i not in inits for i in node.input[1:4]):
         return None
@@ -119,7 +119,7 @@ def _slice_start(node, inits) -> int | None:
 
 
 def _attr(node, name):
-    from onnx import helper
+    from onnx import helper  # optional dependency (the onnx extra)
 
     return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
 

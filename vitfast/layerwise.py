@@ -85,7 +85,8 @@ def compare_layers(engine_a, engine_b, x: torch.Tensor, precision: str, *, atol:
     tolerance (None when all pass), the worst ones, and how many were matched."""
     for engine in (engine_a, engine_b):
         if getattr(engine, "kind", None) != "onnxruntime":
-            raise InputError(f"--mark-all compares two ONNX graphs; {engine.path} is a {engine.kind} artifact")
+            fix = "; load it with backend='onnxruntime' (marked outputs are an ONNX Runtime feature)" if engine.kind == "openvino" else ""
+            raise InputError(f"--mark-all compares two ONNX graphs in ONNX Runtime; {engine.path} is a {engine.kind} artifact{fix}")
     out_a, ops_a = marked_outputs(engine_a, x)
     out_b, _ = marked_outputs(engine_b, x)
     layers = []
