@@ -197,3 +197,34 @@ def test_bench_measures_openvino_on_its_own_int8_form(tmp_path, capsys):
     assert all(r["status"] == "ok" and r["median_ms"] > 0 for r in rows.values()), rows
     assert rows["fp32"]["details"]["properties"]["PERFORMANCE_HINT"] == "THROUGHPUT"
     assert rows["int8"]["details"]["int8"]["target"] == "openvino"
+
+
+def test_cli_runtime_flags_reach_the_engine_or_are_refused(exported, tmp_path):
+    """--threads / --ov-hint / --ov-streams on check, eval and serve: OpenVINO gets them as compile
+    properties (and under auto they pick it), ONNX Runtime gets --threads; a flag the runtime has no
+    use for is a one-line error, not silently dropped."""
+    from vitfast.cli.export import load_artifact
+    from vitfast.cli.main import build_parser
+
+    _, fp32, _ = exported
+    parser = build_parser()
+    args = parser.parse_args(["check", str(fp32), "--ov-hint", "throughput", "--ov-streams", "2", "--threads", "2"])
+    engine = load_artifact(args.artifact, args, backend=args.backend)
+    props = engine.compiled_properties()
+    assert engine.kind == "openvino" and "hint, streams" in engine.backend_choice
+    assert (props["PERFORMANCE_HINT"], props["NUM_STREAMS"], props["INFERENCE_NUM_THREADS"]) == ("THROUGHPUT", "2", "2")
+    args = parser.parse_args(["eval", str(fp32), "--data", str(tmp_path), "--backend", "onnxruntime", "--threads", "1"])
+    engine = load_artifact(args.artifact, args, backend=args.backend)
+    assert engine.kind == "onnxruntime" and engine.session.get_session_options().intra_op_num_threads == 1
+
+    from vitfast.cli.export import runtime_options
+
+    for path, flags, message in (("m.safetensors", ["--ov-hint", "latency"], "OpenVINO, which runs ONNX files"),
+                                 ("m.plan", ["--threads", "2"], "is a TensorRT engine")):  # fmt: skip
+        with pytest.raises(vitfast.InputError, match=message):
+            runtime_options(path, parser.parse_args(["check", path, *flags]), "auto")
+    run = lambda *a: subprocess.run([str(VITFAST), *map(str, a)], capture_output=True, text=True, timeout=600)  # noqa: E731
+    wrong = run("check", fp32, "--backend", "onnxruntime", "--ov-hint", "latency")
+    assert wrong.returncode == 2 and "use --backend openvino (or auto)" in wrong.stderr and "Traceback" not in wrong.stderr
+    bad_streams = run("serve", fp32, "--ov-streams", "0")
+    assert bad_streams.returncode == 2 and "--ov-streams" in bad_streams.stderr

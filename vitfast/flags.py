@@ -36,4 +36,11 @@ def positive_float(text: str) -> float:
 
 
 positive_int = int_in(1)
+
+
+def ov_streams(text: str) -> int | str:
+    """OpenVINO's NUM_STREAMS: a whole number >= 1, or AUTO."""
+    return "AUTO" if text.strip().upper() == "AUTO" else positive_int(text)
+
+
 port = int_in(1, 65535)

@@ -7,13 +7,14 @@ import json
 import sys
 from pathlib import Path
 
+import torch
 from rich.table import Table
 
 from vitfast import pipeline
 from vitfast.data import find_images
 from vitfast.errors import BackendUnavailable, InputError
 from vitfast.foreign import report_choice
-from vitfast.flags import int_in, positive_float, positive_int
+from vitfast.flags import int_in, ov_streams, positive_float, positive_int
 from vitfast.atomic import check_output_free, reserve_output
 from vitfast.export.artifacts import parse_batch, read_sidecar
 from vitfast.export.tensorrt import build_engine, require_tensorrt, trtexec_command
@@ -21,7 +22,8 @@ from vitfast.export.triton_repo import check_repository_free
 from vitfast.layerwise import describe_layers
 from vitfast.precision import EXPORT as EXPORT_PRECISIONS
 from vitfast.progress import Reporter
-from vitfast.runtime import BACKENDS, Engine, load_engine
+from vitfast.runtime import BACKENDS, ENGINE_SUFFIXES, Engine, load_engine
+from vitfast.runtime.openvino_engine import HINTS as OV_HINTS
 from vitfast.sources import source_model
 
 from .config_args import add_config_args, config_overrides, read_labels
@@ -105,14 +107,15 @@ def _report(path: Path, quiet: bool) -> None:
 
 
 # ---------------------------------------------------------------------------- artifacts
-def load_artifact(path: str, args: argparse.Namespace, labels: bool = True, backend: str = "auto") -> Engine:
+def load_artifact(path: str, args: argparse.Namespace, labels: bool = True, backend: str = "auto", primary: bool = True) -> Engine:
     """`load_engine(path)` with the command's --config / field overrides / --img-size (and --labels
-    unless `labels` is False); says what it read off a foreign ONNX graph, and refuses one whose
+    unless `labels` is False), and for the `primary` artifact (not an --against one) --threads and
+    the OpenVINO flags; says what it read off a foreign ONNX graph, and refuses one whose
     preprocessing is unknown (raw images need it)."""
     overrides = config_overrides(args) | ({"img_size": args.img_size} if getattr(args, "img_size", None) else {})
     if not labels:
         overrides.pop("labels", None)
-    engine = load_engine(path, backend=backend, overrides=overrides)
+    engine = load_engine(path, backend=backend, overrides=overrides, **(runtime_options(path, args, backend) if primary else {}))
     if backend == "auto" and engine.kind == "openvino" and not getattr(args, "quiet", False):  # not the runtime it was calibrated with
         print(f"{path}: {engine.backend_choice}", file=sys.stderr)
     if engine.metadata.get("foreign"):
@@ -120,6 +123,26 @@ def load_artifact(path: str, args: argparse.Namespace, labels: bool = True, back
     if getattr(engine, "missing_preprocessing", None):
         raise InputError(engine.missing_preprocessing)
     return engine
+
+
+def runtime_options(path: str, args: argparse.Namespace, backend: str) -> dict:
+    """load_engine keywords from --threads, --ov-hint and --ov-streams for this artifact and backend.
+    A checkpoint takes --threads as torch's thread count; a flag the chosen runtime has no use for
+    is refused rather than ignored."""
+    threads, hint, streams = (getattr(args, k, None) for k in ("threads", "ov_hint", "ov_streams"))
+    openvino = {k: v for k, v in (("hint", hint), ("streams", streams)) if v is not None}
+    if not _is_onnx(path):
+        if openvino:
+            raise InputError(f"--ov-hint / --ov-streams set OpenVINO, which runs ONNX files; {path} is not one: drop them")
+        if threads is not None and Path(path).suffix.lower() in ENGINE_SUFFIXES:
+            raise InputError(f"--threads sets CPU runtimes; {path} is a TensorRT engine: drop it")
+        if threads is not None:
+            torch.set_num_threads(threads)
+        return {}
+    if openvino and backend == "onnxruntime":
+        raise InputError("--ov-hint / --ov-streams set OpenVINO, but the backend is onnxruntime: "
+                         "use --backend openvino (or auto), or drop them")  # fmt: skip
+    return openvino | ({"threads": threads} if threads is not None else {})
 
 
 def _is_onnx(path: str) -> bool:
@@ -134,6 +157,9 @@ def add_artifact_args(p: argparse.ArgumentParser, labels: bool = True) -> None:
                    help="runtime for the artifact (default auto: torch, TensorRT, or for ONNX files OpenVINO when installed for "
                         "symmetric int8 QDQ, else ONNX Runtime)")  # fmt: skip
     p.add_argument("--img-size", type=int, metavar="N", help="input resolution of an ONNX graph with dynamic H/W and no vitfast sidecar")
+    p.add_argument("--threads", type=positive_int, help="CPU threads for ONNX Runtime, OpenVINO or PyTorch (default: their own)")
+    p.add_argument("--ov-hint", choices=OV_HINTS, help="OpenVINO PERFORMANCE_HINT (picks OpenVINO under --backend auto)")
+    p.add_argument("--ov-streams", type=ov_streams, metavar="N|AUTO", help="OpenVINO NUM_STREAMS (picks OpenVINO under --backend auto)")
 
 
 # ---------------------------------------------------------------------------- check
@@ -144,7 +170,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         backend, other_backend = "onnxruntime" if backend == "auto" else backend, "onnxruntime"
     engine = load_artifact(args.artifact, args, backend=backend)
     if args.against:
-        other = load_artifact(args.against, args, backend=other_backend)
+        other = load_artifact(args.against, args, backend=other_backend, primary=False)
         with reporter("check", args.quiet) as progress:
             result = {"artifact": str(args.artifact), "against": str(args.against)} | pipeline.check_against(
                 engine, other, samples=args.samples, data=args.data, atol=args.atol, rtol=args.rtol, mark_all=args.mark_all,
@@ -184,7 +210,7 @@ def _print_check(result: dict, args: argparse.Namespace, title: str) -> int:
 # ---------------------------------------------------------------------------- eval
 def cmd_eval(args: argparse.Namespace) -> int:
     engine = load_artifact(args.artifact, args, labels=False, backend=args.backend)  # eval matches --labels to the folders itself
-    against = load_artifact(args.against, args, labels=False) if args.against else None
+    against = load_artifact(args.against, args, labels=False, primary=False) if args.against else None
     with reporter("eval", args.quiet) as progress:
         result = pipeline.evaluate(engine, args.data, labels=read_labels(args.labels) if args.labels else None,
                                    against=against, batch_size=args.batch_size, progress=progress)  # fmt: skip
