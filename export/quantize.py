@@ -5,7 +5,8 @@ Three targets from one calibration:
   activations and weights (zero point 0), per-channel weights, Q/DQ only on the inputs of the
   patch-embedding Conv and the MatMul/Gemm layers; LayerNorm, Softmax and GELU stay float.
 - "openvino": the same Q/DQ placement on a graph whose attention computes q, k and v with three
-  MatMuls (`qkv_split.py`): the fastest int8 file for OpenVINO on CPU (benchmarks/cpu_runtimes.py).
+  MatMuls (`qkv_split.py`): the fastest int8 file for OpenVINO on CPU (benchmarks/cpu_runtimes.py),
+  slower than "tensorrt" in ONNX Runtime.
 - "cpu": the form ONNX Runtime's CPU int8 kernels want on x86 (VNNI multiplies uint8 x int8):
   asymmetric uint8 activations, symmetric per-channel int8 weights, same layers.
 """

@@ -244,7 +244,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--calib-method", default="minmax", choices=["minmax", "entropy", "percentile"])
     p.add_argument("--calib-samples", type=positive_int, default=256, help="calibration images to use (default 256)")
     p.add_argument("--int8-target", default="tensorrt", choices=["tensorrt", "openvino", "cpu"],
-                   help="QDQ form: TensorRT's symmetric int8 (default), the same with q/k/v split (fastest in OpenVINO), "
+                   help="QDQ form: TensorRT's symmetric int8 (default), the same with q/k/v split (fastest in OpenVINO, slower in ONNX Runtime), "
                         "or ONNX Runtime CPU's uint8 activations")  # fmt: skip
     p.add_argument("--exclude", nargs="*", help="node-name patterns kept in float (per-layer fallback)")
     p.add_argument("--batch", default="1:8:32", help="MIN:OPT:MAX batch profile (default 1:8:32)")
