@@ -142,6 +142,11 @@ def test_auto_runs_symmetric_int8_in_openvino_and_says_why(exported, tmp_path, m
     assert isinstance(engine, OnnxEngine) and "providers" in engine.backend_choice
     import importlib.util
 
+    import vitfast.runtime
+
+    with monkeypatch.context() as patch:  # a CUDA provider: int8 QDQ is not OpenVINO's to run there
+        patch.setattr(vitfast.runtime, "_ort_has_cuda", lambda: True)
+        assert vitfast.runtime.onnx_backend(read_sidecar(files["openvino"]), {})[0] == "onnxruntime"
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else find_spec(name, *a))
     engine = load_engine(files["openvino"])
