@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip "setuptools>=68" wheel
+	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77" wheel
 	$(PY) -m pip install --quiet $(TORCH_SPEC)
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
@@ -51,7 +51,7 @@ TORCHVISION_SPEC ?= torchvision==0.28.0
 
 $(TIMM_STAMP): pyproject.toml setup.py Makefile
 	test -x $(TIMM_VENV)/bin/python || $(PYTHON) -m venv $(TIMM_VENV)
-	$(TIMM_VENV)/bin/python -m pip install --quiet --upgrade pip "setuptools>=68" wheel
+	$(TIMM_VENV)/bin/python -m pip install --quiet --upgrade pip "setuptools>=77" wheel
 	$(TIMM_VENV)/bin/python -m pip install --quiet $(TORCH_SPEC)
 	$(TIMM_VENV)/bin/python -m pip install --quiet $(TORCHVISION_SPEC) -e ".[timm]" "pytest>=8"
 	touch $(TIMM_STAMP)
