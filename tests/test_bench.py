@@ -256,9 +256,27 @@ def test_cli_sweep_outputs_compare_and_report(tmp_path, capsys):
     readme = capsys.readouterr().out
     assert "Also in `results/` (see each file's command): `kernels-abc.json`" in readme
     assert "### `cpu-int8-abc.json`" in readme and "python benchmarks/cpu_int8.py --threads 1" in readme
-    assert "git `abc123`, threads 1, model vit_small_patch16_224, batch 8" in readme
+    assert "git `abc123`, threads 1, model vit_small_patch16_224, batch 8\n" in readme
+    assert "CPU" not in readme.split("### `cpu-int8-abc.json`")[1].split("| backend")[0]  # no machine recorded, none printed
     assert "| backend | median_ms |\n|---|---|\n| onnxruntime fp32 | 821 |\n| onnxruntime int8 | 354 |" in readme  # nested column dropped
     assert main(["bench", "--report", str(kernels)]) == 2
+
+
+
+def test_report_names_the_machine_of_another_scripts_rows():
+    """Two CPU-runtime files from different machines: each section says which CPU, load and runtimes."""
+    rows = [{"runtime": "onnxruntime fp32", "images_per_s": 24.1}]
+    others = []
+    for name, cpu, load in (("cpu-runtimes-a.json", "AMD EPYC", 0.8), ("cpu-runtimes-b.json", "Intel(R) Xeon(R) Processor", 0.5)):
+        env = {"command": f"python benchmarks/cpu_runtimes.py --out {name}", "git_sha": "abc123", "threads": 2, "cpu": cpu,
+               "logical_cpus": 2, "loadavg_start": [load, 0, 0], "loadavg_end": [1.9, 0, 0],
+               "versions": {"torch": "2.13.0+cpu", "onnxruntime": "1.32.0", "openvino": "2026.4.1", "nncf": None, "tensorrt": None}}
+        others.append((name, {"environment": env, "rows": rows}))
+    readme = report.render_readme([], others)
+    a, b = readme.split("### `cpu-runtimes-a.json`")[1].split("### `cpu-runtimes-b.json`")
+    assert "CPU AMD EPYC (2 logical); load average 0.8 at start, 1.9 at end; torch 2.13.0+cpu; onnxruntime 1.32.0; openvino 2026.4.1\n" in a
+    assert "CPU Intel(R) Xeon(R) Processor (2 logical); load average 0.5 at start" in b
+    assert "nncf" not in a and "tensorrt" not in a.split("| runtime")[0].lower()  # absent libraries are not named
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):

@@ -380,6 +380,21 @@ def read_other(path) -> dict[str, Any] | None:
     return data
 
 
+def _other_machine(env: dict[str, Any]) -> str:
+    """The CPU, load average and runtime versions another script recorded, as one line ('' if none):
+    figures from two machines must not be read as one series."""
+    parts = []
+    if isinstance(env.get("cpu"), str):
+        cpus = env.get("logical_cpus")
+        parts.append(f"CPU {env['cpu']}" + (f" ({cpus} logical)" if cpus else ""))
+    start, end = env.get("loadavg_start"), env.get("loadavg_end")
+    if isinstance(start, list) and isinstance(end, list) and start and end:
+        parts.append(f"load average {start[0]:.1f} at start, {end[0]:.1f} at end")
+    versions = env.get("versions") if isinstance(env.get("versions"), dict) else {}
+    parts += [f"{k} {versions[k]}" for k in ("torch", "onnxruntime", "openvino", "nncf") if versions.get(k)]
+    return "; ".join(parts)
+
+
 def other_markdown(name: str, data: dict[str, Any]) -> str:
     """One section for another script's rows: its command, git sha and threads, then every scalar column."""
     env = data.get("environment", {})
@@ -388,11 +403,13 @@ def other_markdown(name: str, data: dict[str, Any]) -> str:
     def cell(value: Any) -> str:
         return f"{value:.3g}" if isinstance(value, float) else str(value)
 
-    settings = ", ".join(f"{k} {v}" for k, v in data.items() if isinstance(v, (str, int, float)))
+    facts = [f"git `{str(env.get('git_sha', 'unknown'))[:10]}`", f"threads {env.get('threads', '?')}"]
+    facts += [f"{k} {v}" for k, v in data.items() if isinstance(v, (str, int, float))]
     lines = [
         f"### `{name}`\n",
         f"```bash\n{env.get('command', '(command not recorded)')}\n```\n",
-        f"git `{str(env.get('git_sha', 'unknown'))[:10]}`, threads {env.get('threads', '?')}, {settings}\n",
+        ", ".join(facts) + "\n",
+        *([machine + "\n"] if (machine := _other_machine(env)) else []),
         "| " + " | ".join(columns) + " |",
         "|" + "---|" * len(columns),
     ]
