@@ -164,6 +164,34 @@ def test_truncated_file(tmp_path, fmt):
         vitfast.load_checkpoint(path)
 
 
+
+def test_safetensors_whose_header_length_starts_like_a_pickle_keeps_its_config(tmp_path):
+    """A safetensors file's first byte is its header length's low byte: 0x80, as in a legacy pickle,
+    for one header size in 256. Sent to torch.load, its metadata (vitfast's config) was lost and the config guessed
+    from the shapes (torch 2.13), or the file refused as pickled code (torch 2.11)."""
+    cfg = tiny_config()
+    path = tmp_path / "model.safetensors"
+    for pad in range(512):  # the header length moves in steps of 8 with the metadata's length
+        labels = ("x" * pad,) + tuple(f"class {i}" for i in range(1, cfg.num_classes))
+        model = randomize(vitfast.create_model(cfg.replace(labels=labels)))
+        vitfast.save_checkpoint(model, path)
+        if path.read_bytes()[0] == 0x80:
+            break
+    else:
+        pytest.fail("no header length with low byte 0x80 in 512 paddings")
+    restored = vitfast.load_checkpoint(path)
+    assert restored.config == model.config and restored.config.labels == labels and restored.config_guesses == {}
+    assert all(torch.equal(restored.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_legacy_pickle_checkpoint_still_loads(tmp_path):
+    """torch.save's pre-1.6 format (first byte 0x80) still goes through torch.load(weights_only=True)."""
+    model = vitfast.create_model(tiny_config())
+    torch.save(model.state_dict(), tmp_path / "old.pth", _use_new_zipfile_serialization=False)
+    assert (tmp_path / "old.pth").read_bytes()[:1] == b"\x80"
+    restored = vitfast.load_checkpoint(tmp_path / "old.pth", config=model.config)
+    assert all(torch.equal(restored.state_dict()[k], v) for k, v in model.state_dict().items())
+
 class _Exploit:
     def __init__(self, marker):
         self.marker = marker

@@ -201,10 +201,10 @@ def _read_json(path: Path) -> dict[str, Any]:
 def _read_tensors(path: Path) -> tuple[StateDict, dict[str, str]]:
     """Tensors and safetensors metadata; the container is sniffed, not guessed from the suffix."""
     with open(path, "rb") as f:
-        head = f.read(8)
+        head = f.read(9)
     if len(head) < 8:
         raise CheckpointError(f"{path} is empty or truncated ({len(head)} bytes); re-download or re-save it")
-    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":  # torch zip archive or legacy pickle
+    if not _is_safetensors_head(head) and (head[:4] == b"PK\x03\x04" or head[:1] == b"\x80"):  # torch zip or legacy pickle
         return _torch_load(path), {}
     try:
         with safe_open(path, framework="pt", device="cpu") as f:
@@ -214,6 +214,13 @@ def _read_tensors(path: Path) -> tuple[StateDict, dict[str, str]]:
             f"{path} is not a readable checkpoint (neither safetensors nor a torch file: {_first_line(exc)}); "
             "it may be truncated or corrupt: re-download or re-save it"
         ) from None
+
+
+def _is_safetensors_head(head: bytes) -> bool:
+    """safetensors: an 8-byte little-endian header length, then the JSON header's '{'. The length's
+    first byte alone can be 0x80 (one header size in 256), which is also how a legacy pickle starts,
+    so the '{' decides."""
+    return len(head) >= 9 and head[8:9] == b"{"
 
 
 def _check_declared_sizes(path: Path) -> None:
