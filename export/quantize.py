@@ -16,6 +16,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import random
+import traceback
 from pathlib import Path
 from typing import Iterable
 
@@ -116,6 +117,27 @@ def nodes_to_exclude(model_path: Path, patterns: Iterable[str]) -> list[str]:
     return matched
 
 
+def _prepare_for_quantization(source: Path, prepared: Path) -> str:
+    """ONNX Runtime's pre-processing for quantization (shape inference, graph clean-up) of `source`
+    into `prepared`; returns the shape inference used, for the sidecar. ONNX Runtime's symbolic
+    shape inference comes first: it follows the dynamic batch through the graph. Some ONNX Runtime
+    releases fail inside it on the dynamic-shape Concat of torch's exporter (1.30: an IndexError
+    in _infer_Concat; fixed by 1.32); then ONNX's own shape inference is used, which quantizes to
+    the same Q/DQ placement, and the sidecar says so."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process  # lazy: onnxruntime is the [onnx] extra
+
+    try:
+        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=False)
+        return "onnxruntime symbolic"
+    except Exception as exc:  # noqa: BLE001 - only failures inside the symbolic inference are retried
+        frames = [frame.filename for frame in traceback.extract_tb(exc.__traceback__)]
+        if not any(name.endswith("symbolic_shape_infer.py") for name in frames):
+            raise
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+    quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+    return f"onnx (ONNX Runtime's symbolic shape inference failed with {reason})"
+
+
 def quantize_int8(
     onnx_path: str | os.PathLike,
     out_path: str | os.PathLike,
@@ -133,7 +155,6 @@ def quantize_int8(
     `progress`: a `vitfast.progress.Reporter` told each phase and the images calibrated so far (default: silent)."""
     require_onnx()
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     if method not in METHODS:
         raise ArtifactError(f"calibration method must be one of {METHODS}, got {method!r}")
@@ -174,7 +195,7 @@ def quantize_int8(
             source = out.scratch_dir / "split_qkv.onnx"
             split_blocks = write_split_qkv(onnx_path, source, config.num_heads)
         report.phase("preparing the graph for quantization (shape inference)")
-        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=False)
+        shape_inference = _prepare_for_quantization(source, prepared)
         quantize_static(
             str(prepared), str(tmp), Reader(),
             quant_format=QuantFormat.QDQ,
@@ -194,6 +215,7 @@ def quantize_int8(
             quantized_from={"path": str(onnx_path), "sha256": sha256_file(onnx_path)},
             int8={"target": target, "method": method, "samples": n_samples, "held_out": len(held_out), "per_channel_weights": True,
                   "symmetric_activations": symmetric_acts, "quantized_ops": QUANTIZED_OPS, "exclude": list(exclude),
+                  "shape_inference": shape_inference,
                   "calibration": str(calibration) if isinstance(calibration, (str, os.PathLike)) else "tensors"}
                  | ({"split_qkv_blocks": split_blocks} if target == "openvino" else {}),
             parity=_int8_parity(tmp, onnx_path, held_out),
