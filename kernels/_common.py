@@ -34,6 +34,14 @@ def check_device(*tensors: torch.Tensor) -> None:
         raise ValueError(f"Triton kernels need CUDA tensors (got {device}); set TRITON_INTERPRET=1 to run them on CPU for testing")
 
 
+def wrap_triton(kernel):
+    """`torch.library.wrap_triton(kernel)`, except under the Triton interpreter, where the kernel is
+    launched as it is. torch 2.13's wrap_triton does the same by itself; torch 2.11 (the GPU
+    device's) refuses an interpreted kernel, or fails tracing an autotuned one, so without this no
+    kernel test ran in the interpreter there. On a GPU nothing changes."""
+    return kernel if INTERPRET else torch.library.wrap_triton(kernel)
+
+
 def runs_reference(t: torch.Tensor) -> bool:
     """Whether an op takes its plain-PyTorch reference instead of its Triton kernel.
 

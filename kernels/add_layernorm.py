@@ -12,9 +12,9 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
-from ._common import check_device, next_pow2, runs_reference
+from ._common import check_device, next_pow2, runs_reference, wrap_triton
 
 
 @triton.jit

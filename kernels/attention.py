@@ -13,11 +13,11 @@ import math
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from vitfast.errors import InputError
 
-from ._common import INT32_MAX, INTERPRET, autotune, check_device, next_pow2, require_fitting_config, runs_reference, span
+from ._common import INT32_MAX, INTERPRET, autotune, check_device, next_pow2, require_fitting_config, runs_reference, span, wrap_triton
 
 LOG2E = 1.0 / math.log(2.0)  # exp(x) = exp2(x / ln 2): folded into the softmax scale
 

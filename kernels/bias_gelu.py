@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
-from ._common import INTERPRET, check_device, next_pow2, runs_reference
+from ._common import INTERPRET, check_device, next_pow2, runs_reference, wrap_triton
 
 
 @triton.jit

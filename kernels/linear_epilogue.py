@@ -22,11 +22,11 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from vitfast.errors import InputError
 
-from ._common import INT32_MAX, INTERPRET, autotune, check_device, next_pow2, require_fitting_config, runs_reference, span
+from ._common import INT32_MAX, INTERPRET, autotune, check_device, next_pow2, require_fitting_config, runs_reference, span, wrap_triton
 from .bias_gelu import gelu as gelu_tile
 
 GELU_FORMS = {None: 0, "none": 1, "tanh": 2}  # the ACTIVATION constexpr: no GELU, erf form, tanh form

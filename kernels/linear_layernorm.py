@@ -21,9 +21,9 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
-from ._common import INTERPRET, autotune, check_device, next_pow2, require_fitting_config, runs_reference
+from ._common import INTERPRET, autotune, check_device, next_pow2, require_fitting_config, runs_reference, wrap_triton
 from .linear_epilogue import check_column_offsets, gemm_tile, shared_memory_bytes
 
 
