@@ -183,3 +183,18 @@ def test_json_into_a_closed_pipe_is_quiet():
         os.close(write_end)
     assert "BrokenPipe" not in out.stderr and "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr
     assert out.returncode == 1
+
+
+def test_versions_are_those_of_the_imported_modules(monkeypatch):
+    """Recorded versions name the build that runs: an imported module's own __version__ (PyPI's
+    CUDA torch says 2.11.0+cu130, its wheel metadata 2.11.0), else the package metadata, else None."""
+    import types
+    from importlib.metadata import version
+
+    from vitfast.info import library_version
+
+    monkeypatch.setitem(sys.modules, "onnx", types.SimpleNamespace(__version__="1.23.1+local"))
+    assert library_version("onnx") == "1.23.1+local"
+    monkeypatch.delitem(sys.modules, "onnx")
+    assert library_version("onnx") == version("onnx")
+    assert library_version("no_such_module_here") is None

@@ -84,7 +84,8 @@ def test_against_reports_the_accuracy_difference(ckpt, tmp_path, capsys):
     result = json.loads(capsys.readouterr().out)
     top1, top5, _ = _expected(ckpt, data, {name: i for i, name in enumerate(LABELS)})
     against = result["against"]
-    assert (against["top1"], against["top5"]) == (pytest.approx(top1), pytest.approx(top5))
+    assert (against["top1"], against["top5"]) == (top1, top5)  # exact fractions of n images, as counted here
+    assert result["n"] == 14 and all(round(result[k] * 14) / 14 == result[k] for k in ("top1", "top5"))
     assert against["top1_diff"] == pytest.approx(result["top1"] - top1) and 0.8 <= against["top1_agreement"] <= 1
     assert main(["eval", str(tmp_path / "m.onnx"), "--data", str(data), "--against", str(ckpt)]) == 0
     assert "points)" in capsys.readouterr().out

@@ -323,7 +323,7 @@ def exported(tmp_path_factory) -> tuple[Path, torch.nn.Module]:
     sidecar, and the model it was exported from."""
     path = tmp_path_factory.mktemp("onnx") / "vit.onnx"
     model = vitfast.create_model("vit_cifar_patch4_32").set_fused_attn(False).eval()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), torch.no_grad():  # torch 2.11's tracer refuses parameters that require grad
         warnings.simplefilter("ignore")  # the legacy exporter's deprecation and tracer chatter
         torch.onnx.export(model, (torch.randn(1, 3, 32, 32),), str(path), dynamo=False, opset_version=18,
                           input_names=["images"], output_names=["logits"],

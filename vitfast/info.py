@@ -6,6 +6,7 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
+import sys
 from typing import Any
 
 import torch
@@ -26,7 +27,12 @@ LIBRARIES = {
 
 
 def library_version(module: str) -> str | None:
-    """Installed version of `module`, or None; reads package metadata, never imports the module."""
+    """Installed version of `module`, or None; never imports the module. An imported module says
+    its own (torch's `2.11.0+cu130` names the CUDA build; PyPI's wheel metadata says `2.11.0`),
+    else the package metadata is read."""
+    loaded = sys.modules.get(module)
+    if isinstance(getattr(loaded, "__version__", None), str):
+        return loaded.__version__
     if importlib.util.find_spec(module) is None:
         return None
     for dist in LIBRARIES.get(module, (module,)):

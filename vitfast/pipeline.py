@@ -212,7 +212,7 @@ def evaluate(engine: Engine, data: str | os.PathLike, *, labels: Sequence[str] |
         theirs = _accuracy(ref, targets)
         result["against"] = {"artifact": str(reference.path), "backend": reference.kind, "precision": reference.precision, **theirs,
                              "top1_diff": result["top1"] - theirs["top1"], "top5_diff": result["top5"] - theirs["top5"],
-                             "top1_agreement": float((ours[:, 0] == ref[:, 0]).float().mean())}  # fmt: skip
+                             "top1_agreement": int((ours[:, 0] == ref[:, 0]).sum()) / len(ours)}  # fmt: skip
     return result
 
 
@@ -249,6 +249,5 @@ def predict_topk(engine: Engine, files: list[Path], batch_size: int, progress: R
 
 
 def _accuracy(topk: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
-    hits = topk == targets[:, None]
-    return {"top1": float(hits[:, 0].float().mean()), "top5": float(hits.any(dim=1).float().mean()), "k": topk.shape[1],
-            "n": len(targets)}  # fmt: skip
+    hits, n = topk == targets[:, None], len(targets)  # fractions as hits / n in Python: exact, not float32 means
+    return {"top1": int(hits[:, 0].sum()) / n, "top5": int(hits.any(dim=1).sum()) / n, "k": topk.shape[1], "n": n}
