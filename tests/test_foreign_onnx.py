@@ -78,6 +78,7 @@ def foreign(tmp_path_factory):
 
     out["fp16"] = export(Graph(copy.deepcopy(model), half=True, extra=False), root / "fp16.onnx", shape=(2, 3, IMG, IMG),
                          dtype=torch.float16, outputs=("logits",), dynamic=batch)  # fmt: skip
+    out["fp16_unloadable"] = unloadable(out["fp16"])
     optimum = root / "optimum"
     optimum.mkdir()
     export(Graph(model), optimum / "model.onnx", shape=(2, 3, IMG, IMG), dynamic=batch)
@@ -91,6 +92,24 @@ def foreign(tmp_path_factory):
     return out
 
 
+def unloadable(path: Path) -> str | None:
+    """Why ONNX Runtime refuses a graph this test exported, or None. transformers 5.17's half-precision
+    ViT exports a LayerNormalization with fp32 and fp16 inputs, which no runtime loads (5.23's does not)."""
+    import onnxruntime as ort
+
+    try:
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - any refusal means the fixture, not vitfast, is at fault
+        return f"transformers {transformers.__version__} exported an fp16 graph ONNX Runtime cannot load: {str(exc).splitlines()[0][-160:]}"
+    return None
+
+
+def fp16_graph(foreign) -> Path:
+    if foreign["fp16_unloadable"]:
+        pytest.skip(foreign["fp16_unloadable"])
+    return foreign["fp16"]
+
+
 def hf_logits(model, x: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model.float()(pixel_values=x).logits
@@ -100,7 +119,7 @@ def hf_logits(model, x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("kind", ["plain", "nhwc", "dynamic_hw", "fp16", "optimum"])
 def test_foreign_graph_matches_transformers_on_float_images(foreign, kind):
     overrides = {"img_size": IMG} if kind == "dynamic_hw" else None
-    engine = vitfast.load_engine(foreign[kind], overrides=overrides)
+    engine = vitfast.load_engine(fp16_graph(foreign) if kind == "fp16" else foreign[kind], overrides=overrides)
     n = 2 if kind == "nhwc" else 3  # the NHWC graph was exported with a fixed batch of 2
     x = torch.randn(n, 3, IMG, IMG)
     ref = hf_logits(foreign["model"], x)
@@ -118,10 +137,12 @@ def test_graph_io_is_read_from_the_graph(foreign):
     plain = vitfast.load_engine(foreign["plain"])
     assert (plain.io.layout, plain.io.batch, plain.io.input_name) == ("NCHW", None, "pixel_values")
     assert "logits" in plain.io.note and "last_hidden_state" in plain.io.note  # says what was chosen among what
-    fp16 = vitfast.load_engine(foreign["fp16"])
-    assert fp16.io.dtype == "float16"
     with pytest.raises(InputError, match="batch size 3 is outside"):
         nhwc(torch.randn(3, 3, IMG, IMG))
+
+
+def test_fp16_graph_io_is_read_from_the_graph(foreign):
+    assert vitfast.load_engine(fp16_graph(foreign)).io.dtype == "float16"
 
 
 def test_raw_images_need_preprocessing_and_use_the_given_one(foreign):
@@ -215,15 +236,19 @@ def test_check_against_compares_any_two_artifacts(foreign, vitfast_exports):
     assert ckpt.returncode == 0 and json.loads(ckpt.stdout)["n"] == 2, ckpt.stderr  # a checkpoint vs a fixed-batch NHWC graph
 
 
-def test_check_against_a_different_model_fails_and_tolerances_override(foreign, tmp_path):
+def test_check_against_a_different_model_fails(foreign, tmp_path):
     other = export(Graph(hf_model(seed=1)), tmp_path / "other.onnx", shape=(2, 3, IMG, IMG), dynamic={"pixel_values": {0: "batch"}})
     pre = ["--mean", "0.5", "0.5", "0.5", "--std", "0.5", "0.5", "0.5"]
     differ = run("check", foreign["plain"], "--against", other, "--json", *pre)
     assert differ.returncode == 1 and not json.loads(differ.stdout)["passed"]
-    fp16 = run("check", foreign["fp16"], "--against", foreign["plain"], "--json", *pre)
+
+
+def test_check_fp16_against_fp32_takes_the_looser_tolerance_unless_given(foreign):
+    pre = ["--mean", "0.5", "0.5", "0.5", "--std", "0.5", "0.5", "0.5"]
+    fp16 = run("check", fp16_graph(foreign), "--against", foreign["plain"], "--json", *pre)
     result = json.loads(fp16.stdout)
     assert fp16.returncode == 0 and result["precision"] == "fp16" and result["tolerance"]["rtol"] == 2e-2  # the looser side's limits
-    tight = run("check", foreign["fp16"], "--against", foreign["plain"], "--json", "--rtol", "1e-7", "--atol", "1e-7", *pre)
+    tight = run("check", fp16_graph(foreign), "--against", foreign["plain"], "--json", "--rtol", "1e-7", "--atol", "1e-7", *pre)
     tol = json.loads(tight.stdout)["tolerance"]
     assert tight.returncode == 1 and tol["rtol"] == 1e-7 and tol["atol"] == 1e-7
     assert tol["limit_abs_err"] == pytest.approx(1e-7 + 1e-7 * result["max_abs_err"] / result["max_rel_err"])
