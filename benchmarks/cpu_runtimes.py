@@ -43,10 +43,13 @@ from vitfast.runtime import OnnxEngine
 
 MODELS = "vit_tiny_patch16_224,vit_small_patch16_224,vit_base_patch16_224"
 BASELINE = "onnxruntime fp32"
+DYNAMIC = "onnxruntime int8 quantize_dynamic"
 
 
-def build_artifacts(name: str, work: Path, calib_samples: int, img_size: int | None) -> dict[str, Path]:
-    """fp32 ONNX, vitfast int8 in every target's form, ORT quantize_dynamic, NNCF int8 (OpenVINO IR)."""
+def build_artifacts(name: str, work: Path, calib_samples: int, img_size: int | None) -> tuple[dict[str, Path], dict[str, str]]:
+    """fp32 ONNX, vitfast int8 in every target's form, ORT quantize_dynamic, NNCF int8 (OpenVINO IR);
+    and {row: why} for a baseline another tool failed to make (ONNX Runtime 1.30's quantize_dynamic
+    fails its own shape inference on this graph), which is then reported, not measured."""
     import nncf
     import openvino as ov
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -58,17 +61,22 @@ def build_artifacts(name: str, work: Path, calib_samples: int, img_size: int | N
     paths = {"fp32": fp32}
     for target in ("cpu", "tensorrt", "openvino"):
         paths[f"int8-{target}"] = quantize_int8(fp32, work / f"int8-{target}.onnx", calib, samples=calib_samples, target=target, progress=False)
-    paths["dynamic"] = work / "dynamic.onnx"
-    quantize_dynamic(str(fp32), str(paths["dynamic"]), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+    not_measured = {}
+    try:
+        quantize_dynamic(str(fp32), str(work / "dynamic.onnx"), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+        paths["dynamic"] = work / "dynamic.onnx"
+    except Exception as exc:  # noqa: BLE001 - another tool's baseline: its failure is reported, vitfast's rows still run
+        not_measured[DYNAMIC] = f"quantize_dynamic failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"
     dataset = nncf.Dataset([calib[i : i + 1].numpy() for i in range(calib_samples)])
     quantized = nncf.quantize(ov.Core().read_model(str(fp32)), dataset, model_type=nncf.ModelType.TRANSFORMER,
                               subset_size=calib_samples)  # fmt: skip
     paths["nncf"] = work / "nncf.xml"
     ov.save_model(quantized, str(paths["nncf"]))
     meta = read_sidecar(fp32) | {"precision": "int8"}
-    write_sidecar(paths["dynamic"], meta | {"int8": {"tool": "onnxruntime quantize_dynamic"}})  # engines read the config there
+    if "dynamic" in paths:
+        write_sidecar(paths["dynamic"], meta | {"int8": {"tool": "onnxruntime quantize_dynamic"}})  # engines read the config there
     write_sidecar(paths["nncf"], meta | {"int8": {"tool": "nncf"}}, companions=[paths["nncf"].with_suffix(".bin")])
-    return paths
+    return paths, not_measured
 
 
 def runtimes(paths: dict[str, Path], threads: int) -> dict[str, Callable]:
@@ -78,9 +86,10 @@ def runtimes(paths: dict[str, Path], threads: int) -> dict[str, Callable]:
         "onnxruntime int8 vitfast QDQ (cpu target)": OnnxEngine(paths["int8-cpu"], threads=threads),
         "onnxruntime int8 vitfast QDQ (tensorrt target)": OnnxEngine(paths["int8-tensorrt"], threads=threads),
         "onnxruntime int8 vitfast QDQ (openvino target)": OnnxEngine(paths["int8-openvino"], threads=threads),
-        "onnxruntime int8 quantize_dynamic": OnnxEngine(paths["dynamic"], threads=threads),
         "openvino fp32": OpenVinoEngine(paths["fp32"], threads=threads),
     }
+    if "dynamic" in paths:
+        rows[DYNAMIC] = OnnxEngine(paths["dynamic"], threads=threads)
     for hint in ("latency", "throughput"):
         for target in ("tensorrt", "openvino"):
             rows[f"openvino int8 vitfast QDQ ({target} target, {hint})"] = OpenVinoEngine(paths[f"int8-{target}"], threads=threads, hint=hint)
@@ -148,11 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in args.batch.split(",")]
     torch.set_num_threads(args.threads)
     started, load_start = time.time(), list(os.getloadavg())
-    rows, auto = [], {}
+    rows, auto, not_measured = [], {}, {}
     for name in args.models.split(","):
         work = Path(tempfile.mkdtemp(prefix="vitfast-cpu-runtimes-"))
         try:
-            paths = build_artifacts(name, work, args.calib_samples, 32 if args.dry_run else None)
+            paths, not_measured[name] = build_artifacts(name, work, args.calib_samples, 32 if args.dry_run else None)
+            for row, why in not_measured[name].items():
+                print(f"{name}: {row} not measured: {why}", file=sys.stderr)
             engines = runtimes(paths, args.threads)
             auto[name] = auto_choices(paths, args.threads, engines)
             config = engines[BASELINE].config
@@ -168,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "git_sha": git_state()["sha"], "git": git_state(), "cpu": cpu_model(), "logical_cpus": os.cpu_count(),
         "threads": args.threads, "repeats": args.repeats, "loadavg_start": load_start, "loadavg_end": list(os.getloadavg()),
         "elapsed_s": round(time.time() - started, 1), "dry_run": args.dry_run, "auto": auto,
+        "not_measured": {model: rows for model, rows in not_measured.items() if rows},
         "versions": env["versions"] | {lib: library_version(lib) for lib in ("openvino", "nncf")},
     }  # fmt: skip
     print(f"load average {load_start[0]:.1f} at start, {env['loadavg_end'][0]:.1f} at end on {os.cpu_count()} CPUs; "

@@ -23,8 +23,12 @@ def test_dry_run_measures_every_runtime_and_records_the_machine(tmp_path):
     result = json.loads(out.read_text())
     rows = result["rows"]
     runtimes = {r["runtime"] for r in rows}
+    # only another tool's baseline may be missing, with the reason (ONNX Runtime 1.30's quantize_dynamic fails on the graph)
+    missing = result["environment"]["not_measured"].get("vit_tiny_patch16_224", {})
+    assert set(missing) <= {"onnxruntime int8 quantize_dynamic"} and all("quantize_dynamic failed" in why for why in missing.values())
     assert {"onnxruntime fp32", "onnxruntime int8 quantize_dynamic", "onnxruntime int8 vitfast QDQ (openvino target)", "openvino fp32",
-            "openvino int8 NNCF (latency)", "openvino int8 vitfast QDQ (openvino target, throughput)"} <= runtimes  # fmt: skip
+            "openvino int8 NNCF (latency)", "openvino int8 vitfast QDQ (openvino target, throughput)"} - set(missing) <= runtimes  # fmt: skip
+    assert not set(missing) & runtimes
     assert {(r["model"], r["batch"]) for r in rows} == {("vit_tiny_patch16_224", 1), ("vit_tiny_patch16_224", 2)}
     for r in rows:
         assert len(r["samples_ms"]) == 2 and r["median_ms"] > 0 and r["images_per_s"] > 0
