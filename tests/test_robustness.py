@@ -36,8 +36,9 @@ from vitfast.export.artifacts import read_sidecar, sidecar_path, write_sidecar  
 
 MODEL = "vit_cifar_patch4_32"
 VITFAST = Path(sys.executable).parent / "vitfast"
-# caches that libraries keep in TMPDIR across runs (not per-run temporaries of vitfast's)
-LIBRARY_CACHES = ("torchinductor_", ".ses")
+# what libraries leave in TMPDIR on their own, not vitfast's temporaries: torch's compile cache, and
+# the empty mat-debug-PID.log that importing ONNX Runtime 1.30 creates (1.32 does not)
+LIBRARY_CACHES = ("torchinductor_", ".ses", "mat-debug-")
 
 
 def run_cli(*args) -> tuple[int, str, str]:
