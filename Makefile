@@ -59,6 +59,26 @@ $(TIMM_STAMP): pyproject.toml setup.py Makefile
 test-timm: $(TIMM_STAMP)
 	$(TIMM_VENV)/bin/python -m pytest -q tests/test_timm_parity.py
 
+# The lent GPU's software on CPU (issue 11): the whole suite in .venv-device/ with the versions the
+# device has (torch 2.11, PyPI's CUDA build, which also runs on CPU: about 5 GB with its nvidia-*
+# wheels; triton 3.6; onnxruntime 1.30; onnx 1.23.1; transformers 5.17), so what differs between them
+# and `make test`'s is found here, not in the device's 30 minutes.
+DEVICE_VENV := .venv-device
+DEVICE_STAMP := $(DEVICE_VENV)/.installed
+DEVICE_STACK ?= torch==2.11.0 triton==3.6.0 onnxruntime==1.30.0 onnx==1.23.1 transformers==5.17.0
+
+$(DEVICE_STAMP): pyproject.toml setup.py Makefile
+	test -x $(DEVICE_VENV)/bin/python || $(PYTHON) -m venv $(DEVICE_VENV)
+	$(DEVICE_VENV)/bin/python -m pip install --quiet --upgrade pip "setuptools>=77" wheel
+	$(DEVICE_VENV)/bin/python -m pip install --quiet $(DEVICE_STACK)
+	$(DEVICE_VENV)/bin/python -m pip install --quiet -e ".[test]" $(DEVICE_STACK)
+	touch $(DEVICE_STAMP)
+
+.PHONY: test-device-stack
+test-device-stack: $(DEVICE_STAMP)
+	$(DEVICE_VENV)/bin/python -c "import torch, triton, onnxruntime; print('torch', torch.__version__, 'triton', triton.__version__, 'onnxruntime', onnxruntime.__version__)"
+	$(DEVICE_VENV)/bin/python -m pytest -q tests benchmarks --benchmark-disable
+
 # CPU sweep (issue #5): ViT-Ti/S at batch 1 and 8 through every CPU backend into
 # benchmarks/results/cpu-<sha>.json, then benchmarks/README.md regenerated from all results.
 # The GPU sweep's command is in benchmarks/README.md.
@@ -94,4 +114,4 @@ bench-gpu: $(STAMP)
 	mv benchmarks/README.md.tmp benchmarks/README.md
 
 clean:
-	rm -rf $(VENV) $(TIMM_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(TIMM_VENV) $(DEVICE_VENV) build *.egg-info .pytest_cache
