@@ -322,9 +322,9 @@ markdown + PNG into one folder. Offline, no TensorRT; each part is time-boxed (9
 default) and always writes its files. On the device (repository root, files come back from `$OUT`):
 
 ```bash
-python3 -m pip install --no-deps --no-build-isolation -e . && python3 benchmarks/gpu_proof.py --out $OUT --part tests
-python3 -m pip install --no-deps --no-build-isolation -e . && python3 benchmarks/gpu_proof.py --out $OUT --part kernels
-python3 -m pip install --no-deps --no-build-isolation -e . && python3 benchmarks/gpu_proof.py --out $OUT --part e2e
+python3 -m pip install --no-deps --no-build-isolation -e . && python3 benchmarks/gpu_proof.py --out $OUT --part tests --budget 480
+python3 -m pip install --no-deps --no-build-isolation -e . && python3 benchmarks/gpu_proof.py --out $OUT --part kernels --budget 480
+python3 -m pip install --no-deps --no-build-isolation -e . && python3 benchmarks/gpu_proof.py --out $OUT --part e2e --budget 480
 # more e2e, when the first call's time box cut it short: --models vit_large_patch16_224 --precisions bf16
 ```
 
