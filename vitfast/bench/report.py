@@ -331,10 +331,10 @@ python3 -m pip install --no-deps --no-build-isolation -e . && python3 benchmarks
 Then copy `mlp_dispatch.json` to `kernels/`, `proof-e2e.json` to `results/` (it is a `vitfast
 bench` result), commit the rest under `results/`, and regenerate this file. `make gpu-proof`
 runs all three parts on a CUDA machine; `--dry-run` (CPU, tiny shapes, Triton interpreter) is in
-`make test`. Before spending device time, `make test-device-stack` runs the kernel, optimize()
-and proof tests on CPU with the device's own versions (torch 2.11, triton 3.6, onnxruntime 1.30,
-transformers 5.17); its first run found what `make test`'s versions hid (interpreted kernels
-refused by torch 2.11's wrap_triton, int8 export failing in onnxruntime 1.30). A session's 30 device minutes include each
+`make test`. Before spending device time, `make test-device-stack` runs the whole suite on CPU
+with the device's own versions (torch 2.11, triton 3.6, onnxruntime 1.30, transformers 5.17); its
+first run found what `make test`'s versions hid (interpreted kernels refused by torch 2.11's
+wrap_triton, int8 export failing in onnxruntime 1.30). A session's 30 device minutes include each
 machine start, and an idle machine goes back after 30 s: send the three calls back to back, and
 `--budget 480` per part leaves room for the starts.
 """
