@@ -336,7 +336,10 @@ with the device's own versions (torch 2.11, triton 3.6, onnxruntime 1.30, transf
 first run found what `make test`'s versions hid (interpreted kernels refused by torch 2.11's
 wrap_triton, int8 export failing in onnxruntime 1.30). A session's 30 device minutes include each
 machine start, and an idle machine goes back after 30 s: send the three calls back to back, and
-`--budget 480` per part leaves room for the starts.
+`--budget 480` per part leaves room for the starts. The editable install there uses the image's
+setuptools (`--no-build-isolation`), which must be 77 or newer for pyproject's SPDX license string;
+the image's version has not been read yet: if it is older, carry a setuptools wheel (the device
+tool's README: `.whl` and `carry`).
 """
 
 README_TAIL = """\
