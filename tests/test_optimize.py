@@ -254,6 +254,13 @@ def test_no_gpu_and_no_interpreter_is_a_clear_error(monkeypatch):
         vitfast.optimize(vitfast.create_model(tiny_config()))
 
 
+
+def test_torch_without_triton_op_is_a_clear_error(monkeypatch):
+    """torch < 2.6 has no torch.library.triton_op: one line naming the version, not an ImportError from the kernels."""
+    monkeypatch.delattr(torch.library, "triton_op")
+    with pytest.raises(vitfast.VitfastError, match=r"needs torch 2\.6 or newer.*this is torch"):
+        vitfast.optimize(vitfast.create_model(tiny_config()))
+
 def test_cuda_graphs_need_a_gpu_model():
     with pytest.raises(vitfast.VitfastError, match="cuda_graphs=True needs the model on a CUDA GPU"):
         vitfast.optimize(vitfast.create_model(tiny_config()), cuda_graphs=True)

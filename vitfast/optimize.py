@@ -17,6 +17,9 @@ _GRAPHED = "_vitfast_cuda_graphs"
 def _check_backend(model: nn.Module, cuda_graphs: bool) -> None:
     if importlib.util.find_spec("triton") is None:
         raise VitfastError("optimize needs Triton: pip install 'vitfast[triton]' (it ships with CUDA builds of torch)")
+    if not hasattr(torch.library, "triton_op"):  # the kernels register as torch.library.triton_op (torch 2.6+)
+        raise VitfastError(f"optimize needs torch 2.6 or newer for its Triton kernels (torch.library.triton_op); this is torch "
+                           f"{torch.__version__}: upgrade torch, or run the reference model as it is")  # fmt: skip
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     device = next(model.parameters()).device
     if device.type == "cuda":
