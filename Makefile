@@ -69,8 +69,7 @@ DEVICE_STACK ?= torch==2.11.0 triton==3.6.0 onnxruntime==1.30.0 onnx==1.23.1 tra
 
 $(DEVICE_STAMP): pyproject.toml setup.py Makefile
 	test -x $(DEVICE_VENV)/bin/python || $(PYTHON) -m venv $(DEVICE_VENV)
-	$(DEVICE_VENV)/bin/python -m pip install --quiet --upgrade pip "setuptools>=77" wheel
-	$(DEVICE_VENV)/bin/python -m pip install --quiet $(DEVICE_STACK)
+	$(DEVICE_VENV)/bin/python -m pip install --quiet --upgrade pip "setuptools>=77,<82" wheel  # torch 2.11 wants setuptools<82
 	$(DEVICE_VENV)/bin/python -m pip install --quiet -e ".[test]" $(DEVICE_STACK)
 	touch $(DEVICE_STAMP)
 

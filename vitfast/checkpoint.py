@@ -22,7 +22,7 @@ from ._version import __version__
 from .atomic import atomic_write
 from .config import ViTConfig
 from .convert import Guesses, StateDict, detect_format, hf_config_to_vit, hf_to_timm, infer_timm_config, timm_hub_config
-from .errors import CheckpointError, ConfigError, GuessedConfigWarning
+from .errors import CheckpointError, ConfigError, GuessedConfigWarning, first_line
 from .model import VisionTransformer
 from .pos_embed import resample_pos_embed
 
@@ -211,7 +211,7 @@ def _read_tensors(path: Path) -> tuple[StateDict, dict[str, str]]:
             return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(
-            f"{path} is not a readable checkpoint (neither safetensors nor a torch file: {_first_line(exc)}); "
+            f"{path} is not a readable checkpoint (neither safetensors nor a torch file: {first_line(exc)}); "
             "it may be truncated or corrupt: re-download or re-save it"
         ) from None
 
@@ -243,7 +243,7 @@ def _torch_load(path: Path) -> StateDict:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=_is_zip(path))
     except Exception as exc:  # torch raises many types for bad archives; all mean the same here
-        msg = _first_line(exc)
+        msg = first_line(exc)
         if "Weights only load failed" in str(exc):
             raise CheckpointError(
                 f"refusing to load {path}: it contains pickled objects other than tensors, and vitfast never "
@@ -270,11 +270,6 @@ def _unwrap(obj: dict[str, Any]) -> StateDict:
     if sd and all(k.startswith("module.") for k in sd):
         sd = {k[len("module.") :]: v for k, v in sd.items()}
     return sd
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__
 
 
 # ---------------------------------------------------------------------------- fitting

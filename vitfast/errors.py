@@ -41,3 +41,10 @@ class GuessedConfigWarning(VitfastWarning):
 class OutputError(ArtifactError, OSError):
     """An output that cannot be written: it exists, another process is writing it, or its folder is
     missing, read-only, full or a file."""
+
+
+def first_line(exc: BaseException) -> str:
+    """A library exception's first message line (at most 200 characters), or its type's name: what
+    a one-line error quotes of it."""
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
