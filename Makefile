@@ -60,7 +60,7 @@ test-timm: $(TIMM_STAMP)
 	$(TIMM_VENV)/bin/python -m pytest -q tests/test_timm_parity.py
 
 # The lent GPU's software on CPU (issue 11): the whole suite in .venv-device/ with the versions the
-# device has (torch 2.11, PyPI's CUDA build, which also runs on CPU: about 5 GB with its nvidia-*
+# device has (torch 2.11, PyPI's CUDA build, which also runs on CPU: about 6 GB with its nvidia-*
 # wheels; triton 3.6; onnxruntime 1.30; onnx 1.23.1; transformers 5.17), so what differs between them
 # and `make test`'s is found here, not in the device's 30 minutes.
 DEVICE_VENV := .venv-device
