@@ -105,6 +105,12 @@ def autotune(configs: list, key: list[str], estimate: SharedMemoryEstimate):
     return decorate
 
 
+def describe_config(config) -> str:
+    """A config in one short string: its meta-parameters, then warps and stages (`BLOCK_M=64,w4,s2`)."""
+    meta = ",".join(f"{k}={v}" for k, v in config.kwargs.items())
+    return f"{meta}{',' if meta else ''}w{config.num_warps},s{config.num_stages}"
+
+
 def require_fitting_config(tuner, args: dict, device: torch.device, what: str) -> None:
     """Raise a clear error when none of `tuner`'s configs fits the device's shared memory
     (Triton's own error would be 'No valid autotuner configs after pruning')."""

@@ -8,12 +8,14 @@ divisible by 16 or equal to 1, pointer alignment, constexprs). For each target, 
 kernel keeps the configs that its own prune keeps for that target's shared memory; those are
 compiled with the ptxas shipped in the triton wheel, and each compiled kernel's real shared
 memory (`metadata.shared`) is checked against the target's limit and against the prune's
-estimate. Registers and spills (ptxas -v) are reported. Results are cached per compiled-kernel
-hash (source, specialisation, options, target, Triton version) in --cache.
+estimate; each fp16/bf16 dot must compile to the tensor cores (wgmma on sm_90a for tiles of 64
+rows or more, mma.sync otherwise). Registers and spills (ptxas -v) are reported. Results are cached per compiled-kernel hash
+(source, specialisation, options, target, Triton version) in --cache.
 
 Must run without TRITON_INTERPRET (the interpreter replaces the compiler). Exit status 1 when
-a kernel fails to compile, when a kept config exceeds the limit or its estimate, or when a
-launch in the supported range (`Launch.required`) has no config that fits.
+a kernel fails to compile, when a kept config exceeds the limit or its estimate, when an fp16/bf16
+dot misses its tensor-core instruction, or when a launch in the supported range
+(`Launch.required`) has no config that fits.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ from triton.runtime.jit import create_function_from_signature
 
 from vitfast.kernels import _common, add_layernorm, attention, bias_gelu, linear_epilogue, linear_layernorm
 
+# Kernels with a tl.dot, checked for the tensor-core instruction they compile to
+DOT_KERNELS = ("_attention_fwd_kernel", "_linear_epilogue_kernel", "_linear_residual_layernorm_kernel")
+RESULT_VERSION = "v2"  # bump when compile_one's cached fields change (v2: "mma")
 # target -> (compute capability, bytes of shared memory per block: the opt-in maximum)
 TARGETS = {"sm_80": (80, 166912), "sm_89": (89, 101376), "sm_90a": (90, 232448)}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -198,8 +203,9 @@ def compile_one(job: tuple) -> dict:
     src = ASTSource(jit, signature, constexprs, attrs)
     key = hashlib.sha256(get_cache_key(src, backend, options, {}).encode()).hexdigest()
     row = {"launch": LAUNCHES[i].name, "kernel": jit.__name__, "target": target, "limit": limit,
-           "config": _describe(config), "estimate": _estimate(kernel, args, kwargs, config, arch)}  # fmt: skip
-    cached = os.path.join(cache_dir, f"{key}.json")
+           "config": _common.describe_config(config), "estimate": _estimate(kernel, args, kwargs, config, arch),
+           "mma_expected": expected_matrix_instruction(jit.__name__, LAUNCHES[i].dtype, target, config.kwargs.get("BLOCK_M", 0))}  # fmt: skip
+    cached = os.path.join(cache_dir, f"{key}.{RESULT_VERSION}.json")
     if os.path.exists(cached):
         with open(cached) as f:
             return {**row, **json.load(f), "cached": True}
@@ -209,7 +215,8 @@ def compile_one(job: tuple) -> dict:
             compiled = triton.compile(src, target=gpu, options=options.__dict__)
     except Exception as e:  # a compile error is a finding, reported with its first line
         return {**row, "error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"}
-    result = {"shared": compiled.metadata.shared, "compile_s": round(time.perf_counter() - start, 2), **_ptxas_stats(log.getvalue())}
+    result = {"shared": compiled.metadata.shared, "compile_s": round(time.perf_counter() - start, 2),
+              "mma": matrix_instruction(compiled.asm["ptx"]), **_ptxas_stats(log.getvalue())}  # fmt: skip
     os.makedirs(cache_dir, exist_ok=True)
     with open(cached + ".tmp", "w") as f:
         json.dump(result, f)
@@ -217,9 +224,22 @@ def compile_one(job: tuple) -> dict:
     return {**row, **result, "cached": False}
 
 
-def _describe(config) -> str:
-    meta = ",".join(f"{k}={v}" for k, v in config.kwargs.items())
-    return f"{meta}{',' if meta else ''}w{config.num_warps},s{config.num_stages}"
+def matrix_instruction(ptx: str) -> str:
+    """The tensor-core instruction a kernel's PTX uses: "wgmma" (Hopper's warpgroup MMA, sm_90a
+    only), "mma.sync" (Ampere's, which Hopper runs at a fraction of its rate) or "none"."""
+    if "wgmma.mma_async" in ptx:
+        return "wgmma"
+    return "mma.sync" if re.search(r"\bmma\.sync\b", ptx) else "none"
+
+
+def expected_matrix_instruction(kernel: str, dtype: str, target: str, block_m: int) -> str | None:
+    """What a kernel's dot must compile to: fp16/bf16 GEMM and attention tiles on the tensor cores,
+    as wgmma on sm_90a when the tile has a warpgroup's 64 rows (a 32-row tile, kept for small
+    batches, takes mma.sync there too). None where nothing is required (no dot, or fp32, whose
+    IEEE dot is FMAs)."""
+    if kernel not in DOT_KERNELS or dtype == "fp32":
+        return None
+    return "wgmma" if target == "sm_90a" and block_m >= 64 else "mma.sync"
 
 
 def _estimate(kernel, args, kwargs, config, capability) -> int | None:
@@ -267,12 +287,14 @@ def problems(rows: list[dict], unfit: list[dict]) -> list[str]:
             found.append(f"{r['launch']} [{r['config']}] on {r['target']}: {r['shared']} B shared > limit {r['limit']} B")
         if r["estimate"] is not None and r["shared"] > r["estimate"]:
             found.append(f"{r['launch']} [{r['config']}] on {r['target']}: {r['shared']} B shared > estimate {r['estimate']} B")
+        if r["mma_expected"] and r["mma"] != r["mma_expected"]:
+            found.append(f"{r['launch']} [{r['config']}] on {r['target']}: compiles its dot to {r['mma']}, not {r['mma_expected']}")
     found += [f"{u['launch']} on {u['target']}: no config fits the shared memory" for u in unfit if u["required"]]
     return found
 
 
 def table(rows: list[dict], unfit: list[dict]) -> str:
-    head = f"{'target':<7} {'launch':<44} {'config':<34} {'shared':>7} {'estim':>7} {'regs':>4} {'spill':>5}"
+    head = f"{'target':<7} {'launch':<44} {'config':<34} {'shared':>7} {'estim':>7} {'regs':>4} {'spill':>5} {'mma':<8}"
     lines = [head, "-" * len(head)]
     for r in sorted(rows, key=lambda r: (r["target"], r["launch"], r["config"])):
         if "error" in r:
@@ -280,7 +302,7 @@ def table(rows: list[dict], unfit: list[dict]) -> str:
             continue
         est = "" if r["estimate"] is None else r["estimate"]
         spill = r["spill_stores"] if r["spill_stores"] is not None else "?"
-        lines.append(f"{r['target']:<7} {r['launch']:<44} {r['config']:<34} {r['shared']:>7} {est:>7} {r['regs'] or '?':>4} {spill:>5}")
+        lines.append(f"{r['target']:<7} {r['launch']:<44} {r['config']:<34} {r['shared']:>7} {est:>7} {r['regs'] or '?':>4} {spill:>5} {r['mma']:<8}")
     lines += [f"{u['target']:<7} {u['launch']:<44} no config fits ({'a failure' if u['required'] else 'the launcher refuses it'})" for u in unfit]
     return "\n".join(lines)
 

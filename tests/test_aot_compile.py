@@ -79,7 +79,7 @@ def test_every_autotune_config_that_fits_was_compiled_on_every_target(report, mo
         for target in TARGETS:
             kept = _common.configs_within(configs, module.shared_memory_bytes, args, aot.TARGETS[target])
             compiled = {r["config"] for r in report["rows"] if r["launch"] == launch and r["target"] == target and "shared" in r}
-            assert kept and {aot._describe(c) for c in kept} == compiled, (launch, target)
+            assert kept and {_common.describe_config(c) for c in kept} == compiled, (launch, target)
 
 
 def test_fp32_attention_past_head_dim_128_is_refused_on_99_kb_parts(report):
@@ -103,3 +103,32 @@ def test_the_estimate_is_a_close_upper_bound(report):
     assert rows
     for r in rows:
         assert r["estimate"] <= 1.5 * r["shared"] + 32 * 1024, r
+
+
+def test_fp16_and_bf16_dots_run_on_the_tensor_cores(report):
+    """Attention and GEMM tiles in fp16/bf16 compile to the tensor cores: on sm_90a Hopper's wgmma
+    (the HGMMA path; Ampere's mma.sync runs an H100 far below its peak) wherever the tile has 64
+    rows, and each ViT-size launch (compiled with every config) has such configs; mma.sync on sm_80/89."""
+    from vitfast.kernels import aot
+
+    half = [r for r in report["rows"] if r["kernel"] in aot.DOT_KERNELS and "shared" in r and r["launch"].split()[-1] != "fp32"]
+    assert all(r["mma"] == r["mma_expected"] for r in half)
+    assert all(r["mma"] == "mma.sync" for r in half if r["target"] != "sm_90a")
+    every = {launch.name for launch in aot.LAUNCHES if launch.all_configs}
+    hopper = {r["launch"] for r in half if r["target"] == "sm_90a" and r["launch"] in every}
+    assert hopper and hopper == {r["launch"] for r in half if r["target"] == "sm_90a" and r["launch"] in every and r["mma"] == "wgmma"}
+
+
+def test_the_matrix_instruction_is_read_off_the_ptx():
+    from vitfast.kernels import aot
+
+    assert aot.matrix_instruction("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%r1}") == "wgmma"
+    assert aot.matrix_instruction("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f1}") == "mma.sync"
+    assert aot.matrix_instruction("fma.rn.f32 %f1, %f2, %f3, %f4;") == "none"
+    assert aot.expected_matrix_instruction("_attention_fwd_kernel", "bf16", "sm_90a", 64) == "wgmma"
+    assert aot.expected_matrix_instruction("_linear_residual_layernorm_kernel", "fp16", "sm_90a", 32) == "mma.sync"
+    assert aot.expected_matrix_instruction("_attention_fwd_kernel", "fp32", "sm_90a", 64) is None
+    assert aot.expected_matrix_instruction("_add_layernorm_kernel", "fp16", "sm_80", 0) is None
+    rows = [{"launch": "attention B1 N7 H1 D64 fp16", "config": "w4,s2", "target": "sm_90a", "kernel": "_attention_fwd_kernel",
+             "shared": 1, "limit": 2, "estimate": 1, "mma": "mma.sync", "mma_expected": "wgmma"}]  # fmt: skip
+    assert aot.problems(rows, []) == ["attention B1 N7 H1 D64 fp16 [w4,s2] on sm_90a: compiles its dot to mma.sync, not wgmma"]
