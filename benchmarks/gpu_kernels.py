@@ -8,14 +8,17 @@ Triton kernel against what it replaces, timed side by side.
    for longer sequences, the same token count order). A backend that refuses the shape is a row
    with its reason.
 3. add+LayerNorm GB/s vs PyTorch (x + y, then F.layer_norm) and as a fraction of the copy bandwidth.
-4. The GEMMs with epilogues vs cuBLAS + the separate kernels, ViT-S/B/L widths, M = batch x 197:
+4. Where one ViT-B/16 forward's time goes (batch 256): torch.profiler per kernel and per category,
+   eager vs optimize() on each MLP path (`forward_profile`).
+5. The GEMMs with epilogues vs cuBLAS + the separate kernels, ViT-S/B/L widths, M = batch x 197:
    fc1 + bias + GELU (cuBLAS GEMM without bias + bias_gelu kernel vs one Triton GEMM); fc2 and
    proj + bias + LayerScale + residual + LayerNorm (cuBLAS GEMM + add+LayerNorm kernel vs one
    Triton GEMM). TFLOP/s, which is faster, parity of both vs fp32 with the 2x rule.
    `write_dispatch` turns the fc1/fc2 winners into kernels/mlp_dispatch.json entries.
 
 Timing: `vitfast.bench.measure.time_calls` (CUDA events on a GPU), median, inputs rotated among
-buffers. Every function takes a `Shapes` (the GPU's, or tiny ones for --dry-run on CPU) and a
+buffers. Each autotuned kernel's row also records the config it picked and, when that row did the
+tuning, every config's median time (`tuning`). Every function takes a `Shapes` (the GPU's, or tiny ones for --dry-run on CPU) and a
 `deadline` (time.monotonic()): rows it cannot start in time say so instead of being measured.
 """
 
@@ -34,6 +37,7 @@ import torch.nn.functional as F
 from vitfast import fused
 from vitfast.bench.measure import time_calls
 from vitfast.kernels import add_layernorm as aln
+from vitfast.kernels._common import describe_config
 from vitfast.kernels import attention as att
 from vitfast.kernels import bias_gelu as bg
 from vitfast.kernels import linear_epilogue as le
@@ -55,6 +59,7 @@ class Shapes:
     layernorm: tuple[tuple[int, int], ...]  # (rows, C)
     mlp: dict  # model -> (C, hidden)
     mlp_batches: tuple[int, ...]
+    profile: tuple[str, dict, int]  # (model, overrides, batch) of the per-kernel forward profile
     tokens: int = 197
     iters: int = 100
 
@@ -64,11 +69,12 @@ GPU = Shapes(
     attention=tuple((B, N, 12, D) for N, B in ((197, 256), (577, 64), (1025, 16)) for D in (64, 80, 128)),
     layernorm=tuple((256 * 197, C) for C in (384, 768, 1024)),
     mlp={"vit_small": (384, 1536), "vit_base": (768, 3072), "vit_large": (1024, 4096)}, mlp_batches=(1, 8, 64, 256),
+    profile=("vit_base_patch16_224", {}, 256),
 )  # fmt: skip
 DRY_RUN = Shapes(
     device="cpu", dtypes=(torch.float32,), copy_elems=1 << 16, matmul_n=128,
     attention=((2, 13, 2, 32), (1, 9, 1, 80)), layernorm=((10, 96),), mlp={"tiny": (32, 128)}, mlp_batches=(1, 2),
-    tokens=5, iters=3,
+    profile=("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 8, "depth": 2}, 2), tokens=5, iters=3,
 )  # fmt: skip
 
 
@@ -86,6 +92,22 @@ def rel_err(out, ref) -> float:
     if isinstance(out, tuple):
         return max(rel_err(o, r) for o, r in zip(out, ref))
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def tuning(tuner, call) -> dict:
+    """Run `call` once (the first call of a shape autotunes) and return the config the autotuner
+    picked, with the median ms of every config it tried when this call did the tuning (None when
+    it came from a cache or there was one config), so a GPU session can see which tiles matter."""
+    tuned_before = len(tuner.cache)
+    call()
+    timings = getattr(tuner, "configs_timings", None) if len(tuner.cache) > tuned_before else None
+    return {"picked": describe_config(tuner.best_config),
+            "ms_by_config": {describe_config(c): _first(t) for c, t in timings.items()} if timings else None}  # fmt: skip
+
+
+def _first(timing) -> float:
+    """do_bench's result as the autotuner keeps it: the median first when it asked for quantiles."""
+    return float(timing[0] if isinstance(timing, (list, tuple)) else timing)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -131,6 +153,7 @@ def attention_speed(s: Shapes, deadline: float) -> list[dict]:
             continue
         flops = 4 * B * H * N * N * D  # QK^T and PV
         qkvs = [(torch.randn(B, N, 3, H, D, device=s.device, dtype=dtype),) for _ in range(3)]
+        row["tuning"] = tuning(att._attention_fwd_kernel, lambda: att.fused_attention(*qkvs[0], D**-0.5))
         ours = median_ms(lambda qkv: att.fused_attention(qkv, D**-0.5), qkvs, s.device, s.iters)
         row |= dict(status="ok", vitfast_ms=ours, vitfast_TFLOPs=flops / ours / 1e9)
         for name in ("flash", "efficient", "cudnn"):
@@ -185,7 +208,7 @@ def mlp_gemms(s: Shapes, deadline: float) -> list[dict]:
                     continue
                 hs = [(rand(M, C),) for _ in range(3)]
                 rows.append(gemm_row(
-                    "fc1+bias+gelu", common, 2 * M * C * hidden, s, hs,
+                    "fc1+bias+gelu", common, 2 * M * C * hidden, s, hs, le._linear_epilogue_kernel,
                     cublas=lambda h: bg.bias_gelu(F.linear(h, w1), b1, "none"),
                     epilogue=lambda h: le.linear_bias_gelu(h, w1, b1, "none"),
                     reference=lambda h, w, b: le.linear_epilogue_reference(h, w, b, "none"), ref_args=(w1, b1),
@@ -193,7 +216,7 @@ def mlp_gemms(s: Shapes, deadline: float) -> list[dict]:
                 for op, K, w, b in (("fc2", hidden, w2, b2), ("proj", C, wp, bp)):
                     ins = [(rand(M, K), rand(M, C)) for _ in range(3)]
                     rows.append(gemm_row(
-                        f"{op}+bias+layerscale+residual+layernorm", common, 2 * M * K * C, s, ins,
+                        f"{op}+bias+layerscale+residual+layernorm", common, 2 * M * K * C, s, ins, ll._linear_residual_layernorm_kernel,
                         cublas=lambda y, x, w=w, b=b: aln.add_layernorm(x, F.linear(y, w, b), lnw, lnb, 1e-6, gamma),
                         epilogue=lambda y, x, w=w, b=b: ll.linear_residual_layernorm(y, w, b, x, gamma, lnw, lnb, 1e-6),
                         reference=lambda y, x, w, b, *rest: ll.linear_residual_layernorm_reference(y, w, b, x, *rest, 1e-6),
@@ -204,9 +227,10 @@ def mlp_gemms(s: Shapes, deadline: float) -> list[dict]:
     return rows
 
 
-def gemm_row(op: str, common: dict, flops: int, s: Shapes, inputs: list, *, cublas, epilogue, reference, ref_args) -> dict:
+def gemm_row(op: str, common: dict, flops: int, s: Shapes, inputs: list, tuner, *, cublas, epilogue, reference, ref_args) -> dict:
     """Both paths timed on the same rotating inputs; errors relative to the fp32 result, next to
     plain PyTorch's (the reference in the same dtype) for the 2x rule."""
+    tuned = tuning(tuner, lambda: epilogue(*inputs[0]))
     cublas_ms, epilogue_ms = median_ms(cublas, inputs, s.device, s.iters), median_ms(epilogue, inputs, s.device, s.iters)
     args = (*inputs[0], *ref_args)
     exact = reference(*(t.float() for t in args))
@@ -216,7 +240,79 @@ def gemm_row(op: str, common: dict, flops: int, s: Shapes, inputs: list, *, cubl
                 cublas_TFLOPs=flops / cublas_ms / 1e9, epilogue_TFLOPs=flops / epilogue_ms / 1e9,
                 speedup=cublas_ms / epilogue_ms, faster="epilogue" if epilogue_ms < cublas_ms else "cublas",
                 torch_rel_err=torch_err, cublas_rel_err=cublas_err, epilogue_rel_err=epilogue_err,
-                passes_2x_rule=epilogue_err <= 2 * torch_err + 1e-3)  # fmt: skip
+                passes_2x_rule=epilogue_err <= 2 * torch_err + 1e-3, tuning=tuned)  # fmt: skip
+
+
+# kernel name patterns -> category, first match wins (cuBLAS names its kernels gemm / xmma /
+# cutlass / nvjet; vitfast's GEMMs with a LayerNorm epilogue count as GEMMs)
+KERNEL_CATEGORIES = (
+    ("attention", ("attention", "attn", "fmha", "flash")),
+    ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "linear", "matmul", "aten::mm", "aten::addmm")),
+    ("layernorm", ("layer_norm", "layernorm")),
+    ("gelu", ("gelu",)),
+    ("elementwise", ("elementwise", "copy", "cat", "add", "mul", "fill")),
+)
+
+
+def kernel_category(name: str) -> str:
+    low = name.lower()
+    return next((cat for cat, words in KERNEL_CATEGORIES if any(w in low for w in words)), "other")
+
+
+def forward_profile(s: Shapes, deadline: float, iters: int = 10) -> dict:
+    """Where one forward's GPU time goes (torch.profiler, kernels only), eager vs optimize() on
+    each MLP path: per kernel, launches and microseconds per forward, and totals per category, so
+    a missed end-to-end goal can be traced to a kernel in the same call. Under --dry-run the
+    profile is of CPU ops (the plumbing runs; the figures mean nothing)."""
+    import vitfast
+    from torch.profiler import ProfilerActivity, profile
+
+    name, overrides, batch = s.profile
+    dtype, gpu = s.dtypes[0], s.device == "cuda"
+    cfg = vitfast.get_config(name, **overrides)
+    model = vitfast.create_model(cfg).to(device=s.device, dtype=dtype).eval()
+    x = torch.randn(batch, cfg.in_chans, *cfg.img_hw, device=s.device, dtype=dtype)
+    result = {"model": name, "overrides": overrides, "batch": batch, "dtype": dtype_name(dtype), "iters": iters, "backends": {}}
+    for label, mlp in (("eager", None), ("optimize mlp=auto", "auto"), ("optimize mlp=epilogue", "epilogue")):
+        if time.monotonic() > deadline:
+            result["backends"][label] = dict(NOT_REACHED)
+            continue
+        if mlp:
+            vitfast.optimize(model, mlp=mlp)
+        with torch.no_grad():
+            for _ in range(3):  # autotuning and compiles stay out of the profile
+                model(x)
+            _sync(s.device)
+            with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
+                for _ in range(iters):
+                    model(x)
+                _sync(s.device)
+        if mlp:
+            vitfast.restore(model)
+        result["backends"][label] = kernel_table(prof.key_averages(), iters, gpu)
+    return result
+
+
+def kernel_table(averages, iters: int, gpu: bool, top: int = 15) -> dict:
+    """Per-forward launches and time per kernel (the `top` slowest listed) and per category."""
+    rows = []
+    for e in averages:
+        us = e.self_device_time_total if gpu else e.self_cpu_time_total
+        if us > 0 and (not gpu or e.device_type == torch.autograd.DeviceType.CUDA):
+            rows.append({"kernel": e.key[:120], "category": kernel_category(e.key), "launches": e.count / iters, "us": us / iters})
+    rows.sort(key=lambda r: -r["us"])
+    total = sum(r["us"] for r in rows)
+    by_category: dict[str, float] = {}
+    for r in rows:
+        r["share"] = r["us"] / total
+        by_category[r["category"]] = by_category.get(r["category"], 0.0) + r["us"]
+    return {"status": "ok", "us_per_forward": total, "launches_per_forward": sum(r["launches"] for r in rows),
+            "us_by_category": by_category, "kernels": rows[:top]}  # fmt: skip
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def write_dispatch(rows: list[dict], env: dict, path: Path = DISPATCH_TABLE) -> list[dict]:

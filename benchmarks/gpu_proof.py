@@ -8,7 +8,8 @@
   bf16 at batch 1 and 64 (both MLP paths), and torch.compile over an optimized model and CUDA
   graphs at batch 1 and 64.
 - kernels: copy bandwidth and matmul ceilings; fused attention vs SDPA flash / efficient / cuDNN;
-  add+LayerNorm vs PyTorch and vs the copy bandwidth; the GEMMs with epilogues vs cuBLAS + separate
+  add+LayerNorm vs PyTorch and vs the copy bandwidth; a per-kernel profile of one ViT-B/16 forward
+  (eager vs optimize()); the GEMMs with epilogues vs cuBLAS + separate
   kernels (benchmarks/gpu_kernels.py), and from these the MLP dispatch table, written as
   DIR/mlp_dispatch.json (kernels/mlp_dispatch.json merged with this GPU's entries: copy it there
   to commit it).
@@ -254,7 +255,8 @@ def part_kernels(result: dict, args: argparse.Namespace, deadline: float) -> Non
     s = gk.DRY_RUN if args.dry_run else gk.GPU
     result["ceilings"] = gk.ceilings(s)
     result["attention"] = gk.attention_speed(s, deadline - 0.6 * (deadline - time.monotonic()))
-    result["add_layernorm"] = gk.layernorm_speed(s, result["ceilings"]["copy_GBps"], deadline - 0.55 * (deadline - time.monotonic()))
+    result["add_layernorm"] = gk.layernorm_speed(s, result["ceilings"]["copy_GBps"], deadline - 0.7 * (deadline - time.monotonic()))
+    result["profile"] = gk.forward_profile(s, deadline - 0.6 * (deadline - time.monotonic()))
     result["mlp"] = rows = []
     rows += gk.mlp_gemms(s, deadline)
     env = result["environment"]
@@ -388,6 +390,7 @@ def markdown(part: str, result: dict) -> str:
                     "sdpa_cudnn_TFLOPs", "speedup_vs_best_sdpa"]  # fmt: skip
         lines += md_table(result.get("attention", []), att_cols) + ["", "## add + LayerNorm", ""]
         lines += md_table(result.get("add_layernorm", []), ["rows", "C", "dtype", "status", "vitfast_GBps", "torch_GBps", "fraction_of_copy"])
+        lines += profile_markdown(result.get("profile"))
         lines += ["", "## GEMMs with epilogues vs cuBLAS + separate kernels", ""]
         lines += md_table(result.get("mlp", []), ["op", "model", "dtype", "batch", "status", "cublas_TFLOPs", "epilogue_TFLOPs", "speedup",
                                                   "faster", "passes_2x_rule"])  # fmt: skip
@@ -399,6 +402,23 @@ def markdown(part: str, result: dict) -> str:
     if result.get("png"):
         lines += ["", result["png"]]
     return "\n".join(lines) + "\n"
+
+
+def profile_markdown(profile: dict | None) -> list[str]:
+    """The forward profile: per backend, time and launches per forward by kernel category, then
+    each backend's slowest kernels."""
+    if not profile:
+        return []
+    lines = ["", f"## Where one forward's time goes ({profile['model']}, batch {profile['batch']}, {profile['dtype']}, "
+             f"mean of {profile['iters']} forwards, torch.profiler)", ""]  # fmt: skip
+    backends = {k: v for k, v in profile["backends"].items() if v.get("status") == "ok"}
+    categories = sorted({c for b in backends.values() for c in b["us_by_category"]})
+    rows = [{"backend": k, "us_per_forward": b["us_per_forward"], "launches": b["launches_per_forward"],
+             **{f"{c}_us": b["us_by_category"].get(c) for c in categories}} for k, b in backends.items()]  # fmt: skip
+    lines += md_table(rows, ["backend", "us_per_forward", "launches", *(f"{c}_us" for c in categories)])
+    for k, b in backends.items():
+        lines += ["", f"{k}: slowest kernels", ""] + md_table(b["kernels"][:8], ["kernel", "category", "launches", "us", "share"])
+    return lines + [f"- {k}: {v['status']} ({v['reason']})" for k, v in profile["backends"].items() if v.get("status") != "ok"]
 
 
 def save_png(part: str, result: dict, path: Path) -> Path | None:

@@ -73,9 +73,33 @@ def test_kernels_part_schema(dry_run):
     assert all(r["status"] == "ok" and 0 < r["fraction_of_copy"] for r in result["add_layernorm"])
     ops = {r["op"].split("+")[0] for r in result["mlp"]}
     assert ops == {"fc1", "fc2", "proj"} and all(r["passes_2x_rule"] for r in result["mlp"])
+    assert all(r["tuning"]["picked"] for r in result["attention"] + result["mlp"])  # one config under the interpreter
+    profile = result["profile"]
+    assert set(profile["backends"]) == {"eager", "optimize mlp=auto", "optimize mlp=epilogue"}
+    for backend in profile["backends"].values():
+        assert backend["status"] == "ok" and backend["us_per_forward"] > 0 and backend["kernels"]
+        assert abs(sum(backend["us_by_category"].values()) - backend["us_per_forward"]) < 1e-6 * backend["us_per_forward"]
+    assert "Where one forward's time goes" in (dry_run / "proof-kernels.md").read_text()
     table = load(dry_run, "mlp_dispatch.json")
     assert len(table["entries"]) == len(result["mlp_dispatch"]) == 2  # one per measured batch bucket
     assert {"compute_capability", "dtype", "C", "hidden", "m_bucket", "fc1", "fc2"} <= table["entries"][0].keys()
+
+
+def test_kernel_categories():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_kernels import kernel_category
+
+    assert kernel_category("_attention_fwd_kernel") == "attention"
+    assert kernel_category("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4>>") == "attention"
+    assert kernel_category("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1") == "gemm"
+    assert kernel_category("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_TNT") == "gemm"
+    assert kernel_category("_linear_residual_layernorm_kernel") == "gemm"
+    assert kernel_category("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::Half>") == "layernorm"
+    assert kernel_category("_bias_gelu_kernel") == "gelu"
+    assert kernel_category("void at::native::elementwise_kernel<128, 2>") == "elementwise"
+    assert kernel_category("something_else") == "other"
 
 
 def test_e2e_part_is_a_bench_result(dry_run):

@@ -316,7 +316,8 @@ commit the JSON and regenerate this file with
 
 `benchmarks/gpu_proof.py` is everything a lent GPU must show (GPU tests and optimize() parity;
 kernels vs SDPA backends, copy bandwidth and cuBLAS, and the MLP dispatch table from that
-measurement; end to end ViT-S/B/L fp16 + bf16 at batch 1-256 across eager, torch.compile default
+measurement, with each autotuned kernel's timings per config and a per-kernel profile of one
+ViT-B/16 forward, eager vs optimize(); end to end ViT-S/B/L fp16 + bf16 at batch 1-256 across eager, torch.compile default
 and max-autotune, optimize, optimize + CUDA graphs, optimize + torch.compile), written as JSON +
 markdown + PNG into one folder. Offline, no TensorRT; each part is time-boxed (9 minutes by
 default) and always writes its files. On the device (repository root, files come back from `$OUT`):
