@@ -38,13 +38,14 @@ from unittest import mock
 
 import torch
 import triton
-from triton import Config, knobs
+from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.cache import get_cache_key
 from triton.runtime.jit import create_function_from_signature
 
 from vitfast.kernels import _common, add_layernorm, attention, bias_gelu, linear_epilogue, linear_layernorm
+from vitfast.kernels.precompile import Recorded, recording
 
 # Kernels with a tl.dot, checked for the tensor-core instruction they compile to
 DOT_KERNELS = ("_attention_fwd_kernel", "_linear_epilogue_kernel", "_linear_residual_layernorm_kernel")
@@ -144,37 +145,12 @@ LAUNCHES = _launches()
 
 
 # ---------------------------------------------------------------------------- recording
-def record(launch: Launch) -> tuple:
-    """(kernel, args, kwargs) of the one kernel launch `launch.call` makes, without running it."""
-    calls = []
-
-    def wrap_triton(kernel):
-        return _Subscript(lambda grid: lambda *args, **kwargs: calls.append((kernel, args, kwargs)))
-
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(mock.patch.object(_common, "INTERPRET", True))  # CPU tensors pass check_device
-        for module in (add_layernorm, attention, bias_gelu, linear_epilogue, linear_layernorm):
-            stack.enter_context(mock.patch.object(module, "wrap_triton", wrap_triton))
+def record(launch: Launch) -> Recorded:
+    """The one kernel launch `launch.call` makes, recorded (CPU tensors) instead of run."""
+    with recording(cpu=True) as calls:
         launch.call(DTYPES[launch.dtype])
     assert len(calls) == 1, f"{launch.name}: expected one kernel launch, got {len(calls)}"
     return calls[0]
-
-
-class _Subscript:
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __getitem__(self, grid):
-        return self.fn(grid)
-
-
-def kept_configs(kernel, args: tuple, kwargs: dict, budget: tuple[int, int]) -> list:
-    """The configs an autotuned kernel keeps for a (capability, bytes) budget (its own prune's rule), or the launch's
-    single config (num_warps / num_stages as passed) for a plain @triton.jit kernel."""
-    if not hasattr(kernel, "configs"):
-        return [Config({}, num_warps=kwargs.get("num_warps", 4), num_stages=kwargs.get("num_stages", 3))]
-    named = dict(zip(kernel.fn.arg_names, args))
-    return _common.configs_within(kernel.configs, kernel.shared_memory_estimate, {**named, **kwargs}, budget)
 
 
 # ---------------------------------------------------------------------------- compiling
@@ -189,21 +165,21 @@ def _init_worker() -> None:
 def compile_one(job: tuple) -> dict:
     """Compile launch `i` with config `c` (an index into the kept list) for `target`."""
     i, c, target, cache_dir = job
-    kernel, args, kwargs = _RECORDED[i]
+    rec = _RECORDED[i]
     arch, limit = TARGETS[target]
-    config = kept_configs(kernel, args, kwargs, TARGETS[target])[c]
-    jit = kernel.fn if hasattr(kernel, "configs") else kernel
+    config = rec.configs(TARGETS[target])[c]
+    jit = rec.jit
     gpu = GPUTarget("cuda", arch, 32)
     backend = make_backend(gpu)
     # Triton's own binder and packer: the specialisation a GPU launch would get
-    launch_kwargs = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
+    launch_kwargs = {k: v for k, v in rec.kwargs.items() if k not in ("num_warps", "num_stages")}
     bind = create_function_from_signature(jit.signature, jit.params, backend)
-    bound, specialization, options = bind(*args, **launch_kwargs, **config.all_kwargs())
+    bound, specialization, options = bind(*rec.args, **launch_kwargs, **config.all_kwargs())
     options, signature, constexprs, attrs = jit._pack_args(backend, options, bound, specialization, options)
     src = ASTSource(jit, signature, constexprs, attrs)
     key = hashlib.sha256(get_cache_key(src, backend, options, {}).encode()).hexdigest()
     row = {"launch": LAUNCHES[i].name, "kernel": jit.__name__, "target": target, "limit": limit,
-           "config": _common.describe_config(config), "estimate": _estimate(kernel, args, kwargs, config, arch),
+           "config": _common.describe_config(config), "estimate": _estimate(rec, config, arch),
            "mma_expected": expected_matrix_instruction(jit.__name__, LAUNCHES[i].dtype, target, config.kwargs.get("BLOCK_M", 0))}  # fmt: skip
     cached = os.path.join(cache_dir, f"{key}.{RESULT_VERSION}.json")
     if os.path.exists(cached):
@@ -242,10 +218,10 @@ def expected_matrix_instruction(kernel: str, dtype: str, target: str, block_m: i
     return "wgmma" if target == "sm_90a" and block_m >= 64 else "mma.sync"
 
 
-def _estimate(kernel, args, kwargs, config, capability) -> int | None:
-    if not hasattr(kernel, "shared_memory_estimate"):
+def _estimate(rec: Recorded, config, capability) -> int | None:
+    if not hasattr(rec.kernel, "shared_memory_estimate"):
         return None
-    return kernel.shared_memory_estimate(config, {**dict(zip(kernel.fn.arg_names, args)), **kwargs}, capability)
+    return rec.kernel.shared_memory_estimate(config, rec.named_args(), capability)
 
 
 def _ptxas_stats(log: str) -> dict:
@@ -267,9 +243,8 @@ def plan(targets: list[str]) -> tuple[list[tuple], list[dict]]:
     sampled launch compiles, so across launches every config gets compiled on every target."""
     jobs, unfit = [], []
     for i, launch in enumerate(LAUNCHES):
-        kernel, args, kwargs = _RECORDED[i]
         for t, target in enumerate(targets):
-            kept = kept_configs(kernel, args, kwargs, TARGETS[target])
+            kept = _RECORDED[i].configs(TARGETS[target])
             if not kept:
                 unfit.append({"launch": launch.name, "target": target, "required": launch.required})
                 continue

@@ -221,7 +221,6 @@ def compare_tables(rows: list[dict[str, Any]], base_name: str, new_name: str, co
     """Rich tables of `stats.compare_rows` output: new / base per row with its verdict; `compact`: one
     table per model and image size, short headers and no img/s ratio (1 / latency x), for 80 columns."""
     from rich import box
-    from rich.table import Table
     from rich.text import Text
 
     colors = {"win": "green", "regression": "red", "same": "dim"}

@@ -1,0 +1,129 @@
+"""Compile, in parallel, every Triton kernel and autotune config some code will launch, before it runs.
+
+    stats = precompile(lambda: model(images))          # model optimized, images on the GPU
+
+An optimized model's first forward at a new shape autotunes each kernel: Triton compiles the
+configs one after another (about a second each), and a ViT's first forward spends tens of seconds
+there. `precompile(fn)` runs `fn` with every kernel launch recorded instead of run (`recording`:
+the launchers validate and allocate as usual, the kernels do not run, so outputs are garbage),
+then compiles each recorded launch with every config its autotuner would try on this device,
+through Triton's own warm-up path (`JITFunction.warmup`, the exact specialisation and cache key a
+launch computes) under Triton's `AsyncCompileMode` with a thread pool: its compiler releases the
+GIL for most of the work and ptxas is a subprocess, so threads overlap. The kernels land in the
+kernel's in-process cache and Triton's disk cache; the autotuning that follows only times them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+from unittest import mock
+
+from triton import Config
+
+from . import _common, add_layernorm, attention, bias_gelu, linear_epilogue, linear_layernorm
+
+KERNEL_MODULES = (add_layernorm, attention, bias_gelu, linear_epilogue, linear_layernorm)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One kernel launch as a launcher made it: the kernel (an autotuner or a plain JIT function)
+    and its arguments (tensors, ints, constexprs; for a plain kernel num_warps / num_stages too)."""
+
+    kernel: Any
+    args: tuple
+    kwargs: dict
+
+    @property
+    def jit(self):
+        return self.kernel.fn if hasattr(self.kernel, "configs") else self.kernel
+
+    def named_args(self) -> dict:
+        return {**dict(zip(self.jit.arg_names, self.args)), **self.kwargs}
+
+    def configs(self, budget: tuple[int, int] | None) -> list[Config]:
+        """The configs its autotuner keeps for a (capability, shared-memory bytes) budget (its own
+        prune's rule), or the launch's single config for a plain kernel."""
+        if not hasattr(self.kernel, "configs"):
+            return [Config({}, num_warps=self.kwargs.get("num_warps", 4), num_stages=self.kwargs.get("num_stages", 3))]
+        return _common.configs_within(self.kernel.configs, self.kernel.shared_memory_estimate, self.named_args(), budget)
+
+
+@contextlib.contextmanager
+def recording(cpu: bool = False) -> Iterator[list[Recorded]]:
+    """Inside, every vitfast kernel launch is appended to the yielded list and not run. `cpu=True`
+    also sends CPU tensors through the launchers (as under the interpreter) instead of the
+    reference math, for recording on a machine without a GPU."""
+    calls: list[Recorded] = []
+
+    def wrap_triton(kernel):
+        return _Grid(lambda *args, **kwargs: calls.append(Recorded(kernel, args, kwargs)))
+
+    with contextlib.ExitStack() as stack:
+        if cpu:
+            stack.enter_context(mock.patch.object(_common, "INTERPRET", True))
+        for module in KERNEL_MODULES:
+            stack.enter_context(mock.patch.object(module, "wrap_triton", wrap_triton))
+        yield calls
+
+
+class _Grid:
+    """What `wrap_triton(kernel)` returns: subscripted with a grid, a callable."""
+
+    def __init__(self, launch: Callable):
+        self.launch = launch
+
+    def __getitem__(self, grid) -> Callable:
+        return self.launch
+
+
+def compile_recorded(launches: list[Recorded], budget: tuple[int, int] | None, threads: int | None = None) -> dict:
+    """Compile each launch with each config it keeps for `budget` (see `Recorded.configs`) in a
+    pool of `threads` (default: one per CPU). Returns counts and seconds; with a Triton that has no
+    AsyncCompileMode (before 3.4) it compiles nothing and says so."""
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        return {"compiled": 0, "reason": "this Triton has no AsyncCompileMode (Triton >= 3.4): kernels compile at first launch"}
+    threads = threads or os.cpu_count() or 1
+    jobs = {}
+    for launch in launches:
+        kwargs = {k: v for k, v in launch.kwargs.items() if k not in ("num_warps", "num_stages")}
+        for config in launch.configs(budget):
+            jobs[(launch.jit, _specialisation_key(launch.args, kwargs, config))] = (launch, kwargs, config)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool, AsyncCompileMode(pool):
+        for launch, kwargs, config in jobs.values():
+            launch.jit.warmup(*launch.args, grid=(1,), **kwargs, **config.all_kwargs())
+    return {"launches": len(launches), "compiled": len(jobs), "threads": threads, "seconds": round(time.perf_counter() - start, 2)}
+
+
+def _specialisation_key(args: tuple, kwargs: dict, config: Config) -> tuple:
+    """Equal for launches that compile to the same kernel (a ViT's blocks repeat theirs): tensors
+    by dtype and 16-byte alignment (all Triton specialises a pointer on), everything else by value.
+    Conservative: launches it tells apart may still share a kernel, which Triton then compiles once."""
+
+    def one(v):
+        return ("tensor", str(v.dtype), v.data_ptr() % 16 == 0) if hasattr(v, "data_ptr") else v
+
+    return (tuple(one(a) for a in args), tuple(sorted((k, one(v)) for k, v in kwargs.items())), tuple(sorted(config.all_kwargs().items())))
+
+
+def precompile(*fns: Callable[[], Any], threads: int | None = None) -> dict:
+    """Record the kernel launches each `fn()` makes (on CUDA tensors) and compile them all for this
+    GPU in one pool before anything runs for real: see the module docstring. Returns
+    `compile_recorded`'s counts."""
+    launches: list[Recorded] = []
+    for fn in fns:
+        with recording() as calls:
+            fn()
+        launches += calls
+    if not launches:
+        return {"launches": 0, "compiled": 0}
+    tensor = next(a for launch in launches for a in launch.args if hasattr(a, "device"))
+    return compile_recorded(launches, _common.shared_memory_budget(tensor.device), threads)
