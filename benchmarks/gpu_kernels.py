@@ -38,6 +38,7 @@ from vitfast import fused
 from vitfast.bench.measure import time_calls
 from vitfast.kernels import add_layernorm as aln
 from vitfast.kernels._common import describe_config
+from vitfast.kernels.precompile import precompile
 from vitfast.kernels import attention as att
 from vitfast.kernels import bias_gelu as bg
 from vitfast.kernels import linear_epilogue as le
@@ -112,6 +113,54 @@ def _first(timing) -> float:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+# ---------------------------------------------------------------------------- compiling ahead
+# Each timed section first compiles, in parallel, every kernel x config its rows will autotune
+# (kernels/precompile.py; inputs are allocated, never read), so the time box goes to measuring
+# rather than to Triton compiling one config after another.
+def warm_model(cfg, dtype: torch.dtype, device: str, batches, mlps=("auto", "epilogue")) -> dict:
+    """Compile ahead what optimize(model, mlp=...) launches at each batch; the model is restored."""
+    import vitfast
+
+    model = vitfast.create_model(cfg).to(device=device, dtype=dtype).eval()
+
+    def forward(mlp: str, batch: int):
+        vitfast.optimize(model, mlp=mlp)
+        model(torch.empty(batch, cfg.in_chans, *cfg.img_hw, device=device, dtype=dtype))
+
+    with torch.no_grad():
+        return precompile(*(lambda m=m, b=b: forward(m, b) for m in mlps for b in batches))
+
+
+def warm_attention(s: Shapes) -> dict:
+    dtype = s.dtypes[0]
+    return precompile(*(lambda B=B, N=N, H=H, D=D: att.fused_attention(torch.empty(B, N, 3, H, D, device=s.device, dtype=dtype), D**-0.5)
+                        for B, N, H, D in s.attention))  # fmt: skip
+
+
+def warm_mlp(s: Shapes) -> dict:
+    """Both paths of every row of `mlp_gemms`: the epilogue GEMMs and the standalone kernels."""
+
+    def calls(dtype, C, hidden, M):
+        def e(*shape):
+            return torch.empty(*shape, device=s.device, dtype=dtype)
+
+        return (lambda: le.linear_bias_gelu(e(M, C), e(hidden, C), e(hidden), "none"),
+                lambda: bg.bias_gelu(e(M, hidden), e(hidden), "none"),
+                lambda: ll.linear_residual_layernorm(e(M, hidden), e(C, hidden), e(C), e(M, C), e(C), e(C), e(C), 1e-6),
+                lambda: ll.linear_residual_layernorm(e(M, C), e(C, C), e(C), e(M, C), e(C), e(C), e(C), 1e-6),
+                lambda: aln.add_layernorm(e(M, C), e(M, C), e(C), e(C), 1e-6, e(C)))  # fmt: skip
+
+    return precompile(*(c for dtype, _, C, hidden, _, M in mlp_shapes(s) for c in calls(dtype, C, hidden, M)))
+
+
+def mlp_shapes(s: Shapes):
+    """(dtype, model, C, hidden, batch, M = batch x tokens) of every MLP row."""
+    for dtype in s.dtypes:
+        for model, (C, hidden) in s.mlp.items():
+            for batch in s.mlp_batches:
+                yield dtype, model, C, hidden, batch, batch * s.tokens
 
 
 def ceilings(s: Shapes) -> dict:

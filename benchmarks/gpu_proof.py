@@ -30,6 +30,7 @@ time the interpreter and mean nothing.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -41,6 +42,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))  # gpu_kernels.py beside this file (imported lazily, after TRITON_INTERPRET is set)
 PARTS = ("tests", "kernels", "e2e")
 BUDGET_S = 540.0
 BUDGET_SHARE = {"tests": 0.3, "kernels": 0.3, "e2e": 0.4}  # of --budget under --part all
@@ -122,8 +124,8 @@ def _alarm(signum, frame):
 # ---------------------------------------------------------------------------- tests
 def part_tests(result: dict, args: argparse.Namespace, deadline: float) -> None:
     result["pytest"] = run_pytest(args, deadline - 0.5 * (deadline - time.monotonic()))
-    result["model_parity"] = rows = []
-    model_parity(rows, args.dry_run, deadline)
+    result["model_parity"], result["precompile"] = rows, warm = [], []
+    model_parity(rows, warm, args.dry_run, deadline)
     result["failed"] = result["pytest"].get("failed", 0) > 0 or any(r.get("passes") is False for r in rows)
 
 
@@ -133,6 +135,8 @@ def run_pytest(args: argparse.Namespace, deadline: float) -> dict:
     junit = args.out / "tests-junit.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *TEST_FILES]
     env = dict(os.environ)
+    if importlib.util.find_spec("xdist"):  # pytest-xdist: Triton compiles the test shapes' kernels in parallel processes
+        cmd += ["-n", str(min(16, os.cpu_count() or 1))]
     if args.dry_run:
         cmd += ["-m", "gpu"]
     else:
@@ -181,9 +185,11 @@ def parity_models(dry_run: bool):
         yield label, vitfast.get_config(name, **overrides)
 
 
-def model_parity(rows: list, dry_run: bool, deadline: float) -> None:
+def model_parity(rows: list, warm: list, dry_run: bool, deadline: float) -> None:
     """optimize() vs the float64 model, next to the eager model in the same dtype (the 2x rule); then
-    torch.compile over the optimized model and CUDA graphs."""
+    torch.compile over the optimized model and CUDA graphs. Each model's kernels are compiled ahead
+    for both dtypes' batches and MLP paths (counts appended to `warm`)."""
+    import gpu_kernels as gk
     import torch
 
     import vitfast
@@ -193,6 +199,8 @@ def model_parity(rows: list, dry_run: bool, deadline: float) -> None:
     batches = (2,) if dry_run else (1, 64)
     for label, cfg in parity_models(dry_run):
         for dtype in dtypes:
+            if time.monotonic() < deadline:
+                warm.append(dict(model=label, dtype=str(dtype).removeprefix("torch.")) | gk.warm_model(cfg, dtype, device, batches))
             for batch in batches:
                 base = dict(model=label, dtype=str(dtype).removeprefix("torch."), batch=batch)
                 if time.monotonic() > deadline:
@@ -249,14 +257,19 @@ def parity_rows(base: dict, checks: dict, exact) -> list[dict]:
 
 # ---------------------------------------------------------------------------- kernels
 def part_kernels(result: dict, args: argparse.Namespace, deadline: float) -> None:
-    sys.path.insert(0, str(Path(__file__).parent))
     import gpu_kernels as gk
+
+    import vitfast
 
     s = gk.DRY_RUN if args.dry_run else gk.GPU
     result["ceilings"] = gk.ceilings(s)
+    warm = result["precompile"] = {"attention": gk.warm_attention(s)}
     result["attention"] = gk.attention_speed(s, deadline - 0.6 * (deadline - time.monotonic()))
     result["add_layernorm"] = gk.layernorm_speed(s, result["ceilings"]["copy_GBps"], deadline - 0.7 * (deadline - time.monotonic()))
+    name, overrides, batch = s.profile
+    warm["profile"] = gk.warm_model(vitfast.get_config(name, **overrides), s.dtypes[0], s.device, (batch,))
     result["profile"] = gk.forward_profile(s, deadline - 0.6 * (deadline - time.monotonic()))
+    warm["mlp"] = gk.warm_mlp(s)
     result["mlp"] = rows = []
     rows += gk.mlp_gemms(s, deadline)
     env = result["environment"]
@@ -300,13 +313,16 @@ def part_e2e(result: dict, args: argparse.Namespace, deadline: float) -> None:
     """Each job is one `vitfast bench` sweep (vitfast.bench.run_sweep); rows of all jobs go into
     one result in the harness's schema, so its markdown table, plot, --compare and --report apply
     (proof-e2e.json can go into benchmarks/results/ as it is)."""
+    import gpu_kernels as gk
+
     from vitfast.bench import measure
     from vitfast.bench.backends import BackendOptions
     from vitfast.bench.sweep import SCHEMA, Settings, base_row, run_sweep
+    from vitfast.precision import TORCH_DTYPES
 
     if args.dry_run:
         measure.CPU_MATMUL = (256, measure.CPU_MATMUL[1])  # a quick ceiling: the dry run measures nothing
-    result |= {"schema": SCHEMA, "settings": {"jobs": []}, "rows": [], "peak": None, "sweeps": []}
+    result |= {"schema": SCHEMA, "settings": {"jobs": []}, "rows": [], "peak": None, "sweeps": [], "precompile": []}
     for cfg, precision, backends, mode, batches in e2e_jobs(args):
         skipped = [b for b in backends if args.dry_run and "compile" in b]  # no Inductor C++ build in the dry run
         run = [b for b in backends if b not in skipped]
@@ -317,6 +333,9 @@ def part_e2e(result: dict, args: argparse.Namespace, deadline: float) -> None:
             result["rows"] += [base_row(cfg, label(b), precision, n) | {"status": "skipped", "reason": "not reached: the part's time box ran out"}
                                for b in run for n in batches]  # fmt: skip
             continue
+        if any(b.startswith("vitfast") for b in run):
+            warm = gk.warm_model(cfg, TORCH_DTYPES[precision], "cpu" if args.dry_run else "cuda", batches, mlps=("auto",))
+            result["precompile"].append(dict(model=cfg.name, precision=precision) | warm)
         settings = Settings(models=[cfg], backends=run, batches=list(batches), precisions=[precision],
                             repeats=5 if args.dry_run else 20, warmup=2 if args.dry_run else 5, max_seconds=2.0,
                             options=BackendOptions(compile_mode=mode))  # fmt: skip
@@ -378,6 +397,7 @@ def markdown(part: str, result: dict) -> str:
              f"torch {env['versions'].get('torch')}, triton {env['versions'].get('triton')}, python {env.get('python')}, git {env['git']['sha']}"
              f"{' (+ local changes)' if env['git']['dirty'] else ''}; `{env['command']}`; {result['elapsed_s']:.0f} s of a "
              f"{result['budget_s']:.0f} s time box{' (hit: later rows not reached)' if result.get('time_box_hit') else ''}.", ""]  # fmt: skip
+    lines += [precompile_line(result.get("precompile")), ""]
     if part == "tests":
         p = result.get("pytest", {})
         lines += [f"pytest `{p.get('command')}`: {p.get('passed', '?')} passed, {p.get('failed', '?')} failed, {p.get('skipped', '?')} skipped"
@@ -402,6 +422,15 @@ def markdown(part: str, result: dict) -> str:
     if result.get("png"):
         lines += ["", result["png"]]
     return "\n".join(lines) + "\n"
+
+
+def precompile_line(warm) -> str:
+    """One line summing the part's compiling ahead (kernels/precompile.py)."""
+    runs = list(warm.values()) if isinstance(warm, dict) else warm or []
+    reasons = sorted({r["reason"] for r in runs if r.get("reason")})
+    compiled, seconds = sum(r.get("compiled", 0) for r in runs), sum(r.get("seconds", 0) for r in runs)
+    return (f"Compiled ahead (kernels x autotune configs, in parallel): {compiled} in {seconds:.0f} s over {len(runs)} runs"
+            + (f"; {'; '.join(reasons)}" if reasons else "") + ".")
 
 
 def profile_markdown(profile: dict | None) -> list[str]:

@@ -125,5 +125,7 @@ def precompile(*fns: Callable[[], Any], threads: int | None = None) -> dict:
         launches += calls
     if not launches:
         return {"launches": 0, "compiled": 0}
+    if _common.INTERPRET:
+        return {"launches": len(launches), "compiled": 0, "reason": "TRITON_INTERPRET=1: the interpreter compiles nothing"}
     tensor = next(a for launch in launches for a in launch.args if hasattr(a, "device"))
     return compile_recorded(launches, _common.shared_memory_budget(tensor.device), threads)

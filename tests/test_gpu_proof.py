@@ -46,6 +46,10 @@ def test_every_part_writes_json_markdown_and_plots(dry_run):
         assert result["dry_run"] is True and result["time_box_hit"] is False
         assert {"command", "git", "gpu", "versions", "python"} <= result["environment"].keys()
         assert "DRY RUN" in (dry_run / f"proof-{part}.md").read_text()
+        warm = result["precompile"]
+        runs = list(warm.values()) if isinstance(warm, dict) else warm
+        assert runs and all(r["launches"] > 0 and r["compiled"] == 0 and "TRITON_INTERPRET" in r["reason"] for r in runs)
+        assert "Compiled ahead" in (dry_run / f"proof-{part}.md").read_text()
     for png in ("proof-e2e.png", "proof-kernels.png"):
         assert (dry_run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
