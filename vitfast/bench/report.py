@@ -319,7 +319,9 @@ measurement, with each autotuned kernel's timings per config and a per-kernel pr
 ViT-B/16 forward, eager vs optimize(); end to end ViT-S/B/L fp16 + bf16 at batch 1-256 across eager, torch.compile default
 and max-autotune, optimize, optimize + CUDA graphs, optimize + torch.compile), written as JSON +
 markdown + PNG into one folder. Offline, no TensorRT; each part is time-boxed (9 minutes by
-default) and always writes its files. On the device (repository root, files come back from `$OUT`):
+default) and always writes its files. Each part first compiles the kernels x autotune configs it
+will need in parallel threads (`vitfast.kernels.precompile`), and the GPU tests run under
+pytest-xdist, so the box is spent measuring rather than compiling one config after another. On the device (repository root, files come back from `$OUT`):
 
 ```bash
 python3 -m pip install --no-deps --no-build-isolation -e . && python3 benchmarks/gpu_proof.py --out $OUT --part tests --budget 480
