@@ -332,7 +332,7 @@ def forward_profile(s: Shapes, deadline: float, iters: int = 10) -> dict:
             for _ in range(3):  # autotuning and compiles stay out of the profile
                 model(x)
             _sync(s.device)
-            with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
+            with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * gpu) as prof:  # kernels: the CUDA rows
                 for _ in range(iters):
                     model(x)
                 _sync(s.device)
