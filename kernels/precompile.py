@@ -5,7 +5,8 @@
 An optimized model's first forward at a new shape autotunes each kernel: Triton compiles the
 configs one after another (about a second each), and a ViT's first forward spends tens of seconds
 there. `precompile(fn)` runs `fn` with every kernel launch recorded instead of run (`recording`:
-the launchers validate and allocate as usual, the kernels do not run, so outputs are garbage),
+the launchers validate and allocate as usual, the kernels do not run, so outputs are garbage; a
+tensor argument is kept as its dtype and address only),
 then compiles each recorded launch with every config its autotuner would try on this device,
 through Triton's own warm-up path (`JITFunction.warmup`, the exact specialisation and cache key a
 launch computes) under Triton's `AsyncCompileMode` with a thread pool: its compiler releases the
@@ -31,9 +32,34 @@ KERNEL_MODULES = (add_layernorm, attention, bias_gelu, linear_epilogue, linear_l
 
 
 @dataclass(frozen=True)
+class Pointer:
+    """A tensor argument as far as compiling goes (Triton specialises a pointer on its dtype and
+    16-byte alignment), kept instead of the tensor so that recording a forward holds no memory."""
+
+    dtype: Any
+    address: int
+    itemsize: int
+    device: Any
+
+    def data_ptr(self) -> int:
+        return self.address
+
+    def element_size(self) -> int:
+        return self.itemsize
+
+
+def _standin(value):
+    """A tensor argument as a `Pointer`; anything else as it is."""
+    if hasattr(value, "data_ptr") and hasattr(value, "dtype"):
+        return Pointer(value.dtype, value.data_ptr(), value.element_size(), value.device)
+    return value
+
+
+@dataclass(frozen=True)
 class Recorded:
     """One kernel launch as a launcher made it: the kernel (an autotuner or a plain JIT function)
-    and its arguments (tensors, ints, constexprs; for a plain kernel num_warps / num_stages too)."""
+    and its arguments (tensors as `Pointer`s, ints, constexprs; for a plain kernel num_warps /
+    num_stages too)."""
 
     kernel: Any
     args: tuple
@@ -61,8 +87,11 @@ def recording(cpu: bool = False) -> Iterator[list[Recorded]]:
     reference math, for recording on a machine without a GPU."""
     calls: list[Recorded] = []
 
+    def record(kernel, args, kwargs):
+        calls.append(Recorded(kernel, tuple(_standin(a) for a in args), {k: _standin(v) for k, v in kwargs.items()}))
+
     def wrap_triton(kernel):
-        return _Grid(lambda *args, **kwargs: calls.append(Recorded(kernel, args, kwargs)))
+        return _Grid(lambda *args, **kwargs: record(kernel, args, kwargs))
 
     with contextlib.ExitStack() as stack:
         if cpu:
@@ -109,7 +138,7 @@ def _specialisation_key(args: tuple, kwargs: dict, config: Config) -> tuple:
     Conservative: launches it tells apart may still share a kernel, which Triton then compiles once."""
 
     def one(v):
-        return ("tensor", str(v.dtype), v.data_ptr() % 16 == 0) if hasattr(v, "data_ptr") else v
+        return ("pointer", str(v.dtype), v.data_ptr() % 16 == 0) if isinstance(v, Pointer) else v
 
     return (tuple(one(a) for a in args), tuple(sorted((k, one(v)) for k, v in kwargs.items())), tuple(sorted(config.all_kwargs().items())))
 

@@ -4,8 +4,8 @@ warm-up path, so that the real launches find them compiled.
 
 Runs in a subprocess without TRITON_INTERPRET (the interpreter replaces the compiler) and with
 Triton's driver answering as an H100 (sm_90a): the same compiles a GPU would make, nothing
-launched. The check that matters: afterwards, each launch's warm-up for each config (what the
-autotuner's first benchmark of it does) compiles nothing."""
+launched. The check that matters: afterwards, each launch's warm-up with its real tensors for each
+config (what the autotuner's first benchmark of it binds) compiles nothing."""
 
 from __future__ import annotations
 
@@ -46,19 +46,22 @@ SCRIPT = textwrap.dedent(
         model(x)
     budget = aot.TARGETS["sm_90a"]
     stats = precompile.compile_recorded(launches, budget, threads=2)
+    with torch.no_grad(), mock.patch.object(precompile, "_standin", lambda v: v), precompile.recording(cpu=True) as real:
+        model(x)  # the same launches with their real tensors, as a GPU launch binds them
+    assert all(isinstance(a, precompile.Pointer) for launch in launches for a in launch.args if hasattr(a, "data_ptr"))
 
     def no_compile(*args, **kwargs):
         raise AssertionError("compiled again")
 
     again = 0
-    for launch in launches:
+    for launch in real:
         launch.jit.device_caches[0][0]  # the binder for device 0 exists; its compile is now refused
         launch.jit.compile = no_compile
         kwargs = {k: v for k, v in launch.kwargs.items() if k not in ("num_warps", "num_stages")}
         for config in launch.configs(budget):
             launch.jit.warmup(*launch.args, grid=(1,), **kwargs, **config.all_kwargs())
             again += 1
-    kernels = sorted({launch.jit.__name__ for launch in launches})
+    kernels = sorted({launch.jit.__name__ for launch in real})
     print(json.dumps(stats | {"rechecked": again, "kernels": kernels}))
     """
 )
