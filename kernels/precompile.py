@@ -6,12 +6,12 @@ An optimized model's first forward at a new shape autotunes each kernel: Triton 
 configs one after another (about a second each), and a ViT's first forward spends tens of seconds
 there. `precompile(fn)` runs `fn` with every kernel launch recorded instead of run (`recording`:
 the launchers validate and allocate as usual, the kernels do not run, so outputs are garbage; a
-tensor argument is kept as its dtype and address only),
-then compiles each recorded launch with every config its autotuner would try on this device,
-through Triton's own warm-up path (`JITFunction.warmup`, the exact specialisation and cache key a
-launch computes) under Triton's `AsyncCompileMode` with a thread pool: its compiler releases the
-GIL for most of the work and ptxas is a subprocess, so threads overlap. The kernels land in the
-kernel's in-process cache and Triton's disk cache; the autotuning that follows only times them.
+tensor argument is kept as its dtype and address only), then compiles each recorded launch with
+every config its autotuner would try on this device, through Triton's own warm-up path
+(`JITFunction.warmup`: the exact specialisation and cache key of a launch) under Triton's
+`AsyncCompileMode` with a thread pool: its compiler releases the GIL for most of the work and ptxas
+is a subprocess, so threads overlap. The kernels land in the kernel's in-process cache and
+Triton's disk cache; the autotuning that follows only times them.
 """
 
 from __future__ import annotations
@@ -113,8 +113,9 @@ class _Grid:
 
 def compile_recorded(launches: list[Recorded], budget: tuple[int, int] | None, threads: int | None = None) -> dict:
     """Compile each launch with each config it keeps for `budget` (see `Recorded.configs`) in a
-    pool of `threads` (default: one per CPU). Returns counts and seconds; with a Triton that has no
-    AsyncCompileMode (before 3.4) it compiles nothing and says so."""
+    pool of `threads` (default: one per CPU). Returns the launches, the (launch, config) jobs after
+    dropping exact repeats, the distinct kernels compiled, threads and seconds; with a Triton that
+    has no AsyncCompileMode (before 3.4) it compiles nothing and says so."""
     try:
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError:
@@ -126,10 +127,12 @@ def compile_recorded(launches: list[Recorded], budget: tuple[int, int] | None, t
         for config in launch.configs(budget):
             jobs[(launch.jit, _specialisation_key(launch.args, kwargs, config))] = (launch, kwargs, config)
     start = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool, AsyncCompileMode(pool):
+    with ThreadPoolExecutor(threads) as pool, AsyncCompileMode(pool) as mode:
         for launch, kwargs, config in jobs.values():
             launch.jit.warmup(*launch.args, grid=(1,), **kwargs, **config.all_kwargs())
-    return {"launches": len(launches), "compiled": len(jobs), "threads": threads, "seconds": round(time.perf_counter() - start, 2)}
+        compiled = len(mode.future_kernels)  # distinct kernels not yet in memory (Triton's disk cache may still hold some)
+    return {"launches": len(launches), "jobs": len(jobs), "compiled": compiled, "threads": threads,
+            "seconds": round(time.perf_counter() - start, 2)}  # fmt: skip
 
 
 def _specialisation_key(args: tuple, kwargs: dict, config: Config) -> tuple:

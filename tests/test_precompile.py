@@ -85,7 +85,7 @@ def test_a_forward_is_compiled_ahead_for_every_config(tmp_path, mlp, kernels, la
     LayerNorm. Every config compiles once; none compiles again."""
     stats = run(mlp, tmp_path)
     assert stats["launches"] == launches and sorted(stats["kernels"]) == sorted(kernels)
-    assert 0 < stats["compiled"] <= stats["rechecked"]  # repeated blocks share their kernels
+    assert 0 < stats["compiled"] <= stats["jobs"] <= stats["rechecked"]  # repeated blocks share their kernels
     assert (tmp_path / "triton-cache").is_dir() and any((tmp_path / "triton-cache").iterdir())  # also on disk
 
 
