@@ -24,6 +24,7 @@ tuning, every config's median time (`tuning`). Every function takes a `Shapes` (
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -118,7 +119,20 @@ def dtype_name(dtype: torch.dtype) -> str:
 # ---------------------------------------------------------------------------- compiling ahead
 # Each timed section first compiles, in parallel, every kernel x config its rows will autotune
 # (kernels/precompile.py; inputs are allocated, never read), so the time box goes to measuring
-# rather than to Triton compiling one config after another.
+# rather than to Triton compiling one config after another. Only a speed-up: a failure is recorded
+# and the section runs anyway, compiling as it goes.
+def best_effort(fn):
+    @functools.wraps(fn)
+    def run(*args, **kwargs) -> dict:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            return {"launches": 0, "compiled": 0, "reason": f"compiling ahead failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+
+    return run
+
+
+@best_effort
 def warm_model(cfg, dtype: torch.dtype, device: str, batches, mlps=("auto", "epilogue")) -> dict:
     """Compile ahead what optimize(model, mlp=...) launches at each batch; the model is restored."""
     import vitfast
@@ -133,12 +147,14 @@ def warm_model(cfg, dtype: torch.dtype, device: str, batches, mlps=("auto", "epi
         return precompile(*(lambda m=m, b=b: forward(m, b) for m in mlps for b in batches))
 
 
+@best_effort
 def warm_attention(s: Shapes) -> dict:
     dtype = s.dtypes[0]
     return precompile(*(lambda B=B, N=N, H=H, D=D: att.fused_attention(torch.empty(B, N, 3, H, D, device=s.device, dtype=dtype), D**-0.5)
                         for B, N, H, D in s.attention))  # fmt: skip
 
 
+@best_effort
 def warm_mlp(s: Shapes) -> dict:
     """Both paths of every row of `mlp_gemms`: the epilogue GEMMs and the standalone kernels."""
 
