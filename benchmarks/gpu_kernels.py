@@ -16,6 +16,7 @@ Triton kernel against what it replaces, timed side by side.
    Triton GEMM). TFLOP/s, which is faster, parity of both vs fp32 with the 2x rule.
    `write_dispatch` turns the fc1/fc2 winners into kernels/mlp_dispatch.json entries.
 
+The row functions append to the list they are given, so rows measured before a failure are kept.
 Timing: `vitfast.bench.measure.time_calls` (CUDA events on a GPU), median, inputs rotated among
 buffers. Each autotuned kernel's row also records the config it picked and, when that row did the
 tuning, every config's median time (`tuning`). Every function takes a `Shapes` (the GPU's, or tiny ones for --dry-run on CPU) and a
@@ -208,8 +209,7 @@ def _sdpa(backend_name: str):
     return run
 
 
-def attention_speed(s: Shapes, deadline: float) -> list[dict]:
-    rows = []
+def attention_speed(s: Shapes, deadline: float, rows: list) -> list[dict]:
     dtype = s.dtypes[0]
     for B, N, H, D in s.attention:
         row = dict(B=B, N=N, H=H, D=D, dtype=dtype_name(dtype))
@@ -234,8 +234,7 @@ def attention_speed(s: Shapes, deadline: float) -> list[dict]:
     return rows
 
 
-def layernorm_speed(s: Shapes, copy_GBps: float, deadline: float) -> list[dict]:
-    rows = []
+def layernorm_speed(s: Shapes, copy_GBps: float, deadline: float, rows: list) -> list[dict]:
     dtype = s.dtypes[0]
     for M, C in s.layernorm:
         row = dict(C=C, rows=M, dtype=dtype_name(dtype))
@@ -253,9 +252,8 @@ def layernorm_speed(s: Shapes, copy_GBps: float, deadline: float) -> list[dict]:
     return rows
 
 
-def mlp_gemms(s: Shapes, deadline: float) -> list[dict]:
+def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
     """Per dtype, model width and batch: fc1, fc2 and proj, cuBLAS + separate kernels vs one Triton GEMM."""
-    rows = []
     for dtype in s.dtypes:
         for model, (C, hidden) in s.mlp.items():
             def rand(*shape, scale=1.0):

@@ -38,6 +38,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -109,6 +110,10 @@ def run_part(part: str, args: argparse.Namespace, budget: float) -> bool:
         result["time_box_hit"] = False
     except TimeBox:
         result["time_box_hit"] = True  # what was measured so far is in `result`
+    except Exception as exc:  # a failure outside any section: what was measured so far is still written
+        result["time_box_hit"] = False
+        result.setdefault("errors", {})["part"] = "".join(traceback.format_exception(exc)[-3:])[-1500:]
+        result["failed"] = True
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
     result["elapsed_s"] = time.monotonic() - started
@@ -262,16 +267,18 @@ def part_kernels(result: dict, args: argparse.Namespace, deadline: float) -> Non
     import vitfast
 
     s = gk.DRY_RUN if args.dry_run else gk.GPU
-    result["ceilings"] = gk.ceilings(s)
+    left = lambda share: deadline - share * (deadline - time.monotonic())  # noqa: E731  a section's start-by time
+    section(result, "ceilings", lambda: gk.ceilings(s))
+    copy_GBps = result.get("ceilings", {}).get("copy_GBps", float("nan"))
     warm = result["precompile"] = {"attention": gk.warm_attention(s)}
-    result["attention"] = gk.attention_speed(s, deadline - 0.6 * (deadline - time.monotonic()))
-    result["add_layernorm"] = gk.layernorm_speed(s, result["ceilings"]["copy_GBps"], deadline - 0.7 * (deadline - time.monotonic()))
+    section(result, "attention", lambda: gk.attention_speed(s, left(0.6), result.setdefault("attention", [])))
+    section(result, "add_layernorm", lambda: gk.layernorm_speed(s, copy_GBps, left(0.7), result.setdefault("add_layernorm", [])))
     name, overrides, batch = s.profile
     warm["profile"] = gk.warm_model(vitfast.get_config(name, **overrides), s.dtypes[0], s.device, (batch,))
-    result["profile"] = gk.forward_profile(s, deadline - 0.6 * (deadline - time.monotonic()))
+    section(result, "profile", lambda: gk.forward_profile(s, left(0.6)))
     warm["mlp"] = gk.warm_mlp(s)
-    result["mlp"] = rows = []
-    rows += gk.mlp_gemms(s, deadline)
+    rows = result["mlp"] = []
+    section(result, "mlp", lambda: gk.mlp_gemms(s, deadline, rows))
     env = result["environment"]
     gpu = env["gpu"]
     table = args.out / "mlp_dispatch.json"
@@ -279,7 +286,17 @@ def part_kernels(result: dict, args: argparse.Namespace, deadline: float) -> Non
     dispatch_env = {"compute_capability": gpu.get("compute_capability") or "cpu (dry run)", "gpu": gpu.get("name") or "cpu (dry run)",
                     "git_sha": env["git"]["sha"], "command": env["command"]}  # fmt: skip
     result["mlp_dispatch"] = gk.write_dispatch(rows, dispatch_env, table)
-    result["failed"] = any(r.get("passes_2x_rule") is False for r in rows)
+    result["failed"] = bool(result.get("errors")) or any(r.get("passes_2x_rule") is False for r in rows)
+
+
+def section(result: dict, key: str, run) -> None:
+    """result[key] = run(); an exception (a kernel failing on the GPU, say) is recorded under
+    result["errors"][key] instead, so the sections after it still run and the files are written.
+    Row lists that `run` appends to keep the rows measured before it failed."""
+    try:
+        result[key] = run()
+    except Exception as exc:
+        result.setdefault("errors", {})[key] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
 
 
 # ---------------------------------------------------------------------------- end to end
@@ -397,6 +414,7 @@ def markdown(part: str, result: dict) -> str:
              f"torch {env['versions'].get('torch')}, triton {env['versions'].get('triton')}, python {env.get('python')}, git {env['git']['sha']}"
              f"{' (+ local changes)' if env['git']['dirty'] else ''}; `{env['command']}`; {result['elapsed_s']:.0f} s of a "
              f"{result['budget_s']:.0f} s time box{' (hit: later rows not reached)' if result.get('time_box_hit') else ''}.", ""]  # fmt: skip
+    lines += [f"**ERROR** in {key}: `{msg}`" for key, msg in result.get("errors", {}).items()]
     lines += [precompile_line(result.get("precompile")), ""]
     if part == "tests":
         p = result.get("pytest", {})

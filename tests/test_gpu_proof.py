@@ -113,6 +113,36 @@ def test_a_failure_to_compile_ahead_is_recorded_not_raised():
     assert result["compiled"] == 0 and result["reason"].startswith("compiling ahead failed: AttributeError")
 
 
+def test_a_failing_section_or_part_still_writes_its_files(tmp_path, monkeypatch):
+    """A kernel failing on the GPU must not cost the rest of the call: a section's exception is
+    recorded and the next section runs; an exception outside the sections still writes the files."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_proof
+
+    result: dict = {}
+    rows: list = []
+
+    def attention():
+        rows.append({"N": 197, "status": "ok"})
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+
+    gpu_proof.section(result, "attention", attention)
+    gpu_proof.section(result, "add_layernorm", lambda: [{"C": 768}])
+    assert result["errors"] == {"attention": "RuntimeError: CUDA error: an illegal memory access was encountered"}
+    assert rows == [{"N": 197, "status": "ok"}] and result["add_layernorm"] == [{"C": 768}]
+
+    def broken(result, args, deadline):
+        result["attention"] = [{"N": 197, "status": "ok"}]
+        raise KeyError("boom")
+
+    monkeypatch.setattr(gpu_proof, "part_kernels", broken)
+    args = gpu_proof.parse_args(["--out", str(tmp_path), "--dry-run", "--part", "kernels"])
+    assert gpu_proof.run_part("kernels", args, 60.0) is True  # failed
+    written = json.loads((tmp_path / "proof-kernels.json").read_text())
+    assert written["attention"] == [{"N": 197, "status": "ok"}] and "KeyError: 'boom'" in written["errors"]["part"]
+    assert "**ERROR** in part" in (tmp_path / "proof-kernels.md").read_text()
+
+
 def test_e2e_part_is_a_bench_result(dry_run):
     result = validate_result(load(dry_run, "proof-e2e.json"))  # the `vitfast bench` schema: --report / --compare read it
     by_backend = {r["backend"]: r for r in result["rows"]}
