@@ -16,11 +16,12 @@ Triton kernel against what it replaces, timed side by side.
    Triton GEMM). TFLOP/s, which is faster, parity of both vs fp32 with the 2x rule.
    `write_dispatch` turns the fc1/fc2 winners into kernels/mlp_dispatch.json entries.
 
-The row functions append to the list they are given, so rows measured before a failure are kept.
 Timing: `vitfast.bench.measure.time_calls` (CUDA events on a GPU), median, inputs rotated among
 buffers. Each autotuned kernel's row also records the config it picked and, when that row did the
-tuning, every config's median time (`tuning`). Every function takes a `Shapes` (the GPU's, or tiny ones for --dry-run on CPU) and a
-`deadline` (time.monotonic()): rows it cannot start in time say so instead of being measured.
+tuning, every config's median time (`tuning`). Every function takes a `Shapes` (the GPU's, or tiny
+ones for --dry-run on CPU) and a `deadline` (time.monotonic()): rows it cannot start in time say so
+instead of being measured. The row functions append to the list they are given, so the rows
+measured before a failure are kept.
 """
 
 from __future__ import annotations
@@ -39,12 +40,12 @@ import torch.nn.functional as F
 from vitfast import fused
 from vitfast.bench.measure import time_calls
 from vitfast.kernels import add_layernorm as aln
-from vitfast.kernels._common import describe_config
-from vitfast.kernels.precompile import precompile
 from vitfast.kernels import attention as att
 from vitfast.kernels import bias_gelu as bg
 from vitfast.kernels import linear_epilogue as le
 from vitfast.kernels import linear_layernorm as ll
+from vitfast.kernels._common import describe_config
+from vitfast.kernels.precompile import precompile
 
 DISPATCH_TABLE = Path(__file__).resolve().parents[1] / "kernels" / "mlp_dispatch.json"
 NOT_REACHED = {"status": "not reached", "reason": "the part's time box ran out before this row"}
@@ -135,7 +136,7 @@ def best_effort(fn):
 
 @best_effort
 def warm_model(cfg, dtype: torch.dtype, device: str, batches, mlps=("auto", "epilogue")) -> dict:
-    """Compile ahead what optimize(model, mlp=...) launches at each batch; the model is restored."""
+    """Compile ahead what optimize(model, mlp=...) launches at each batch (on a model of its own)."""
     import vitfast
 
     model = vitfast.create_model(cfg).to(device=device, dtype=dtype).eval()
