@@ -240,3 +240,26 @@ def test_sidecar_records_and_checks_its_artifact(tmp_path):
     sidecar_path(path).write_text(json.dumps(meta))
     with pytest.raises(ArtifactError, match="does not record which file"):
         read_sidecar(path)
+
+
+def test_a_live_work_folder_is_never_taken_for_a_dead_one(tmp_path, monkeypatch):
+    """The worst moment for a rival's clean-up: it runs in another process just as this one locks its
+    new work folder. It must see that folder as live (its lock not yet there, or held), not delete it."""
+    import fcntl
+
+    from vitfast import atomic
+
+    real_flock, rivals = fcntl.flock, []
+
+    def flock_after_a_rival_cleans(fd, op):
+        if ".work/" in os.readlink(f"/proc/self/fd/{fd}") and not rivals:
+            rivals.append(os.fork())
+            if rivals[0] == 0:  # the rival process: a clean-up of the shared staging folder, then gone
+                atomic.clean_stale(tmp_path / STAGING)
+                os._exit(0)
+            os.waitpid(rivals[0], 0)
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(atomic.fcntl, "flock", flock_after_a_rival_cleans)
+    atomic_write_text(tmp_path / "m.txt", "kept")
+    assert rivals and (tmp_path / "m.txt").read_text() == "kept" and leftovers(tmp_path) == []

@@ -209,8 +209,11 @@ def clean_stale(staging: Path) -> None:
 def _new_work(staging: Path, name: str) -> Path:
     """A fresh folder in `staging` whose `lock` this process holds until `_remove_work` (or death)."""
     work = Path(tempfile.mkdtemp(prefix=f"{name[:64]}.", suffix=".work", dir=staging))
-    fd = os.open(work / "lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    # locked before it appears under its name: another process's clean_stale that found `lock`
+    # created but not yet locked would take this live folder for a dead one and delete it
+    fd = os.open(work / "lock.new", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.rename(work / "lock.new", work / "lock")
     _work_fds[work] = fd
     return work
 
