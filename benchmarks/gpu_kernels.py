@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from vitfast import fused
 from vitfast.bench.measure import time_calls
+from vitfast.errors import describe_exception, first_line
 from vitfast.kernels import add_layernorm as aln
 from vitfast.kernels import attention as att
 from vitfast.kernels import bias_gelu as bg
@@ -129,7 +130,7 @@ def best_effort(fn):
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
-            return {"launches": 0, "compiled": 0, "reason": f"compiling ahead failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+            return {"launches": 0, "compiled": 0, "reason": f"compiling ahead failed: {describe_exception(exc)}"}
 
     return run
 
@@ -227,7 +228,7 @@ def attention_speed(s: Shapes, deadline: float, rows: list) -> list[dict]:
                 ms = median_ms(_sdpa(name), qkvs, s.device, s.iters)
                 row |= {f"sdpa_{name}_ms": ms, f"sdpa_{name}_TFLOPs": flops / ms / 1e9}
             except RuntimeError as exc:  # this backend does not take the shape / dtype / device
-                row[f"sdpa_{name}_reason"] = str(exc).strip().splitlines()[0][:200]
+                row[f"sdpa_{name}_reason"] = first_line(exc)
         best = min((row[k] for k in row if k.startswith("sdpa_") and k.endswith("_ms")), default=None)
         row["speedup_vs_best_sdpa"] = best / ours if best else None
         rows.append(row)

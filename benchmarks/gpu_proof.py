@@ -246,13 +246,15 @@ def compiled_and_graphed(model, x, dry_run: bool) -> dict:
 
 def parity_rows(base: dict, checks: dict, exact) -> list[dict]:
     """One row per check: max |err| vs the float64 model; passes when <= 2x eager's + atol."""
+    from vitfast.errors import describe_exception  # lazy: vitfast is imported after --dry-run sets TRITON_INTERPRET
+
     rows, eager_err = [], None
     for name, run in checks.items():
         row = base | {"check": name}
         try:
             err = (run().double() - exact).abs().max().item()
         except Exception as exc:  # a failing path is a row with its error, the other checks still run
-            rows.append(row | {"status": "error", "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}", "passes": False})
+            rows.append(row | {"status": "error", "reason": describe_exception(exc), "passes": False})
             continue
         eager_err = err if name == "eager" else eager_err
         passes = None if name == "eager" else err <= 2 * eager_err + ATOL[base["dtype"]]
@@ -270,13 +272,13 @@ def part_kernels(result: dict, args: argparse.Namespace, deadline: float) -> Non
     left = lambda share: deadline - share * (deadline - time.monotonic())  # noqa: E731  a section's start-by time
     section(result, "ceilings", lambda: gk.ceilings(s))
     copy_GBps = result.get("ceilings", {}).get("copy_GBps", float("nan"))
-    warm = result["precompile"] = {"attention": gk.warm_attention(s)}
+    warm = result["precompile"] = [{"section": "attention"} | gk.warm_attention(s)]
     section(result, "attention", lambda: gk.attention_speed(s, left(0.6), result.setdefault("attention", [])))
     section(result, "add_layernorm", lambda: gk.layernorm_speed(s, copy_GBps, left(0.7), result.setdefault("add_layernorm", [])))
     name, overrides, batch = s.profile
-    warm["profile"] = gk.warm_model(vitfast.get_config(name, **overrides), s.dtypes[0], s.device, (batch,))
+    warm.append({"section": "profile"} | gk.warm_model(vitfast.get_config(name, **overrides), s.dtypes[0], s.device, (batch,)))
     section(result, "profile", lambda: gk.forward_profile(s, left(0.6)))
-    warm["mlp"] = gk.warm_mlp(s)
+    warm.append({"section": "mlp"} | gk.warm_mlp(s))
     rows = result["mlp"] = []
     section(result, "mlp", lambda: gk.mlp_gemms(s, deadline, rows))
     env = result["environment"]
@@ -293,10 +295,12 @@ def section(result: dict, key: str, run) -> None:
     """result[key] = run(); an exception (a kernel failing on the GPU, say) is recorded under
     result["errors"][key] instead, so the sections after it still run and the files are written.
     Row lists that `run` appends to keep the rows measured before it failed."""
+    from vitfast.errors import describe_exception  # lazy: vitfast is imported after --dry-run sets TRITON_INTERPRET
+
     try:
         result[key] = run()
     except Exception as exc:
-        result.setdefault("errors", {})[key] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+        result.setdefault("errors", {})[key] = describe_exception(exc)
 
 
 # ---------------------------------------------------------------------------- end to end
@@ -442,9 +446,9 @@ def markdown(part: str, result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def precompile_line(warm) -> str:
-    """One line summing the part's compiling ahead (kernels/precompile.py)."""
-    runs = list(warm.values()) if isinstance(warm, dict) else warm or []
+def precompile_line(runs: list | None) -> str:
+    """One line summing the part's compiling ahead (kernels/precompile.py), one dict per run."""
+    runs = runs or []
     reasons = sorted({r["reason"] for r in runs if r.get("reason")})
     compiled, seconds = sum(r.get("compiled", 0) for r in runs), sum(r.get("seconds", 0) for r in runs)
     return (f"Compiled ahead (kernels x autotune configs, in parallel): {compiled} in {seconds:.0f} s over {len(runs)} runs"

@@ -25,7 +25,7 @@ import torch
 
 from vitfast.config import ViTConfig
 from vitfast.data import batches, find_images
-from vitfast.errors import ArtifactError, InputError, first_line
+from vitfast.errors import ArtifactError, InputError, describe_exception
 from vitfast.parity import compare
 from vitfast.progress import Reporter, reporting
 
@@ -133,7 +133,7 @@ def _prepare_for_quantization(source: Path, prepared: Path) -> str:
         frames = [frame.filename for frame in traceback.extract_tb(exc.__traceback__)]
         if not any(name.endswith("symbolic_shape_infer.py") for name in frames):
             raise
-        reason = f"{type(exc).__name__}: {first_line(exc)}" if str(exc).strip() else type(exc).__name__
+        reason = describe_exception(exc)
     quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
     return f"onnx (ONNX Runtime's symbolic shape inference failed with {reason})"
 

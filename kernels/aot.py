@@ -44,6 +44,7 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.cache import get_cache_key
 from triton.runtime.jit import create_function_from_signature
 
+from vitfast.errors import describe_exception
 from vitfast.kernels import _common, add_layernorm, attention, bias_gelu, linear_epilogue, linear_layernorm
 from vitfast.kernels.precompile import Recorded, recording
 
@@ -190,7 +191,7 @@ def compile_one(job: tuple) -> dict:
         with mock.patch.object(knobs.nvidia, "dump_ptxas_log", True), contextlib.redirect_stdout(log):
             compiled = triton.compile(src, target=gpu, options=options.__dict__)
     except Exception as e:  # a compile error is a finding, reported with its first line
-        return {**row, "error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"}
+        return {**row, "error": describe_exception(e)}
     result = {"shared": compiled.metadata.shared, "compile_s": round(time.perf_counter() - start, 2),
               "mma": matrix_instruction(compiled.asm["ptx"]), **_ptxas_stats(log.getvalue())}  # fmt: skip
     os.makedirs(cache_dir, exist_ok=True)

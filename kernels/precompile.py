@@ -119,7 +119,8 @@ def compile_recorded(launches: list[Recorded], budget: tuple[int, int] | None, t
     try:
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError:
-        return {"compiled": 0, "reason": "this Triton has no AsyncCompileMode (Triton >= 3.4): kernels compile at first launch"}
+        return {"launches": len(launches), "compiled": 0,
+                "reason": "this Triton has no AsyncCompileMode (Triton >= 3.4): kernels compile at first launch"}
     threads = threads or os.cpu_count() or 1
     jobs = {}
     for launch in launches:

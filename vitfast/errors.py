@@ -48,3 +48,9 @@ def first_line(exc: BaseException) -> str:
     a one-line error quotes of it."""
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else type(exc).__name__
+
+
+def describe_exception(exc: BaseException) -> str:
+    """`Type: first line of the message` (the type alone when there is no message), for a report
+    that records a failure and goes on."""
+    return f"{type(exc).__name__}: {first_line(exc)}" if str(exc).strip() else type(exc).__name__
