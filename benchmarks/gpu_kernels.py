@@ -140,7 +140,8 @@ def warm_model(cfg, dtype: torch.dtype, device: str, batches, mlps=("auto", "epi
     """Compile ahead what optimize(model, mlp=...) launches at each batch (on a model of its own)."""
     import vitfast
 
-    model = vitfast.create_model(cfg).to(device=device, dtype=dtype).eval()
+    with torch.device(device):  # initialised where it runs: a ViT-L's CPU init would take seconds
+        model = vitfast.create_model(cfg).to(dtype=dtype).eval()
 
     def forward(mlp: str, batch: int):
         vitfast.optimize(model, mlp=mlp)
