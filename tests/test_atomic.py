@@ -263,3 +263,63 @@ def test_a_live_work_folder_is_never_taken_for_a_dead_one(tmp_path, monkeypatch)
     monkeypatch.setattr(atomic.fcntl, "flock", flock_after_a_rival_cleans)
     atomic_write_text(tmp_path / "m.txt", "kept")
     assert rivals and (tmp_path / "m.txt").read_text() == "kept" and leftovers(tmp_path) == []
+
+
+def test_a_staging_folder_removed_just_as_it_is_found_is_made_again(tmp_path, monkeypatch):
+    """Another claim's staging folder is there when this one's mkdir runs, and that claim, ending,
+    removes it before this one looks again: the writer makes it afresh instead of failing "File exists"."""
+    real_mkdir, raced = os.mkdir, []
+
+    def mkdir_as_a_rival_leaves(path, mode=0o777, **kw):
+        if Path(path).name == STAGING and not raced:
+            raced.append(path)
+            real_mkdir(path)  # the rival's claim made it
+            try:
+                return real_mkdir(path, mode, **kw)  # FileExistsError
+            finally:
+                os.rmdir(path)  # the rival's last claim removes it before this one checks
+        return real_mkdir(path, mode, **kw)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_as_a_rival_leaves)
+    atomic_write_text(tmp_path / "m.txt", "kept")
+    assert raced and (tmp_path / "m.txt").read_text() == "kept" and leftovers(tmp_path) == []
+
+
+def test_a_rival_clean_up_is_never_taken_for_a_live_writer(tmp_path, monkeypatch):
+    """Another process's clean-up tests every name lock by taking it. If it does so between this claim
+    creating its name lock and locking it, the claim must not fail "another vitfast process is writing"."""
+    import fcntl
+
+    from vitfast import atomic
+
+    real_flock, parent, rivals = fcntl.flock, os.getpid(), []
+
+    def is_name_lock(fd):
+        return os.readlink(f"/proc/self/fd/{fd}").endswith("m.txt.lock")
+
+    def flock_while_a_rival_tests_it(fd, op):
+        if os.getpid() != parent or rivals or not is_name_lock(fd):
+            return real_flock(fd, op)
+        told, go = os.pipe(), os.pipe()
+        rivals.append(os.fork())
+        if rivals[0] == 0:  # the rival: cleans the shared staging folder, holding any lock it takes until told
+            def rival_flock(fd2, op2):
+                real_flock(fd2, op2)
+                if is_name_lock(fd2):
+                    os.write(told[1], b"h")
+                    os.read(go[0], 1)
+
+            fcntl.flock = rival_flock
+            atomic.clean_stale(tmp_path / STAGING)
+            os.write(told[1], b"x")
+            os._exit(0)
+        os.read(told[0], 1)  # the rival holds this claim's name lock now, or finished without taking it
+        try:
+            return real_flock(fd, op)
+        finally:
+            os.write(go[1], b"g")
+            os.waitpid(rivals[0], 0)
+
+    monkeypatch.setattr(fcntl, "flock", flock_while_a_rival_tests_it)
+    atomic_write_text(tmp_path / "m.txt", "kept")
+    assert rivals and (tmp_path / "m.txt").read_text() == "kept" and leftovers(tmp_path) == []

@@ -11,6 +11,8 @@
 - Staging: everything is written under `PARENT/.vitfast-staging/` (same filesystem, so renames are
   atomic). A process killed with SIGKILL leaves its folder there; the next claim in that folder
   removes every staging folder whose owner is gone (its lock is free), and the empty staging folder.
+  Testing a name lock takes it, so a claim creates and locks its own under a shared flock on the staging
+  folder and the clean-up tests under an exclusive one: a rival's test is never taken for a live writer.
 - Pairs: files beside the output in `out.tmp`'s folder are published first, the sidecar last, and
   an old sidecar is removed before its artifact is replaced; the sidecar records each file's size
   and sha256 (`vitfast.export.artifacts`), so any interruption leaves either a valid pair or a pair
@@ -126,7 +128,7 @@ def reserve_output(path: str | os.PathLike, force: bool = False, *, directory: b
     with contextlib.ExitStack() as stack:
         with output_errors(path):
             staging = Path(os.path.abspath(path.parent)) / STAGING
-            staging.mkdir(parents=True, exist_ok=True)
+            _make_staging(staging)
             stack.callback(_remove_if_empty, staging)
             clean_stale(staging)
             stack.enter_context(_name_lock(staging / f"{path.name}.lock", path))
@@ -198,9 +200,14 @@ def clean_stale(staging: Path) -> None:
     for entry in entries:
         if entry.suffix == ".work" and entry.is_dir() and _is_stale(entry / "lock"):
             shutil.rmtree(entry, ignore_errors=True)
-        elif entry.suffix == ".lock" and (os.getpid(), entry) not in _held:
-            with contextlib.suppress(OSError):
-                _try_remove_lock(entry)
+    # testing a name lock means locking it, which a claim creating that lock right now would take
+    # for a live rival: so only while no claim is between creating and locking its name lock
+    with contextlib.suppress(BlockingIOError, FileNotFoundError, NotADirectoryError):
+        with _staging_guard(staging, exclusive=True) as dir_fd:
+            for name in os.listdir(dir_fd):
+                if name.endswith(".lock") and (os.getpid(), staging / name) not in _held:
+                    with contextlib.suppress(OSError):
+                        _try_remove_lock(name, dir_fd)
 
 
 # ---------------------------------------------------------------------------- locks
@@ -249,21 +256,49 @@ def _remove_work(work: Path) -> None:
         os.close(fd)
 
 
+def _make_staging(staging: Path) -> None:
+    """Create `staging` unless it is there. Not `mkdir(exist_ok=True)`: that re-raises "File exists"
+    when another process's last claim removes the folder between the failed mkdir and its is_dir check."""
+    while True:
+        try:
+            staging.mkdir(parents=True)
+            return
+        except FileExistsError:
+            if staging.is_dir():
+                return
+            if os.path.lexists(staging):
+                raise  # a file in the way: output_errors names it
+            # gone again meanwhile: make it once more
+
+
 def _remove_if_empty(staging: Path) -> None:
     with contextlib.suppress(OSError):
         staging.rmdir()  # fails while another claim uses it: the last one out removes it
 
 
-def _try_remove_lock(lock: Path) -> None:
-    fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+def _try_remove_lock(name: str, dir_fd: int) -> None:
+    fd = os.open(name, os.O_RDWR | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if os.fstat(fd).st_ino == os.stat(lock).st_ino:
-            os.unlink(lock)  # unlinked while locked: a waiter on the old inode re-checks and retries
+        if os.fstat(fd).st_ino == os.stat(name, dir_fd=dir_fd).st_ino:
+            os.unlink(name, dir_fd=dir_fd)  # unlinked while locked: a waiter on the old inode re-checks and retries
     except (BlockingIOError, FileNotFoundError):
         pass
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def _staging_guard(staging: Path, *, exclusive: bool) -> Iterator[int]:
+    """An flock on the staging folder itself, yielding its fd: shared (waiting) while a claim creates and
+    locks its name lock, exclusive (failing at once with BlockingIOError) while a clean-up tests them.
+    Everything done under it goes through the fd, so a folder removed and made again is never mixed up."""
+    dir_fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(dir_fd, (fcntl.LOCK_EX | fcntl.LOCK_NB) if exclusive else fcntl.LOCK_SH)
+        yield dir_fd
+    finally:
+        os.close(dir_fd)
 
 
 @contextlib.contextmanager
@@ -293,18 +328,16 @@ def _name_lock(lock: Path, path: Path) -> Iterator[None]:
 def _acquire(lock: Path, path: Path) -> int:
     while True:
         try:
-            fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            with _staging_guard(lock.parent, exclusive=False) as dir_fd:
+                fd = os.open(lock.name, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # under the guard: only a claim can hold it
+                except BlockingIOError:
+                    os.close(fd)
+                    raise OutputError(f"another vitfast process is writing {path} right now; wait for it or choose another output path") from None
+                with contextlib.suppress(FileNotFoundError):
+                    if os.fstat(fd).st_ino == os.stat(lock.name, dir_fd=dir_fd).st_ino:
+                        return fd
+                os.close(fd)  # the file was removed by its previous holder after we opened it: try again
         except FileNotFoundError:  # another process just removed the empty staging folder: make it again
-            lock.parent.mkdir(exist_ok=True)
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise OutputError(f"another vitfast process is writing {path} right now; wait for it or choose another output path") from None
-        try:
-            if os.fstat(fd).st_ino == os.stat(lock).st_ino:
-                return fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)  # the file was removed by its previous holder after we opened it: try again
+            _make_staging(lock.parent)
