@@ -161,6 +161,13 @@ def test_unwritable_output_locations_are_one_clear_error(tmp_path):
     assert "force=True" not in str(refused.value) and read_sidecar(tmp_path / "m.onnx")["payload"] == "x"
 
 
+def test_a_file_where_the_staging_folder_goes_is_named(tmp_path):
+    (tmp_path / STAGING).write_text("not vitfast's")
+    with pytest.raises(OutputError, match=f"{STAGING} is a file.*remove the file or choose another output folder"):
+        atomic_write_text(tmp_path / "m.txt", "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [STAGING]
+
+
 def test_disk_full_while_publishing_leaves_nothing(tmp_path, monkeypatch):
     import errno
 

@@ -259,16 +259,15 @@ def _remove_work(work: Path) -> None:
 def _make_staging(staging: Path) -> None:
     """Create `staging` unless it is there. Not `mkdir(exist_ok=True)`: that re-raises "File exists"
     when another process's last claim removes the folder between the failed mkdir and its is_dir check."""
-    while True:
+    for _ in range(100):  # each retry means another process removed it just now; a file in the way fails every time
         try:
             staging.mkdir(parents=True)
             return
         except FileExistsError:
             if staging.is_dir():
                 return
-            if os.path.lexists(staging):
-                raise  # a file in the way: output_errors names it
-            # gone again meanwhile: make it once more
+    raise OutputError(f"cannot write into {staging.parent}: {staging} is a file, and vitfast stages its outputs in a "
+                      f"folder of that name; remove the file or choose another output folder")
 
 
 def _remove_if_empty(staging: Path) -> None:
