@@ -66,7 +66,7 @@ def build_artifacts(name: str, work: Path, calib_samples: int, img_size: int | N
         quantize_dynamic(str(fp32), str(work / "dynamic.onnx"), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
         paths["dynamic"] = work / "dynamic.onnx"
     except Exception as exc:  # noqa: BLE001 - another tool's baseline: its failure is reported, vitfast's rows still run
-        not_measured[DYNAMIC] = f"quantize_dynamic failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"
+        not_measured[DYNAMIC] = f"quantize_dynamic failed: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1][:200]}"
     dataset = nncf.Dataset([calib[i : i + 1].numpy() for i in range(calib_samples)])
     quantized = nncf.quantize(ov.Core().read_model(str(fp32)), dataset, model_type=nncf.ModelType.TRANSFORMER,
                               subset_size=calib_samples)  # fmt: skip

@@ -160,6 +160,12 @@ def run_pytest(args: argparse.Namespace, deadline: float) -> dict:
     return summary
 
 
+def _failure_line(bad: ET.Element) -> str:
+    """The first line of a JUnit <failure>/<error>: its message, else its text (pytest leaves one empty at times)."""
+    lines = ((bad.get("message") or "").strip() or (bad.text or "").strip()).splitlines()
+    return lines[0][:200] if lines else "(no message)"
+
+
 def junit_counts(path: Path) -> dict:
     root = ET.parse(path).getroot()
     suite = root if root.tag == "testsuite" else root.find("testsuite")
@@ -167,7 +173,7 @@ def junit_counts(path: Path) -> dict:
     for case in suite.iter("testcase"):
         bad = case.find("failure") if case.find("failure") is not None else case.find("error")
         if bad is not None:
-            failures.append(f"{case.get('classname')}::{case.get('name')}: {(bad.get('message') or '').splitlines()[0][:200]}")
+            failures.append(f"{case.get('classname')}::{case.get('name')}: {_failure_line(bad)}")
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
     return counts | {"passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
                      "failed": counts["failures"] + counts["errors"], "failed_tests": failures[:40]}  # fmt: skip
@@ -392,7 +398,9 @@ def write_outputs(part: str, result: dict, out: Path) -> None:
         if png:
             os.replace(png, base.with_suffix(".png"))
     except Exception as exc:  # no matplotlib, nothing measured: the markdown says so
-        result["png"] = f"no plot: {type(exc).__name__}: {exc}"
+        from vitfast.errors import describe_exception
+
+        result["png"] = f"no plot: {describe_exception(exc)}"
     _atomic_write(base.with_suffix(".md"), markdown(part, result))
 
 

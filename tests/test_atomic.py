@@ -34,24 +34,26 @@ def leftovers(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if STAGING in p.parts)
 
 
-def _claim_and_hold(path: str, barrier, results) -> None:
+def _claim_and_hold(path: str, barrier, tried, rivals: int, results) -> None:
     barrier.wait()
     try:
         with claim_output(path) as out:
             out.tmp.write_text(str(os.getpid()))
-            time.sleep(0.5)  # long enough that every other process tries while this one holds the claim
+            for _ in range(rivals):  # hold the claim until every other process has tried and failed
+                assert tried.acquire(timeout=60)
         results.put(("won", os.getpid()))
     except OutputError as exc:
         results.put(("lost", str(exc)))
+        tried.release()
 
 
 def test_concurrent_writers_exactly_one_wins(tmp_path):
     ctx = multiprocessing.get_context("fork")  # the children only touch files: no torch work after fork
-    barrier, results = ctx.Barrier(4), ctx.Queue()
-    procs = [ctx.Process(target=_claim_and_hold, args=(str(tmp_path / "m.onnx"), barrier, results)) for _ in range(4)]
+    barrier, tried, results = ctx.Barrier(4), ctx.Semaphore(0), ctx.Queue()
+    procs = [ctx.Process(target=_claim_and_hold, args=(str(tmp_path / "m.onnx"), barrier, tried, 3, results)) for _ in range(4)]
     for p in procs:
         p.start()
-    outcomes = [results.get(timeout=60) for _ in procs]
+    outcomes = [results.get(timeout=120) for _ in procs]
     for p in procs:
         p.join(timeout=60)
     winners = [pid for kind, pid in outcomes if kind == "won"]

@@ -104,6 +104,23 @@ def test_kernel_categories():
     assert kernel_category("something_else") == "other"
 
 
+def test_junit_counts_name_each_failure_even_without_a_message(tmp_path):
+    """The tests part reads pytest's JUnit XML; a failure whose message is empty (a bare `assert`,
+    a crashed xdist worker) must still be listed, not raise IndexError and lose the summary."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_proof import junit_counts
+
+    (tmp_path / "j.xml").write_text(
+        '<testsuites><testsuite tests="4" failures="2" errors="1" skipped="0">'
+        '<testcase classname="t" name="a"><failure message="AssertionError: 2x rule&#10;more">tb</failure></testcase>'
+        '<testcase classname="t" name="b"><failure message="">E  worker crashed</failure></testcase>'
+        '<testcase classname="t" name="c"><error message="" /></testcase>'
+        '<testcase classname="t" name="d" /></testsuite></testsuites>')
+    counts = junit_counts(tmp_path / "j.xml")
+    assert counts["passed"] == 1 and counts["failed"] == 3
+    assert counts["failed_tests"] == ["t::a: AssertionError: 2x rule", "t::b: E  worker crashed", "t::c: (no message)"]
+
+
 def test_a_failure_to_compile_ahead_is_recorded_not_raised():
     """Compiling ahead only saves time: if it breaks, the section still runs and measures."""
     sys.path.insert(0, str(ROOT / "benchmarks"))

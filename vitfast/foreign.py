@@ -15,7 +15,7 @@ from typing import Any
 
 from .config import PREPROCESSING_FIELDS, ViTConfig
 from .convert import hf_preprocessing
-from .errors import ArtifactError, ConfigError
+from .errors import ArtifactError, ConfigError, first_line
 
 QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger"}
 ONNX_FLOAT_TYPES = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64"}
@@ -59,7 +59,7 @@ def read_graph_io(path: str | os.PathLike) -> GraphIO:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError and friends for files that are not ONNX
-        raise ArtifactError(f"{path} is not a readable ONNX model: {str(exc).splitlines()[0][:200]}") from None
+        raise ArtifactError(f"{path} is not a readable ONNX model: {first_line(exc)}") from None
     graph = model.graph
     weights = {init.name for init in graph.initializer}
     inputs = [i for i in graph.input if i.name not in weights]

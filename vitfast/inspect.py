@@ -24,7 +24,7 @@ from PIL import Image, UnidentifiedImageError
 
 from .atomic import claim_output
 from .config import ViTConfig
-from .errors import BackendUnavailable, InputError, VitfastError
+from .errors import BackendUnavailable, InputError, VitfastError, first_line
 
 DPI = 100
 # Fixed canvas sizes in inches (pixels = inches * DPI); figures are saved without a tight bbox
@@ -227,8 +227,7 @@ def load_image(path: str | os.PathLike) -> Image.Image:
                 img.load()  # decode now, so a truncated file fails here and not halfway through
                 return img.copy()
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(f"{path} is not an image Pillow can read ({reason})") from None
+        raise InputError(f"{path} is not an image Pillow can read ({first_line(exc)})") from None
 
 
 def display_pixels(images: torch.Tensor, config: ViTConfig) -> np.ndarray:

@@ -51,7 +51,7 @@ import torch
 
 from vitfast.export.triton_repo import check_model_name
 
-from .errors import BackendUnavailable, InputError, VitfastError
+from .errors import BackendUnavailable, InputError, VitfastError, first_line
 from .pytriton_adapter import rewrite_model_files
 from .runtime import Engine, load_engine
 
@@ -255,7 +255,7 @@ def start(
         tail = _log_tail(log_dir)
         triton.stop()
         shutil.rmtree(log_dir, ignore_errors=True)
-        raise ServeError(f"Triton did not start: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        raise ServeError(f"Triton did not start: {first_line(exc)}"
                          + (f"; server log: {tail}" if tail else "")) from exc  # fmt: skip
     if not server.is_alive():
         tail = server.log_tail()

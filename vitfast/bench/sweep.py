@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from vitfast.config import ViTConfig
-from vitfast.errors import ArtifactError, BackendUnavailable
+from vitfast.errors import ArtifactError, BackendUnavailable, describe_exception
 from vitfast.flops import count_macs
 from vitfast.registry import get_config
 from vitfast.runtime import ENGINE_SUFFIXES
@@ -227,8 +227,7 @@ def _measure_batch(runner: Runner, config: ViTConfig, batch: int, gflops: float,
 def _error(exc: BaseException, debug: bool) -> dict:
     if debug:
         traceback.print_exc()
-    first_line = (str(exc).strip().splitlines() or [""])[0][:300]
-    return {"status": "error", "reason": f"{type(exc).__name__}: {first_line}"}
+    return {"status": "error", "reason": describe_exception(exc)}
 
 
 def _finish(rows: list[dict], on_row) -> list[dict]:

@@ -11,7 +11,7 @@ import torch
 
 from vitfast import foreign
 from vitfast.config import PREPROCESSING_FIELDS, ViTConfig
-from vitfast.errors import ArtifactError, BackendUnavailable, InputError
+from vitfast.errors import ArtifactError, BackendUnavailable, InputError, first_line
 
 from .engine import Engine, is_float_images
 from .sidecar import check_graph_matches, read_sidecar, sidecar_path
@@ -54,7 +54,7 @@ class OnnxEngine(Engine):
         try:
             self.session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as exc:  # ORT raises its own exception types for unreadable models
-            raise ArtifactError(f"ONNX Runtime cannot load {path}: {str(exc).splitlines()[0][:300]}") from None
+            raise ArtifactError(f"ONNX Runtime cannot load {path}: {first_line(exc)}") from None
         if not meta.get("foreign"):
             check_graph_matches(path, meta, *([(t.name, t.shape) for t in ts] for ts in (self.session.get_inputs(), self.session.get_outputs())))
         self.input_name = self.io.input_name

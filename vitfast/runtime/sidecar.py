@@ -16,7 +16,7 @@ from typing import Any
 
 from vitfast.atomic import SIDECAR_SUFFIX
 from vitfast.config import ViTConfig
-from vitfast.errors import ArtifactError, ConfigError
+from vitfast.errors import ArtifactError, ConfigError, first_line
 from vitfast.precision import PRECISIONS
 
 
@@ -69,7 +69,7 @@ def _check_fields(side: Path, data: dict[str, Any]) -> None:
     try:
         ViTConfig.from_dict(data["config"])
     except (ConfigError, TypeError, ValueError) as exc:
-        raise bad(f"invalid config ({str(exc).splitlines()[0]})") from None
+        raise bad(f"invalid config ({first_line(exc)})") from None
     if data.get("precision", "fp32") not in PRECISIONS:
         raise bad(f"'precision' must be one of {PRECISIONS}, got {data.get('precision')!r}")
     spec = data.get("input", {})

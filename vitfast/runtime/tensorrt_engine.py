@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from vitfast.config import ViTConfig
-from vitfast.errors import ArtifactError, BackendUnavailable, InputError
+from vitfast.errors import ArtifactError, BackendUnavailable, InputError, first_line
 
 from .engine import Engine
 from .sidecar import read_sidecar
@@ -41,8 +41,7 @@ def require_tensorrt():
     except (ImportError, OSError) as exc:  # OSError: libnvinfer missing or built for another CUDA
         if isinstance(exc, ModuleNotFoundError) and exc.name == "tensorrt":
             raise BackendUnavailable(f"TensorRT is not installed: {INSTALL_HINT}") from None
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise BackendUnavailable(f"TensorRT is installed but cannot be imported ({reason}); reinstall it: {INSTALL_HINT}") from None
+        raise BackendUnavailable(f"TensorRT is installed but cannot be imported ({first_line(exc)}); reinstall it: {INSTALL_HINT}") from None
     return tensorrt
 
 
