@@ -163,6 +163,29 @@ def test_unwritable_output_locations_are_one_clear_error(tmp_path):
     assert "force=True" not in str(refused.value) and read_sidecar(tmp_path / "m.onnx")["payload"] == "x"
 
 
+def test_a_filesystem_that_cannot_lock_folders_still_writes(tmp_path, monkeypatch):
+    """NFS emulates flock with fcntl locks, which refuse a folder (EBADF): writes must still work, and a
+    dead writer's name lock waits for the next claim of its own name instead of any claim's clean-up."""
+    import errno
+    import fcntl
+    import stat
+
+    real_flock = fcntl.flock
+
+    def flock_refusing_folders(fd, op):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock_refusing_folders)
+    (tmp_path / STAGING).mkdir()
+    (tmp_path / STAGING / "dead.onnx.lock").touch()  # left by a writer killed mid-claim
+    atomic_write_text(tmp_path / "m.txt", "kept")
+    assert (tmp_path / "m.txt").read_text() == "kept" and leftovers(tmp_path) == [STAGING, f"{STAGING}/dead.onnx.lock"]
+    atomic_write_text(tmp_path / "dead.onnx", "its own name's next claim")
+    assert leftovers(tmp_path) == []
+
+
 def test_a_file_where_the_staging_folder_goes_is_named(tmp_path):
     (tmp_path / STAGING).write_text("not vitfast's")
     with pytest.raises(OutputError, match=f"{STAGING} is a file.*remove the file or choose another output folder"):

@@ -201,8 +201,9 @@ def clean_stale(staging: Path) -> None:
         if entry.suffix == ".work" and entry.is_dir() and _is_stale(entry / "lock"):
             shutil.rmtree(entry, ignore_errors=True)
     # testing a name lock means locking it, which a claim creating that lock right now would take
-    # for a live rival: so only while no claim is between creating and locking its name lock
-    with contextlib.suppress(BlockingIOError, FileNotFoundError, NotADirectoryError):
+    # for a live rival: so only while no claim is between creating and locking its name lock.
+    # Busy, gone, or a filesystem that cannot lock a folder: dead name locks wait for a later claim
+    with contextlib.suppress(OSError):
         with _staging_guard(staging, exclusive=True) as dir_fd:
             for name in os.listdir(dir_fd):
                 if name.endswith(".lock") and (os.getpid(), staging / name) not in _held:
@@ -294,7 +295,13 @@ def _staging_guard(staging: Path, *, exclusive: bool) -> Iterator[int]:
     Everything done under it goes through the fd, so a folder removed and made again is never mixed up."""
     dir_fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fcntl.flock(dir_fd, (fcntl.LOCK_EX | fcntl.LOCK_NB) if exclusive else fcntl.LOCK_SH)
+        try:
+            fcntl.flock(dir_fd, (fcntl.LOCK_EX | fcntl.LOCK_NB) if exclusive else fcntl.LOCK_SH)
+        except OSError as exc:
+            # NFS emulates flock with fcntl locks, which refuse a read-only fd (EBADF): no clean-up can
+            # take the exclusive guard there, so none tests name locks and a claim needs no guard
+            if exclusive or isinstance(exc, BlockingIOError):
+                raise
         yield dir_fd
     finally:
         os.close(dir_fd)
