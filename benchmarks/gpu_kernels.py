@@ -5,8 +5,10 @@ Triton kernel against what it replaces, timed side by side.
 2. Attention from the packed qkv [B, N, 3, H, D] vs SDPA's flash, efficient and cuDNN backends fed
    from the same qkv (the permute is a view; the output transpose back to [B, N, H*D] is a copy,
    timed with it), N = 197/577/1025, D = 64/80/128, fp16, batch 256 at N = 197 (fewer images
-   for longer sequences, the same token count order). A backend that refuses the shape is a row
-   with its reason.
+   for longer sequences, the same token count order); and one fp32 row (ViT-B/16, batch 64), the
+   path `optimize()` takes for an fp32 model: its IEEE dot compiles to FMA code that ptxas spills
+   heavily on sm_90a (`python -m vitfast.kernels.aot`), so it may lose to SDPA. A backend that
+   refuses the shape is a row with its reason.
 3. add+LayerNorm GB/s vs PyTorch (x + y, then F.layer_norm) and as a fraction of the copy bandwidth.
 4. Where one ViT-B/16 forward's time goes (batch 256): torch.profiler per kernel and per category,
    eager vs optimize() on each MLP path (`forward_profile`).
@@ -60,7 +62,8 @@ class Shapes:
     dtypes: tuple[torch.dtype, ...]
     copy_elems: int
     matmul_n: int
-    attention: tuple[tuple[int, int, int, int], ...]  # (B, N, H, D)
+    attention: tuple[tuple[int, int, int, int], ...]  # (B, N, H, D), in dtypes[0]
+    attention_fp32: tuple[tuple[int, int, int, int], ...]  # (B, N, H, D), in fp32
     layernorm: tuple[tuple[int, int], ...]  # (rows, C)
     mlp: dict  # model -> (C, hidden)
     mlp_batches: tuple[int, ...]
@@ -72,13 +75,14 @@ class Shapes:
 GPU = Shapes(
     device="cuda", dtypes=(torch.float16, torch.bfloat16), copy_elems=1 << 28, matmul_n=8192,
     attention=tuple((B, N, 12, D) for N, B in ((197, 256), (577, 64), (1025, 16)) for D in (64, 80, 128)),
+    attention_fp32=((64, 197, 12, 64),),
     layernorm=tuple((256 * 197, C) for C in (384, 768, 1024)),
     mlp={"vit_small": (384, 1536), "vit_base": (768, 3072), "vit_large": (1024, 4096)}, mlp_batches=(1, 8, 64, 256),
     profile=("vit_base_patch16_224", {}, 256),
 )  # fmt: skip
 DRY_RUN = Shapes(
     device="cpu", dtypes=(torch.float32,), copy_elems=1 << 16, matmul_n=128,
-    attention=((2, 13, 2, 32), (1, 9, 1, 80)), layernorm=((10, 96),), mlp={"tiny": (32, 128)}, mlp_batches=(1, 2),
+    attention=((2, 13, 2, 32), (1, 9, 1, 80)), attention_fp32=((1, 9, 1, 32),), layernorm=((10, 96),), mlp={"tiny": (32, 128)}, mlp_batches=(1, 2),
     profile=("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 8, "depth": 2}, 2), tokens=5, iters=3,
 )  # fmt: skip
 
@@ -153,9 +157,14 @@ def warm_model(cfg, dtype: torch.dtype, device: str, batches, mlps=("auto", "epi
 
 @best_effort
 def warm_attention(s: Shapes) -> dict:
-    dtype = s.dtypes[0]
-    return precompile(*(lambda B=B, N=N, H=H, D=D: att.fused_attention(torch.empty(B, N, 3, H, D, device=s.device, dtype=dtype), D**-0.5)
-                        for B, N, H, D in s.attention))  # fmt: skip
+    return precompile(*(lambda B=B, N=N, H=H, D=D, dtype=dtype: att.fused_attention(torch.empty(B, N, 3, H, D, device=s.device, dtype=dtype), D**-0.5)
+                        for (B, N, H, D), dtype in attention_cases(s)))  # fmt: skip
+
+
+def attention_cases(s: Shapes):
+    """((B, N, H, D), dtype) of every attention row."""
+    yield from ((shape, s.dtypes[0]) for shape in s.attention)
+    yield from ((shape, torch.float32) for shape in s.attention_fp32)
 
 
 @best_effort
@@ -213,8 +222,7 @@ def _sdpa(backend_name: str):
 
 
 def attention_speed(s: Shapes, deadline: float, rows: list) -> list[dict]:
-    dtype = s.dtypes[0]
-    for B, N, H, D in s.attention:
+    for (B, N, H, D), dtype in attention_cases(s):
         row = dict(B=B, N=N, H=H, D=D, dtype=dtype_name(dtype))
         if time.monotonic() > deadline:
             rows.append(row | NOT_REACHED)

@@ -493,7 +493,7 @@ def save_png(part: str, result: dict, path: Path) -> Path | None:
     fig = Figure(figsize=(15, 4.5), layout="constrained")
     ax_att, ax_ln, ax_mlp = fig.subplots(1, 3)
     att = [r for r in result.get("attention", []) if r.get("speedup_vs_best_sdpa")]
-    ax_att.bar([f"N{r['N']} D{r['D']}" for r in att], [r["speedup_vs_best_sdpa"] for r in att])
+    ax_att.bar([f"N{r['N']} D{r['D']}{' fp32' if r['dtype'] == 'float32' else ''}" for r in att], [r["speedup_vs_best_sdpa"] for r in att])
     ax_att.set(title="attention: speedup vs best SDPA backend", ylabel="x")
     ln = [r for r in result.get("add_layernorm", []) if r.get("status") == "ok"]
     ax_ln.bar([f"C{r['C']}" for r in ln], [100 * r["fraction_of_copy"] for r in ln])
