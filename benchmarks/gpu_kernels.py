@@ -6,9 +6,9 @@ Triton kernel against what it replaces, timed side by side.
    from the same qkv (the permute is a view; the output transpose back to [B, N, H*D] is a copy,
    timed with it), N = 197/577/1025, D = 64/80/128, fp16, batch 256 at N = 197 (fewer images
    for longer sequences, the same token count order); and one fp32 row (ViT-B/16, batch 64), the
-   path `optimize()` takes for an fp32 model: its IEEE dot compiles to FMA code that ptxas spills
-   heavily on sm_90a (`python -m vitfast.kernels.aot`), so it may lose to SDPA. A backend that
-   refuses the shape is a row with its reason.
+   path `optimize()` takes for an fp32 model: its IEEE dot compiles to unrolled FMA code that spills
+   in all but one of the listed tiles on sm_90a (benchmarks/NOTES.md), so it may lose to SDPA. A
+   backend that refuses the shape is a row with its reason.
 3. add+LayerNorm GB/s vs PyTorch (x + y, then F.layer_norm) and as a fraction of the copy bandwidth.
 4. Where one ViT-B/16 forward's time goes (batch 256): torch.profiler per kernel and per category,
    eager vs optimize() on each MLP path (`forward_profile`).
