@@ -160,6 +160,14 @@ def run_pytest(args: argparse.Namespace, deadline: float) -> dict:
     return summary
 
 
+def describe_exception(exc: BaseException) -> str:
+    """vitfast.errors.describe_exception, imported when first needed: vitfast is imported only
+    after --dry-run has set TRITON_INTERPRET."""
+    from vitfast.errors import describe_exception as describe
+
+    return describe(exc)
+
+
 def _failure_line(bad: ET.Element) -> str:
     """The first line of a JUnit <failure>/<error>: its message, else its text (pytest leaves one empty at times)."""
     lines = ((bad.get("message") or "").strip() or (bad.text or "").strip()).splitlines()
@@ -210,10 +218,11 @@ def model_parity(rows: list, warm: list, dry_run: bool, deadline: float) -> None
     batches = (2,) if dry_run else (1, 64)
     for label, cfg in parity_models(dry_run):
         for dtype in dtypes:
+            name = gk.dtype_name(dtype)
             if time.monotonic() < deadline:
-                warm.append(dict(model=label, dtype=str(dtype).removeprefix("torch.")) | gk.warm_model(cfg, dtype, device, batches))
+                warm.append(dict(model=label, dtype=name) | gk.warm_model(cfg, dtype, device, batches))
             for batch in batches:
-                base = dict(model=label, dtype=str(dtype).removeprefix("torch."), batch=batch)
+                base = dict(model=label, dtype=name, batch=batch)
                 if time.monotonic() > deadline:
                     rows.append(base | {"status": "not reached"})
                     continue
@@ -252,8 +261,6 @@ def compiled_and_graphed(model, x, dry_run: bool) -> dict:
 
 def parity_rows(base: dict, checks: dict, exact) -> list[dict]:
     """One row per check: max |err| vs the float64 model; passes when <= 2x eager's + atol."""
-    from vitfast.errors import describe_exception  # lazy: vitfast is imported after --dry-run sets TRITON_INTERPRET
-
     rows, eager_err = [], None
     for name, run in checks.items():
         row = base | {"check": name}
@@ -301,8 +308,6 @@ def section(result: dict, key: str, run) -> None:
     """result[key] = run(); an exception (a kernel failing on the GPU, say) is recorded under
     result["errors"][key] instead, so the sections after it still run and the files are written.
     Row lists that `run` appends to keep the rows measured before it failed."""
-    from vitfast.errors import describe_exception  # lazy: vitfast is imported after --dry-run sets TRITON_INTERPRET
-
     try:
         result[key] = run()
     except Exception as exc:
@@ -398,8 +403,6 @@ def write_outputs(part: str, result: dict, out: Path) -> None:
         if png:
             os.replace(png, base.with_suffix(".png"))
     except Exception as exc:  # no matplotlib, nothing measured: the markdown says so
-        from vitfast.errors import describe_exception
-
         result["png"] = f"no plot: {describe_exception(exc)}"
     _atomic_write(base.with_suffix(".md"), markdown(part, result))
 

@@ -173,9 +173,8 @@ def compile_one(job: tuple) -> dict:
     gpu = GPUTarget("cuda", arch, 32)
     backend = make_backend(gpu)
     # Triton's own binder and packer: the specialisation a GPU launch would get
-    launch_kwargs = {k: v for k, v in rec.kwargs.items() if k not in ("num_warps", "num_stages")}
     bind = create_function_from_signature(jit.signature, jit.params, backend)
-    bound, specialization, options = bind(*rec.args, **launch_kwargs, **config.all_kwargs())
+    bound, specialization, options = bind(*rec.args, **rec.launch_kwargs, **config.all_kwargs())
     options, signature, constexprs, attrs = jit._pack_args(backend, options, bound, specialization, options)
     src = ASTSource(jit, signature, constexprs, attrs)
     key = hashlib.sha256(get_cache_key(src, backend, options, {}).encode()).hexdigest()

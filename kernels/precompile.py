@@ -69,6 +69,11 @@ class Recorded:
     def jit(self):
         return self.kernel.fn if hasattr(self.kernel, "configs") else self.kernel
 
+    @property
+    def launch_kwargs(self) -> dict:
+        """The keyword arguments a launch binds: num_warps / num_stages come from the config."""
+        return {k: v for k, v in self.kwargs.items() if k not in ("num_warps", "num_stages")}
+
     def named_args(self) -> dict:
         return {**dict(zip(self.jit.arg_names, self.args)), **self.kwargs}
 
@@ -124,13 +129,12 @@ def compile_recorded(launches: list[Recorded], budget: tuple[int, int] | None, t
     threads = threads or os.cpu_count() or 1
     jobs = {}
     for launch in launches:
-        kwargs = {k: v for k, v in launch.kwargs.items() if k not in ("num_warps", "num_stages")}
         for config in launch.configs(budget):
-            jobs[(launch.jit, _specialisation_key(launch.args, kwargs, config))] = (launch, kwargs, config)
+            jobs[(launch.jit, _specialisation_key(launch.args, launch.launch_kwargs, config))] = (launch, config)
     start = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool, AsyncCompileMode(pool) as mode:
-        for launch, kwargs, config in jobs.values():
-            launch.jit.warmup(*launch.args, grid=(1,), **kwargs, **config.all_kwargs())
+        for launch, config in jobs.values():
+            launch.jit.warmup(*launch.args, grid=(1,), **launch.launch_kwargs, **config.all_kwargs())
         compiled = len(mode.future_kernels)  # distinct kernels not yet in memory (Triton's disk cache may still hold some)
     return {"launches": len(launches), "jobs": len(jobs), "compiled": compiled, "threads": threads,
             "seconds": round(time.perf_counter() - start, 2)}  # fmt: skip

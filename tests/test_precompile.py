@@ -57,9 +57,8 @@ SCRIPT = textwrap.dedent(
     for launch in real:
         launch.jit.device_caches[0][0]  # the binder for device 0 exists; its compile is now refused
         launch.jit.compile = no_compile
-        kwargs = {k: v for k, v in launch.kwargs.items() if k not in ("num_warps", "num_stages")}
         for config in launch.configs(budget):
-            launch.jit.warmup(*launch.args, grid=(1,), **kwargs, **config.all_kwargs())
+            launch.jit.warmup(*launch.args, grid=(1,), **launch.launch_kwargs, **config.all_kwargs())
             again += 1
     kernels = sorted({launch.jit.__name__ for launch in real})
     print(json.dumps(stats | {"rechecked": again, "kernels": kernels}))
