@@ -3,10 +3,13 @@ and sidecar/artifact pairs that no interruption of the publishing renames can le
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import multiprocessing
 import os
 import signal
+import stat
 import time
 import types
 from pathlib import Path
@@ -15,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vitfast import atomic
 from vitfast.atomic import STAGING, atomic_write_text, claim_output, clean_stale, reserve_output
 from vitfast.errors import ArtifactError, OutputError
 from vitfast.export.artifacts import read_sidecar, sidecar_path, write_sidecar
@@ -166,10 +170,6 @@ def test_unwritable_output_locations_are_one_clear_error(tmp_path):
 def test_a_filesystem_that_cannot_lock_folders_still_writes(tmp_path, monkeypatch):
     """NFS emulates flock with fcntl locks, which refuse a folder (EBADF): writes must still work, and a
     dead writer's name lock waits for the next claim of its own name instead of any claim's clean-up."""
-    import errno
-    import fcntl
-    import stat
-
     real_flock = fcntl.flock
 
     def flock_refusing_folders(fd, op):
@@ -194,14 +194,10 @@ def test_a_file_where_the_staging_folder_goes_is_named(tmp_path):
 
 
 def test_disk_full_while_publishing_leaves_nothing(tmp_path, monkeypatch):
-    import errno
-
-    import vitfast.atomic
-
     def full(*_):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(vitfast.atomic.Claim, "publish", full)
+    monkeypatch.setattr(atomic.Claim, "publish", full)
     with pytest.raises(OutputError, match="the disk is full"):
         write_pair(tmp_path / "m.onnx", b"x")
     assert list(tmp_path.iterdir()) == []
@@ -215,8 +211,6 @@ RENAMES = ("replace", "link", "unlink", "rename")
 def test_no_interruption_of_the_renames_leaves_a_wrong_pair(tmp_path_factory, fail_at, old, payload):
     """Stop publishing at the n-th rename/link/unlink (what SIGKILL does there): whatever is left
     under the output name is either refused on load or a matching pair, old or new."""
-    import vitfast.atomic
-
     folder = tmp_path_factory.mktemp("pair")
     path = folder / "m.onnx"
     if old:
@@ -235,14 +229,14 @@ def test_no_interruption_of_the_renames_leaves_a_wrong_pair(tmp_path_factory, fa
     fake_os = types.SimpleNamespace(**{k: getattr(os, k) for k in dir(os) if not k.startswith("__")})
     for name in RENAMES:
         setattr(fake_os, name, failing(name))
-    real = vitfast.atomic.os
-    vitfast.atomic.os = fake_os
+    real = atomic.os
+    atomic.os = fake_os
     try:
         write_pair(path, payload.encode(), force=True)
     except KeyboardInterrupt:
         pass
     finally:
-        vitfast.atomic.os = real
+        atomic.os = real
     if path.exists() or sidecar_path(path).exists():
         try:
             meta = read_sidecar(path)
@@ -277,10 +271,6 @@ def test_sidecar_records_and_checks_its_artifact(tmp_path):
 def test_a_live_work_folder_is_never_taken_for_a_dead_one(tmp_path, monkeypatch):
     """The worst moment for a rival's clean-up: it runs in another process just as this one locks its
     new work folder. It must see that folder as live (its lock not yet there, or held), not delete it."""
-    import fcntl
-
-    from vitfast import atomic
-
     real_flock, rivals = fcntl.flock, []
 
     def flock_after_a_rival_cleans(fd, op):
@@ -320,10 +310,6 @@ def test_a_staging_folder_removed_just_as_it_is_found_is_made_again(tmp_path, mo
 def test_a_rival_clean_up_is_never_taken_for_a_live_writer(tmp_path, monkeypatch):
     """Another process's clean-up tests every name lock by taking it. If it does so between this claim
     creating its name lock and locking it, the claim must not fail "another vitfast process is writing"."""
-    import fcntl
-
-    from vitfast import atomic
-
     real_flock, parent, rivals = fcntl.flock, os.getpid(), []
 
     def is_name_lock(fd):
