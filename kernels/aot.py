@@ -95,7 +95,7 @@ def _bias_gelu(rows, C, approximate):
 def _linear(rows, K, N, epilogue):
     def call(dtype):
         x, w, b, out = (torch.empty(s, dtype=dtype) for s in ((rows, K), (N, K), (N,), (rows, N)))
-        kw = {"gelu": epilogue} if epilogue in ("none", "tanh") else {}
+        kw = {"gelu": epilogue} if epilogue in bias_gelu.GELU_FORMS else {}
         if epilogue.startswith("residual"):
             kw = {"residual": torch.empty(rows, N, dtype=dtype), "gamma": b if epilogue == "residual_gamma" else None}
         linear_epilogue.linear_epilogue_launch(x, w, b, out, **kw)
@@ -131,9 +131,11 @@ def _launches() -> list[Launch]:
             Launch(f"add_layernorm 7x37 {dt}", dt, _add_layernorm(7, 37, True)),
             Launch(f"bias_gelu 394x3072 erf {dt}", dt, _bias_gelu(394, 3072, "none")),
             Launch(f"bias_gelu 13x1000 tanh {dt}", dt, _bias_gelu(13, 1000, "tanh")),
+            Launch(f"bias_gelu 50x3072 sigmoid {dt}", dt, _bias_gelu(50, 3072, "sigmoid")),
             Launch(f"linear fc1+gelu 1576x768->3072 {dt}", dt, _linear(1576, 768, 3072, "none"), all_configs=every),
             Launch(f"linear fc2+residual*gamma 197x3072->768 {dt}", dt, _linear(197, 3072, 768, "residual_gamma")),
             Launch(f"linear fc1+gelu_tanh 50x192->771 {dt}", dt, _linear(50, 192, 771, "tanh")),
+            Launch(f"linear fc1+quick_gelu 257x1024->4096 {dt}", dt, _linear(257, 1024, 4096, "sigmoid")),
             Launch(f"linear fc2+residual 13x100->37 {dt}", dt, _linear(13, 100, 37, "residual")),
             Launch(f"linear_layernorm proj 1576x768->768 {dt}", dt, _linear_layernorm(1576, 768, 768, False), all_configs=every),
             Launch(f"linear_layernorm fc2*gamma 197x3072->768 {dt}", dt, _linear_layernorm(197, 3072, 768, True)),

@@ -1,4 +1,6 @@
-"""Bias + GELU, erf or tanh form, over the MLP's 4x-wide activation in one read and one write.
+"""Bias + GELU over the MLP's 4x-wide activation in one read and one write: the erf form, or one of
+the two approximations of Hendrycks & Gimpel, tanh and sigmoid (x sigmoid(1.702 x), CLIP's
+"QuickGELU"). The form is named as torch names GELU's `approximate`: 'none', 'tanh', 'sigmoid'.
 
 Used after fc1 computed without its bias (cuBLAS GEMM, then this kernel). `gelu` is also the
 epilogue of the Triton GEMM in linear_epilogue.py; FusedBlock picks between the two paths per
@@ -14,15 +16,20 @@ from torch.library import triton_op
 
 from ._common import INTERPRET, check_device, next_pow2, runs_reference, wrap_triton
 
+GELU_FORMS = {"none": 0, "tanh": 1, "sigmoid": 2}  # `approximate` -> the FORM constexpr
+
 
 @triton.jit
-def gelu(x, APPROX_TANH: tl.constexpr):
-    """GELU of an fp32 tile: erf form, or the tanh approximation."""
-    if APPROX_TANH:
+def gelu(x, FORM: tl.constexpr):
+    """GELU of an fp32 tile: FORM 0 erf, 1 tanh approximation, 2 sigmoid approximation."""
+    if FORM == 1:
         # tanh(u) = 2 sigmoid(2u) - 1, so 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + exp(-2u))
         u = 0.7978845608028654 * (x + 0.044715 * x * x * x)  # sqrt(2/pi) (x + 0.044715 x^3)
         # exp(-2u) as exp2(-2u / ln 2), the exponent capped so it cannot overflow to inf
         y = x / (1.0 + tl.math.exp2(tl.minimum(-2.0 * 1.4426950408889634 * u, 126.0)))
+    elif FORM == 2:
+        # x sigmoid(1.702 x) = x / (1 + exp(-1.702 x)), exp as exp2 (times 1/ln 2), capped as above
+        y = x / (1.0 + tl.math.exp2(tl.minimum(-1.702 * 1.4426950408889634 * x, 126.0)))
     else:
         y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))  # x / sqrt(2)
     return y
@@ -31,7 +38,7 @@ def gelu(x, APPROX_TANH: tl.constexpr):
 @triton.jit
 def _bias_gelu_kernel(
     X, Bias, Out, M, C, stride_x, stride_out,
-    APPROX_TANH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    FORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     # int64 rows: rows * stride passes 2^31 elements at large batches (ViT-B/16 from batch ~3,500)
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -39,15 +46,15 @@ def _bias_gelu_kernel(
     mask = (rows < M)[:, None] & (cols < C)[None, :]
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     x += tl.load(Bias + cols, mask=cols < C, other=0.0).to(tl.float32)[None, :]
-    y = gelu(x, APPROX_TANH)
+    y = gelu(x, FORM)
     tl.store(Out + rows[:, None] * stride_out + cols[None, :], y.to(Out.dtype.element_ty), mask=mask)
 
 
 def bias_gelu_launch(x: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, approximate: str = "none") -> None:
-    """out = gelu(x + bias) for x [..., C], bias [C]; approximate 'none' (erf) or 'tanh'."""
+    """out = gelu(x + bias) for x [..., C], bias [C]; approximate 'none' (erf), 'tanh' or 'sigmoid'."""
     C = x.shape[-1]
-    if approximate not in ("none", "tanh"):
-        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    if approximate not in GELU_FORMS:
+        raise ValueError(f"approximate must be one of {', '.join(GELU_FORMS)}, got {approximate!r}")
     if bias.shape != (C,):
         raise ValueError(f"bias must be [{C}], got {tuple(bias.shape)}")
     if out.shape != x.shape or not out.is_contiguous():
@@ -62,7 +69,7 @@ def bias_gelu_launch(x: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, app
     grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(C, BLOCK_C))
     wrap_triton(_bias_gelu_kernel)[grid](
         x2, bias, out2, M, C, x2.stride(0), out2.stride(0),
-        APPROX_TANH=approximate == "tanh", BLOCK_M=BLOCK_M, BLOCK_C=BLOCK_C, num_warps=4,
+        FORM=GELU_FORMS[approximate], BLOCK_M=BLOCK_M, BLOCK_C=BLOCK_C, num_warps=4,
     )  # fmt: skip
 
 
@@ -78,4 +85,11 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> torch.Te
 
 def bias_gelu_reference(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """Plain PyTorch: gelu(x + bias) in x's dtype."""
-    return torch.nn.functional.gelu(x + bias, approximate=approximate)
+    return gelu_reference(x + bias, approximate)
+
+
+def gelu_reference(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """Plain PyTorch GELU in x's dtype: torch's ('none', 'tanh'), or x sigmoid(1.702 x) ('sigmoid')."""
+    if approximate == "sigmoid":
+        return x * torch.sigmoid(1.702 * x)
+    return torch.nn.functional.gelu(x, approximate=approximate)

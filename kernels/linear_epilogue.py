@@ -1,6 +1,6 @@
 """Tiled GEMM `x @ W^T + bias` with the MLP's elementwise work as its epilogue.
 
-- fc1: gelu(x @ W^T + bias), erf or tanh form (the formulas of bias_gelu.py), so the 4x-wide
+- fc1: gelu(x @ W^T + bias), any form of bias_gelu.py (erf, tanh, sigmoid), so the 4x-wide
   activation is written once instead of written by the GEMM, then read and written again by
   bias + GELU.
 - fc2: residual + gamma * (x @ W^T + bias), gamma being the block's LayerScale (optional), so
@@ -27,9 +27,10 @@ from torch.library import triton_op
 from vitfast.errors import InputError
 
 from ._common import INT32_MAX, INTERPRET, autotune, check_device, next_pow2, require_fitting_config, runs_reference, span, wrap_triton
+from .bias_gelu import GELU_FORMS, gelu_reference
 from .bias_gelu import gelu as gelu_tile
 
-GELU_FORMS = {None: 0, "none": 1, "tanh": 2}  # the ACTIVATION constexpr: no GELU, erf form, tanh form
+ACTIVATIONS = {None: 0} | {form: 1 + code for form, code in GELU_FORMS.items()}  # ACTIVATION: no GELU, or 1 + FORM
 
 
 def _configs() -> list[triton.Config]:
@@ -87,7 +88,7 @@ def _linear_epilogue_kernel(
     X, W, Bias, Res, Gamma, Out,
     M, N, K, M_BUCKET,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
-    ACTIVATION: tl.constexpr,  # 0: none, 1: GELU (erf), 2: GELU (tanh)
+    ACTIVATION: tl.constexpr,  # 0: none, else GELU of form ACTIVATION - 1 (bias_gelu.GELU_FORMS)
     RESIDUAL: tl.constexpr,  # 0: none, 1: + Res, 2: Res + Gamma * (...)
     IEEE_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -119,7 +120,7 @@ def _linear_epilogue_kernel(
     mask = (offs_m < M)[:, None] & mask_n[None, :]
     acc += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     if ACTIVATION > 0:
-        acc = gelu_tile(acc, ACTIVATION == 2)
+        acc = gelu_tile(acc, ACTIVATION - 1)
     if RESIDUAL > 0:
         if RESIDUAL == 2:
             acc *= tl.load(Gamma + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -149,12 +150,12 @@ def linear_epilogue_launch(
 ) -> torch.Tensor:
     """out = epilogue(x @ weight^T + bias) for x [..., K], weight [N, K], bias [N] (written in place).
 
-    gelu 'none' (erf) or 'tanh' applies GELU; `residual` [..., N] adds it, the GEMM result first
+    gelu 'none' (erf), 'tanh' or 'sigmoid' applies GELU; `residual` [..., N] adds it, the GEMM result first
     scaled by `gamma` [N] when given: out = residual + gamma * (x @ weight^T + bias). `out` is a
     contiguous [..., N] tensor that must not be `residual` itself.
     """
-    if gelu not in GELU_FORMS:
-        raise ValueError(f"gelu must be None, 'none' or 'tanh', got {gelu!r}")
+    if gelu not in ACTIVATIONS:
+        raise ValueError(f"gelu must be None or one of {', '.join(GELU_FORMS)}, got {gelu!r}")
     if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"x [..., K] and weight [N, K] must agree on K, got {tuple(x.shape)} and {tuple(weight.shape)}")
     N, K = weight.shape
@@ -197,7 +198,7 @@ def linear_epilogue_launch(
         x2, weight, bias, res2, gamma, out2,
         M, N, K, next_pow2(M),
         *x2.stride(), *weight.stride(), *res2.stride(), *out2.stride(),
-        ACTIVATION=GELU_FORMS[gelu], RESIDUAL=mode,
+        ACTIVATION=ACTIVATIONS[gelu], RESIDUAL=mode,
         IEEE_FP32=x.dtype == torch.float32,
     )  # fmt: skip
     return out
@@ -227,7 +228,7 @@ def linear_epilogue_reference(x, weight, bias, gelu=None, residual=None, gamma=N
     """Plain PyTorch, rounding after every step like the reference block: linear, GELU, LayerScale, add."""
     y = torch.nn.functional.linear(x, weight, bias)
     if gelu is not None:
-        y = torch.nn.functional.gelu(y, approximate=gelu)
+        y = gelu_reference(y, gelu)
     if residual is not None:
         y = residual + (y if gamma is None else y * gamma)
     return y

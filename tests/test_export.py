@@ -74,6 +74,29 @@ def test_onnx_graph_structure_and_sidecar(exported):
     assert onnx.TensorProto.FLOAT in cast_to  # LayerNorm statistics and softmax in fp32
 
 
+def test_clip_tower_exports_and_quantizes_with_parity(tmp_path):
+    """A CLIP-style model (LayerNorm before the blocks, no patch bias, QuickGELU) through ONNX fp32,
+    fp16 and INT8: the graph has the extra LayerNorm and QuickGELU's Sigmoid, and parity holds."""
+    cfg = vitfast.get_config("vit_base_patch16_clip_quickgelu_224", img_size=32, patch_size=8, embed_dim=64, num_heads=4,
+                             depth=2, num_classes=10)  # fmt: skip
+    torch.manual_seed(0)
+    model = randomize(vitfast.create_model(cfg), scale=0.1)
+    fp32 = to_onnx(model, tmp_path / "clip.onnx")
+    fp16 = to_onnx(model, tmp_path / "clip.fp16.onnx", precision="fp16")
+    ops = [n.op_type for n in onnx.load(str(fp32)).graph.node]
+    assert ops.count("LayerNormalization") == 2 * cfg.depth + 2 and "Sigmoid" in ops  # norm_pre + blocks + final
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        ref = model(x)
+    for path, limit in ((fp32, 1e-4), (fp16, 2e-2)):
+        got = vitfast.load_engine(path)(x)
+        assert ((got - ref).abs().max() / ref.abs().max()).item() <= limit, path.name
+    int8 = quantize_int8(fp32, tmp_path / "clip.int8.onnx", torch.randn(32, 3, 32, 32), samples=32, progress=False)
+    meta = read_sidecar(int8)
+    assert meta["config"]["act_layer"] == "quick_gelu" and meta["config"]["pre_norm"] is True
+    assert meta["parity"]["cosine"] > 0.98
+
+
 def test_dynamic_image_size_is_refused_clearly(tmp_path):
     with pytest.raises(vitfast.ArtifactError, match="--img-size N"):
         to_onnx(vitfast.create_model("vit_cifar_patch4_32"), tmp_path / "m.onnx", dynamic_image_size=True)

@@ -138,7 +138,7 @@ def test_add_layernorm_property(rows, C):
 
 
 # ---------------------------------------------------------------------------- bias + GELU
-@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("approximate", ["none", "tanh", "sigmoid"])
 @pytest.mark.parametrize("shape", [(2, 5, 768), (3, 37), (1, 7, 1000), (4, 3072)])
 def test_bias_gelu(device, dtype, approximate, shape):
     x = (3 * torch.randn(shape, device=device)).to(dtype)
@@ -150,19 +150,29 @@ def test_bias_gelu(device, dtype, approximate, shape):
 
 
 def test_bias_gelu_rejects_unknown_form(device):
-    with pytest.raises(ValueError, match="approximate must be"):
-        bg.bias_gelu(torch.randn(2, 8, device=device), torch.randn(8, device=device), "sigmoid")
+    with pytest.raises(ValueError, match="approximate must be one of none, tanh, sigmoid, got 'quick'"):
+        bg.bias_gelu(torch.randn(2, 8, device=device), torch.randn(8, device=device), "quick")
+
+
+def test_gelu_sigmoid_form_is_quick_gelu_and_saturates(device):
+    """The sigmoid form is CLIP's QuickGELU x sigmoid(1.702 x) (written out here, in float64) and
+    stays finite where exp(-1.702 x) overflows fp32 (x = -1e4 gives -0)."""
+    x = torch.tensor([[-1e4, -60.0, -3.0, -0.5, 0.0, 0.5, 3.0, 60.0, 1e4]], device=device)
+    out = poisoned(x.shape, torch.float32, device)
+    bg.bias_gelu_launch(x, torch.zeros(x.shape[1], device=device), out, "sigmoid")
+    expected = x.double() / (1 + torch.exp(-1.702 * x.double()))
+    torch.testing.assert_close(out.double(), expected, atol=1e-6, rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------- GEMM + epilogue
-EPILOGUES = ["gelu", "gelu_tanh", "residual", "residual_gamma", "bias_only"]
+EPILOGUES = ["gelu", "gelu_tanh", "gelu_sigmoid", "residual", "residual_gamma", "bias_only"]
 
 
 def epilogue_args(epilogue: str, out_shape, dtype, device) -> dict:
     """Keyword arguments of linear_epilogue_launch for one epilogue, random tensors in dtype."""
     N = out_shape[-1]
     if epilogue.startswith("gelu"):
-        return {"gelu": "tanh" if epilogue == "gelu_tanh" else "none"}
+        return {"gelu": epilogue.removeprefix("gelu_") if "_" in epilogue else "none"}
     if epilogue.startswith("residual"):
         gamma = (1 + 0.5 * torch.randn(N, device=device)).to(dtype) if epilogue == "residual_gamma" else None
         return {"residual": torch.randn(out_shape, device=device).to(dtype), "gamma": gamma}
@@ -223,7 +233,7 @@ def test_linear_epilogue_property(M, K, N, epilogue):
 def test_linear_epilogue_ops_match_launcher(device):
     x, w, b = linear_inputs((2, 9), 48, 20, torch.float32, device)
     r, g = torch.randn(2, 9, 20, device=device), torch.randn(20, device=device)
-    for approximate in ("none", "tanh"):
+    for approximate in ("none", "tanh", "sigmoid"):
         out = poisoned((2, 9, 20), torch.float32, device)
         assert torch.equal(le.linear_bias_gelu(x, w, b, approximate), le.linear_epilogue_launch(x, w, b, out, gelu=approximate))
     for gamma in (None, g):
@@ -239,8 +249,8 @@ def test_linear_epilogue_rejects_bad_input(device, monkeypatch):
         le.linear_bias_gelu(x, w[:, :15], b, "none")
     with pytest.raises(ValueError, match=r"bias must be \[8\]"):
         le.linear_bias_gelu(x, w, b[:7], "none")
-    with pytest.raises(ValueError, match="gelu must be"):
-        le.linear_bias_gelu(x, w, b, "sigmoid")
+    with pytest.raises(ValueError, match="gelu must be None or one of none, tanh, sigmoid"):
+        le.linear_bias_gelu(x, w, b, "quick")
     with pytest.raises(ValueError, match="must be torch.float32 like x, got weight torch.float16"):
         le.linear_bias_gelu(x, w.half(), b, "none")
     with pytest.raises(ValueError, match=r"residual must be \(4, 8\)"):

@@ -22,7 +22,7 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
     # patchify by reshaping (not a conv) so the check is independent of PatchEmbed
     patches = x.reshape(B, cfg.in_chans, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, -1)
     w = sd["patch_embed.proj.weight"].reshape(cfg.embed_dim, -1)
-    t = patches @ w.T + sd["patch_embed.proj.bias"]
+    t = patches @ w.T + sd.get("patch_embed.proj.bias", 0)  # no bias in CLIP towers
     prefix = [sd[k].expand(B, -1, -1) for k in ("cls_token", "dist_token", "reg_token") if k in sd]
     if cfg.no_embed_class:
         t = torch.cat(prefix + [t + sd["pos_embed"]], 1)
@@ -37,10 +37,14 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
         return (v - mu) / torch.sqrt(var + cfg.norm_eps) * sd[name + ".weight"] + sd[name + ".bias"]
 
     def gelu(v):
+        if cfg.act_layer == "quick_gelu":
+            return v / (1 + torch.exp(-1.702 * v))
         if cfg.act_layer == "gelu_tanh":
             return 0.5 * v * (1 + torch.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3)))
         return 0.5 * v * (1 + torch.erf(v / math.sqrt(2)))
 
+    if "norm_pre.weight" in sd:
+        t = ln(t, "norm_pre")
     for i in range(cfg.depth):
         b = f"blocks.{i}."
         h = ln(t, b + "norm1")
@@ -75,6 +79,7 @@ VARIANTS = {
     "registers": tiny_config(reg_tokens=3, class_token=False, global_pool="avg", no_embed_class=True),
     "registers-with-cls": tiny_config(reg_tokens=2),
     "pre-logits": tiny_config(representation_size=48),
+    "clip-pre-norm-quick-gelu": tiny_config(pre_norm=True, act_layer="quick_gelu", norm_eps=1e-5),
     "odd-sizes": tiny_config(img_size=(40, 24), patch_size=8, embed_dim=36, num_heads=3, mlp_ratio=2.5, in_chans=2),
 }
 
@@ -193,3 +198,15 @@ def test_gelu_forms_differ_as_expected():
     tanh = vitfast.layers.Mlp(1, 1, "gelu_tanh").act(x)
     torch.testing.assert_close(erf, F.gelu(x))
     assert 0 < (erf - tanh).abs().max() < 1e-3
+    quick = vitfast.layers.Mlp(1, 1, "quick_gelu").act(x)
+    torch.testing.assert_close(quick, x * torch.sigmoid(1.702 * x))
+    assert 1e-2 < (erf - quick).abs().max() < 3e-2  # the cruder approximation: a different function
+
+
+def test_pre_norm_model_has_norm_pre_and_no_patch_bias():
+    """CLIP image towers (timm `pre_norm=True`): a LayerNorm before the blocks, and the patch
+    projection has no bias, so a timm CLIP state dict has exactly these keys."""
+    keys = set(vitfast.create_model(tiny_config(pre_norm=True)).state_dict())
+    plain = set(vitfast.create_model(tiny_config()).state_dict())
+    assert keys - plain == {"norm_pre.weight", "norm_pre.bias"}
+    assert plain - keys == {"patch_embed.proj.bias"}

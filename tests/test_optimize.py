@@ -19,6 +19,7 @@ VARIANTS = {
     "tanh-no-qkv-bias": tiny_config(act_layer="gelu_tanh", qkv_bias=False, embed_dim=48, num_heads=3),
     "distilled": tiny_config(distilled=True),
     "layer-scale-registers-avg": tiny_config(init_values=0.1, reg_tokens=2, class_token=False, global_pool="avg", no_embed_class=True),
+    "clip-pre-norm-quick-gelu": tiny_config(pre_norm=True, act_layer="quick_gelu", norm_eps=1e-5),
     "hybrid": vitfast.get_config("vit_small_r26_s32_224", img_size=32, depth=1, embed_dim=64, num_heads=2, num_classes=5),
 }
 

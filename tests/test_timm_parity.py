@@ -30,6 +30,9 @@ VARIANTS = {
     "reg4-gap": ("vit_base_patch16_reg4_gap_256", dict(img_size=64, depth=2, num_classes=5)),
     "hybrid-r26": ("vit_small_r26_s32_224", dict(img_size=64, depth=2, num_classes=5)),
     "hybrid-r50": ("vit_base_r50_s16_224", dict(img_size=64, depth=1, num_classes=5)),
+    "clip": ("vit_base_patch16_clip_224", dict(img_size=64, depth=2, num_classes=5)),
+    "clip-quickgelu": ("vit_base_patch32_clip_quickgelu_224", dict(img_size=64, depth=2, num_classes=7)),
+    "dinov2-reg4": ("vit_small_patch14_reg4_dinov2", dict(img_size=56, depth=2, num_classes=5)),
 }
 
 
@@ -50,7 +53,7 @@ def test_timm_state_dict_matches(tmp_path, variant):
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
 
 
-@pytest.mark.parametrize("variant", ["plain", "deit-distilled", "hybrid-r26"])
+@pytest.mark.parametrize("variant", ["plain", "deit-distilled", "hybrid-r26", "clip", "dinov2-reg4"])
 def test_timm_config_inferred_from_shapes(tmp_path, variant):
     name, kw = VARIANTS[variant]
     ref = _timm_model(name, **kw)
@@ -61,6 +64,22 @@ def test_timm_config_inferred_from_shapes(tmp_path, variant):
     x = torch.randn(2, 3, kw["img_size"], kw["img_size"])
     with torch.no_grad():
         torch.testing.assert_close(ours(x), ref(x), atol=ATOL, rtol=0)
+
+
+def test_quickgelu_weights_need_and_take_the_act_layer_override(tmp_path):
+    """A CLIP state dict cannot say whether it was trained with QuickGELU: the load says so, and
+    overrides={"act_layer": "quick_gelu"} then matches timm's *_clip_quickgelu_* model."""
+    name, kw = VARIANTS["clip-quickgelu"]
+    ref = _timm_model(name, **kw)
+    torch.save(ref.state_dict(), tmp_path / "model.pth")
+    with pytest.warns(vitfast.GuessedConfigWarning, match="act_layer='gelu'.*quick_gelu"):
+        guessed = vitfast.load_checkpoint(tmp_path / "model.pth")
+    assert guessed.config.pre_norm and guessed.config.norm_eps == 1e-5 and "act_layer" in guessed.config_guesses
+    ours = vitfast.load_checkpoint(tmp_path / "model.pth", overrides={"act_layer": "quick_gelu"})
+    x = torch.randn(2, 3, kw["img_size"], kw["img_size"])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x), atol=ATOL, rtol=0)
+        assert (guessed(x) - ref(x)).abs().max() > 100 * ATOL  # the guess is a different model
 
 
 @pytest.mark.parametrize("variant", ["plain", "deit-distilled", "deit3-layerscale", "reg4-gap"])

@@ -104,7 +104,8 @@ def describe_guesses(path: str | os.PathLike, cfg: ViTConfig, guesses: Guesses) 
     parts = "; ".join(f"{', '.join(keys)} ({reason})" for reason, keys in by_reason.items())
     return (
         f"{path}: guessed {parts}. If a value is wrong, pass --config FILE.json or the field's flag "
-        "(--num-heads, --mean, --std, --crop-pct, --crop-mode, --interpolation, --num-classes); config=/overrides= in Python"
+        "(--num-heads, --act-layer, --norm-eps, --mean, --std, --crop-pct, --crop-mode, --interpolation, --num-classes); "
+        "config=/overrides= in Python"
     )
 
 

@@ -19,9 +19,11 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INCEPTION_MEAN = (0.5, 0.5, 0.5)  # timm's name for the [-1, 1] normalisation of the original ViT
 INCEPTION_STD = (0.5, 0.5, 0.5)
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # the normalisation CLIP's image towers were trained with
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 GLOBAL_POOLS = ("token", "avg")
-ACT_LAYERS = ("gelu", "gelu_tanh")
+ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu")  # timm's names: erf GELU, tanh and sigmoid approximations
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 CROP_MODES = ("center", "squash", "border")  # timm's names: crop the short side, resize both sides, pad the short side
 CROP_ROUNDINGS = ("round", "floor")  # centre-crop offset: torchvision/timm round, Hugging Face floors
@@ -52,9 +54,10 @@ class ViTConfig:
     reg_tokens: int = 0  # register tokens (Darcet et al. 2023)
     no_embed_class: bool = False  # position embeddings cover patches only (DeiT-III, reg models)
     fc_norm: bool | None = None  # None: timm's rule, norm after pooling iff global_pool == "avg"
+    pre_norm: bool = False  # LayerNorm before the blocks, patch projection without bias (CLIP image towers)
     representation_size: int | None = None  # pre-logits Linear + tanh of the original ViT head
     norm_eps: float = 1e-6
-    act_layer: str = "gelu"  # "gelu" (erf) or "gelu_tanh"
+    act_layer: str = "gelu"  # "gelu" (erf), "gelu_tanh" or "quick_gelu" (x sigmoid(1.702 x), OpenAI CLIP)
     drop_rate: float = 0.0
     pos_drop_rate: float = 0.0
     attn_drop_rate: float = 0.0

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .config import CROP_MODES, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, ViTConfig
+from .config import CROP_MODES, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ViTConfig
 from .errors import CheckpointError, ConfigError
 from .registry import _REGISTRY, get_config
 
@@ -239,9 +239,11 @@ def _exact_crop_pct(crop: int, resized: int) -> float:
 
 
 # ---------------------------------------------------------------------------- timm
-def infer_timm_config(sd: StateDict, *, norm_eps: float = 1e-6) -> tuple[ViTConfig, Guesses]:
+def infer_timm_config(sd: StateDict, *, norm_eps: float | None = None) -> tuple[ViTConfig, Guesses]:
     """Read a `ViTConfig` off a timm-named state dict's tensor shapes; the head count and the
-    preprocessing are not in the weights and come back as guesses."""
+    preprocessing are not in the weights and come back as guesses. So do, for a CLIP image tower
+    (`norm_pre`), the LayerNorm eps and the GELU form, which differ between its timm variants.
+    `norm_eps` None: timm's default for the kind of model (1e-6, CLIP towers 1e-5)."""
     def has(key: str) -> bool:
         return key in sd
 
@@ -272,7 +274,7 @@ def infer_timm_config(sd: StateDict, *, norm_eps: float = 1e-6) -> tuple[ViTConf
         raise CheckpointError(
             f"cannot infer the patch grid from pos_embed of length {n_pos} (not square); pass config= to load_checkpoint"
         )
-    fc_norm = has("fc_norm.weight")
+    fc_norm, pre_norm = has("fc_norm.weight"), has("norm_pre.weight")
     fields: dict[str, Any] = dict(
         img_size=grid * patch,
         patch_size=patch,
@@ -288,14 +290,16 @@ def infer_timm_config(sd: StateDict, *, norm_eps: float = 1e-6) -> tuple[ViTConf
         no_embed_class=no_embed_class,
         global_pool="token" if class_token and not fc_norm else "avg",
         fc_norm=fc_norm,
+        pre_norm=pre_norm,
         representation_size=sd["pre_logits.fc.weight"].shape[0] if has("pre_logits.fc.weight") else None,
         num_classes=sd["head.weight"].shape[0] if has("head.weight") else 0,
-        norm_eps=norm_eps,
+        norm_eps=norm_eps if norm_eps is not None else 1e-5 if pre_norm else 1e-6,
         hybrid_layers=hybrid,
-        mean=INCEPTION_MEAN,  # not stored in weights: timm's ViT default (broadcast to in_chans)
-        std=INCEPTION_STD,
+        # not stored in weights: timm's default for ViTs (broadcast to in_chans), or for CLIP towers
+        mean=OPENAI_CLIP_MEAN if pre_norm and in_chans == 3 else INCEPTION_MEAN,
+        std=OPENAI_CLIP_STD if pre_norm and in_chans == 3 else INCEPTION_STD,
     )
-    shape_keys = ("embed_dim", "depth", "class_token", "reg_tokens", "hybrid_layers")
+    shape_keys = ("embed_dim", "depth", "class_token", "reg_tokens", "hybrid_layers", "pre_norm")
     known = [(n, r) for n, r in _REGISTRY.items() if all(r.get(k, ViTConfig.__dataclass_fields__[k].default) == fields[k] for k in shape_keys)]
     if known:
         name, fields["num_heads"] = known[0][0], known[0][1]["num_heads"]
@@ -306,7 +310,13 @@ def infer_timm_config(sd: StateDict, *, norm_eps: float = 1e-6) -> tuple[ViTConf
     else:
         raise CheckpointError(f"cannot infer num_heads for embed_dim {dim}; pass config= to load_checkpoint (CLI: --num-heads N)")
     guesses: Guesses = {"num_heads": why}
-    guesses |= dict.fromkeys(PREPROCESSING_GUESSED, "preprocessing is not stored in a state dict; timm's ViT defaults assumed")
+    kind = "CLIP" if pre_norm else "ViT"
+    guesses |= dict.fromkeys(PREPROCESSING_GUESSED, f"preprocessing is not stored in a state dict; timm's {kind} defaults assumed")
+    if pre_norm and norm_eps is None:
+        guesses["norm_eps"] = "not stored in weights; 1e-5, as in every timm CLIP image tower, assumed"
+    if pre_norm:
+        guesses["act_layer"] = ("not stored in weights; GELU as in timm's *_clip_* models assumed. OpenAI's original "
+                                "weights and others trained with QuickGELU (timm's *_clip_quickgelu_*) need act_layer='quick_gelu'")
     return ViTConfig(**fields), guesses
 
 

@@ -133,14 +133,16 @@ class ResNetV2(nn.Module):
 class HybridEmbed(nn.Module):
     """ResNet-v2 features, then a Conv2d projection (kernel = patch / reduction) to tokens [B, N, C]."""
 
-    def __init__(self, img_size: tuple[int, int], patch_size: int, in_chans: int, embed_dim: int, layers: tuple[int, ...]):
+    def __init__(
+        self, img_size: tuple[int, int], patch_size: int, in_chans: int, embed_dim: int, layers: tuple[int, ...], bias: bool = True
+    ):
         super().__init__()
         self.img_size = img_size
         self.in_chans = in_chans
         self.backbone = ResNetV2(layers, in_chans)
         reduction = 4 * 2 ** (len(layers) - 1)
         kernel = patch_size // reduction
-        self.proj = nn.Conv2d(self.backbone.num_features, embed_dim, kernel_size=kernel, stride=kernel)
+        self.proj = nn.Conv2d(self.backbone.num_features, embed_dim, kernel_size=kernel, stride=kernel, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_image_shape(x, self.in_chans, self.img_size)

@@ -15,11 +15,11 @@ from .errors import InputError
 class PatchEmbed(nn.Module):
     """Image [B, in_chans, H, W] -> patch tokens [B, N, C] with a stride = kernel = patch Conv2d."""
 
-    def __init__(self, img_size: tuple[int, int], patch_size: int, in_chans: int, embed_dim: int):
+    def __init__(self, img_size: tuple[int, int], patch_size: int, in_chans: int, embed_dim: int, bias: bool = True):
         super().__init__()
         self.img_size = img_size
         self.in_chans = in_chans
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_image_shape(x, self.in_chans, self.img_size)
@@ -87,13 +87,30 @@ class Attention(nn.Module):
         return (x, attn) if return_attention else x
 
 
+class QuickGELU(nn.Module):
+    """x sigmoid(1.702 x): GELU's sigmoid approximation (Hendrycks & Gimpel), which OpenAI's CLIP
+    was trained with. `approximate` names the form as the fused kernels do (nn.GELU has 'none' / 'tanh')."""
+
+    approximate = "sigmoid"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+def make_act(act_layer: str) -> nn.Module:
+    """The activation module for a `ViTConfig.act_layer` name."""
+    if act_layer == "quick_gelu":
+        return QuickGELU()
+    return nn.GELU(approximate="tanh" if act_layer == "gelu_tanh" else "none")
+
+
 class Mlp(nn.Module):
-    """fc1 -> GELU (erf or tanh form) -> fc2, [B, N, C] -> [B, N, C]."""
+    """fc1 -> GELU (erf form, or its tanh or sigmoid approximation) -> fc2, [B, N, C] -> [B, N, C]."""
 
     def __init__(self, dim: int, hidden: int, act_layer: str = "gelu", drop: float = 0.0):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU(approximate="tanh" if act_layer == "gelu_tanh" else "none")
+        self.act = make_act(act_layer)
         self.drop1 = nn.Dropout(drop)
         self.fc2 = nn.Linear(hidden, dim)
         self.drop2 = nn.Dropout(drop)

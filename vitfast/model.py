@@ -1,5 +1,5 @@
-"""The reference Vision Transformer (Dosovitskiy et al. 2021), with DeiT, DeiT-III, register and
-hybrid variants, in plain PyTorch.
+"""The reference Vision Transformer (Dosovitskiy et al. 2021), with DeiT, DeiT-III, register,
+hybrid and CLIP image-tower (pre-norm, QuickGELU) variants, in plain PyTorch.
 
 Parameter names are timm's, so `model.state_dict()` is a timm state dict. Layers are injected
 by class (`block_fn`, `attn_layer`, `mlp_layer`, `norm_layer`) so fused versions can replace
@@ -37,16 +37,18 @@ class VisionTransformer(nn.Module):
         c = self.config = config
         dim = c.embed_dim
         self.num_prefix_tokens = c.num_prefix_tokens
+        bias = not c.pre_norm  # timm: no projection bias when a LayerNorm follows the embeddings
         if c.hybrid_layers is not None:
-            self.patch_embed = HybridEmbed(c.img_hw, c.patch_size, c.in_chans, dim, c.hybrid_layers)
+            self.patch_embed = HybridEmbed(c.img_hw, c.patch_size, c.in_chans, dim, c.hybrid_layers, bias=bias)
         else:
-            self.patch_embed = PatchEmbed(c.img_hw, c.patch_size, c.in_chans, dim)
+            self.patch_embed = PatchEmbed(c.img_hw, c.patch_size, c.in_chans, dim, bias=bias)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if c.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if c.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, dim)) if c.reg_tokens else None
         embed_len = c.num_patches if c.no_embed_class else c.seq_len
         self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, dim))
         self.pos_drop = nn.Dropout(c.pos_drop_rate)
+        self.norm_pre = norm_layer(dim, eps=c.norm_eps) if c.pre_norm else nn.Identity()
 
         drop_path = [c.drop_path_rate * i / max(c.depth - 1, 1) for i in range(c.depth)]  # linear decay rule
         self.blocks = nn.Sequential(
@@ -114,7 +116,7 @@ class VisionTransformer(nn.Module):
         `depth` tensors [B, heads, T, T] of attention probabilities (T = prefix + N), computed on
         the explicit math path.
         """
-        x = self.pos_drop(self._pos_embed(self.patch_embed(x)))
+        x = self.norm_pre(self.pos_drop(self._pos_embed(self.patch_embed(x))))
         if not return_attention:
             return self.norm(self.blocks(x))
         attentions = []

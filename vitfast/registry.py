@@ -10,7 +10,7 @@ import difflib
 import fnmatch
 from typing import Any
 
-from .config import IMAGENET_MEAN, IMAGENET_STD, ViTConfig
+from .config import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ViTConfig
 from .errors import ConfigError
 from .model import VisionTransformer
 
@@ -32,6 +32,11 @@ def _vit(size: str, patch: int, img: int, **kw: Any) -> dict[str, Any]:
 
 _DEIT = dict(mean=IMAGENET_MEAN, std=IMAGENET_STD)
 _DEIT3 = dict(init_values=1e-6, no_embed_class=True, **_DEIT)
+# CLIP image towers: LayerNorm (eps 1e-5) before the blocks, no patch bias; OpenAI's normalisation
+_CLIP = dict(pre_norm=True, norm_eps=1e-5, mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD)
+_QUICK = dict(_CLIP, act_layer="quick_gelu", crop_pct=1.0)
+_DINOV2 = dict(init_values=1e-5, num_classes=0, crop_pct=1.0, **_DEIT)
+_REG4 = dict(reg_tokens=4, no_embed_class=True)
 
 _REGISTRY: dict[str, dict[str, Any]] = {
     # ViT (Dosovitskiy et al.), timm's augreg / original weights
@@ -81,6 +86,32 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     "vit_small_r26_s32_384": _vit("small", 32, 384, hybrid_layers=(2, 2, 2, 2)),
     "vit_large_r50_s32_224": _vit("large", 32, 224, hybrid_layers=(3, 4, 6, 3)),
     "vit_large_r50_s32_384": _vit("large", 32, 384, hybrid_layers=(3, 4, 6, 3)),
+    # CLIP image towers (Radford et al. 2021) as timm has them; without a quickgelu in the name, the
+    # default tags are LAION / OpenAI weights fine-tuned on ImageNet with GELU
+    "vit_base_patch32_clip_224": _vit("base", 32, 224, **_CLIP),
+    "vit_base_patch32_clip_384": _vit("base", 32, 384, **_CLIP),
+    "vit_base_patch32_clip_448": _vit("base", 32, 448, **_CLIP),
+    "vit_base_patch16_clip_224": _vit("base", 16, 224, **_CLIP, crop_pct=0.95),
+    "vit_base_patch16_clip_384": _vit("base", 16, 384, **_CLIP, crop_mode="squash"),
+    "vit_large_patch14_clip_224": _vit("large", 14, 224, **dict(_CLIP, mean=INCEPTION_MEAN, std=INCEPTION_STD), crop_pct=1.0),
+    "vit_large_patch14_clip_336": _vit("large", 14, 336, **dict(_CLIP, mean=INCEPTION_MEAN, std=INCEPTION_STD), crop_pct=1.0,
+                                       crop_mode="squash"),
+    "vit_huge_patch14_clip_224": _vit("huge", 14, 224, **_CLIP, crop_pct=1.0),
+    "vit_huge_patch14_clip_336": _vit("huge", 14, 336, **_CLIP, crop_pct=1.0, crop_mode="squash"),
+    # ... and with QuickGELU, as OpenAI (and DFN, MetaCLIP) trained them: image embeddings, no classifier
+    "vit_base_patch32_clip_quickgelu_224": _vit("base", 32, 224, **dict(_QUICK, crop_pct=0.9), num_classes=512),
+    "vit_base_patch16_clip_quickgelu_224": _vit("base", 16, 224, **_QUICK, num_classes=512),
+    "vit_large_patch14_clip_quickgelu_224": _vit("large", 14, 224, **_QUICK, num_classes=768),
+    "vit_large_patch14_clip_quickgelu_336": _vit("large", 14, 336, **_QUICK, num_classes=768),
+    "vit_huge_patch14_clip_quickgelu_224": _vit("huge", 14, 224, **_QUICK, num_classes=1024),
+    "vit_huge_patch14_clip_quickgelu_378": _vit("huge", 14, 378, **_QUICK, num_classes=1024),
+    # DINOv2 (Oquab et al. 2023) features at 518x518, layer scale; reg4: with 4 registers
+    "vit_small_patch14_dinov2": _vit("small", 14, 518, **_DINOV2),
+    "vit_base_patch14_dinov2": _vit("base", 14, 518, **_DINOV2),
+    "vit_large_patch14_dinov2": _vit("large", 14, 518, **_DINOV2),
+    "vit_small_patch14_reg4_dinov2": _vit("small", 14, 518, **_DINOV2, **_REG4),
+    "vit_base_patch14_reg4_dinov2": _vit("base", 14, 518, **_DINOV2, **_REG4),
+    "vit_large_patch14_reg4_dinov2": _vit("large", 14, 518, **_DINOV2, **_REG4),
     # CIFAR-sized model for tests, demos and quick experiments (not a timm name)
     "vit_cifar_patch4_32": dict(
         img_size=32, patch_size=4, embed_dim=48, depth=4, num_heads=4, mlp_ratio=4.0, num_classes=10,

@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vitfast.config import CROP_MODES, INTERPOLATIONS, check_field_names
+from vitfast.config import ACT_LAYERS, CROP_MODES, INTERPOLATIONS, check_field_names
 from vitfast.errors import ConfigError, InputError
 from vitfast.foreign import config_file_fields
 
 # flag -> ViTConfig field
-_FLAGS = {"num_heads": "--num-heads", "num_classes": "--num-classes", "mean": "--mean", "std": "--std",
-          "crop_pct": "--crop-pct", "crop_mode": "--crop-mode", "interpolation": "--interpolation"}  # fmt: skip
+_FLAGS = {"num_heads": "--num-heads", "act_layer": "--act-layer", "norm_eps": "--norm-eps", "num_classes": "--num-classes",
+          "mean": "--mean", "std": "--std", "crop_pct": "--crop-pct", "crop_mode": "--crop-mode", "interpolation": "--interpolation"}  # fmt: skip
 
 
 def add_config_args(parser: argparse.ArgumentParser, labels: bool = True) -> None:
@@ -29,6 +29,8 @@ def add_config_args(parser: argparse.ArgumentParser, labels: bool = True) -> Non
                        help="ViTConfig fields as a JSON object (all or some), or an HF preprocessor_config.json / config.json, "
                             "a timm config.json or a vitfast sidecar")  # fmt: skip
     group.add_argument("--num-heads", type=int, metavar="N", help="attention heads (not stored in timm weights)")
+    group.add_argument("--act-layer", choices=ACT_LAYERS, help="MLP activation: gelu (erf), gelu_tanh, quick_gelu (OpenAI CLIP); not stored in weights")
+    group.add_argument("--norm-eps", type=float, metavar="E", help="LayerNorm epsilon (not stored in weights)")
     group.add_argument("--num-classes", type=int, metavar="N", help="classifier outputs (0: no head)")
     group.add_argument("--mean", type=float, nargs="+", metavar="M", help="normalisation mean per channel, e.g. 0.485 0.456 0.406")
     group.add_argument("--std", type=float, nargs="+", metavar="S", help="normalisation std per channel, e.g. 0.229 0.224 0.225")
