@@ -109,3 +109,31 @@ def test_num_classes_override_that_does_not_fit_the_head_is_named(truth, tmp_pat
                  "--num-heads", "4", "--out", str(tmp_path / "figs")])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and "head.weight (checkpoint [5, 128] vs model [7, 128])" in err
+
+
+def test_clip_state_dict_guesses_eps_activation_and_clip_preprocessing_and_flags_fix_them(tmp_path, capsys):
+    """A CLIP image tower's weights (norm_pre, no patch bias) say it is one, not its LayerNorm eps or
+    GELU form: both are guessed as timm's CLIP defaults, loudly, and --act-layer / --norm-eps fix them."""
+    true = vitfast.ViTConfig(img_size=32, patch_size=8, embed_dim=128, depth=2, num_heads=2, num_classes=5, pre_norm=True,
+                             act_layer="quick_gelu", norm_eps=1e-6, mean=vitfast.config.OPENAI_CLIP_MEAN,
+                             std=vitfast.config.OPENAI_CLIP_STD)  # fmt: skip
+    torch.manual_seed(0)
+    model = vitfast.create_model(true)
+    path = tmp_path / "clip.pth"
+    torch.save(model.state_dict(), path)
+    with pytest.warns(vitfast.GuessedConfigWarning, match=r"act_layer='gelu' .*quick_gelu"):
+        guessed = vitfast.load_checkpoint(path)
+    c = guessed.config
+    assert (c.pre_norm, c.norm_eps, c.act_layer, c.mean) == (True, 1e-5, "gelu", true.mean)
+    assert {"norm_eps", "act_layer", "mean", "std"} <= set(guessed.config_guesses)
+    out = tmp_path / "clip.onnx"
+    assert main(["export", "--checkpoint", str(path), "--format", "onnx", "--out", str(out), "--act-layer", "quick_gelu",
+                 "--norm-eps", "1e-6"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "act_layer" not in err and "norm_eps" not in err  # set by the flags, so no longer guessed
+    x = vitfast.data.random_images(true, 3, seed=2)
+    with torch.no_grad():
+        torch.testing.assert_close(vitfast.load_engine(out)(x), model(x), atol=1e-4, rtol=0)
+    with pytest.raises(SystemExit) as exit_info:  # argparse's own usage error
+        main(["export", "--checkpoint", str(path), "--format", "onnx", "--out", str(tmp_path / "x.onnx"), "--act-layer", "relu"])
+    assert exit_info.value.code == 2 and "invalid choice: 'relu'" in capsys.readouterr().err

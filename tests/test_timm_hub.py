@@ -66,6 +66,14 @@ def test_unknown_architecture_is_read_off_the_weights_with_a_loud_head_guess(tmp
         torch.testing.assert_close(model(x), source(x), rtol=0, atol=0)
 
 
+def test_unknown_architecture_takes_what_its_model_args_state(tmp_path):
+    """model_args that name ViTConfig fields (num_heads, act_layer, ...) are read, not guessed."""
+    _hub_folder(tmp_path, architecture="my_vit_tiny", model_args={"img_size": 48, "depth": 2, "num_heads": 3})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", vitfast.GuessedConfigWarning)
+        assert vitfast.load_checkpoint(tmp_path).config.num_heads == 3
+
+
 def test_border_crop_mode_is_read(tmp_path):
     _hub_folder(tmp_path, pretrained_cfg=PRETRAINED_CFG | {"crop_mode": "border"})
     with warnings.catch_warnings():

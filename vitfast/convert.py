@@ -331,7 +331,8 @@ def timm_hub_config(cfg: dict[str, Any], sd: StateDict) -> tuple[ViTConfig, Gues
         base, guesses = get_config(arch, **model_args), {}
     except ConfigError:
         base, guesses = infer_timm_config(sd)
-        guesses = {k: v + f" ({arch!r} is not a registered vitfast model)" for k, v in guesses.items()}
+        base = base.replace(**model_args)  # what the folder states (e.g. act_layer) is not a guess
+        guesses = {k: v + f" ({arch!r} is not a registered vitfast model)" for k, v in guesses.items() if k not in model_args}
     pc = cfg.get("pretrained_cfg") or {}
     fields: dict[str, Any] = {}
     if "num_classes" in cfg:
