@@ -3,6 +3,8 @@ loaded by vitfast, logits compared in fp32."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -97,3 +99,61 @@ def test_hf_preprocessor_config_is_read(tmp_path):
     cfg = vitfast.load_checkpoint(tmp_path).config
     assert cfg.mean == (0.1, 0.2, 0.3) and cfg.std == (0.4, 0.5, 0.6)
     assert cfg.interpolation == "bilinear" and cfg.crop_pct == 1.0
+
+
+# ---------------------------------------------------------------------------- CLIP image tower
+CLIP_VISION = dict(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   intermediate_size=160, projection_dim=24)  # fmt: skip
+
+
+def _perturbed(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model.eval()
+
+
+@pytest.mark.parametrize("hidden_act", ["quick_gelu", "gelu"])
+def test_hf_clip_vision_with_projection_matches_image_embeds(tmp_path, hidden_act):
+    """CLIPVisionModelWithProjection + CLIPImageProcessor folder: the model returns image_embeds,
+    the config says all (nothing guessed), the preprocessing is the processor's."""
+    hf = _perturbed(transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(**CLIP_VISION, hidden_act=hidden_act)))
+    hf.save_pretrained(tmp_path)
+    transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", vitfast.GuessedConfigWarning)
+        model = vitfast.load_checkpoint(tmp_path)
+    c = model.config
+    assert (c.pre_norm, c.act_layer, c.norm_eps, c.num_classes) == (True, {"quick_gelu": "quick_gelu", "gelu": "gelu"}[hidden_act], 1e-5, 24)
+    assert (c.mean, c.crop_mode, c.interpolation) == (vitfast.config.OPENAI_CLIP_MEAN, "center", "bicubic")
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(pixel_values=x).image_embeds, atol=ATOL, rtol=0)
+
+
+def test_hf_clip_full_model_folder_loads_its_image_tower(tmp_path):
+    """A whole CLIPModel (text tower, logit_scale): the image tower's embedding, nothing else, and
+    the preprocessing guessed as CLIPImageProcessor's defaults when the folder has no processor."""
+    cfg = transformers.CLIPConfig(vision_config=CLIP_VISION, projection_dim=24,
+                                  text_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64))  # fmt: skip
+    hf = _perturbed(transformers.CLIPModel(cfg))
+    hf.save_pretrained(tmp_path)
+    with pytest.warns(vitfast.GuessedConfigWarning, match="CLIPImageProcessor defaults assumed"):
+        model = vitfast.load_checkpoint(tmp_path)
+    assert model.config.std == vitfast.config.OPENAI_CLIP_STD and model.config.crop_pct == 1.0
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = hf.visual_projection(hf.vision_model(pixel_values=x).pooler_output)
+        torch.testing.assert_close(model(x), expected, atol=ATOL, rtol=0)
+
+
+def test_hf_clip_vision_model_without_projection_returns_pooler_output(tmp_path):
+    hf = _perturbed(transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**CLIP_VISION)))
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")  # a bare state dict: transformers' CLIP defaults
+    with pytest.warns(vitfast.GuessedConfigWarning, match=r"mean=.*crop_pct=1.0.*act_layer='quick_gelu', norm_eps=1e-05.*transformers' CLIP default"):
+        guessed = vitfast.load_checkpoint(tmp_path / "pytorch_model.bin")
+    assert guessed.config.num_classes == 0 and guessed.config.pre_norm
+    model = vitfast.load_checkpoint(tmp_path / "pytorch_model.bin", overrides={"num_heads": 4})
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(pixel_values=x).pooler_output, atol=ATOL, rtol=0)

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from ._version import __version__
 from .atomic import atomic_write
 from .config import ViTConfig
-from .convert import Guesses, StateDict, detect_format, hf_config_to_vit, hf_to_timm, infer_timm_config, timm_hub_config
+from .convert import Guesses, StateDict, detect_format, hf_config_to_vit, hf_to_timm, infer_timm_config, read_hf_state_dict, timm_hub_config
 from .errors import CheckpointError, ConfigError, GuessedConfigWarning, first_line
 from .model import VisionTransformer
 from .pos_embed import resample_pos_embed
@@ -124,10 +124,8 @@ def _read(path: Path) -> tuple[ViTConfig, StateDict, str, Guesses]:
             raise CheckpointError(f"{path}: the config stored in this vitfast checkpoint is invalid: {exc}") from None
     sd = _unwrap(sd)
     if detect_format(sd) == "hf":
-        sd = hf_to_timm(sd)
-        cfg, guesses = infer_timm_config(sd, norm_eps=1e-12)  # HF's default layer_norm_eps
-        reason = "not stored in a Hugging Face state dict without its config.json; transformers' default assumed"
-        return cfg, sd, "hf", guesses | dict.fromkeys(("norm_eps", "act_layer"), reason)
+        sd, cfg, guesses = read_hf_state_dict(sd)
+        return cfg, sd, "hf", guesses
     cfg, guesses = infer_timm_config(sd)
     return cfg, sd, "timm", guesses
 

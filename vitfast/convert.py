@@ -1,7 +1,8 @@
 """Translating other checkpoint formats into vitfast's (= timm's) parameter names and configs.
 
-- Hugging Face `transformers` ViT / DeiT: separate query/key/value Linears are fused into one
-  qkv Linear; `config.json` (+ `preprocessor_config.json`) becomes a `ViTConfig`.
+- Hugging Face `transformers` ViT / DeiT, and CLIP's image tower (`CLIPModel`,
+  `CLIPVisionModel[WithProjection]`): separate query/key/value Linears are fused into one qkv
+  Linear; `config.json` (+ `preprocessor_config.json`) becomes a `ViTConfig`.
 - timm (or an HF state dict without its config.json): the config is inferred from tensor shapes.
   The number of heads cannot be read from weights: it is taken from the registry variant with
   the same width/depth/tokens, else head_dim 64. Preprocessing is not stored either.
@@ -31,7 +32,11 @@ TIMM_PATCH_KEYS = ("patch_embed.proj.weight", "patch_embed.backbone.stem.conv.we
 
 # Hugging Face `hidden_act` names -> ours. gelu_new / gelu_fast / gelu_pytorch_tanh are all the
 # tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-HF_ACTS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+HF_ACTS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+           "quick_gelu": "quick_gelu"}  # fmt: skip
+CLIP_PATCH_KEY = "embeddings.patch_embedding.weight"  # under vision_model. on disk, at the root in memory (transformers 5)
+CLIP_CLASS_KEY = "embeddings.class_embedding"  # (SigLIP, with the same patch key, has none)
+CLIP_MODEL_TYPES = ("clip", "clip_vision_model")
 # PIL resample codes used in HF image processors (1 lanczos, 4 box, 5 hamming are not supported).
 PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 # Processors whose integer `size` means the shortest edge (the others read it as a square).
@@ -40,8 +45,8 @@ SHORTEST_EDGE_PROCESSORS = ("CLIPImageProcessor", "BitImageProcessor", "ConvNext
 
 
 def detect_format(sd: StateDict) -> str:
-    """'hf' or 'timm'; raises `CheckpointError` for anything that is not a ViT state dict."""
-    if any(k.endswith(HF_PATCH_KEY) for k in sd):
+    """'hf' (ViT, DeiT or CLIP) or 'timm'; raises `CheckpointError` for anything that is not a ViT state dict."""
+    if any(k.endswith(HF_PATCH_KEY) for k in sd) or is_clip(sd):
         return "hf"
     if any(k in sd for k in TIMM_PATCH_KEYS):
         return "timm"
@@ -54,11 +59,14 @@ def detect_format(sd: StateDict) -> str:
 
 # ---------------------------------------------------------------------------- Hugging Face
 def hf_to_timm(sd: StateDict) -> StateDict:
-    """Rename a `ViTModel` / `ViTForImageClassification` / DeiT state dict to timm names.
+    """Rename a `ViTModel` / `ViTForImageClassification` / DeiT (or CLIP, see `clip_to_timm`) state
+    dict to timm names.
 
     The pooler (`ViTModel`'s tanh dense on the class token) and the masked-image-modeling
     `mask_token` are not part of classification inference and are dropped.
     """
+    if is_clip(sd):
+        return clip_to_timm(sd)
     prefix = next(k[: -len(HF_PATCH_KEY)] for k in sd if k.endswith(HF_PATCH_KEY))
     out: StateDict = {}
     qkv: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
@@ -113,6 +121,12 @@ def hf_to_timm(sd: StateDict) -> StateDict:
                 out[key] = value
         else:
             out[key] = value
+    return out | _fused_qkv(qkv)
+
+
+def _fused_qkv(qkv: dict[int, dict[str, dict[str, torch.Tensor]]]) -> StateDict:
+    """{layer: {weight|bias: {query, key, value}}} -> timm's `blocks.N.attn.qkv.*` (q, k, v stacked)."""
+    out: StateDict = {}
     for idx, kinds in qkv.items():
         for kind, parts in kinds.items():
             if set(parts) != {"query", "key", "value"}:
@@ -121,11 +135,28 @@ def hf_to_timm(sd: StateDict) -> StateDict:
     return out
 
 
+def read_hf_state_dict(sd: StateDict) -> tuple[StateDict, ViTConfig, Guesses]:
+    """An HF state dict without its config.json -> (timm-named state dict, config read off the shapes,
+    guesses); eps, activation and preprocessing are transformers' defaults for the model type."""
+    model_type = "clip" if is_clip(sd) else "vit"
+    sd = hf_to_timm(sd)
+    cfg, guesses = infer_timm_config(sd, norm_eps=1e-5 if model_type == "clip" else 1e-12)
+    size = cfg.img_hw[0]
+    pre, _ = hf_preprocessing(_default_preprocessor(model_type, size), cfg.in_chans, size)
+    cfg = cfg.replace(act_layer="quick_gelu" if model_type == "clip" else "gelu", **pre)
+    reason = f"not stored in a Hugging Face state dict without its config.json; transformers' {model_type.upper()} default assumed"
+    guessed = ("norm_eps", "act_layer", *(k for k in pre if k != "crop_rounding"))  # HF floors crop offsets: a fact
+    return sd, cfg, guesses | dict.fromkeys(guessed, reason)
+
+
 def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, sd: StateDict) -> tuple[ViTConfig, Guesses]:
     """A `ViTConfig` from HF `config.json` and `preprocessor_config.json` (its defaults, guessed, when absent)."""
     model_type = cfg.get("model_type", "vit")
+    if model_type in CLIP_MODEL_TYPES:
+        return clip_config_to_vit(cfg, preprocessor, sd)
     if model_type not in ("vit", "deit"):
-        raise CheckpointError(f"config.json describes a {model_type!r} model; vitfast reads ViT and DeiT (model_type 'vit' or 'deit')")
+        raise CheckpointError(f"config.json describes a {model_type!r} model; vitfast reads ViT, DeiT and CLIP "
+                              "(model_type 'vit', 'deit', 'clip' or 'clip_vision_model')")  # fmt: skip
     act = cfg.get("hidden_act", "gelu")
     if act not in HF_ACTS:
         raise CheckpointError(f"unsupported hidden_act {act!r} in config.json; supported: {', '.join(HF_ACTS)}")
@@ -158,8 +189,13 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
 
 
 def _default_preprocessor(model_type: str, img_size: int) -> dict[str, Any]:
-    """What `ViTImageProcessor` / `DeiTImageProcessor` do by default, at the model's image size
-    (DeiT: resize to 256/224 of it, then centre crop)."""
+    """What `ViTImageProcessor` / `DeiTImageProcessor` / `CLIPImageProcessor` do by default, at the
+    model's image size (DeiT: resize to 256/224 of it, then centre crop; CLIP: shortest edge, then
+    centre crop, OpenAI's mean/std)."""
+    if model_type in CLIP_MODEL_TYPES:
+        return {"image_processor_type": "CLIPImageProcessor", "size": {"shortest_edge": img_size}, "do_center_crop": True,
+                "crop_size": {"height": img_size, "width": img_size}, "resample": 3, "image_mean": list(OPENAI_CLIP_MEAN),
+                "image_std": list(OPENAI_CLIP_STD)}  # fmt: skip
     if model_type == "deit":
         resized = img_size * 256 // 224
         return {"size": {"height": resized, "width": resized}, "do_center_crop": True, "resample": 3,
@@ -220,6 +256,84 @@ def hf_preprocessing(pre: dict[str, Any], in_chans: int, img_size: int) -> tuple
     if output != img_size:
         guesses["img_size"] = f"the processor makes {output}px inputs but config.json's image_size is {img_size}; {img_size} used"
     return out, guesses
+
+
+# ---------------------------------------------------------------------------- Hugging Face CLIP
+def is_clip(sd: StateDict) -> bool:
+    return any(k.endswith(CLIP_PATCH_KEY) for k in sd) and any(k.endswith(CLIP_CLASS_KEY) for k in sd)
+
+
+def clip_to_timm(sd: StateDict) -> StateDict:
+    """Rename the image tower of a `CLIPModel` / `CLIPVisionModel[WithProjection]` state dict to
+    timm's CLIP names: q/k/v fused, `pre_layrnorm` -> norm_pre, `post_layernorm` -> norm,
+    `visual_projection` -> head (bias zero). The text tower and `logit_scale` are dropped.
+
+    HF applies `post_layernorm` to the class token only and timm to every token before pooling it:
+    the same embedding (`image_embeds`, or `pooler_output` without a projection)."""
+    vision = next(k[: -len(CLIP_PATCH_KEY)] for k in sd if k.endswith(CLIP_PATCH_KEY))
+    prefix = vision.removesuffix("vision_model.")  # where visual_projection and the text tower are
+    simple = {
+        "embeddings.patch_embedding.weight": "patch_embed.proj.weight",
+        "pre_layrnorm.weight": "norm_pre.weight", "pre_layrnorm.bias": "norm_pre.bias",  # (sic: HF's name)
+        "post_layernorm.weight": "norm.weight", "post_layernorm.bias": "norm.bias",
+    }  # fmt: skip
+    layer_map = {"self_attn.out_proj": "attn.proj", "layer_norm1": "norm1", "layer_norm2": "norm2", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}
+    qkv_parts = {"self_attn.q_proj": "query", "self_attn.k_proj": "key", "self_attn.v_proj": "value"}
+    layer_re = re.compile(r"encoder\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+    out: StateDict = {}
+    qkv: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
+    for key, value in sd.items():
+        inner = key[len(vision) :] if key.startswith(vision) else None
+        m = layer_re.match(inner) if inner else None
+        if key == prefix + "visual_projection.weight":
+            out["head.weight"], out["head.bias"] = value, value.new_zeros(value.shape[0])
+        elif key.startswith((prefix + "text_", prefix + "logit_scale")) or inner == "embeddings.position_ids":
+            continue
+        elif inner == "embeddings.class_embedding":
+            out["cls_token"] = value.reshape(1, 1, -1)
+        elif inner == "embeddings.position_embedding.weight":
+            out["pos_embed"] = value.unsqueeze(0)
+        elif inner in simple:
+            out[simple[inner]] = value
+        elif m and m.group(2) in qkv_parts:
+            qkv.setdefault(int(m.group(1)), {}).setdefault(m.group(3), {})[qkv_parts[m.group(2)]] = value
+        elif m and m.group(2) in layer_map:
+            out[f"blocks.{m.group(1)}.{layer_map[m.group(2)]}.{m.group(3)}"] = value
+        else:
+            out[key] = value  # unknown: reported as unexpected by the loader
+    return out | _fused_qkv(qkv)
+
+
+def clip_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, sd: StateDict) -> tuple[ViTConfig, Guesses]:
+    """A `ViTConfig` for CLIP's image tower from config.json (`CLIPConfig.vision_config`, or a
+    `CLIPVisionConfig` itself; transformers' defaults for what it leaves out) and the processor's
+    config (`CLIPImageProcessor` defaults, guessed, when absent). The head is `visual_projection`
+    when the checkpoint has one, else the model returns the pooled embedding."""
+    vision = (cfg.get("vision_config") or {}) if cfg.get("model_type") == "clip" else cfg
+    act = vision.get("hidden_act", "quick_gelu")
+    if act not in HF_ACTS:
+        raise CheckpointError(f"unsupported hidden_act {act!r} in config.json; supported: {', '.join(HF_ACTS)}")
+    dim, head = vision.get("hidden_size", 768), sd.get("head.weight")
+    fields: dict[str, Any] = dict(
+        img_size=vision.get("image_size", 224),
+        patch_size=vision.get("patch_size", 32),
+        in_chans=vision.get("num_channels", 3),
+        embed_dim=dim,
+        depth=vision.get("num_hidden_layers", 12),
+        num_heads=vision.get("num_attention_heads", 12),
+        mlp_ratio=vision.get("intermediate_size", 4 * dim) / dim,
+        norm_eps=vision.get("layer_norm_eps", 1e-5),
+        act_layer=HF_ACTS[act],
+        pre_norm=True,
+        num_classes=head.shape[0] if head is not None else 0,
+    )
+    guesses: Guesses = {}
+    if preprocessor is None:
+        preprocessor = _default_preprocessor("clip", fields["img_size"])
+        reason = "no preprocessor_config.json; CLIPImageProcessor defaults assumed"
+        guesses = dict.fromkeys(("mean", "std", "interpolation", "crop_pct", "crop_mode"), reason)
+    pre, pre_guesses = hf_preprocessing(preprocessor, fields["in_chans"], fields["img_size"])
+    return ViTConfig(**fields, **pre), guesses | pre_guesses
 
 
 def _per_channel(value: Any, in_chans: int) -> list:

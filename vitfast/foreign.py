@@ -132,7 +132,8 @@ def config_file_fields(data: dict[str, Any], img_size: int | None = None) -> dic
         fields, _ = hf_preprocessing(data, chans, img_size)
         return fields | {"img_size": img_size}
     if "model_type" in data:  # HF config.json: only the input size concerns an exported graph
-        return {"img_size": data["image_size"]} if "image_size" in data else {}
+        model = data.get("vision_config") or data  # CLIPConfig nests the image tower's
+        return {"img_size": model["image_size"]} if "image_size" in model else {}
     if isinstance(data.get("config"), dict) and "vitfast_version" in data:  # a vitfast sidecar
         return dict(data["config"])
     return None
