@@ -157,3 +157,53 @@ def test_hf_clip_vision_model_without_projection_returns_pooler_output(tmp_path)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model(x), hf(pixel_values=x).pooler_output, atol=ATOL, rtol=0)
+
+
+def test_hf_clip_higher_resolution_matches_interpolate_pos_encoding(tmp_path):
+    hf = _perturbed(transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(**CLIP_VISION)))
+    hf.save_pretrained(tmp_path)
+    model = vitfast.load_checkpoint(tmp_path, img_size=48)
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        expected = hf(pixel_values=x, interpolate_pos_encoding=True).image_embeds
+        torch.testing.assert_close(model(x), expected, atol=ATOL, rtol=0)
+
+
+# ---------------------------------------------------------------------------- DINOv2
+DINOV2 = dict(image_size=28, patch_size=7, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=3,
+              layerscale_value=0.5)  # fmt: skip
+
+
+@pytest.mark.parametrize("registers", [0, 4])
+def test_hf_dinov2_backbone_matches_pooler_output(tmp_path, registers):
+    """Dinov2Model and Dinov2WithRegistersModel folders: layer scale, registers (their position
+    embedding folded as timm does), the pooled class token == transformers' pooler_output."""
+    if registers:
+        hf = transformers.Dinov2WithRegistersModel(transformers.Dinov2WithRegistersConfig(**DINOV2, num_register_tokens=registers))
+    else:
+        hf = transformers.Dinov2Model(transformers.Dinov2Config(**DINOV2))
+    _perturbed(hf).save_pretrained(tmp_path)
+    with pytest.warns(vitfast.GuessedConfigWarning, match="BitImageProcessor defaults assumed"):
+        model = vitfast.load_checkpoint(tmp_path)
+    c = model.config
+    assert (c.reg_tokens, c.no_embed_class, c.num_classes, c.patch_size, c.norm_eps) == (registers, registers > 0, 0, 7, 1e-6)
+    assert c.mean == vitfast.config.IMAGENET_MEAN
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(pixel_values=x).pooler_output, atol=ATOL, rtol=0)
+        torch.save(hf.state_dict(), tmp_path / "bare.bin")  # without config.json: read off the shapes
+    bare = vitfast.load_checkpoint(tmp_path / "bare.bin", overrides={"num_heads": 4})
+    assert bare.config.norm_eps == 1e-6 and bare.config.reg_tokens == registers
+    with torch.no_grad():
+        torch.testing.assert_close(bare(x), hf(pixel_values=x).pooler_output, atol=ATOL, rtol=0)
+
+
+def test_hf_dinov2_heads_vitfast_lacks_are_refused_by_name(tmp_path):
+    hf = transformers.Dinov2ForImageClassification(transformers.Dinov2Config(**DINOV2, num_labels=3))
+    hf.save_pretrained(tmp_path / "cls")
+    with pytest.raises(vitfast.CheckpointError, match="class token and the mean patch token"):
+        vitfast.load_checkpoint(tmp_path / "cls")
+    hf = transformers.Dinov2Model(transformers.Dinov2Config(**DINOV2, use_swiglu_ffn=True))
+    hf.save_pretrained(tmp_path / "swiglu")
+    with pytest.raises(vitfast.CheckpointError, match="SwiGLU"):
+        vitfast.load_checkpoint(tmp_path / "swiglu")

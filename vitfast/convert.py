@@ -1,7 +1,7 @@
 """Translating other checkpoint formats into vitfast's (= timm's) parameter names and configs.
 
-- Hugging Face `transformers` ViT / DeiT, and CLIP's image tower (`CLIPModel`,
-  `CLIPVisionModel[WithProjection]`): separate query/key/value Linears are fused into one qkv
+- Hugging Face `transformers` ViT / DeiT / DINOv2 (with or without registers), and CLIP's image
+  tower (`CLIPModel`, `CLIPVisionModel[WithProjection]`): separate query/key/value Linears are fused into one qkv
   Linear; `config.json` (+ `preprocessor_config.json`) becomes a `ViTConfig`.
 - timm (or an HF state dict without its config.json): the config is inferred from tensor shapes.
   The number of heads cannot be read from weights: it is taken from the registry variant with
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .config import CROP_MODES, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ViTConfig
+from .config import CROP_MODES, IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ViTConfig
 from .errors import CheckpointError, ConfigError
 from .registry import _REGISTRY, get_config
 
@@ -37,6 +37,7 @@ HF_ACTS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu
 CLIP_PATCH_KEY = "embeddings.patch_embedding.weight"  # under vision_model. on disk, at the root in memory (transformers 5)
 CLIP_CLASS_KEY = "embeddings.class_embedding"  # (SigLIP, with the same patch key, has none)
 CLIP_MODEL_TYPES = ("clip", "clip_vision_model")
+DINOV2_MODEL_TYPES = ("dinov2", "dinov2_with_registers")
 # PIL resample codes used in HF image processors (1 lanczos, 4 box, 5 hamming are not supported).
 PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 # Processors whose integer `size` means the shortest edge (the others read it as a square).
@@ -59,11 +60,13 @@ def detect_format(sd: StateDict) -> str:
 
 # ---------------------------------------------------------------------------- Hugging Face
 def hf_to_timm(sd: StateDict) -> StateDict:
-    """Rename a `ViTModel` / `ViTForImageClassification` / DeiT (or CLIP, see `clip_to_timm`) state
-    dict to timm names.
+    """Rename a `ViTModel` / `ViTForImageClassification` / DeiT / `Dinov2Model` (or CLIP, see
+    `clip_to_timm`) state dict to timm names.
 
     The pooler (`ViTModel`'s tanh dense on the class token) and the masked-image-modeling
-    `mask_token` are not part of classification inference and are dropped.
+    `mask_token` are not part of classification inference and are dropped. DINOv2's registers get
+    no position embedding, so (as timm converts them) the class token's is folded into it and the
+    position embeddings cover the patches only (`no_embed_class`).
     """
     if is_clip(sd):
         return clip_to_timm(sd)
@@ -89,13 +92,17 @@ def hf_to_timm(sd: StateDict) -> StateDict:
         "mlp.fc2": "mlp.fc2",
         "layernorm_before": "norm1",
         "layernorm_after": "norm2",
+        "norm1": "norm1",  # DINOv2
+        "norm2": "norm2",
+        "layer_scale1": "ls1",
+        "layer_scale2": "ls2",
     }
     qkv_parts = {
         "attention.attention.query": "query", "attention.attention.key": "key", "attention.attention.value": "value",
         "attention.q_proj": "query", "attention.k_proj": "key", "attention.v_proj": "value",
     }  # fmt: skip
     heads = {"classifier": "head", "cls_classifier": "head", "distillation_classifier": "head_dist"}
-    layer_re = re.compile(r"(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bias)$")
+    layer_re = re.compile(r"(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bias|lambda1)$")
     for key, value in sd.items():
         if key.startswith(prefix):
             inner = key[len(prefix) :]
@@ -111,16 +118,21 @@ def hf_to_timm(sd: StateDict) -> StateDict:
             out[f"{heads[name]}.{kind}"] = value
         elif inner.startswith("pooler.") or inner == "embeddings.mask_token":
             continue
+        elif inner == "embeddings.register_tokens":
+            out["reg_token"] = value
         elif m := layer_re.match(inner):
             idx, sub, kind = int(m.group(1)), m.group(2), m.group(3)
             if sub in qkv_parts:
                 qkv.setdefault(idx, {}).setdefault(kind, {})[qkv_parts[sub]] = value
             elif sub in layer_map:
-                out[f"blocks.{idx}.{layer_map[sub]}.{kind}"] = value
+                out[f"blocks.{idx}.{layer_map[sub]}.{'gamma' if kind == 'lambda1' else kind}"] = value
             else:
                 out[key] = value
         else:
             out[key] = value
+    if "reg_token" in out and "cls_token" in out and "pos_embed" in out:
+        out["cls_token"] = out["cls_token"] + out["pos_embed"][:, :1]
+        out["pos_embed"] = out["pos_embed"][:, 1:]
     return out | _fused_qkv(qkv)
 
 
@@ -138,9 +150,9 @@ def _fused_qkv(qkv: dict[int, dict[str, dict[str, torch.Tensor]]]) -> StateDict:
 def read_hf_state_dict(sd: StateDict) -> tuple[StateDict, ViTConfig, Guesses]:
     """An HF state dict without its config.json -> (timm-named state dict, config read off the shapes,
     guesses); eps, activation and preprocessing are transformers' defaults for the model type."""
-    model_type = "clip" if is_clip(sd) else "vit"
+    model_type = "clip" if is_clip(sd) else "dinov2" if any(".layer_scale1." in k for k in sd) else "vit"
     sd = hf_to_timm(sd)
-    cfg, guesses = infer_timm_config(sd, norm_eps=1e-5 if model_type == "clip" else 1e-12)
+    cfg, guesses = infer_timm_config(sd, norm_eps={"clip": 1e-5, "dinov2": 1e-6}.get(model_type, 1e-12))
     size = cfg.img_hw[0]
     pre, _ = hf_preprocessing(_default_preprocessor(model_type, size), cfg.in_chans, size)
     cfg = cfg.replace(act_layer="quick_gelu" if model_type == "clip" else "gelu", **pre)
@@ -154,38 +166,55 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
     model_type = cfg.get("model_type", "vit")
     if model_type in CLIP_MODEL_TYPES:
         return clip_config_to_vit(cfg, preprocessor, sd)
-    if model_type not in ("vit", "deit"):
-        raise CheckpointError(f"config.json describes a {model_type!r} model; vitfast reads ViT, DeiT and CLIP "
-                              "(model_type 'vit', 'deit', 'clip' or 'clip_vision_model')")  # fmt: skip
+    if model_type not in ("vit", "deit", *DINOV2_MODEL_TYPES):
+        raise CheckpointError(f"config.json describes a {model_type!r} model; vitfast reads ViT, DeiT, DINOv2 and CLIP "
+                              "(model_type 'vit', 'deit', 'dinov2', 'dinov2_with_registers', 'clip' or 'clip_vision_model')")  # fmt: skip
     act = cfg.get("hidden_act", "gelu")
     if act not in HF_ACTS:
         raise CheckpointError(f"unsupported hidden_act {act!r} in config.json; supported: {', '.join(HF_ACTS)}")
     dim = cfg.get("hidden_size", 768)
     head = sd.get("head.weight")
+    dinov2 = model_type in DINOV2_MODEL_TYPES
+    if dinov2:
+        _check_dinov2(cfg, head, dim)
     fields: dict[str, Any] = dict(
         img_size=cfg.get("image_size", 224),
-        patch_size=cfg.get("patch_size", 16),
+        patch_size=cfg.get("patch_size", 14 if dinov2 else 16),
         in_chans=cfg.get("num_channels", 3),
         embed_dim=dim,
         depth=cfg.get("num_hidden_layers", 12),
         num_heads=cfg.get("num_attention_heads", 12),
-        mlp_ratio=cfg.get("intermediate_size", 4 * dim) / dim,
+        mlp_ratio=cfg.get("mlp_ratio", 4.0) if dinov2 else cfg.get("intermediate_size", 4 * dim) / dim,
         qkv_bias=cfg.get("qkv_bias", True),
-        norm_eps=cfg.get("layer_norm_eps", 1e-12),
+        norm_eps=cfg.get("layer_norm_eps", 1e-6 if dinov2 else 1e-12),
         act_layer=HF_ACTS[act],
         num_classes=head.shape[0] if head is not None else 0,
         distilled="dist_token" in sd,
     )
+    if dinov2:
+        regs = sd["reg_token"].shape[1] if "reg_token" in sd else 0
+        fields |= dict(init_values=float(cfg.get("layerscale_value", 1.0)), reg_tokens=regs, no_embed_class=regs > 0)
     id2label = cfg.get("id2label") or {}
     if head is not None and len(id2label) == head.shape[0] and not _generic_labels(id2label):
         fields["labels"] = tuple(str(id2label.get(str(i), id2label.get(i))) for i in range(head.shape[0]))
     guesses: Guesses = {}
     if preprocessor is None:
         preprocessor = _default_preprocessor(model_type, fields["img_size"])
-        reason = f"no preprocessor_config.json; {model_type.upper()} image processor defaults assumed"
+        reason = f"no preprocessor_config.json; {preprocessor['image_processor_type']} defaults assumed"
         guesses = dict.fromkeys(("mean", "std", "interpolation", "crop_pct", "crop_mode"), reason)
     pre, pre_guesses = hf_preprocessing(preprocessor, fields["in_chans"], fields["img_size"])
     return ViTConfig(**fields, **pre), guesses | pre_guesses
+
+
+def _check_dinov2(cfg: dict[str, Any], head: torch.Tensor | None, dim: int) -> None:
+    """Refuse the DINOv2 variants vitfast's model cannot express, naming them."""
+    if cfg.get("use_swiglu_ffn"):
+        raise CheckpointError("this DINOv2 uses a SwiGLU MLP (use_swiglu_ffn, the giant size), which vitfast does not implement")
+    if head is not None and head.shape[1] != dim:
+        raise CheckpointError(
+            "Dinov2ForImageClassification's classifier reads the class token and the mean patch token together, a head "
+            "vitfast does not implement; load the backbone's weights (Dinov2Model) for its pooled features"
+        )
 
 
 def _default_preprocessor(model_type: str, img_size: int) -> dict[str, Any]:
@@ -196,11 +225,15 @@ def _default_preprocessor(model_type: str, img_size: int) -> dict[str, Any]:
         return {"image_processor_type": "CLIPImageProcessor", "size": {"shortest_edge": img_size}, "do_center_crop": True,
                 "crop_size": {"height": img_size, "width": img_size}, "resample": 3, "image_mean": list(OPENAI_CLIP_MEAN),
                 "image_std": list(OPENAI_CLIP_STD)}  # fmt: skip
+    if model_type in DINOV2_MODEL_TYPES:  # BitImageProcessor as DINOv2 ships it: shortest edge 256, crop 224
+        return {"image_processor_type": "BitImageProcessor", "size": {"shortest_edge": img_size * 256 // 224}, "do_center_crop": True,
+                "crop_size": {"height": img_size, "width": img_size}, "resample": 3, "image_mean": list(IMAGENET_MEAN),
+                "image_std": list(IMAGENET_STD)}  # fmt: skip
     if model_type == "deit":
         resized = img_size * 256 // 224
-        return {"size": {"height": resized, "width": resized}, "do_center_crop": True, "resample": 3,
-                "crop_size": {"height": img_size, "width": img_size}}  # fmt: skip
-    return {"size": {"height": img_size, "width": img_size}, "resample": 2}
+        return {"image_processor_type": "DeiTImageProcessor", "size": {"height": resized, "width": resized},
+                "do_center_crop": True, "resample": 3, "crop_size": {"height": img_size, "width": img_size}}  # fmt: skip
+    return {"image_processor_type": "ViTImageProcessor", "size": {"height": img_size, "width": img_size}, "resample": 2}
 
 
 def _generic_labels(id2label: dict) -> bool:
@@ -330,7 +363,7 @@ def clip_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None,
     guesses: Guesses = {}
     if preprocessor is None:
         preprocessor = _default_preprocessor("clip", fields["img_size"])
-        reason = "no preprocessor_config.json; CLIPImageProcessor defaults assumed"
+        reason = f"no preprocessor_config.json; {preprocessor['image_processor_type']} defaults assumed"
         guesses = dict.fromkeys(("mean", "std", "interpolation", "crop_pct", "crop_mode"), reason)
     pre, pre_guesses = hf_preprocessing(preprocessor, fields["in_chans"], fields["img_size"])
     return ViTConfig(**fields, **pre), guesses | pre_guesses
