@@ -207,3 +207,23 @@ def test_hf_dinov2_heads_vitfast_lacks_are_refused_by_name(tmp_path):
     hf.save_pretrained(tmp_path / "swiglu")
     with pytest.raises(vitfast.CheckpointError, match="SwiGLU"):
         vitfast.load_checkpoint(tmp_path / "swiglu")
+
+
+@pytest.mark.parametrize("registers", [0, 4])
+def test_hf_dinov2_runs_at_its_processors_size_as_transformers_does(tmp_path, registers):
+    """DINOv2 ships image_size 518 with a processor cropping 224 and interpolates its position
+    embeddings at run time: vitfast takes the processor's size (nothing guessed) and resizes them
+    once at load, the way transformers does on every forward."""
+    if registers:
+        hf = transformers.Dinov2WithRegistersModel(transformers.Dinov2WithRegistersConfig(**DINOV2, num_register_tokens=registers))
+    else:
+        hf = transformers.Dinov2Model(transformers.Dinov2Config(**DINOV2))
+    _perturbed(hf).save_pretrained(tmp_path)
+    transformers.BitImageProcessor(size={"shortest_edge": 24}, crop_size={"height": 35, "width": 35}).save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", vitfast.GuessedConfigWarning)
+        model = vitfast.load_checkpoint(tmp_path)
+    assert model.config.img_size == 35 and model.config.grid_size == (5, 5)
+    x = torch.randn(2, 3, 35, 35)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(pixel_values=x).pooler_output, atol=ATOL, rtol=0)

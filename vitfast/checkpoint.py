@@ -85,7 +85,9 @@ def load_checkpoint(
     if img_size is not None:
         cfg = cfg.replace(img_size=img_size)
     if "pos_embed" in sd:
-        sd["pos_embed"] = _fit_pos_embed(sd["pos_embed"], source_cfg, cfg, antialias=fmt != "hf")
+        # transformers resizes without antialiasing, except in Dinov2WithRegisters (its only model with registers)
+        antialias = fmt != "hf" or source_cfg.reg_tokens > 0
+        sd["pos_embed"] = _fit_pos_embed(sd["pos_embed"], source_cfg, cfg, antialias=antialias)
     model = VisionTransformer(cfg)
     _check_keys(sd, model.state_dict(), path, cfg)
     model.load_state_dict(sd, strict=True)

@@ -202,8 +202,9 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
         preprocessor = _default_preprocessor(model_type, fields["img_size"])
         reason = f"no preprocessor_config.json; {preprocessor['image_processor_type']} defaults assumed"
         guesses = dict.fromkeys(("mean", "std", "interpolation", "crop_pct", "crop_mode"), reason)
-    pre, pre_guesses = hf_preprocessing(preprocessor, fields["in_chans"], fields["img_size"])
-    return ViTConfig(**fields, **pre), guesses | pre_guesses
+    # DINOv2 interpolates its position embeddings to whatever size it is given (the processor's)
+    pre, pre_guesses = hf_preprocessing(preprocessor, fields["in_chans"], fields["img_size"], follow_size=dinov2)
+    return ViTConfig(**(fields | pre)), guesses | pre_guesses
 
 
 def _check_dinov2(cfg: dict[str, Any], head: torch.Tensor | None, dim: int) -> None:
@@ -241,11 +242,13 @@ def _generic_labels(id2label: dict) -> bool:
     return all(str(v) == f"LABEL_{k}" for k, v in id2label.items())
 
 
-def hf_preprocessing(pre: dict[str, Any], in_chans: int, img_size: int) -> tuple[dict[str, Any], Guesses]:
+def hf_preprocessing(pre: dict[str, Any], in_chans: int, img_size: int, *, follow_size: bool = False) -> tuple[dict[str, Any], Guesses]:
     """ViTConfig preprocessing fields doing what the HF image processor (PIL backend) does:
     `size` {height, width} resizes straight ("squash"), {shortest_edge} keeps the aspect ratio
     ("center"); `crop_size` after `do_center_crop` (offset floored, as HF does); rescale and
-    normalisation folded into one mean/std."""
+    normalisation folded into one mean/std. Where the processor's output size differs from
+    `img_size`, `follow_size` makes it the model's `img_size` (for models that interpolate their
+    position embeddings to any input, as DINOv2 does), else it is reported as a guess."""
     guesses: Guesses = {}
     kind = str(pre.get("image_processor_type", ""))
     mean = [float(v) for v in _per_channel(pre.get("image_mean", 0.5), in_chans)]
@@ -286,7 +289,9 @@ def hf_preprocessing(pre: dict[str, Any], in_chans: int, img_size: int) -> tuple
         out |= {"crop_mode": "squash", "crop_pct": _exact_crop_pct(output, size["height"])}
     else:
         raise CheckpointError(f"preprocessor_config.json has a size vitfast cannot follow: {size!r}; pass --config with the preprocessing")
-    if output != img_size:
+    if output != img_size and follow_size:
+        out["img_size"] = output
+    elif output != img_size:
         guesses["img_size"] = f"the processor makes {output}px inputs but config.json's image_size is {img_size}; {img_size} used"
     return out, guesses
 
