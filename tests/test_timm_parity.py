@@ -107,6 +107,8 @@ def test_pos_embed_resize_matches_timm(tmp_path, variant):
         ("deit-distilled", 48, {"crop_mode": "border", "interpolation": "bilinear", "crop_pct": 0.875}, False),
         ("reg4-gap", 64, None, True),
         ("hybrid-r50", 64, {"crop_mode": "squash", "crop_pct": 1.0}, True),
+        ("clip-quickgelu", 64, None, True),
+        ("dinov2-reg4", 56, None, True),
     ],
 )
 def test_save_for_hf_folder_loads_as_timm_loads_it(tmp_path, variant, img_size, data_config, safe):
