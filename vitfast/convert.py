@@ -1,8 +1,8 @@
 """Translating other checkpoint formats into vitfast's (= timm's) parameter names and configs.
 
 - Hugging Face `transformers` ViT / DeiT / DINOv2 (with or without registers), and CLIP's image
-  tower (`CLIPModel`, `CLIPVisionModel[WithProjection]`): separate query/key/value Linears are fused into one qkv
-  Linear; `config.json` (+ `preprocessor_config.json`) becomes a `ViTConfig`.
+  tower (`CLIPModel`, `CLIPVisionModel[WithProjection]`): separate query/key/value Linears are
+  fused into one qkv Linear; `config.json` (+ `preprocessor_config.json`) becomes a `ViTConfig`.
 - timm (or an HF state dict without its config.json): the config is inferred from tensor shapes.
   The number of heads cannot be read from weights: it is taken from the registry variant with
   the same width/depth/tokens, else head_dim 64. Preprocessing is not stored either.
@@ -19,7 +19,9 @@ from typing import Any
 
 import torch
 
-from .config import CROP_MODES, IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ViTConfig
+from .config import (
+    CROP_MODES, IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ViTConfig,
+)  # fmt: skip
 from .errors import CheckpointError, ConfigError
 from .registry import _REGISTRY, get_config
 
@@ -46,7 +48,7 @@ SHORTEST_EDGE_PROCESSORS = ("CLIPImageProcessor", "BitImageProcessor", "ConvNext
 
 
 def detect_format(sd: StateDict) -> str:
-    """'hf' (ViT, DeiT or CLIP) or 'timm'; raises `CheckpointError` for anything that is not a ViT state dict."""
+    """'hf' (ViT, DeiT, DINOv2 or CLIP) or 'timm'; raises `CheckpointError` for anything that is not a ViT state dict."""
     if any(k.endswith(HF_PATCH_KEY) for k in sd) or is_clip(sd):
         return "hf"
     if any(k in sd for k in TIMM_PATCH_KEYS):
