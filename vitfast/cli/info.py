@@ -62,11 +62,12 @@ FOLDED = ("GFLOPs", "img", "patch")  # left out on a narrow terminal: 2 x GMACs,
 
 
 def models_table(rows: list[dict[str, Any]], compact: bool = False) -> Table:
-    """`vitfast models` as a table; `compact` fits 80 columns (box without rules, `FOLDED` columns left out)."""
+    """`vitfast models` as a table; `compact` fits 80 columns (box without rules, one space between
+    columns: the longest names are 36 characters; `FOLDED` columns left out)."""
     columns = [c for c in MODEL_COLUMNS if not (compact and c in FOLDED)]
     title = "vitfast models (one image; GFLOPs = 2 x GMACs" + ("; size and patch in the name)" if compact else ")")
     table = Table(title=title, box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, pad_edge=not compact,
-                  collapse_padding=compact, show_edge=not compact)
+                  collapse_padding=compact, show_edge=not compact, padding=(0, 0) if compact else (0, 1))
     table.add_column("name", no_wrap=True)
     for col in columns:
         table.add_column(col, justify="right", no_wrap=True)
