@@ -167,15 +167,38 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
     """A `ViTConfig` from HF `config.json` and `preprocessor_config.json` (its defaults, guessed, when absent)."""
     model_type = cfg.get("model_type", "vit")
     if model_type in CLIP_MODEL_TYPES:
-        return clip_config_to_vit(cfg, preprocessor, sd)
-    if model_type not in ("vit", "deit", *DINOV2_MODEL_TYPES):
+        fields = _clip_fields((cfg.get("vision_config") or {}) if model_type == "clip" else cfg, sd)
+    elif model_type in ("vit", "deit", *DINOV2_MODEL_TYPES):
+        fields = _vit_fields(cfg, model_type, sd)
+    else:
         raise CheckpointError(f"config.json describes a {model_type!r} model; vitfast reads ViT, DeiT, DINOv2 and CLIP "
                               "(model_type 'vit', 'deit', 'dinov2', 'dinov2_with_registers', 'clip' or 'clip_vision_model')")  # fmt: skip
-    act = cfg.get("hidden_act", "gelu")
+    head = sd.get("head.weight")
+    id2label = cfg.get("id2label") or {}
+    if head is not None and len(id2label) == head.shape[0] and not _generic_labels(id2label):
+        fields["labels"] = tuple(str(id2label.get(str(i), id2label.get(i))) for i in range(head.shape[0]))
+    guesses: Guesses = {}
+    if preprocessor is None:
+        preprocessor = _default_preprocessor(model_type, fields["img_size"])
+        reason = f"no preprocessor_config.json; {preprocessor['image_processor_type']} defaults assumed"
+        guesses = dict.fromkeys(("mean", "std", "interpolation", "crop_pct", "crop_mode"), reason)
+    # DINOv2 interpolates its position embeddings to whatever size it is given (the processor's)
+    follow_size = model_type in DINOV2_MODEL_TYPES
+    pre, pre_guesses = hf_preprocessing(preprocessor, fields["in_chans"], fields["img_size"], follow_size=follow_size)
+    return ViTConfig(**(fields | pre)), guesses | pre_guesses
+
+
+def _hf_act(section: dict[str, Any], default: str) -> str:
+    """Our act_layer for a config's `hidden_act` (transformers' `default` when absent)."""
+    act = section.get("hidden_act", default)
     if act not in HF_ACTS:
         raise CheckpointError(f"unsupported hidden_act {act!r} in config.json; supported: {', '.join(HF_ACTS)}")
-    dim = cfg.get("hidden_size", 768)
-    head = sd.get("head.weight")
+    return HF_ACTS[act]
+
+
+def _vit_fields(cfg: dict[str, Any], model_type: str, sd: StateDict) -> dict[str, Any]:
+    """ViTConfig architecture fields of a ViT / DeiT / DINOv2 config.json (transformers' defaults for what it leaves out)."""
+    dim, head = cfg.get("hidden_size", 768), sd.get("head.weight")
     dinov2 = model_type in DINOV2_MODEL_TYPES
     if dinov2:
         _check_dinov2(cfg, head, dim)
@@ -189,24 +212,14 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
         mlp_ratio=cfg.get("mlp_ratio", 4.0) if dinov2 else cfg.get("intermediate_size", 4 * dim) / dim,
         qkv_bias=cfg.get("qkv_bias", True),
         norm_eps=cfg.get("layer_norm_eps", 1e-6 if dinov2 else 1e-12),
-        act_layer=HF_ACTS[act],
+        act_layer=_hf_act(cfg, "gelu"),
         num_classes=head.shape[0] if head is not None else 0,
         distilled="dist_token" in sd,
     )
     if dinov2:
         regs = sd["reg_token"].shape[1] if "reg_token" in sd else 0
         fields |= dict(init_values=float(cfg.get("layerscale_value", 1.0)), reg_tokens=regs, no_embed_class=regs > 0)
-    id2label = cfg.get("id2label") or {}
-    if head is not None and len(id2label) == head.shape[0] and not _generic_labels(id2label):
-        fields["labels"] = tuple(str(id2label.get(str(i), id2label.get(i))) for i in range(head.shape[0]))
-    guesses: Guesses = {}
-    if preprocessor is None:
-        preprocessor = _default_preprocessor(model_type, fields["img_size"])
-        reason = f"no preprocessor_config.json; {preprocessor['image_processor_type']} defaults assumed"
-        guesses = dict.fromkeys(("mean", "std", "interpolation", "crop_pct", "crop_mode"), reason)
-    # DINOv2 interpolates its position embeddings to whatever size it is given (the processor's)
-    pre, pre_guesses = hf_preprocessing(preprocessor, fields["in_chans"], fields["img_size"], follow_size=dinov2)
-    return ViTConfig(**(fields | pre)), guesses | pre_guesses
+    return fields
 
 
 def _check_dinov2(cfg: dict[str, Any], head: torch.Tensor | None, dim: int) -> None:
@@ -221,22 +234,25 @@ def _check_dinov2(cfg: dict[str, Any], head: torch.Tensor | None, dim: int) -> N
 
 
 def _default_preprocessor(model_type: str, img_size: int) -> dict[str, Any]:
-    """What `ViTImageProcessor` / `DeiTImageProcessor` / `CLIPImageProcessor` do by default, at the
-    model's image size (DeiT: resize to 256/224 of it, then centre crop; CLIP: shortest edge, then
-    centre crop, OpenAI's mean/std)."""
+    """What `ViTImageProcessor` / `DeiTImageProcessor` / `CLIPImageProcessor` / DINOv2's
+    `BitImageProcessor` do by default, at the model's image size (DeiT: resize to 256/224 of it,
+    then centre crop; CLIP: shortest edge to it, then centre crop; DINOv2: shortest edge to 256/224
+    of it, then centre crop)."""
     if model_type in CLIP_MODEL_TYPES:
-        return {"image_processor_type": "CLIPImageProcessor", "size": {"shortest_edge": img_size}, "do_center_crop": True,
-                "crop_size": {"height": img_size, "width": img_size}, "resample": 3, "image_mean": list(OPENAI_CLIP_MEAN),
-                "image_std": list(OPENAI_CLIP_STD)}  # fmt: skip
-    if model_type in DINOV2_MODEL_TYPES:  # BitImageProcessor as DINOv2 ships it: shortest edge 256, crop 224
-        return {"image_processor_type": "BitImageProcessor", "size": {"shortest_edge": img_size * 256 // 224}, "do_center_crop": True,
-                "crop_size": {"height": img_size, "width": img_size}, "resample": 3, "image_mean": list(IMAGENET_MEAN),
-                "image_std": list(IMAGENET_STD)}  # fmt: skip
+        return _shortest_edge_processor("CLIPImageProcessor", img_size, img_size, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD)
+    if model_type in DINOV2_MODEL_TYPES:
+        return _shortest_edge_processor("BitImageProcessor", img_size * 256 // 224, img_size, IMAGENET_MEAN, IMAGENET_STD)
     if model_type == "deit":
         resized = img_size * 256 // 224
         return {"image_processor_type": "DeiTImageProcessor", "size": {"height": resized, "width": resized},
                 "do_center_crop": True, "resample": 3, "crop_size": {"height": img_size, "width": img_size}}  # fmt: skip
     return {"image_processor_type": "ViTImageProcessor", "size": {"height": img_size, "width": img_size}, "resample": 2}
+
+
+def _shortest_edge_processor(kind: str, edge: int, crop: int, mean: tuple, std: tuple) -> dict[str, Any]:
+    """A processor config: bicubic resize of the shortest edge to `edge`, centre crop `crop` x `crop`."""
+    return {"image_processor_type": kind, "size": {"shortest_edge": edge}, "do_center_crop": True,
+            "crop_size": {"height": crop, "width": crop}, "resample": 3, "image_mean": list(mean), "image_std": list(std)}  # fmt: skip
 
 
 def _generic_labels(id2label: dict) -> bool:
@@ -344,17 +360,12 @@ def clip_to_timm(sd: StateDict) -> StateDict:
     return out | _fused_qkv(qkv)
 
 
-def clip_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, sd: StateDict) -> tuple[ViTConfig, Guesses]:
-    """A `ViTConfig` for CLIP's image tower from config.json (`CLIPConfig.vision_config`, or a
-    `CLIPVisionConfig` itself; transformers' defaults for what it leaves out) and the processor's
-    config (`CLIPImageProcessor` defaults, guessed, when absent). The head is `visual_projection`
-    when the checkpoint has one, else the model returns the pooled embedding."""
-    vision = (cfg.get("vision_config") or {}) if cfg.get("model_type") == "clip" else cfg
-    act = vision.get("hidden_act", "quick_gelu")
-    if act not in HF_ACTS:
-        raise CheckpointError(f"unsupported hidden_act {act!r} in config.json; supported: {', '.join(HF_ACTS)}")
+def _clip_fields(vision: dict[str, Any], sd: StateDict) -> dict[str, Any]:
+    """ViTConfig architecture fields of CLIP's image tower from its `CLIPVisionConfig` (transformers'
+    defaults for what it leaves out). The head is `visual_projection` when the checkpoint has one,
+    else the model returns the pooled embedding."""
     dim, head = vision.get("hidden_size", 768), sd.get("head.weight")
-    fields: dict[str, Any] = dict(
+    return dict(
         img_size=vision.get("image_size", 224),
         patch_size=vision.get("patch_size", 32),
         in_chans=vision.get("num_channels", 3),
@@ -363,17 +374,10 @@ def clip_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None,
         num_heads=vision.get("num_attention_heads", 12),
         mlp_ratio=vision.get("intermediate_size", 4 * dim) / dim,
         norm_eps=vision.get("layer_norm_eps", 1e-5),
-        act_layer=HF_ACTS[act],
+        act_layer=_hf_act(vision, "quick_gelu"),
         pre_norm=True,
         num_classes=head.shape[0] if head is not None else 0,
     )
-    guesses: Guesses = {}
-    if preprocessor is None:
-        preprocessor = _default_preprocessor("clip", fields["img_size"])
-        reason = f"no preprocessor_config.json; {preprocessor['image_processor_type']} defaults assumed"
-        guesses = dict.fromkeys(("mean", "std", "interpolation", "crop_pct", "crop_mode"), reason)
-    pre, pre_guesses = hf_preprocessing(preprocessor, fields["in_chans"], fields["img_size"])
-    return ViTConfig(**fields, **pre), guesses | pre_guesses
 
 
 def _per_channel(value: Any, in_chans: int) -> list:

@@ -34,6 +34,7 @@ _DEIT = dict(mean=IMAGENET_MEAN, std=IMAGENET_STD)
 _DEIT3 = dict(init_values=1e-6, no_embed_class=True, **_DEIT)
 # CLIP image towers: LayerNorm (eps 1e-5) before the blocks, no patch bias; OpenAI's normalisation
 _CLIP = dict(pre_norm=True, norm_eps=1e-5, mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD)
+_CLIP_INCEPTION = dict(_CLIP, mean=INCEPTION_MEAN, std=INCEPTION_STD)  # LAION ViT-L/14 fine-tunes, as timm tags them
 _QUICK = dict(_CLIP, act_layer="quick_gelu", crop_pct=1.0)
 _DINOV2 = dict(init_values=1e-5, num_classes=0, crop_pct=1.0, **_DEIT)
 _REG4 = dict(reg_tokens=4, no_embed_class=True)
@@ -93,9 +94,8 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     "vit_base_patch32_clip_448": _vit("base", 32, 448, **_CLIP),
     "vit_base_patch16_clip_224": _vit("base", 16, 224, **_CLIP, crop_pct=0.95),
     "vit_base_patch16_clip_384": _vit("base", 16, 384, **_CLIP, crop_mode="squash"),
-    "vit_large_patch14_clip_224": _vit("large", 14, 224, **dict(_CLIP, mean=INCEPTION_MEAN, std=INCEPTION_STD), crop_pct=1.0),
-    "vit_large_patch14_clip_336": _vit("large", 14, 336, **dict(_CLIP, mean=INCEPTION_MEAN, std=INCEPTION_STD), crop_pct=1.0,
-                                       crop_mode="squash"),
+    "vit_large_patch14_clip_224": _vit("large", 14, 224, **_CLIP_INCEPTION, crop_pct=1.0),
+    "vit_large_patch14_clip_336": _vit("large", 14, 336, **_CLIP_INCEPTION, crop_pct=1.0, crop_mode="squash"),
     "vit_huge_patch14_clip_224": _vit("huge", 14, 224, **_CLIP, crop_pct=1.0),
     "vit_huge_patch14_clip_336": _vit("huge", 14, 336, **_CLIP, crop_pct=1.0, crop_mode="squash"),
     # ... and with QuickGELU, as OpenAI (and DFN, MetaCLIP) trained them: image embeddings, no classifier
