@@ -61,7 +61,18 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
     if cfg.distilled:
         head = lambda v, n: v @ sd[n + ".weight"].T + sd[n + ".bias"]  # noqa: E731
         return (head(t[:, 0], "head") + head(t[:, 1], "head_dist")) / 2, attns
-    pooled = t[:, cfg.num_prefix_tokens :].mean(1) if cfg.global_pool == "avg" else t[:, 0]
+    if cfg.global_pool == "map":  # one learned query attends over the patch tokens, then a residual MLP
+        lin = lambda v, n: v @ sd[f"attn_pool.{n}.weight"].T + sd[f"attn_pool.{n}.bias"]  # noqa: E731
+        q = lin(sd["attn_pool.latent"], "q").reshape(1, H, 1, D)
+        kv = lin(t[:, cfg.num_prefix_tokens :], "kv")
+        k, v = (kv[..., j * cfg.embed_dim : (j + 1) * cfg.embed_dim].reshape(B, -1, H, D).transpose(1, 2) for j in range(2))
+        pooled = lin((torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D), -1) @ v).reshape(B, -1), "proj")
+        hidden = gelu(lin(ln(pooled, "attn_pool.norm"), "mlp.fc1"))
+        pooled = pooled + lin(hidden, "mlp.fc2")
+    elif cfg.global_pool == "avg":
+        pooled = t[:, cfg.num_prefix_tokens :].mean(1)
+    else:
+        pooled = t[:, 0]
     if "fc_norm.weight" in sd:
         pooled = ln(pooled, "fc_norm")
     if "pre_logits.fc.weight" in sd:
@@ -80,6 +91,8 @@ VARIANTS = {
     "registers-with-cls": tiny_config(reg_tokens=2),
     "pre-logits": tiny_config(representation_size=48),
     "clip-pre-norm-quick-gelu": tiny_config(pre_norm=True, act_layer="quick_gelu", norm_eps=1e-5),
+    "siglip-map-pool": tiny_config(class_token=False, global_pool="map", act_layer="gelu_tanh"),
+    "map-pool-skips-prefix-tokens": tiny_config(global_pool="map", reg_tokens=2, mlp_ratio=3.7362),
     "odd-sizes": tiny_config(img_size=(40, 24), patch_size=8, embed_dim=36, num_heads=3, mlp_ratio=2.5, in_chans=2),
 }
 

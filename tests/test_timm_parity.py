@@ -133,9 +133,11 @@ def test_save_for_hf_folder_loads_as_timm_loads_it(tmp_path, variant, img_size, 
 
 
 def test_registry_matches_timm_architectures():
-    """Every registered timm name builds the same parameter shapes as timm's own model, and has
-    the preprocessing timm resolves for it (its default pretrained tag)."""
+    """Every registered timm name builds the same parameter shapes, GELU form and LayerNorm eps as
+    timm's own model, and has the preprocessing timm resolves for it (its default pretrained tag)."""
     from timm.data import resolve_data_config
+
+    acts = {"GELU": "gelu", "GELUTanh": "gelu_tanh", "QuickGELU": "quick_gelu"}  # timm's activation classes
 
     for name in vitfast.list_models():
         if name not in timm.list_models():
@@ -147,6 +149,10 @@ def test_registry_matches_timm_architectures():
         our_shapes = {k: tuple(v.shape) for k, v in ours.state_dict().items()}
         assert our_shapes == ref_shapes, name
         c = ours.config
+        ref_act = ref.blocks[0].mlp.act
+        assert acts.get(type(ref_act).__name__) == c.act_layer or (type(ref_act).__name__ == "GELU" and ref_act.approximate == "tanh"
+                                                                     and c.act_layer == "gelu_tanh"), name  # fmt: skip
+        assert ref.blocks[0].norm1.eps == c.norm_eps, name
         ours_data = {"input_size": (c.in_chans, *c.img_hw), "interpolation": c.interpolation, "mean": c.mean,
                      "std": c.std, "crop_pct": c.crop_pct, "crop_mode": c.crop_mode}  # fmt: skip
         assert ours_data == resolve_data_config(model=ref), name

@@ -22,7 +22,7 @@ INCEPTION_STD = (0.5, 0.5, 0.5)
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # the normalisation CLIP's image towers were trained with
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
-GLOBAL_POOLS = ("token", "avg")
+GLOBAL_POOLS = ("token", "avg", "map")  # class token, mean of patch tokens, attention pool (SigLIP)
 ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu")  # timm's names: erf GELU, tanh and sigmoid approximations
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 CROP_MODES = ("center", "squash", "border")  # timm's names: crop the short side, resize both sides, pad the short side
@@ -31,7 +31,7 @@ CROP_ROUNDINGS = ("round", "floor")  # centre-crop offset: torchvision/timm roun
 
 @dataclass(frozen=True)
 class ViTConfig:
-    """A ViT / DeiT / hybrid ViT. Validated on construction; round-trips through JSON.
+    """A ViT / DeiT / hybrid / CLIP / DINOv2 / SigLIP ViT. Validated on construction; round-trips through JSON.
 
     `patch_size` is the total stride from pixels to tokens. For a hybrid model
     (`hybrid_layers` set) the ResNet-v2 stem reduces by `4 * 2**(len(hybrid_layers) - 1)`
@@ -42,7 +42,7 @@ class ViTConfig:
     patch_size: int = 16
     in_chans: int = 3
     num_classes: int = 1000
-    global_pool: str = "token"
+    global_pool: str = "token"  # "map": multihead attention pooling with a learned query (timm's AttentionPoolLatent)
     embed_dim: int = 768
     depth: int = 12
     num_heads: int = 12

@@ -36,6 +36,9 @@ def count_macs(config: ViTConfig) -> int:
         + 2 * n_tokens * dim * c.mlp_hidden  # fc1 and fc2
     )
     macs += c.depth * per_block
+    if c.global_pool == "map":  # one learned query over the patch tokens, then an MLP on it
+        n = c.num_patches
+        macs += dim * dim + n * dim * 2 * dim + 2 * n * dim + dim * dim + 2 * dim * c.mlp_hidden
     head_in = dim
     if c.representation_size:
         macs += dim * c.representation_size

@@ -87,6 +87,50 @@ class Attention(nn.Module):
         return (x, attn) if return_attention else x
 
 
+class AttentionPoolLatent(nn.Module):
+    """Multihead attention pooling (MAP, SigLIP's head): one learned query attends over the tokens,
+    then a pre-norm MLP with a residual. Tokens [B, N, C] -> pooled [B, C]. timm's parameter names
+    (`latent`, `q`, `kv`, `proj`, `norm`, `mlp`); `fused_attn` as in `Attention`."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_hidden: int,
+        *,
+        norm_eps: float = 1e-6,
+        act_layer: str = "gelu",
+        norm_layer: type[nn.Module] = nn.LayerNorm,
+    ):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.fused_attn = True
+        self.latent = nn.Parameter(torch.zeros(1, 1, dim))
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, dim * 2)
+        self.proj = nn.Linear(dim, dim)
+        self.norm = norm_layer(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, mlp_hidden, act_layer=act_layer)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        """x [B, N, C] -> [B, C]; with `return_attention`, also the query's probabilities [B, H, N]."""
+        B, N, C = x.shape
+        q = self.q(self.latent).reshape(1, self.num_heads, 1, self.head_dim).expand(B, -1, -1, -1)
+        k, v = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, N, D]
+        attn = None
+        if self.fused_attn and not return_attention:
+            x = F.scaled_dot_product_attention(q, k, v)
+        else:
+            attn = (q * self.scale) @ k.transpose(-2, -1)
+            attn = attn.to(torch.promote_types(attn.dtype, torch.float32)).softmax(dim=-1).to(q.dtype)
+            x = attn @ v
+        x = self.proj(x.reshape(B, C))  # [B, H, 1, D] -> [B, C]: one query, heads side by side
+        x = x + self.mlp(self.norm(x))
+        return (x, attn[:, :, 0]) if return_attention else x
+
+
 class QuickGELU(nn.Module):
     """x sigmoid(1.702 x): GELU's sigmoid approximation (Hendrycks & Gimpel), which OpenAI's CLIP
     was trained with. `approximate` names the form as the fused kernels do (nn.GELU has 'none' / 'tanh')."""

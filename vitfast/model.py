@@ -1,5 +1,5 @@
 """The reference Vision Transformer (Dosovitskiy et al. 2021), with DeiT, DeiT-III, register,
-hybrid and CLIP image-tower (pre-norm, QuickGELU) variants, in plain PyTorch.
+hybrid, CLIP image-tower (pre-norm, QuickGELU) and SigLIP (attention-pool head) variants, in plain PyTorch.
 
 Parameter names are timm's, so `model.state_dict()` is a timm state dict. Layers are injected
 by class (`block_fn`, `attn_layer`, `mlp_layer`, `norm_layer`) so fused versions can replace
@@ -15,7 +15,7 @@ from torch import nn
 
 from .config import ViTConfig
 from .hybrid import HybridEmbed
-from .layers import Attention, Block, Mlp, PatchEmbed
+from .layers import Attention, AttentionPoolLatent, Block, Mlp, PatchEmbed
 
 
 class VisionTransformer(nn.Module):
@@ -73,6 +73,10 @@ class VisionTransformer(nn.Module):
         )
         # timm's rule: with average pooling the final norm moves after the pooling (fc_norm).
         self.norm = nn.Identity() if c.use_fc_norm else norm_layer(dim, eps=c.norm_eps)
+        if c.global_pool == "map":
+            self.attn_pool = AttentionPoolLatent(
+                dim, c.num_heads, c.mlp_hidden, norm_eps=c.norm_eps, act_layer=c.act_layer, norm_layer=norm_layer
+            )
         self.fc_norm = norm_layer(dim, eps=c.norm_eps) if c.use_fc_norm else nn.Identity()
         if c.representation_size:
             self.pre_logits = nn.Sequential(
@@ -92,6 +96,8 @@ class VisionTransformer(nn.Module):
         for p in (self.pos_embed, self.cls_token, self.dist_token, self.reg_token):
             if p is not None:
                 nn.init.trunc_normal_(p, std=0.02)
+        if self.config.global_pool == "map":
+            nn.init.trunc_normal_(self.attn_pool.latent, std=self.config.embed_dim**-0.5)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -132,9 +138,18 @@ class VisionTransformer(nn.Module):
             if pre_logits:
                 return (cls + dist) / 2
             return (self.head(cls) + self.head_dist(dist)) / 2  # DeiT inference: mean of both heads
-        x = x[:, self.num_prefix_tokens :].mean(dim=1) if self.config.global_pool == "avg" else x[:, 0]
+        x = self.pool(x)
         x = self.head_drop(self.pre_logits(self.fc_norm(x)))
         return x if pre_logits else self.head(x)
+
+    def pool(self, x: torch.Tensor, return_attention: bool = False):
+        """tokens [B, T, C] -> [B, C]: the class token, the mean of the patch tokens ("avg") or the
+        attention pool over them ("map"; with `return_attention`, also its probabilities [B, H, N])."""
+        pool = self.config.global_pool
+        if pool == "map":
+            return self.attn_pool(x[:, self.num_prefix_tokens :], return_attention=return_attention)
+        x = x[:, self.num_prefix_tokens :].mean(dim=1) if pool == "avg" else x[:, 0]
+        return (x, None) if return_attention else x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))

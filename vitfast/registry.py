@@ -21,13 +21,32 @@ SIZES = {
     "base": (768, 12, 12),
     "large": (1024, 24, 16),
     "huge": (1280, 32, 16),
+    "so400m": (1152, 27, 16),  # SigLIP's shape-optimised ViT (Alabdulmohsin et al. 2023), MLP 4304 wide
+    "giantopt": (1536, 40, 16),
 }
+MLP_RATIOS = {"so400m": 3.7362}  # timm's value: int(1152 * 3.7362) = 4304
 
 
 def _vit(size: str, patch: int, img: int, **kw: Any) -> dict[str, Any]:
     dim, depth, heads = SIZES[size]
     crop = 1.0 if img >= 384 else 0.9
-    return dict(img_size=img, patch_size=patch, embed_dim=dim, depth=depth, num_heads=heads, crop_pct=crop) | kw
+    mlp = MLP_RATIOS.get(size, 4.0)
+    return dict(img_size=img, patch_size=patch, embed_dim=dim, depth=depth, num_heads=heads, mlp_ratio=mlp, crop_pct=crop) | kw
+
+
+def _siglip(
+    size: str, patch: int, imgs: tuple[int, ...], *, gap: bool = False, tanh: bool = False, crop_pct: float = 0.9
+) -> dict[str, dict[str, Any]]:
+    """timm's SigLIP image towers at each size: no class token, the attention-pool head ("map") or,
+    for `_gap`, the mean of the tokens after the final norm; features only (no classifier)."""
+    pool = dict(global_pool="avg", fc_norm=False) if gap else dict(global_pool="map")
+    act = dict(act_layer="gelu_tanh") if tanh else {}
+    return {
+        f"vit_{size}_patch{patch}_siglip{'_gap' if gap else ''}_{img}": _vit(
+            size, patch, img, class_token=False, num_classes=0, crop_pct=crop_pct, **pool, **act
+        )
+        for img in imgs
+    }
 
 
 _DEIT = dict(mean=IMAGENET_MEAN, std=IMAGENET_STD)
@@ -112,6 +131,24 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     "vit_small_patch14_reg4_dinov2": _vit("small", 14, 518, **_DINOV2, **_REG4),
     "vit_base_patch14_reg4_dinov2": _vit("base", 14, 518, **_DINOV2, **_REG4),
     "vit_large_patch14_reg4_dinov2": _vit("large", 14, 518, **_DINOV2, **_REG4),
+    # SigLIP image towers (Zhai et al. 2023, SigLIP 2 2025): the same architecture for v1 and v2 tags;
+    # timm gives some the tanh GELU (as trained) and keeps the erf form for others
+    **_siglip("base", 32, (256,), tanh=True),
+    **_siglip("base", 16, (224, 256, 384, 512)),
+    **_siglip("large", 16, (256, 384)),
+    **_siglip("large", 16, (512,), tanh=True),
+    **_siglip("so400m", 14, (224, 378)),  # (timm's so400m_patch14_siglip_384 truncates 384 px to 27 patches: not here)
+    **_siglip("so400m", 16, (256, 384, 512), tanh=True),
+    **_siglip("giantopt", 16, (256, 384), tanh=True),
+    # ... and the same towers pooled by the mean of their tokens (PaliGemma's image encoders among them)
+    **_siglip("base", 32, (256,), gap=True, tanh=True),
+    **_siglip("base", 16, (224, 256, 384, 512), gap=True),
+    **_siglip("large", 16, (256, 384), gap=True),
+    **_siglip("large", 16, (512,), gap=True, tanh=True),
+    **_siglip("so400m", 14, (224, 378), gap=True),
+    **_siglip("so400m", 14, (448, 896), gap=True, crop_pct=1.0),  # default tags: PaliGemma's encoders
+    **_siglip("so400m", 16, (256, 384, 512), gap=True, tanh=True),
+    **_siglip("giantopt", 16, (256, 384), gap=True, tanh=True),
     # CIFAR-sized model for tests, demos and quick experiments (not a timm name)
     "vit_cifar_patch4_32": dict(
         img_size=32, patch_size=4, embed_dim=48, depth=4, num_heads=4, mlp_ratio=4.0, num_classes=10,
