@@ -27,7 +27,8 @@ def test_non_square_image_size_round_trips():
 @pytest.mark.parametrize(
     "fields, message",
     [
-        (dict(img_size=225, patch_size=16), "not divisible by patch_size 16"),
+        (dict(img_size=12, patch_size=16), "smaller than one 16x16 patch"),
+        (dict(img_size=232, hybrid_layers=(3, 4, 9)), "hybrid model is not divisible by patch_size 16"),
         (dict(embed_dim=100, num_heads=12), "not divisible by num_heads 12"),
         (dict(global_pool="token", class_token=False), 'global_pool="token" needs class_token=True'),
         (dict(global_pool="max"), "global_pool must be one of"),
@@ -60,7 +61,7 @@ def test_preprocessing_fields_and_labels_round_trip():
 
 def test_divisibility_error_suggests_a_fix():
     with pytest.raises(ConfigError, match=r"img_size=224"):
-        ViTConfig(img_size=230, patch_size=16)
+        ViTConfig(img_size=230, patch_size=16, hybrid_layers=(3, 4, 9))
     with pytest.raises(ConfigError, match=r"num_heads that divide it: .*12"):
         ViTConfig(embed_dim=768, num_heads=11)
 

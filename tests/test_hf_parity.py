@@ -227,3 +227,109 @@ def test_hf_dinov2_runs_at_its_processors_size_as_transformers_does(tmp_path, re
     x = torch.randn(2, 3, 35, 35)
     with torch.no_grad():
         torch.testing.assert_close(model(x), hf(pixel_values=x).pooler_output, atol=ATOL, rtol=0)
+
+
+# ---------------------------------------------------------------------------- SigLIP image tower
+SIGLIP_VISION = dict(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=160)
+SIGLIP_TEXT = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=99)
+
+
+def test_hf_siglip_vision_model_matches_its_attention_pool_output(tmp_path):
+    """SiglipVisionModel + SiglipImageProcessor folder: the attention-pool head (`pooler_output`),
+    the tanh GELU, a squashing bicubic resize; nothing guessed."""
+    hf = _perturbed(transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**SIGLIP_VISION)))
+    hf.save_pretrained(tmp_path)
+    transformers.SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", vitfast.GuessedConfigWarning)
+        model = vitfast.load_checkpoint(tmp_path)
+    c = model.config
+    assert (c.global_pool, c.class_token, c.act_layer, c.norm_eps, c.num_classes) == ("map", False, "gelu_tanh", 1e-6, 0)
+    assert (c.mean, c.crop_mode, c.crop_pct, c.interpolation) == ((0.5,) * 3, "squash", 1.0, "bicubic")
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(pixel_values=x).pooler_output, atol=ATOL, rtol=0)
+
+
+def test_hf_siglip_full_model_folder_loads_its_image_tower(tmp_path):
+    """A whole SiglipModel (text tower, logit scale and bias): the image features; without a processor
+    config the preprocessing is SiglipImageProcessor's defaults, said loudly."""
+    hf = _perturbed(transformers.SiglipModel(transformers.SiglipConfig(vision_config=SIGLIP_VISION, text_config=SIGLIP_TEXT)))
+    hf.save_pretrained(tmp_path)
+    with pytest.warns(vitfast.GuessedConfigWarning, match="SiglipImageProcessor defaults assumed"):
+        model = vitfast.load_checkpoint(tmp_path)
+    assert model.config.crop_mode == "squash" and model.config.std == (0.5,) * 3
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf.vision_model(pixel_values=x).pooler_output, atol=ATOL, rtol=0)
+
+
+def test_hf_siglip_image_classifier_pools_by_the_mean_token(tmp_path):
+    """SiglipForImageClassification classifies the mean of the normalised tokens (its tower's
+    attention pool is unused): global_pool="avg" without fc_norm, the labels from config.json."""
+    labels = {0: "cat", 1: "dog", 2: "eel"}
+    cfg = transformers.SiglipConfig(vision_config=SIGLIP_VISION, text_config=SIGLIP_TEXT, id2label=labels,
+                                    label2id={v: k for k, v in labels.items()})  # fmt: skip
+    hf = _perturbed(transformers.SiglipForImageClassification(cfg))
+    hf.save_pretrained(tmp_path)
+    with pytest.warns(vitfast.GuessedConfigWarning, match="SiglipImageProcessor"):
+        model = vitfast.load_checkpoint(tmp_path)
+    c = model.config
+    assert (c.global_pool, c.use_fc_norm, c.num_classes, c.labels) == ("avg", False, 3, ("cat", "dog", "eel"))
+    assert not any(k.startswith("attn_pool.") for k in model.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(pixel_values=x).logits, atol=ATOL, rtol=0)
+
+
+def test_hf_siglip_tower_without_a_head_pools_by_the_mean_and_says_so(tmp_path):
+    """vision_use_head=False (PaliGemma's encoders): transformers returns no pooled output; vitfast
+    returns the mean token, as timm's *_siglip_gap_* models do, and reports that choice."""
+    hf = _perturbed(transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**SIGLIP_VISION, vision_use_head=False)))
+    hf.save_pretrained(tmp_path)
+    transformers.SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    with pytest.warns(vitfast.GuessedConfigWarning, match="global_pool='avg'.*no pooled output"):
+        model = vitfast.load_checkpoint(tmp_path)
+    torch.save(hf.state_dict(), tmp_path / "bare.bin")
+    with pytest.warns(vitfast.GuessedConfigWarning, match="global_pool='avg'.*no pooled output"):
+        bare = vitfast.load_checkpoint(tmp_path / "bare.bin", overrides={"num_heads": 4})
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = hf(pixel_values=x).last_hidden_state.mean(1)
+        torch.testing.assert_close(model(x), expected, atol=ATOL, rtol=0)
+        torch.testing.assert_close(bare(x), expected, atol=ATOL, rtol=0)
+
+
+def test_hf_siglip_bare_state_dict_takes_transformers_defaults(tmp_path):
+    hf = _perturbed(transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**SIGLIP_VISION)))
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    with pytest.warns(vitfast.GuessedConfigWarning, match="transformers' SIGLIP default") as caught:
+        guessed = vitfast.load_checkpoint(tmp_path / "pytorch_model.bin")
+    assert "crop_mode='squash'" in str(caught[0].message) and "act_layer='gelu_tanh'" in str(caught[0].message)
+    assert (guessed.config.global_pool, guessed.config.norm_eps) == ("map", 1e-6)
+    model = vitfast.load_checkpoint(tmp_path / "pytorch_model.bin", overrides={"num_heads": 4})
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(pixel_values=x).pooler_output, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("image_size, img_size", [(32, 48), (36, 36)])
+def test_hf_siglip_other_sizes_match_transformers(tmp_path, image_size, img_size):
+    """At a new size, position embeddings resized as `interpolate_pos_encoding` does; and at a size
+    that is not a multiple of the patch (so400m/14 at 384), the trailing pixels ignored as HF does."""
+    hf = _perturbed(transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**SIGLIP_VISION | dict(image_size=image_size))))
+    hf.save_pretrained(tmp_path)
+    transformers.SiglipImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(tmp_path)
+    model = vitfast.load_checkpoint(tmp_path, img_size=img_size)
+    assert model.config.grid_size == (img_size // 8,) * 2
+    x = torch.randn(2, 3, img_size, img_size)
+    with torch.no_grad():
+        expected = hf(pixel_values=x, interpolate_pos_encoding=img_size != image_size).pooler_output
+        torch.testing.assert_close(model(x), expected, atol=ATOL, rtol=0)
+
+
+def test_hf_siglip2_naflex_tower_is_refused_by_name(tmp_path):
+    cfg = transformers.Siglip2VisionConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=96, patch_size=8)
+    transformers.Siglip2VisionModel(cfg).save_pretrained(tmp_path)
+    with pytest.raises(vitfast.CheckpointError, match="SigLIP 2 NaFlex"):
+        vitfast.load_checkpoint(tmp_path)

@@ -223,3 +223,21 @@ def test_pre_norm_model_has_norm_pre_and_no_patch_bias():
     plain = set(vitfast.create_model(tiny_config()).state_dict())
     assert keys - plain == {"norm_pre.weight", "norm_pre.bias"}
     assert plain - keys == {"patch_embed.proj.bias"}
+
+
+def test_pixels_past_the_last_whole_patch_are_ignored_as_timm_and_transformers_do():
+    """SigLIP so400m/14 at 384 px: 27 x 27 patches cover 378 px; the last 6 rows and columns are
+    never read, and the model equals one built at 378 px on the top-left crop."""
+    cfg = tiny_config(img_size=(36, 30), patch_size=8)  # 4 x 3 patches of 32 x 24 px
+    assert cfg.grid_size == (4, 3) and cfg.seq_len == 13
+    model = randomize(vitfast.create_model(cfg))
+    cropped = vitfast.create_model(cfg.replace(img_size=(32, 24)))
+    cropped.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 36, 30)
+    poked = x.clone()
+    poked[:, :, 32:] = 1e4
+    poked[:, :, :, 24:] = -1e4
+    with torch.no_grad():
+        out = model(x)
+        torch.testing.assert_close(model(poked), out, atol=0, rtol=0)
+        torch.testing.assert_close(cropped(x[:, :, :32, :24]), out, atol=1e-6, rtol=0)

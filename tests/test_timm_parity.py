@@ -33,6 +33,9 @@ VARIANTS = {
     "clip": ("vit_base_patch16_clip_224", dict(img_size=64, depth=2, num_classes=5)),
     "clip-quickgelu": ("vit_base_patch32_clip_quickgelu_224", dict(img_size=64, depth=2, num_classes=7)),
     "dinov2-reg4": ("vit_small_patch14_reg4_dinov2", dict(img_size=56, depth=2, num_classes=5)),
+    "siglip-map": ("vit_base_patch32_siglip_256", dict(img_size=64, depth=2, num_classes=5)),
+    "siglip-gap": ("vit_base_patch16_siglip_gap_224", dict(img_size=64, depth=2, num_classes=0)),
+    "siglip-so400m-384": ("vit_so400m_patch14_siglip_384", dict(img_size=44, depth=1, num_classes=0)),  # 3x3 patches of 14
 }
 
 
@@ -53,7 +56,7 @@ def test_timm_state_dict_matches(tmp_path, variant):
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
 
 
-@pytest.mark.parametrize("variant", ["plain", "deit-distilled", "hybrid-r26", "clip", "dinov2-reg4"])
+@pytest.mark.parametrize("variant", ["plain", "deit-distilled", "hybrid-r26", "clip", "dinov2-reg4", "siglip-gap"])
 def test_timm_config_inferred_from_shapes(tmp_path, variant):
     name, kw = VARIANTS[variant]
     ref = _timm_model(name, **kw)
@@ -62,6 +65,22 @@ def test_timm_config_inferred_from_shapes(tmp_path, variant):
     save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, tmp_path / "model.safetensors")
     ours = vitfast.load_checkpoint(tmp_path / "model.safetensors")
     x = torch.randn(2, 3, kw["img_size"], kw["img_size"])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name, act", [("vit_base_patch32_siglip_256", "gelu_tanh"), ("vit_base_patch16_siglip_224", "gelu")])
+def test_siglip_state_dict_takes_heads_and_gelu_form_from_the_registered_siglip_of_its_shapes(tmp_path, name, act):
+    """A SigLIP state dict (attention pool, no class token) has the shapes of several registered
+    towers: the head count and the GELU form (timm gives base/32 the tanh form, base/16 erf) come
+    from the one of the same patch size, and both are reported as guesses."""
+    ref = _timm_model(name, img_size=64)  # full depth: the registry is matched by width and depth
+    torch.save(ref.state_dict(), tmp_path / "model.pth")
+    with pytest.warns(vitfast.GuessedConfigWarning, match=rf"num_heads=12 .*{name[:-4]}.*act_layer='{act}'"):
+        ours = vitfast.load_checkpoint(tmp_path / "model.pth")
+    c = ours.config
+    assert (c.global_pool, c.class_token, c.act_layer, c.num_classes) == ("map", False, act, 0)
+    x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), ref(x), atol=ATOL, rtol=0)
 
@@ -82,7 +101,7 @@ def test_quickgelu_weights_need_and_take_the_act_layer_override(tmp_path):
         assert (guessed(x) - ref(x)).abs().max() > 100 * ATOL  # the guess is a different model
 
 
-@pytest.mark.parametrize("variant", ["plain", "deit-distilled", "deit3-layerscale", "reg4-gap"])
+@pytest.mark.parametrize("variant", ["plain", "deit-distilled", "deit3-layerscale", "reg4-gap", "siglip-map"])
 def test_pos_embed_resize_matches_timm(tmp_path, variant):
     """Loading at a new img_size resamples like timm's checkpoint filter (antialiased bicubic)."""
     from timm.models.vision_transformer import checkpoint_filter_fn
@@ -109,6 +128,7 @@ def test_pos_embed_resize_matches_timm(tmp_path, variant):
         ("hybrid-r50", 64, {"crop_mode": "squash", "crop_pct": 1.0}, True),
         ("clip-quickgelu", 64, None, True),
         ("dinov2-reg4", 56, None, True),
+        ("siglip-map", 64, None, True),
     ],
 )
 def test_save_for_hf_folder_loads_as_timm_loads_it(tmp_path, variant, img_size, data_config, safe):

@@ -33,7 +33,8 @@ CROP_ROUNDINGS = ("round", "floor")  # centre-crop offset: torchvision/timm roun
 class ViTConfig:
     """A ViT / DeiT / hybrid / CLIP / DINOv2 / SigLIP ViT. Validated on construction; round-trips through JSON.
 
-    `patch_size` is the total stride from pixels to tokens. For a hybrid model
+    `patch_size` is the total stride from pixels to tokens; an `img_size` that is not a multiple of it
+    leaves its last pixels unseen, as in timm and transformers. For a hybrid model
     (`hybrid_layers` set) the ResNet-v2 stem reduces by `4 * 2**(len(hybrid_layers) - 1)`
     and the projection's kernel covers the rest (1 for timm's `*_r50_s16_*`).
     """
@@ -141,10 +142,14 @@ class ViTConfig:
         for key in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) <= 0:
                 bad(f"{key} must be a positive integer, got {getattr(self, key)!r}")
-        if hw[0] % self.patch_size or hw[1] % self.patch_size:
-            fit = [s // self.patch_size * self.patch_size or self.patch_size for s in hw]
+        if min(hw) < self.patch_size:
+            bad(f"img_size {hw[0]}x{hw[1]} is smaller than one {self.patch_size}x{self.patch_size} patch")
+        # Pixels past the last whole patch are ignored, as timm and transformers do (SigLIP so400m/14 at 384 px
+        # sees 27x27 patches = 378 px); a hybrid stem pads instead, so it needs whole patches.
+        if self.hybrid_layers is not None and (hw[0] % self.patch_size or hw[1] % self.patch_size):
+            fit = [s // self.patch_size * self.patch_size for s in hw]
             bad(
-                f"img_size {hw[0]}x{hw[1]} is not divisible by patch_size {self.patch_size}; "
+                f"img_size {hw[0]}x{hw[1]} of a hybrid model is not divisible by patch_size {self.patch_size}; "
                 f"use a multiple of {self.patch_size}, e.g. img_size={fit[0] if fit[0] == fit[1] else tuple(fit)}"
             )
         if self.embed_dim % self.num_heads:

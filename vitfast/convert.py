@@ -1,7 +1,8 @@
 """Translating other checkpoint formats into vitfast's (= timm's) parameter names and configs.
 
-- Hugging Face `transformers` ViT / DeiT / DINOv2 (with or without registers), and CLIP's image
-  tower (`CLIPModel`, `CLIPVisionModel[WithProjection]`): separate query/key/value Linears are
+- Hugging Face `transformers` ViT / DeiT / DINOv2 (with or without registers), and the image
+  towers of CLIP (`CLIPModel`, `CLIPVisionModel[WithProjection]`) and SigLIP (`SiglipModel`,
+  `SiglipVisionModel`, `SiglipForImageClassification`): separate query/key/value Linears are
   fused into one qkv Linear; `config.json` (+ `preprocessor_config.json`) becomes a `ViTConfig`.
 - timm (or an HF state dict without its config.json): the config is inferred from tensor shapes.
   The number of heads cannot be read from weights: it is taken from the registry variant with
@@ -36,20 +37,23 @@ TIMM_PATCH_KEYS = ("patch_embed.proj.weight", "patch_embed.backbone.stem.conv.we
 # tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 HF_ACTS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
            "quick_gelu": "quick_gelu"}  # fmt: skip
-CLIP_PATCH_KEY = "embeddings.patch_embedding.weight"  # under vision_model. on disk, at the root in memory (transformers 5)
-CLIP_CLASS_KEY = "embeddings.class_embedding"  # (SigLIP, with the same patch key, has none)
+TOWER_PATCH_KEY = "embeddings.patch_embedding.weight"  # CLIP and SigLIP: under vision_model. on disk, at the root in memory (transformers 5)
+CLIP_CLASS_KEY = "embeddings.class_embedding"  # CLIP has a class token, SigLIP none
 CLIP_MODEL_TYPES = ("clip", "clip_vision_model")
+SIGLIP_MODEL_TYPES = ("siglip", "siglip_vision_model")
+HEADLESS_SIGLIP = ("this SigLIP tower has no attention pool (vision_use_head=False), so transformers returns no pooled output; "
+                   "vitfast returns the mean of its tokens, as timm's *_siglip_gap_* models do")  # fmt: skip
 DINOV2_MODEL_TYPES = ("dinov2", "dinov2_with_registers")
 # PIL resample codes used in HF image processors (1 lanczos, 4 box, 5 hamming are not supported).
 PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 # Processors whose integer `size` means the shortest edge (the others read it as a square).
-SHORTEST_EDGE_PROCESSORS = ("CLIPImageProcessor", "BitImageProcessor", "ConvNextImageProcessor")
+SHORTEST_EDGE_PROCESSORS = ("CLIPImageProcessor", "BitImageProcessor", "ConvNextImageProcessor", "SiglipImageProcessor")
 
 
 
 def detect_format(sd: StateDict) -> str:
-    """'hf' (ViT, DeiT, DINOv2 or CLIP) or 'timm'; raises `CheckpointError` for anything that is not a ViT state dict."""
-    if any(k.endswith(HF_PATCH_KEY) for k in sd) or is_clip(sd):
+    """'hf' (ViT, DeiT, DINOv2, CLIP or SigLIP) or 'timm'; raises `CheckpointError` for anything that is not a ViT state dict."""
+    if any(k.endswith(HF_PATCH_KEY) for k in sd) or is_tower(sd):
         return "hf"
     if any(k in sd for k in TIMM_PATCH_KEYS):
         return "timm"
@@ -62,16 +66,16 @@ def detect_format(sd: StateDict) -> str:
 
 # ---------------------------------------------------------------------------- Hugging Face
 def hf_to_timm(sd: StateDict) -> StateDict:
-    """Rename a `ViTModel` / `ViTForImageClassification` / DeiT / `Dinov2Model` (or CLIP, see
-    `clip_to_timm`) state dict to timm names.
+    """Rename a `ViTModel` / `ViTForImageClassification` / DeiT / `Dinov2Model` (or CLIP / SigLIP,
+    see `tower_to_timm`) state dict to timm names.
 
     The pooler (`ViTModel`'s tanh dense on the class token) and the masked-image-modeling
     `mask_token` are not part of classification inference and are dropped. DINOv2's registers get
     no position embedding, so (as timm converts them) the class token's is folded into it and the
     position embeddings cover the patches only (`no_embed_class`).
     """
-    if is_clip(sd):
-        return clip_to_timm(sd)
+    if is_tower(sd):
+        return tower_to_timm(sd)
     prefix = next(k[: -len(HF_PATCH_KEY)] for k in sd if k.endswith(HF_PATCH_KEY))
     out: StateDict = {}
     qkv: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
@@ -152,32 +156,43 @@ def _fused_qkv(qkv: dict[int, dict[str, dict[str, torch.Tensor]]]) -> StateDict:
 def read_hf_state_dict(sd: StateDict) -> tuple[StateDict, ViTConfig, Guesses]:
     """An HF state dict without its config.json -> (timm-named state dict, config read off the shapes,
     guesses); eps, activation and preprocessing are transformers' defaults for the model type."""
-    model_type = "clip" if is_clip(sd) else "dinov2" if any(".layer_scale1." in k for k in sd) else "vit"
+    if is_tower(sd):
+        model_type = "clip" if is_clip(sd) else "siglip"
+    else:
+        model_type = "dinov2" if any(".layer_scale1." in k for k in sd) else "vit"
     sd = hf_to_timm(sd)
-    cfg, guesses = infer_timm_config(sd, norm_eps={"clip": 1e-5, "dinov2": 1e-6}.get(model_type, 1e-12))
+    cfg, guesses = infer_timm_config(sd, norm_eps={"clip": 1e-5, "dinov2": 1e-6, "siglip": 1e-6}.get(model_type, 1e-12),
+                                     family="siglip" if model_type == "siglip" else None)  # fmt: skip
     size = cfg.img_hw[0]
     pre, _ = hf_preprocessing(_default_preprocessor(model_type, size), cfg.in_chans, size)
-    cfg = cfg.replace(act_layer="quick_gelu" if model_type == "clip" else "gelu", **pre)
+    act = {"clip": "quick_gelu", "siglip": "gelu_tanh"}.get(model_type, "gelu")
+    cfg = cfg.replace(act_layer=act, **pre)
     reason = f"not stored in a Hugging Face state dict without its config.json; transformers' {model_type.upper()} default assumed"
     guessed = ("norm_eps", "act_layer", *(k for k in pre if k != "crop_rounding"))  # HF floors crop offsets: a fact
+    if model_type == "siglip" and cfg.global_pool == "avg" and not cfg.num_classes:
+        guesses["global_pool"] = HEADLESS_SIGLIP
     return sd, cfg, guesses | dict.fromkeys(guessed, reason)
 
 
 def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, sd: StateDict) -> tuple[ViTConfig, Guesses]:
     """A `ViTConfig` from HF `config.json` and `preprocessor_config.json` (its defaults, guessed, when absent)."""
     model_type = cfg.get("model_type", "vit")
-    if model_type in CLIP_MODEL_TYPES:
-        fields = _clip_fields((cfg.get("vision_config") or {}) if model_type == "clip" else cfg, sd)
+    if model_type in CLIP_MODEL_TYPES + SIGLIP_MODEL_TYPES:
+        vision = (cfg.get("vision_config") or {}) if model_type in ("clip", "siglip") else cfg
+        fields = _tower_fields(vision, sd, clip=model_type in CLIP_MODEL_TYPES)
     elif model_type in ("vit", "deit", *DINOV2_MODEL_TYPES):
         fields = _vit_fields(cfg, model_type, sd)
     else:
-        raise CheckpointError(f"config.json describes a {model_type!r} model; vitfast reads ViT, DeiT, DINOv2 and CLIP "
-                              "(model_type 'vit', 'deit', 'dinov2', 'dinov2_with_registers', 'clip' or 'clip_vision_model')")  # fmt: skip
+        known = ", ".join(repr(t) for t in ("vit", "deit", *DINOV2_MODEL_TYPES, *CLIP_MODEL_TYPES, *SIGLIP_MODEL_TYPES))
+        raise CheckpointError(f"config.json describes a {model_type!r} model; vitfast reads ViT, DeiT, DINOv2, CLIP and SigLIP "
+                              f"(model_type {known})")  # fmt: skip
     head = sd.get("head.weight")
     id2label = cfg.get("id2label") or {}
     if head is not None and len(id2label) == head.shape[0] and not _generic_labels(id2label):
         fields["labels"] = tuple(str(id2label.get(str(i), id2label.get(i))) for i in range(head.shape[0]))
     guesses: Guesses = {}
+    if model_type in SIGLIP_MODEL_TYPES and fields["global_pool"] == "avg" and head is None:
+        guesses["global_pool"] = HEADLESS_SIGLIP
     if preprocessor is None:
         preprocessor = _default_preprocessor(model_type, fields["img_size"])
         reason = f"no preprocessor_config.json; {preprocessor['image_processor_type']} defaults assumed"
@@ -235,13 +250,16 @@ def _check_dinov2(cfg: dict[str, Any], head: torch.Tensor | None, dim: int) -> N
 
 def _default_preprocessor(model_type: str, img_size: int) -> dict[str, Any]:
     """What `ViTImageProcessor` / `DeiTImageProcessor` / `CLIPImageProcessor` / DINOv2's
-    `BitImageProcessor` do by default, at the model's image size (DeiT: resize to 256/224 of it,
-    then centre crop; CLIP: shortest edge to it, then centre crop; DINOv2: shortest edge to 256/224
-    of it, then centre crop)."""
+    `BitImageProcessor` / `SiglipImageProcessor` do by default, at the model's image size (DeiT:
+    resize to 256/224 of it, then centre crop; CLIP: shortest edge to it, then centre crop; DINOv2:
+    shortest edge to 256/224 of it, then centre crop; ViT and SigLIP: resize to it, bilinear and
+    bicubic; all but CLIP and DINOv2 normalise by mean = std = 0.5)."""
     if model_type in CLIP_MODEL_TYPES:
         return _shortest_edge_processor("CLIPImageProcessor", img_size, img_size, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD)
     if model_type in DINOV2_MODEL_TYPES:
         return _shortest_edge_processor("BitImageProcessor", img_size * 256 // 224, img_size, IMAGENET_MEAN, IMAGENET_STD)
+    if model_type in SIGLIP_MODEL_TYPES:
+        return {"image_processor_type": "SiglipImageProcessor", "size": {"height": img_size, "width": img_size}, "resample": 3}
     if model_type == "deit":
         resized = img_size * 256 // 224
         return {"image_processor_type": "DeiTImageProcessor", "size": {"height": resized, "width": resized},
@@ -268,7 +286,7 @@ def hf_preprocessing(pre: dict[str, Any], in_chans: int, img_size: int, *, follo
     `img_size`, `follow_size` makes it the model's `img_size` (for models that interpolate their
     position embeddings to any input, as DINOv2 does), else it is reported as a guess."""
     guesses: Guesses = {}
-    kind = str(pre.get("image_processor_type", ""))
+    kind = str(pre.get("image_processor_type", "")).removesuffix("Fast")  # the torchvision twins read size alike
     mean = [float(v) for v in _per_channel(pre.get("image_mean", 0.5), in_chans)]
     std = [float(v) for v in _per_channel(pre.get("image_std", 0.5), in_chans)]
     if not pre.get("do_normalize", True):
@@ -314,25 +332,40 @@ def hf_preprocessing(pre: dict[str, Any], in_chans: int, img_size: int, *, follo
     return out, guesses
 
 
-# ---------------------------------------------------------------------------- Hugging Face CLIP
+# ---------------------------------------------------------------------------- Hugging Face CLIP and SigLIP
+def is_tower(sd: StateDict) -> bool:
+    """A CLIP or SigLIP image tower (their shared `embeddings.patch_embedding` naming)."""
+    return any(k.endswith(TOWER_PATCH_KEY) for k in sd)
+
+
 def is_clip(sd: StateDict) -> bool:
-    return any(k.endswith(CLIP_PATCH_KEY) for k in sd) and any(k.endswith(CLIP_CLASS_KEY) for k in sd)
+    return is_tower(sd) and any(k.endswith(CLIP_CLASS_KEY) for k in sd)
 
 
-def clip_to_timm(sd: StateDict) -> StateDict:
-    """Rename the image tower of a `CLIPModel` / `CLIPVisionModel[WithProjection]` state dict to
-    timm's CLIP names: q/k/v fused, `pre_layrnorm` -> norm_pre, `post_layernorm` -> norm,
-    `visual_projection` -> head (bias zero). The text tower and `logit_scale` are dropped.
+def tower_to_timm(sd: StateDict) -> StateDict:
+    """Rename the image tower of a CLIP (`CLIPModel`, `CLIPVisionModel[WithProjection]`) or SigLIP
+    (`SiglipModel`, `SiglipVisionModel`, `SiglipForImageClassification`) state dict to timm's names:
+    q/k/v fused, `pre_layrnorm` -> norm_pre, `post_layernorm` -> norm, CLIP's `visual_projection` ->
+    head (bias zero), SigLIP's attention-pool `head` -> attn_pool (its `nn.MultiheadAttention`
+    in_proj split into q and kv), SigLIP's `classifier` -> head. Text towers, `logit_scale` and
+    `logit_bias` are dropped, and so is the attention pool of a `SiglipForImageClassification`,
+    which classifies the mean token instead.
 
-    HF applies `post_layernorm` to the class token only and timm to every token before pooling it:
-    the same embedding (`image_embeds`, or `pooler_output` without a projection)."""
-    vision = next(k[: -len(CLIP_PATCH_KEY)] for k in sd if k.endswith(CLIP_PATCH_KEY))
-    prefix = vision.removesuffix("vision_model.")  # where visual_projection and the text tower are
+    HF applies CLIP's `post_layernorm` to the class token only and timm to every token before
+    pooling it: the same embedding (`image_embeds`, or `pooler_output` without a projection)."""
+    vision = next(k[: -len(TOWER_PATCH_KEY)] for k in sd if k.endswith(TOWER_PATCH_KEY))
+    if sd[vision + TOWER_PATCH_KEY].ndim != 4:
+        raise CheckpointError("this is a SigLIP 2 NaFlex tower (patches embedded by a Linear at any aspect ratio), which vitfast "
+                              "does not implement; the fixed-resolution SigLIP 2 checkpoints (google/siglip2-*-patch16-224 ...) load")  # fmt: skip
+    prefix = vision.removesuffix("vision_model.")  # where the projection, classifier and text tower are
     simple = {
-        "embeddings.patch_embedding.weight": "patch_embed.proj.weight",
+        "embeddings.patch_embedding.weight": "patch_embed.proj.weight", "embeddings.patch_embedding.bias": "patch_embed.proj.bias",
         "pre_layrnorm.weight": "norm_pre.weight", "pre_layrnorm.bias": "norm_pre.bias",  # (sic: HF's name)
         "post_layernorm.weight": "norm.weight", "post_layernorm.bias": "norm.bias",
+        "head.probe": "attn_pool.latent",
     }  # fmt: skip
+    pool_map = {"head.attention.out_proj": "attn_pool.proj", "head.layernorm": "attn_pool.norm",
+                "head.mlp.fc1": "attn_pool.mlp.fc1", "head.mlp.fc2": "attn_pool.mlp.fc2"}  # fmt: skip
     layer_map = {"self_attn.out_proj": "attn.proj", "layer_norm1": "norm1", "layer_norm2": "norm2", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}
     qkv_parts = {"self_attn.q_proj": "query", "self_attn.k_proj": "key", "self_attn.v_proj": "value"}
     layer_re = re.compile(r"encoder\.layers\.(\d+)\.(.+)\.(weight|bias)$")
@@ -341,9 +374,12 @@ def clip_to_timm(sd: StateDict) -> StateDict:
     for key, value in sd.items():
         inner = key[len(vision) :] if key.startswith(vision) else None
         m = layer_re.match(inner) if inner else None
+        module, _, kind = (inner or "").rpartition(".")
         if key == prefix + "visual_projection.weight":
             out["head.weight"], out["head.bias"] = value, value.new_zeros(value.shape[0])
-        elif key.startswith((prefix + "text_", prefix + "logit_scale")) or inner == "embeddings.position_ids":
+        elif key in (prefix + "classifier.weight", prefix + "classifier.bias"):
+            out["head." + key.rpartition(".")[2]] = value
+        elif key.startswith((prefix + "text_", prefix + "logit_scale", prefix + "logit_bias")) or inner == "embeddings.position_ids":
             continue
         elif inner == "embeddings.class_embedding":
             out["cls_token"] = value.reshape(1, 1, -1)
@@ -351,33 +387,46 @@ def clip_to_timm(sd: StateDict) -> StateDict:
             out["pos_embed"] = value.unsqueeze(0)
         elif inner in simple:
             out[simple[inner]] = value
+        elif module == "head.attention" and kind in ("in_proj_weight", "in_proj_bias"):
+            dim = value.shape[0] // 3  # rows: query, key, value
+            part = kind.removeprefix("in_proj_")
+            out[f"attn_pool.q.{part}"], out[f"attn_pool.kv.{part}"] = value[:dim], value[dim:]
+        elif module in pool_map and kind in ("weight", "bias"):
+            out[f"{pool_map[module]}.{kind}"] = value
         elif m and m.group(2) in qkv_parts:
             qkv.setdefault(int(m.group(1)), {}).setdefault(m.group(3), {})[qkv_parts[m.group(2)]] = value
         elif m and m.group(2) in layer_map:
             out[f"blocks.{m.group(1)}.{layer_map[m.group(2)]}.{m.group(3)}"] = value
         else:
             out[key] = value  # unknown: reported as unexpected by the loader
+    if prefix + "classifier.weight" in sd:
+        out = {k: v for k, v in out.items() if not k.startswith("attn_pool.")}
     return out | _fused_qkv(qkv)
 
 
-def _clip_fields(vision: dict[str, Any], sd: StateDict) -> dict[str, Any]:
-    """ViTConfig architecture fields of CLIP's image tower from its `CLIPVisionConfig` (transformers'
-    defaults for what it leaves out). The head is `visual_projection` when the checkpoint has one,
-    else the model returns the pooled embedding."""
+def _tower_fields(vision: dict[str, Any], sd: StateDict, *, clip: bool) -> dict[str, Any]:
+    """ViTConfig architecture fields of a CLIP or SigLIP image tower from its vision config
+    (transformers' defaults for what it leaves out). CLIP's head is `visual_projection` when the
+    checkpoint has one, else the model returns the pooled embedding; SigLIP pools with its
+    attention pool (`pooler_output`), or, for `SiglipForImageClassification` and towers without a
+    pool, by the mean token."""
     dim, head = vision.get("hidden_size", 768), sd.get("head.weight")
-    return dict(
+    fields: dict[str, Any] = dict(
         img_size=vision.get("image_size", 224),
-        patch_size=vision.get("patch_size", 32),
+        patch_size=vision.get("patch_size", 32 if clip else 16),
         in_chans=vision.get("num_channels", 3),
         embed_dim=dim,
         depth=vision.get("num_hidden_layers", 12),
         num_heads=vision.get("num_attention_heads", 12),
         mlp_ratio=vision.get("intermediate_size", 4 * dim) / dim,
-        norm_eps=vision.get("layer_norm_eps", 1e-5),
-        act_layer=_hf_act(vision, "quick_gelu"),
-        pre_norm=True,
+        norm_eps=vision.get("layer_norm_eps", 1e-5 if clip else 1e-6),
+        act_layer=_hf_act(vision, "quick_gelu" if clip else "gelu_pytorch_tanh"),
         num_classes=head.shape[0] if head is not None else 0,
     )
+    if clip:
+        return fields | dict(pre_norm=True)
+    pool = dict(global_pool="map") if "attn_pool.latent" in sd else dict(global_pool="avg", fc_norm=False)
+    return fields | pool | dict(class_token=False)
 
 
 def _per_channel(value: Any, in_chans: int) -> list:
@@ -397,11 +446,13 @@ def _exact_crop_pct(crop: int, resized: int) -> float:
 
 
 # ---------------------------------------------------------------------------- timm
-def infer_timm_config(sd: StateDict, *, norm_eps: float | None = None) -> tuple[ViTConfig, Guesses]:
+def infer_timm_config(sd: StateDict, *, norm_eps: float | None = None, family: str | None = None) -> tuple[ViTConfig, Guesses]:
     """Read a `ViTConfig` off a timm-named state dict's tensor shapes; the head count and the
     preprocessing are not in the weights and come back as guesses. So do, for a CLIP image tower
-    (`norm_pre`), the LayerNorm eps and the GELU form, which differ between its timm variants.
-    `norm_eps` None: timm's default for the kind of model (1e-6, CLIP towers 1e-5)."""
+    (`norm_pre`), the LayerNorm eps and the GELU form, which differ between its timm variants, and
+    for a SigLIP tower (`attn_pool`) the GELU form. `norm_eps` None: timm's default for the kind of
+    model (1e-6, CLIP towers 1e-5). The head count comes from a registered model of the same
+    shapes, preferring names with `family` in them."""
     def has(key: str) -> bool:
         return key in sd
 
@@ -446,7 +497,7 @@ def infer_timm_config(sd: StateDict, *, norm_eps: float | None = None) -> tuple[
         distilled=distilled,
         reg_tokens=reg_tokens,
         no_embed_class=no_embed_class,
-        global_pool="token" if class_token and not fc_norm else "avg",
+        global_pool="map" if has("attn_pool.latent") else "token" if class_token and not fc_norm else "avg",
         fc_norm=fc_norm,
         pre_norm=pre_norm,
         representation_size=sd["pre_logits.fc.weight"].shape[0] if has("pre_logits.fc.weight") else None,
@@ -457,11 +508,14 @@ def infer_timm_config(sd: StateDict, *, norm_eps: float | None = None) -> tuple[
         mean=OPENAI_CLIP_MEAN if pre_norm and in_chans == 3 else INCEPTION_MEAN,
         std=OPENAI_CLIP_STD if pre_norm and in_chans == 3 else INCEPTION_STD,
     )
-    shape_keys = ("embed_dim", "depth", "class_token", "reg_tokens", "hybrid_layers", "pre_norm")
-    known = [(n, r) for n, r in _REGISTRY.items() if all(r.get(k, ViTConfig.__dataclass_fields__[k].default) == fields[k] for k in shape_keys)]
+    known = _registered_like(fields, family)
     if known:
-        name, fields["num_heads"] = known[0][0], known[0][1]["num_heads"]
+        (name, entry), others = known[0], {n: r["num_heads"] for n, r in known if r["num_heads"] != known[0][1]["num_heads"]}
+        fields["num_heads"] = entry["num_heads"]
         why = f"num_heads cannot be read from weights; taken from {name}, the registered model of this width and depth"
+        if others:
+            other, heads = next(iter(others.items()))
+            why += f" ({other}, of the same shapes, has {heads}: pass --num-heads {heads} if it is one of those)"
     elif dim % 64 == 0:
         fields["num_heads"] = dim // 64
         why = "num_heads cannot be read from weights; head_dim 64 assumed"
@@ -475,7 +529,22 @@ def infer_timm_config(sd: StateDict, *, norm_eps: float | None = None) -> tuple[
     if pre_norm:
         guesses["act_layer"] = ("not stored in weights; GELU as in timm's *_clip_* models assumed. OpenAI's original "
                                 "weights and others trained with QuickGELU (timm's *_clip_quickgelu_*) need act_layer='quick_gelu'")
+    elif fields["global_pool"] == "map":
+        fields["act_layer"] = entry.get("act_layer", "gelu") if known else "gelu"
+        source = f"timm's {name}" if known else "timm's default"
+        guesses["act_layer"] = (f"not stored in weights; {fields['act_layer']} as in {source} assumed. SigLIP was trained with the "
+                                "tanh form (act_layer='gelu_tanh'), which timm gives some of its SigLIP names and not others")
     return ViTConfig(**fields), guesses
+
+
+def _registered_like(fields: dict[str, Any], family: str | None) -> list[tuple[str, dict[str, Any]]]:
+    """Registry entries with the shapes of `fields` (width, depth, tokens, stem, pooling): named with
+    `family` (such as "siglip") first, if given, then those of the same patch size, then image size."""
+    shape_keys = ("embed_dim", "depth", "class_token", "reg_tokens", "hybrid_layers", "pre_norm", "global_pool")
+    default = {k: f.default for k, f in ViTConfig.__dataclass_fields__.items()}
+    same = [(n, r) for n, r in _REGISTRY.items() if all(r.get(k, default[k]) == fields[k] for k in shape_keys)]
+    return sorted(same, key=lambda item: (family is not None and family not in item[0], item[1]["patch_size"] != fields["patch_size"],
+                                          item[1]["img_size"] != fields["img_size"]))  # fmt: skip
 
 
 def timm_hub_config(cfg: dict[str, Any], sd: StateDict) -> tuple[ViTConfig, Guesses]:

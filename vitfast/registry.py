@@ -137,7 +137,7 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     **_siglip("base", 16, (224, 256, 384, 512)),
     **_siglip("large", 16, (256, 384)),
     **_siglip("large", 16, (512,), tanh=True),
-    **_siglip("so400m", 14, (224, 378)),  # (timm's so400m_patch14_siglip_384 truncates 384 px to 27 patches: not here)
+    **_siglip("so400m", 14, (224, 378, 384)),  # at 384 px the 27 x 27 patches see 378 of them, as in timm and HF
     **_siglip("so400m", 16, (256, 384, 512), tanh=True),
     **_siglip("giantopt", 16, (256, 384), tanh=True),
     # ... and the same towers pooled by the mean of their tokens (PaliGemma's image encoders among them)
@@ -146,7 +146,7 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     **_siglip("large", 16, (256, 384), gap=True),
     **_siglip("large", 16, (512,), gap=True, tanh=True),
     **_siglip("so400m", 14, (224, 378), gap=True),
-    **_siglip("so400m", 14, (448, 896), gap=True, crop_pct=1.0),  # default tags: PaliGemma's encoders
+    **_siglip("so400m", 14, (384, 448, 896), gap=True, crop_pct=1.0),  # 448, 896: PaliGemma's encoders
     **_siglip("so400m", 16, (256, 384, 512), gap=True, tanh=True),
     **_siglip("giantopt", 16, (256, 384), gap=True, tanh=True),
     # CIFAR-sized model for tests, demos and quick experiments (not a timm name)
