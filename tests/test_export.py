@@ -97,6 +97,27 @@ def test_clip_tower_exports_and_quantizes_with_parity(tmp_path):
     assert meta["parity"]["cosine"] > 0.98
 
 
+def test_siglip_tower_exports_and_quantizes_with_parity(tmp_path):
+    """A SigLIP tower (attention-pool head, no class token, tanh GELU) at a size that is not a multiple
+    of the patch: the pool's attention is one more Softmax, parity holds in fp32 / fp16 / INT8."""
+    cfg = vitfast.get_config("vit_so400m_patch14_siglip_384", img_size=36, patch_size=8, embed_dim=64, num_heads=4, depth=2)
+    torch.manual_seed(0)
+    model = randomize(vitfast.create_model(cfg), scale=0.1)
+    fp32 = to_onnx(model, tmp_path / "siglip.onnx")
+    fp16 = to_onnx(model, tmp_path / "siglip.fp16.onnx", precision="fp16")
+    ops = [n.op_type for n in onnx.load(str(fp32)).graph.node]
+    assert ops.count("Softmax") == cfg.depth + 1 and ops.count("LayerNormalization") == 2 * cfg.depth + 2  # + final, pool norms
+    x = torch.randn(5, 3, 36, 36)
+    with torch.no_grad():
+        ref = model(x)
+    assert ref.shape == (5, 64)
+    for path, limit in ((fp32, 1e-4), (fp16, 2e-2)):
+        got = vitfast.load_engine(path)(x)
+        assert ((got - ref).abs().max() / ref.abs().max()).item() <= limit, path.name
+    int8 = quantize_int8(fp32, tmp_path / "siglip.int8.onnx", torch.randn(32, 3, 36, 36), samples=32, progress=False)
+    assert read_sidecar(int8)["config"]["global_pool"] == "map" and read_sidecar(int8)["parity"]["cosine"] > 0.98
+
+
 def test_dynamic_image_size_is_refused_clearly(tmp_path):
     with pytest.raises(vitfast.ArtifactError, match="--img-size N"):
         to_onnx(vitfast.create_model("vit_cifar_patch4_32"), tmp_path / "m.onnx", dynamic_image_size=True)
