@@ -268,8 +268,22 @@ VARIANTS = {
     "avg-pool": dict(class_token=False, global_pool="avg"),
     "registers": dict(reg_tokens=4, no_embed_class=True),
     "registers-avg": dict(class_token=False, global_pool="avg", reg_tokens=4, no_embed_class=True),
+    "avg-pool-with-cls": dict(global_pool="avg", fc_norm=False),
+    "siglip-attention-pool": dict(class_token=False, global_pool="map", reg_tokens=2),
     "hybrid": dict(hybrid_layers=(1,)),
 }
+SOURCES = {"token": "class token", "avg": "mean of patch tokens", "map": "attention-pool query"}
+
+
+def numpy_pool_attention(sd: dict, tokens: np.ndarray, heads: int) -> np.ndarray:
+    """The attention pool's query over the patch tokens [B, N, C] -> probabilities [B, H, N]."""
+    C = tokens.shape[-1]
+    w = {k: v.double().numpy() for k, v in sd.items() if k.startswith("attn_pool.")}
+    q = (w["attn_pool.latent"][0, 0] @ w["attn_pool.q.weight"].T + w["attn_pool.q.bias"]).reshape(heads, -1)
+    k = (tokens @ w["attn_pool.kv.weight"][:C].T + w["attn_pool.kv.bias"][:C]).reshape(*tokens.shape[:2], heads, -1)
+    logits = np.einsum("hd,bnhd->bhn", q, k) / math.sqrt(C // heads)
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -286,15 +300,20 @@ def test_cli_json_end_to_end_for_every_model_kind(variant, tmp_path, capsys):
     assert keys <= set(report)
     cfg = model.config
     assert report["grid_size"] == [4, 4] and report["num_prefix_tokens"] == cfg.num_prefix_tokens
-    assert report["source"] == ("class token" if cfg.class_token else "mean of patch tokens (no class token)")
+    assert report["source"] == SOURCES[cfg.global_pool]
     assert np.shape(report["head_attention"]) == (4, 4, 4) and np.shape(report["pos_embed_similarity"]) == (16, 16)
     assert np.shape(report["mean_attention_distance"]) == (2, 4)
     # The rollout in the report is the independent product for the same image, prefix tokens left out.
     with torch.no_grad():
-        _, attns = model.forward_features(vitfast.preprocess(Image.open(img), cfg), return_attention=True)
+        tokens, attns = model.forward_features(vitfast.preprocess(Image.open(img), cfg), return_attention=True)
     joint = numpy_rollout(attns)[0]
     P = cfg.num_prefix_tokens
-    expected = joint[0, P:] if cfg.class_token else joint[P:, P:].mean(axis=0)
+    if cfg.global_pool == "map":  # the pool's query reads the patch tokens: one more (head-averaged) attention row
+        pool = numpy_pool_attention(model.state_dict(), tokens[:, P:].double().numpy(), cfg.num_heads)[0]
+        expected = pool.mean(0) @ joint[P:, P:]
+        np.testing.assert_allclose(np.reshape(report["head_attention"], (cfg.num_heads, -1)), pool, atol=2e-6)
+    else:
+        expected = joint[0, P:] if cfg.global_pool == "token" else joint[P:, P:].mean(axis=0)
     np.testing.assert_allclose(np.ravel(report["rollout"]), expected, atol=2e-6)
     for name, path in report["files"].items():
         with Image.open(path) as png:

@@ -171,7 +171,7 @@ class Inspection:
     config: ViTConfig
     pixels: np.ndarray  # [B, H, W, 3] or [B, H, W] (non-RGB models) in [0, 1], what the model saw
     rollout: torch.Tensor  # [B, gh, gw]
-    head_attention: torch.Tensor  # [B, heads, gh, gw], last layer
+    head_attention: torch.Tensor  # [B, heads, gh, gw], last layer (the attention pool's, with global_pool="map")
     pos_similarity: torch.Tensor  # [N, N]
     attention_distance: torch.Tensor  # [depth, heads], pixels, averaged over the images
     source: str  # which token the maps start from, for titles
@@ -198,12 +198,20 @@ def inspect_model(model: torch.nn.Module, images: torch.Tensor) -> Inspection:
     model.eval()  # dropout would perturb the layers after the first
     try:
         with torch.no_grad():
-            _, attentions = model.forward_features(images.to(device), return_attention=True)
+            tokens, attentions = model.forward_features(images.to(device), return_attention=True)
+            pool_attention = model.pool(tokens, return_attention=True)[1] if cfg.global_pool == "map" else None
     finally:
         model.train(was_training)
     P, grid = cfg.num_prefix_tokens, cfg.grid_size
-    rollout = attention_rollout(attentions, P, class_token=cfg.class_token)
-    heads = head_attention(attentions, P, class_token=cfg.class_token)
+    if pool_attention is not None:  # the head reads the attention pool's query: one more attention layer
+        pool_attention = pool_attention.detach().to("cpu", torch.float64)  # [B, H, N]
+        rollout = (pool_attention.mean(1).unsqueeze(1) @ rollout_matrix(attentions)[:, P:]).squeeze(1)[:, P:]
+        heads, source = pool_attention, "attention-pool query"
+    else:
+        from_token = cfg.global_pool == "token"  # else the head pools the mean patch token
+        rollout = attention_rollout(attentions, P, class_token=from_token)
+        heads = head_attention(attentions, P, class_token=from_token)
+        source = "class token" if from_token else "mean of patch tokens"
     return Inspection(
         config=cfg,
         pixels=display_pixels(images, cfg),
@@ -211,7 +219,7 @@ def inspect_model(model: torch.nn.Module, images: torch.Tensor) -> Inspection:
         head_attention=heads.reshape(*heads.shape[:2], *grid),
         pos_similarity=pos_embed_similarity(model),
         attention_distance=mean_attention_distance(attentions, cfg),
-        source="class token" if cfg.class_token else "mean of patch tokens (no class token)",
+        source=source,
     )
 
 
