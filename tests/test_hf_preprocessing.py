@@ -28,6 +28,7 @@ PROCESSORS = {
                                              image_std=[0.4, 0.5, 0.6], resample=3), 32),
     "deit": ("DeiTImageProcessor", dict(size={"height": 40, "width": 40}, crop_size={"height": 32, "width": 32}), 32),
     "clip-shortest-edge": ("CLIPImageProcessor", dict(size={"shortest_edge": 40}, crop_size={"height": 32, "width": 32}), 32),
+    "siglip": ("SiglipImageProcessor", dict(size={"height": 48, "width": 48}), 48),  # straight to 48x48, bicubic, 0.5
     "convnext-crop-pct": ("ConvNextImageProcessor", dict(size={"shortest_edge": 32}, crop_pct=0.875, resample=2), 32),
     "convnext-384-warps": ("ConvNextImageProcessor", dict(size={"shortest_edge": 384}), 384),
     "rescale-folded": ("ViTImageProcessor", dict(size={"height": 32, "width": 32}, rescale_factor=1 / 127.5,
@@ -97,3 +98,26 @@ def test_id2label_becomes_the_labels(tmp_path):
     assert vitfast.load_checkpoint(tmp_path).config.labels == ("cat", "dog", "emu")
     _hf_folder(tmp_path, "vit-custom")  # transformers' placeholders LABEL_0.. are not labels
     assert vitfast.load_checkpoint(tmp_path).config.labels is None
+
+
+@pytest.mark.parametrize("named", ["feature_extractor_type", "nothing"])
+def test_legacy_clip_preprocessor_config_keeps_the_aspect_ratio(tmp_path, named):
+    """openai/clip-vit-* ship a feature-extractor-era preprocessor_config.json: integer `size` and
+    `crop_size` and `feature_extractor_type: CLIPFeatureExtractor` (no image_processor_type).
+    transformers reads that as CLIPImageProcessor, whose integer size is the shortest edge; so must
+    vitfast (a square resize would squash every non-square photo), also when no type is named."""
+    import json
+
+    vision = dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(**vision)).save_pretrained(tmp_path)
+    legacy = {"crop_size": 32, "do_center_crop": True, "do_normalize": True, "do_resize": True, "resample": 3, "size": 40,
+              "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}  # fmt: skip
+    if named == "feature_extractor_type":
+        legacy["feature_extractor_type"] = "CLIPFeatureExtractor"
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(legacy))
+    config = vitfast.load_checkpoint(tmp_path).config
+    assert (config.crop_mode, config.img_hw) == ("center", (32, 32))
+    processor = processor_class("CLIPImageProcessor")(**{k: v for k, v in legacy.items() if k != "feature_extractor_type"})
+    for name, arr in _images(2):
+        expected = processor(Image.fromarray(arr), return_tensors="pt")["pixel_values"]
+        torch.testing.assert_close(vitfast.preprocess(arr, config), expected, atol=2e-6, rtol=0, msg=name)

@@ -199,7 +199,8 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
         guesses = dict.fromkeys(("mean", "std", "interpolation", "crop_pct", "crop_mode"), reason)
     # DINOv2 interpolates its position embeddings to whatever size it is given (the processor's)
     follow_size = model_type in DINOV2_MODEL_TYPES
-    pre, pre_guesses = hf_preprocessing(preprocessor, fields["in_chans"], fields["img_size"], follow_size=follow_size)
+    kind = _default_preprocessor(model_type, fields["img_size"])["image_processor_type"]
+    pre, pre_guesses = hf_preprocessing(preprocessor, fields["in_chans"], fields["img_size"], follow_size=follow_size, default_kind=kind)
     return ViTConfig(**(fields | pre)), guesses | pre_guesses
 
 
@@ -278,15 +279,26 @@ def _generic_labels(id2label: dict) -> bool:
     return all(str(v) == f"LABEL_{k}" for k, v in id2label.items())
 
 
-def hf_preprocessing(pre: dict[str, Any], in_chans: int, img_size: int, *, follow_size: bool = False) -> tuple[dict[str, Any], Guesses]:
+def processor_kind(pre: dict[str, Any], default: str = "") -> str:
+    """The image processor a preprocessor_config.json stands for, as transformers resolves it:
+    `image_processor_type`, else the legacy `feature_extractor_type` (openai/clip-*, google/vit-*)
+    renamed, else `default` (the model type's processor); without "Fast" (the torchvision twins
+    read sizes alike)."""
+    legacy = str(pre.get("feature_extractor_type") or "").replace("FeatureExtractor", "ImageProcessor")
+    return str(pre.get("image_processor_type") or legacy or default).removesuffix("Fast")
+
+
+def hf_preprocessing(pre: dict[str, Any], in_chans: int, img_size: int, *, follow_size: bool = False,
+                     default_kind: str = "") -> tuple[dict[str, Any], Guesses]:  # fmt: skip
     """ViTConfig preprocessing fields doing what the HF image processor (PIL backend) does:
     `size` {height, width} resizes straight ("squash"), {shortest_edge} keeps the aspect ratio
     ("center"); `crop_size` after `do_center_crop` (offset floored, as HF does); rescale and
     normalisation folded into one mean/std. Where the processor's output size differs from
     `img_size`, `follow_size` makes it the model's `img_size` (for models that interpolate their
-    position embeddings to any input, as DINOv2 does), else it is reported as a guess."""
+    position embeddings to any input, as DINOv2 does), else it is reported as a guess.
+    `default_kind`: the processor class to follow when the file names none."""
     guesses: Guesses = {}
-    kind = str(pre.get("image_processor_type", "")).removesuffix("Fast")  # the torchvision twins read size alike
+    kind = processor_kind(pre, default_kind)
     mean = [float(v) for v in _per_channel(pre.get("image_mean", 0.5), in_chans)]
     std = [float(v) for v in _per_channel(pre.get("image_std", 0.5), in_chans)]
     if not pre.get("do_normalize", True):

@@ -124,7 +124,7 @@ def config_file_fields(data: dict[str, Any], img_size: int | None = None) -> dic
             h, w = (int(v) for v in pre["input_size"][1:])
             fields["img_size"] = h if h == w else (h, w)
         return fields | ({"num_classes": int(data["num_classes"])} if "num_classes" in data else {})
-    if "image_mean" in data or "image_processor_type" in data:  # HF preprocessor_config.json
+    if any(k in data for k in ("image_mean", "image_processor_type", "feature_extractor_type")):  # HF preprocessor_config.json
         size = data.get("crop_size") if data.get("do_center_crop") else data.get("size")
         size = size.get("height") or size.get("shortest_edge") if isinstance(size, dict) else size
         img_size = img_size or (int(size) if size else 224)
