@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 import vitfast
+from vitfast.convert import PROCESSOR_DEFAULTS
 from vitfast.export.triton_preprocess import PreprocessSpec, preprocess_batch
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e .[test])")
@@ -119,5 +120,37 @@ def test_legacy_clip_preprocessor_config_keeps_the_aspect_ratio(tmp_path, named)
     assert (config.crop_mode, config.img_hw) == ("center", (32, 32))
     processor = processor_class("CLIPImageProcessor")(**{k: v for k, v in legacy.items() if k != "feature_extractor_type"})
     for name, arr in _images(2):
+        expected = processor(Image.fromarray(arr), return_tensors="pt")["pixel_values"]
+        torch.testing.assert_close(vitfast.preprocess(arr, config), expected, atol=2e-6, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("kind", sorted(PROCESSOR_DEFAULTS))
+def test_processor_class_defaults_are_transformers(kind):
+    """What vitfast assumes for a key a preprocessor_config.json leaves out is the processor class's
+    own default in the installed transformers."""
+    processor = processor_class(kind)()
+    expected = {"image_mean": [0.5] * 3, "image_std": [0.5] * 3, "do_center_crop": None, "crop_size": None, "crop_pct": None}
+    ours = expected | PROCESSOR_DEFAULTS[kind]
+    for key, value in ours.items():
+        got = getattr(processor, key, None)
+        if hasattr(got, "items") or hasattr(got, "__dataclass_fields__"):  # SizeDict: compare the fields it sets
+            got = {k: v for k, v in dict(got.items() if hasattr(got, "items") else vars(got)).items() if v is not None}
+        elif isinstance(got, tuple):
+            got = list(got)
+        assert got == value or (value is None and got in (None, False)), (kind, key, got)
+
+
+def test_keys_left_out_of_a_preprocessor_config_take_the_class_defaults(tmp_path):
+    """A CLIP folder whose preprocessor_config.json gives only the sizes: centre crop, bicubic and
+    OpenAI's mean/std are CLIPImageProcessor's defaults, as transformers applies them."""
+    import json
+
+    vision = dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(**vision)).save_pretrained(tmp_path)
+    sizes = {"size": {"shortest_edge": 40}, "crop_size": {"height": 32, "width": 32}}
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"image_processor_type": "CLIPImageProcessor", **sizes}))
+    config = vitfast.load_checkpoint(tmp_path).config
+    processor = processor_class("CLIPImageProcessor")(**sizes)
+    for name, arr in _images(3):
         expected = processor(Image.fromarray(arr), return_tensors="pt")["pixel_values"]
         torch.testing.assert_close(vitfast.preprocess(arr, config), expected, atol=2e-6, rtol=0, msg=name)

@@ -46,6 +46,17 @@ HEADLESS_SIGLIP = ("this SigLIP tower has no attention pool (vision_use_head=Fal
 DINOV2_MODEL_TYPES = ("dinov2", "dinov2_with_registers")
 # PIL resample codes used in HF image processors (1 lanczos, 4 box, 5 hamming are not supported).
 PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+# transformers' (5.x) class defaults for what a preprocessor_config.json leaves out; mean/std default to 0.5.
+_CROP_224 = dict(crop_size={"height": 224, "width": 224}, do_center_crop=True, resample=3)
+_CLIP_DEFAULTS = dict(size={"shortest_edge": 224}, image_mean=list(OPENAI_CLIP_MEAN), image_std=list(OPENAI_CLIP_STD), **_CROP_224)
+PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
+    "ViTImageProcessor": dict(size={"height": 224, "width": 224}, resample=2),
+    "DeiTImageProcessor": dict(size={"height": 256, "width": 256}, **_CROP_224),
+    "CLIPImageProcessor": _CLIP_DEFAULTS,
+    "BitImageProcessor": _CLIP_DEFAULTS,
+    "SiglipImageProcessor": dict(size={"height": 224, "width": 224}, resample=3),
+    "ConvNextImageProcessor": dict(size={"shortest_edge": 384}, crop_pct=0.875, resample=3),
+}
 # Processors whose integer `size` means the shortest edge (the others read it as a square).
 SHORTEST_EDGE_PROCESSORS = ("CLIPImageProcessor", "BitImageProcessor", "ConvNextImageProcessor", "SiglipImageProcessor")
 
@@ -299,6 +310,7 @@ def hf_preprocessing(pre: dict[str, Any], in_chans: int, img_size: int, *, follo
     `default_kind`: the processor class to follow when the file names none."""
     guesses: Guesses = {}
     kind = processor_kind(pre, default_kind)
+    pre = PROCESSOR_DEFAULTS.get(kind, {}) | pre
     mean = [float(v) for v in _per_channel(pre.get("image_mean", 0.5), in_chans)]
     std = [float(v) for v in _per_channel(pre.get("image_std", 0.5), in_chans)]
     if not pre.get("do_normalize", True):
