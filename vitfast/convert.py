@@ -57,6 +57,9 @@ PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
     "SiglipImageProcessor": dict(size={"height": 224, "width": 224}, resample=3),
     "ConvNextImageProcessor": dict(size={"shortest_edge": 384}, crop_pct=0.875, resample=3),
 }
+# The image processor transformers pairs with each model type.
+MODEL_PROCESSORS = {"vit": "ViTImageProcessor", "deit": "DeiTImageProcessor"} | dict.fromkeys(CLIP_MODEL_TYPES, "CLIPImageProcessor") \
+    | dict.fromkeys(DINOV2_MODEL_TYPES, "BitImageProcessor") | dict.fromkeys(SIGLIP_MODEL_TYPES, "SiglipImageProcessor")  # fmt: skip
 # Processors whose integer `size` means the shortest edge (the others read it as a square).
 SHORTEST_EDGE_PROCESSORS = ("CLIPImageProcessor", "BitImageProcessor", "ConvNextImageProcessor", "SiglipImageProcessor")
 
@@ -210,8 +213,8 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
         guesses = dict.fromkeys(("mean", "std", "interpolation", "crop_pct", "crop_mode"), reason)
     # DINOv2 interpolates its position embeddings to whatever size it is given (the processor's)
     follow_size = model_type in DINOV2_MODEL_TYPES
-    kind = _default_preprocessor(model_type, fields["img_size"])["image_processor_type"]
-    pre, pre_guesses = hf_preprocessing(preprocessor, fields["in_chans"], fields["img_size"], follow_size=follow_size, default_kind=kind)
+    pre, pre_guesses = hf_preprocessing(preprocessor, fields["in_chans"], fields["img_size"], follow_size=follow_size,
+                                        default_kind=MODEL_PROCESSORS[model_type])  # fmt: skip
     return ViTConfig(**(fields | pre)), guesses | pre_guesses
 
 
@@ -225,28 +228,37 @@ def _hf_act(section: dict[str, Any], default: str) -> str:
 
 def _vit_fields(cfg: dict[str, Any], model_type: str, sd: StateDict) -> dict[str, Any]:
     """ViTConfig architecture fields of a ViT / DeiT / DINOv2 config.json (transformers' defaults for what it leaves out)."""
-    dim, head = cfg.get("hidden_size", 768), sd.get("head.weight")
     dinov2 = model_type in DINOV2_MODEL_TYPES
+    fields = _hf_shape_fields(cfg, sd, patch_size=14 if dinov2 else 16)
+    dim = fields["embed_dim"]
     if dinov2:
-        _check_dinov2(cfg, head, dim)
-    fields: dict[str, Any] = dict(
-        img_size=cfg.get("image_size", 224),
-        patch_size=cfg.get("patch_size", 14 if dinov2 else 16),
-        in_chans=cfg.get("num_channels", 3),
-        embed_dim=dim,
-        depth=cfg.get("num_hidden_layers", 12),
-        num_heads=cfg.get("num_attention_heads", 12),
+        _check_dinov2(cfg, sd.get("head.weight"), dim)
+    fields |= dict(
         mlp_ratio=cfg.get("mlp_ratio", 4.0) if dinov2 else cfg.get("intermediate_size", 4 * dim) / dim,
         qkv_bias=cfg.get("qkv_bias", True),
         norm_eps=cfg.get("layer_norm_eps", 1e-6 if dinov2 else 1e-12),
         act_layer=_hf_act(cfg, "gelu"),
-        num_classes=head.shape[0] if head is not None else 0,
         distilled="dist_token" in sd,
     )
     if dinov2:
         regs = sd["reg_token"].shape[1] if "reg_token" in sd else 0
         fields |= dict(init_values=float(cfg.get("layerscale_value", 1.0)), reg_tokens=regs, no_embed_class=regs > 0)
     return fields
+
+
+def _hf_shape_fields(section: dict[str, Any], sd: StateDict, *, patch_size: int) -> dict[str, Any]:
+    """The ViTConfig fields every HF vision config states alike (transformers' defaults, and its
+    `patch_size`, where the config leaves them out); the class count from the converted head."""
+    head = sd.get("head.weight")
+    return dict(
+        img_size=section.get("image_size", 224),
+        patch_size=section.get("patch_size", patch_size),
+        in_chans=section.get("num_channels", 3),
+        embed_dim=section.get("hidden_size", 768),
+        depth=section.get("num_hidden_layers", 12),
+        num_heads=section.get("num_attention_heads", 12),
+        num_classes=head.shape[0] if head is not None else 0,
+    )
 
 
 def _check_dinov2(cfg: dict[str, Any], head: torch.Tensor | None, dim: int) -> None:
@@ -261,28 +273,21 @@ def _check_dinov2(cfg: dict[str, Any], head: torch.Tensor | None, dim: int) -> N
 
 
 def _default_preprocessor(model_type: str, img_size: int) -> dict[str, Any]:
-    """What `ViTImageProcessor` / `DeiTImageProcessor` / `CLIPImageProcessor` / DINOv2's
-    `BitImageProcessor` / `SiglipImageProcessor` do by default, at the model's image size (DeiT:
-    resize to 256/224 of it, then centre crop; CLIP: shortest edge to it, then centre crop; DINOv2:
-    shortest edge to 256/224 of it, then centre crop; ViT and SigLIP: resize to it, bilinear and
-    bicubic; all but CLIP and DINOv2 normalise by mean = std = 0.5)."""
+    """A preprocessor_config.json for the processor transformers pairs with `model_type`, sized for
+    the model (DeiT: resize to 256/224 of it, then centre crop; CLIP: shortest edge to it, then centre
+    crop; DINOv2: shortest edge to 256/224 of it, then centre crop, ImageNet's mean/std as
+    facebook/dinov2-* state; ViT and SigLIP: resize to it). Everything else is the class's default
+    (`PROCESSOR_DEFAULTS`)."""
+    kind, square = MODEL_PROCESSORS[model_type], {"height": img_size, "width": img_size}
     if model_type in CLIP_MODEL_TYPES:
-        return _shortest_edge_processor("CLIPImageProcessor", img_size, img_size, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD)
+        return {"image_processor_type": kind, "size": {"shortest_edge": img_size}, "crop_size": square}
     if model_type in DINOV2_MODEL_TYPES:
-        return _shortest_edge_processor("BitImageProcessor", img_size * 256 // 224, img_size, IMAGENET_MEAN, IMAGENET_STD)
-    if model_type in SIGLIP_MODEL_TYPES:
-        return {"image_processor_type": "SiglipImageProcessor", "size": {"height": img_size, "width": img_size}, "resample": 3}
+        return {"image_processor_type": kind, "size": {"shortest_edge": img_size * 256 // 224}, "crop_size": square,
+                "image_mean": list(IMAGENET_MEAN), "image_std": list(IMAGENET_STD)}  # fmt: skip
     if model_type == "deit":
         resized = img_size * 256 // 224
-        return {"image_processor_type": "DeiTImageProcessor", "size": {"height": resized, "width": resized},
-                "do_center_crop": True, "resample": 3, "crop_size": {"height": img_size, "width": img_size}}  # fmt: skip
-    return {"image_processor_type": "ViTImageProcessor", "size": {"height": img_size, "width": img_size}, "resample": 2}
-
-
-def _shortest_edge_processor(kind: str, edge: int, crop: int, mean: tuple, std: tuple) -> dict[str, Any]:
-    """A processor config: bicubic resize of the shortest edge to `edge`, centre crop `crop` x `crop`."""
-    return {"image_processor_type": kind, "size": {"shortest_edge": edge}, "do_center_crop": True,
-            "crop_size": {"height": crop, "width": crop}, "resample": 3, "image_mean": list(mean), "image_std": list(std)}  # fmt: skip
+        return {"image_processor_type": kind, "size": {"height": resized, "width": resized}, "crop_size": square}
+    return {"image_processor_type": kind, "size": square}
 
 
 def _generic_labels(id2label: dict) -> bool:
@@ -434,18 +439,11 @@ def _tower_fields(vision: dict[str, Any], sd: StateDict, *, clip: bool) -> dict[
     checkpoint has one, else the model returns the pooled embedding; SigLIP pools with its
     attention pool (`pooler_output`), or, for `SiglipForImageClassification` and towers without a
     pool, by the mean token."""
-    dim, head = vision.get("hidden_size", 768), sd.get("head.weight")
-    fields: dict[str, Any] = dict(
-        img_size=vision.get("image_size", 224),
-        patch_size=vision.get("patch_size", 32 if clip else 16),
-        in_chans=vision.get("num_channels", 3),
-        embed_dim=dim,
-        depth=vision.get("num_hidden_layers", 12),
-        num_heads=vision.get("num_attention_heads", 12),
-        mlp_ratio=vision.get("intermediate_size", 4 * dim) / dim,
+    fields = _hf_shape_fields(vision, sd, patch_size=32 if clip else 16)
+    fields |= dict(
+        mlp_ratio=vision.get("intermediate_size", 4 * fields["embed_dim"]) / fields["embed_dim"],
         norm_eps=vision.get("layer_norm_eps", 1e-5 if clip else 1e-6),
         act_layer=_hf_act(vision, "quick_gelu" if clip else "gelu_pytorch_tanh"),
-        num_classes=head.shape[0] if head is not None else 0,
     )
     if clip:
         return fields | dict(pre_norm=True)

@@ -199,10 +199,10 @@ def inspect_model(model: torch.nn.Module, images: torch.Tensor) -> Inspection:
     try:
         with torch.no_grad():
             tokens, attentions = model.forward_features(images.to(device), return_attention=True)
-            pool_attention = model.pool(tokens, return_attention=True)[1] if cfg.global_pool == "map" else None
+            P, grid = cfg.num_prefix_tokens, cfg.grid_size
+            pool_attention = model.attn_pool(tokens[:, P:], return_attention=True)[1] if cfg.global_pool == "map" else None
     finally:
         model.train(was_training)
-    P, grid = cfg.num_prefix_tokens, cfg.grid_size
     if pool_attention is not None:  # the head reads the attention pool's query: one more attention layer
         pool_attention = pool_attention.detach().to("cpu", torch.float64)  # [B, H, N]
         rollout = (pool_attention.mean(1).unsqueeze(1) @ rollout_matrix(attentions)[:, P:]).squeeze(1)[:, P:]

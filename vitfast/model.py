@@ -142,14 +142,13 @@ class VisionTransformer(nn.Module):
         x = self.head_drop(self.pre_logits(self.fc_norm(x)))
         return x if pre_logits else self.head(x)
 
-    def pool(self, x: torch.Tensor, return_attention: bool = False):
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
         """tokens [B, T, C] -> [B, C]: the class token, the mean of the patch tokens ("avg") or the
-        attention pool over them ("map"; with `return_attention`, also its probabilities [B, H, N])."""
+        attention pool over them ("map")."""
         pool = self.config.global_pool
         if pool == "map":
-            return self.attn_pool(x[:, self.num_prefix_tokens :], return_attention=return_attention)
-        x = x[:, self.num_prefix_tokens :].mean(dim=1) if pool == "avg" else x[:, 0]
-        return (x, None) if return_attention else x
+            return self.attn_pool(x[:, self.num_prefix_tokens :])
+        return x[:, self.num_prefix_tokens :].mean(dim=1) if pool == "avg" else x[:, 0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
