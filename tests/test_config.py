@@ -32,6 +32,8 @@ def test_non_square_image_size_round_trips():
         (dict(embed_dim=100, num_heads=12), "not divisible by num_heads 12"),
         (dict(global_pool="token", class_token=False), 'global_pool="token" needs class_token=True'),
         (dict(global_pool="max"), "global_pool must be one of"),
+        (dict(global_pool="token_avg", class_token=False), 'global_pool="token_avg" needs class_token=True'),
+        (dict(global_pool="token_avg", fc_norm=True), 'fc_norm is not supported with global_pool="token_avg"'),
         (dict(act_layer="relu"), "act_layer must be one of"),
         (dict(in_chans=1, mean=(0.4, 0.5, 0.6)), "one value per input channel"),
         (dict(depth=0), "depth must be a positive integer"),

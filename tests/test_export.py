@@ -15,7 +15,7 @@ onnx = pytest.importorskip("onnx", reason="export tests need onnx (pip install '
 pytest.importorskip("onnxruntime", reason="export tests need onnxruntime (pip install 'vitfast[export]')")
 
 import vitfast  # noqa: E402
-from conftest import randomize  # noqa: E402
+from conftest import randomize, tiny_config  # noqa: E402
 from vitfast.export import quantize_int8, read_sidecar, to_onnx  # noqa: E402
 from vitfast.export.artifacts import write_sidecar  # noqa: E402
 
@@ -116,6 +116,19 @@ def test_siglip_tower_exports_and_quantizes_with_parity(tmp_path):
         assert ((got - ref).abs().max() / ref.abs().max()).item() <= limit, path.name
     int8 = quantize_int8(fp32, tmp_path / "siglip.int8.onnx", torch.randn(32, 3, 36, 36), samples=32, progress=False)
     assert read_sidecar(int8)["config"]["global_pool"] == "map" and read_sidecar(int8)["parity"]["cosine"] > 0.98
+
+
+def test_dinov2_classifier_head_exports_with_parity(tmp_path):
+    """global_pool="token_avg" (class token beside the patch mean, registers excluded) through ONNX fp32 and fp16."""
+    cfg = tiny_config(global_pool="token_avg", reg_tokens=2, init_values=0.5, no_embed_class=True)
+    model = randomize(vitfast.create_model(cfg), scale=0.1)
+    fp32, fp16 = to_onnx(model, tmp_path / "d.onnx"), to_onnx(model, tmp_path / "d.fp16.onnx", precision="fp16")
+    x = torch.randn(3, 3, *cfg.img_hw)
+    with torch.no_grad():
+        ref = model(x)
+    for path, limit in ((fp32, 1e-4), (fp16, 2e-2)):
+        got = vitfast.load_engine(path)(x)
+        assert ((got - ref).abs().max() / ref.abs().max()).item() <= limit, path.name
 
 
 def test_dynamic_image_size_is_refused_clearly(tmp_path):

@@ -22,6 +22,7 @@ from vitfast.flops import count_macs, count_params
         ("vit_small_r26_s32_224", dict(img_size=96, depth=1)),
         ("vit_cifar_patch4_32", dict(representation_size=32)),
         ("vit_cifar_patch4_32", dict(class_token=False, global_pool="map", reg_tokens=2)),
+        ("vit_cifar_patch4_32", dict(global_pool="token_avg", representation_size=32)),
     ],
 )
 def test_mac_count_matches_torch_flop_counter(name, overrides):

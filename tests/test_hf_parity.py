@@ -198,10 +198,41 @@ def test_hf_dinov2_backbone_matches_pooler_output(tmp_path, registers):
         torch.testing.assert_close(bare(x), hf(pixel_values=x).pooler_output, atol=ATOL, rtol=0)
 
 
-def test_hf_dinov2_heads_vitfast_lacks_are_refused_by_name(tmp_path):
+@pytest.mark.parametrize("registers", [0, 4])
+def test_hf_dinov2_classifier_reads_class_and_mean_patch_token(tmp_path, registers):
+    """Dinov2ForImageClassification (the facebook/dinov2-*-imagenet1k-1-layer heads): a Linear over the
+    class token and the mean of the patch tokens side by side (registers excluded), global_pool
+    "token_avg"; as a folder with its labels and as a bare state dict."""
+    labels = {0: "cat", 1: "dog", 2: "eel"}
+    if registers:
+        cfg = transformers.Dinov2WithRegistersConfig(**DINOV2, num_register_tokens=registers, id2label=labels)
+        hf = transformers.Dinov2WithRegistersForImageClassification(cfg)
+    else:
+        hf = transformers.Dinov2ForImageClassification(transformers.Dinov2Config(**DINOV2, id2label=labels))
+    _perturbed(hf).save_pretrained(tmp_path)
+    with pytest.warns(vitfast.GuessedConfigWarning, match="BitImageProcessor defaults assumed"):
+        model = vitfast.load_checkpoint(tmp_path)
+    c = model.config
+    assert (c.global_pool, c.num_features, c.labels, c.reg_tokens) == ("token_avg", 128, ("cat", "dog", "eel"), registers)
+    x = torch.randn(3, 3, 28, 28)
+    with torch.no_grad():
+        expected = hf(pixel_values=x).logits
+        torch.testing.assert_close(model(x), expected, atol=ATOL, rtol=0)
+        torch.save(hf.state_dict(), tmp_path / "bare.bin")
+    with pytest.warns(UserWarning, match="num_heads cannot be read"):
+        bare = vitfast.load_checkpoint(tmp_path / "bare.bin")
+    assert (bare.config.global_pool, bare.config.num_heads) == ("token_avg", 1)  # 64 wide: head_dim 64 assumed
+    bare = vitfast.load_checkpoint(tmp_path / "bare.bin", overrides={"num_heads": 4})
+    with torch.no_grad():
+        torch.testing.assert_close(bare(x), expected, atol=ATOL, rtol=0)
+
+
+def test_hf_dinov2_variants_vitfast_lacks_are_refused_by_name(tmp_path):
     hf = transformers.Dinov2ForImageClassification(transformers.Dinov2Config(**DINOV2, num_labels=3))
-    hf.save_pretrained(tmp_path / "cls")
-    with pytest.raises(vitfast.CheckpointError, match="class token and the mean patch token"):
+    sd = hf.state_dict()
+    sd["classifier.weight"] = torch.zeros(3, 3 * 64)  # neither the class token nor class + mean patch token
+    hf.save_pretrained(tmp_path / "cls", state_dict=sd)
+    with pytest.raises(vitfast.CheckpointError, match="reads 192 features"):
         vitfast.load_checkpoint(tmp_path / "cls")
     hf = transformers.Dinov2Model(transformers.Dinov2Config(**DINOV2, use_swiglu_ffn=True))
     hf.save_pretrained(tmp_path / "swiglu")

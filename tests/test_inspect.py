@@ -270,9 +270,11 @@ VARIANTS = {
     "registers-avg": dict(class_token=False, global_pool="avg", reg_tokens=4, no_embed_class=True),
     "avg-pool-with-cls": dict(global_pool="avg", fc_norm=False),
     "siglip-attention-pool": dict(class_token=False, global_pool="map", reg_tokens=2),
+    "dinov2-classifier": dict(global_pool="token_avg", reg_tokens=2),
     "hybrid": dict(hybrid_layers=(1,)),
 }
-SOURCES = {"token": "class token", "avg": "mean of patch tokens", "map": "attention-pool query"}
+SOURCES = {"token": "class token", "avg": "mean of patch tokens", "map": "attention-pool query",
+           "token_avg": "class token (the head also reads the mean patch token)"}
 
 
 def numpy_pool_attention(sd: dict, tokens: np.ndarray, heads: int) -> np.ndarray:
@@ -313,7 +315,7 @@ def test_cli_json_end_to_end_for_every_model_kind(variant, tmp_path, capsys):
         expected = pool.mean(0) @ joint[P:, P:]
         np.testing.assert_allclose(np.reshape(report["head_attention"], (cfg.num_heads, -1)), pool, atol=2e-6)
     else:
-        expected = joint[0, P:] if cfg.global_pool == "token" else joint[P:, P:].mean(axis=0)
+        expected = joint[0, P:] if cfg.global_pool in ("token", "token_avg") else joint[P:, P:].mean(axis=0)
     np.testing.assert_allclose(np.ravel(report["rollout"]), expected, atol=2e-6)
     for name, path in report["files"].items():
         with Image.open(path) as png:

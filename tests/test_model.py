@@ -71,6 +71,8 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
         pooled = pooled + lin(hidden, "mlp.fc2")
     elif cfg.global_pool == "avg":
         pooled = t[:, cfg.num_prefix_tokens :].mean(1)
+    elif cfg.global_pool == "token_avg":  # DINOv2's linear classifier: class token beside the patch mean
+        pooled = torch.cat([t[:, 0], t[:, cfg.num_prefix_tokens :].mean(1)], -1)
     else:
         pooled = t[:, 0]
     if "fc_norm.weight" in sd:
@@ -93,6 +95,8 @@ VARIANTS = {
     "clip-pre-norm-quick-gelu": tiny_config(pre_norm=True, act_layer="quick_gelu", norm_eps=1e-5),
     "siglip-map-pool": tiny_config(class_token=False, global_pool="map", act_layer="gelu_tanh"),
     "map-pool-skips-prefix-tokens": tiny_config(global_pool="map", reg_tokens=2, mlp_ratio=3.7362),
+    "dinov2-classifier-token-avg": tiny_config(global_pool="token_avg", reg_tokens=2, init_values=0.5, no_embed_class=True),
+    "token-avg-pre-logits": tiny_config(global_pool="token_avg", representation_size=40),
     "odd-sizes": tiny_config(img_size=(40, 24), patch_size=8, embed_dim=36, num_heads=3, mlp_ratio=2.5, in_chans=2),
 }
 

@@ -22,7 +22,9 @@ INCEPTION_STD = (0.5, 0.5, 0.5)
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # the normalisation CLIP's image towers were trained with
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
-GLOBAL_POOLS = ("token", "avg", "map")  # class token, mean of patch tokens, attention pool (SigLIP)
+# class token, mean of patch tokens, attention pool (SigLIP), class token and mean patch token side by side
+# (DINOv2's linear classifiers: Dinov2ForImageClassification)
+GLOBAL_POOLS = ("token", "avg", "map", "token_avg")
 ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu")  # timm's names: erf GELU, tanh and sigmoid approximations
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 CROP_MODES = ("center", "squash", "border")  # timm's names: crop the short side, resize both sides, pad the short side
@@ -121,6 +123,11 @@ class ViTConfig:
         return int(round(self.embed_dim * self.mlp_ratio))
 
     @property
+    def num_features(self) -> int:
+        """Width of the pooled features the head reads (2 x embed_dim for "token_avg")."""
+        return 2 * self.embed_dim if self.global_pool == "token_avg" else self.embed_dim
+
+    @property
     def use_fc_norm(self) -> bool:
         return self.global_pool == "avg" if self.fc_norm is None else self.fc_norm
 
@@ -165,8 +172,10 @@ class ViTConfig:
             bad(f"mlp_ratio must be > 0, got {self.mlp_ratio}")
         if self.global_pool not in GLOBAL_POOLS:
             bad(f"global_pool must be one of {GLOBAL_POOLS}, got {self.global_pool!r}")
-        if self.global_pool == "token" and not self.class_token:
-            bad('global_pool="token" needs class_token=True; use global_pool="avg" without a class token')
+        if self.global_pool in ("token", "token_avg") and not self.class_token:
+            bad(f'global_pool="{self.global_pool}" needs class_token=True; use global_pool="avg" without a class token')
+        if self.global_pool == "token_avg" and self.fc_norm:
+            bad('fc_norm is not supported with global_pool="token_avg" (the final norm runs before pooling, as in DINOv2)')
         if self.distilled and not (self.class_token and self.global_pool == "token"):
             bad('distilled (DeiT) models need class_token=True and global_pool="token"')
         if self.reg_tokens < 0:

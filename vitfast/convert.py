@@ -232,7 +232,7 @@ def _vit_fields(cfg: dict[str, Any], model_type: str, sd: StateDict) -> dict[str
     fields = _hf_shape_fields(cfg, sd, patch_size=14 if dinov2 else 16)
     dim = fields["embed_dim"]
     if dinov2:
-        _check_dinov2(cfg, sd.get("head.weight"), dim)
+        fields["global_pool"] = _dinov2_pool(cfg, sd.get("head.weight"), dim)
     fields |= dict(
         mlp_ratio=cfg.get("mlp_ratio", 4.0) if dinov2 else cfg.get("intermediate_size", 4 * dim) / dim,
         qkv_bias=cfg.get("qkv_bias", True),
@@ -261,15 +261,17 @@ def _hf_shape_fields(section: dict[str, Any], sd: StateDict, *, patch_size: int)
     )
 
 
-def _check_dinov2(cfg: dict[str, Any], head: torch.Tensor | None, dim: int) -> None:
-    """Refuse the DINOv2 variants vitfast's model cannot express, naming them."""
+def _dinov2_pool(cfg: dict[str, Any], head: torch.Tensor | None, dim: int) -> str:
+    """"token", or "token_avg" for Dinov2ForImageClassification's classifier (class token and mean patch
+    token side by side); refuse the DINOv2 variants vitfast's model cannot express, naming them."""
     if cfg.get("use_swiglu_ffn"):
         raise CheckpointError("this DINOv2 uses a SwiGLU MLP (use_swiglu_ffn, the giant size), which vitfast does not implement")
-    if head is not None and head.shape[1] != dim:
-        raise CheckpointError(
-            "Dinov2ForImageClassification's classifier reads the class token and the mean patch token together, a head "
-            "vitfast does not implement; load the backbone's weights (Dinov2Model) for its pooled features"
-        )
+    if head is None or head.shape[1] == dim:
+        return "token"
+    if head.shape[1] == 2 * dim:
+        return "token_avg"
+    raise CheckpointError(f"the DINOv2 classifier reads {head.shape[1]} features; vitfast knows {dim} (class token) and "
+                          f"{2 * dim} (Dinov2ForImageClassification: class token and mean patch token)")  # fmt: skip
 
 
 def _default_preprocessor(model_type: str, img_size: int) -> dict[str, Any]:
@@ -519,7 +521,7 @@ def infer_timm_config(sd: StateDict, *, norm_eps: float | None = None, family: s
         distilled=distilled,
         reg_tokens=reg_tokens,
         no_embed_class=no_embed_class,
-        global_pool="map" if has("attn_pool.latent") else "token" if class_token and not fc_norm else "avg",
+        global_pool=_timm_pool(sd, class_token, fc_norm, dim),
         fc_norm=fc_norm,
         pre_norm=pre_norm,
         representation_size=sd["pre_logits.fc.weight"].shape[0] if has("pre_logits.fc.weight") else None,
@@ -559,11 +561,24 @@ def infer_timm_config(sd: StateDict, *, norm_eps: float | None = None, family: s
     return ViTConfig(**fields), guesses
 
 
+def _timm_pool(sd: StateDict, class_token: bool, fc_norm: bool, dim: int) -> str:
+    """The pooling a timm-named state dict's keys and head width imply."""
+    if "attn_pool.latent" in sd:
+        return "map"
+    if not class_token or fc_norm:
+        return "avg"
+    head = sd.get("pre_logits.fc.weight", sd.get("head.weight"))
+    return "token_avg" if head is not None and head.shape[1] == 2 * dim else "token"
+
+
 def _registered_like(fields: dict[str, Any], family: str | None) -> list[tuple[str, dict[str, Any]]]:
     """Registry entries with the shapes of `fields` (width, depth, tokens, stem, pooling): named with
-    `family` (such as "siglip") first, if given, then those of the same patch size, then image size."""
+    `family` (such as "siglip") first, if given, then those of the same patch size, then image size.
+    A "token_avg" head (no registered model has one) matches the class-token models it was trained on."""
     shape_keys = ("embed_dim", "depth", "class_token", "reg_tokens", "hybrid_layers", "pre_norm", "global_pool")
     default = {k: f.default for k, f in ViTConfig.__dataclass_fields__.items()}
+    if fields["global_pool"] == "token_avg":
+        fields = fields | {"global_pool": "token"}
     same = [(n, r) for n, r in _REGISTRY.items() if all(r.get(k, default[k]) == fields[k] for k in shape_keys)]
     return sorted(same, key=lambda item: (family is not None and family not in item[0], item[1]["patch_size"] != fields["patch_size"],
                                           item[1]["img_size"] != fields["img_size"]))  # fmt: skip

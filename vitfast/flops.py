@@ -39,9 +39,9 @@ def count_macs(config: ViTConfig) -> int:
     if c.global_pool == "map":  # one learned query over the patch tokens, then an MLP on it
         n = c.num_patches
         macs += dim * dim + n * dim * 2 * dim + 2 * n * dim + dim * dim + 2 * dim * c.mlp_hidden
-    head_in = dim
+    head_in = c.num_features
     if c.representation_size:
-        macs += dim * c.representation_size
+        macs += head_in * c.representation_size
         head_in = c.representation_size
     macs += head_in * c.num_classes * (2 if c.distilled else 1)
     return macs

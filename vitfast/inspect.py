@@ -208,10 +208,11 @@ def inspect_model(model: torch.nn.Module, images: torch.Tensor) -> Inspection:
         rollout = (pool_attention.mean(1).unsqueeze(1) @ rollout_matrix(attentions)[:, P:]).squeeze(1)[:, P:]
         heads, source = pool_attention, "attention-pool query"
     else:
-        from_token = cfg.global_pool == "token"  # else the head pools the mean patch token
+        from_token = cfg.global_pool in ("token", "token_avg")  # else the head pools the mean patch token
         rollout = attention_rollout(attentions, P, class_token=from_token)
         heads = head_attention(attentions, P, class_token=from_token)
-        source = "class token" if from_token else "mean of patch tokens"
+        source = {"token": "class token", "token_avg": "class token (the head also reads the mean patch token)"}.get(
+            cfg.global_pool, "mean of patch tokens")
     return Inspection(
         config=cfg,
         pixels=display_pixels(images, cfg),

@@ -80,12 +80,12 @@ class VisionTransformer(nn.Module):
         self.fc_norm = norm_layer(dim, eps=c.norm_eps) if c.use_fc_norm else nn.Identity()
         if c.representation_size:
             self.pre_logits = nn.Sequential(
-                OrderedDict(fc=nn.Linear(dim, c.representation_size), act=nn.Tanh())
+                OrderedDict(fc=nn.Linear(c.num_features, c.representation_size), act=nn.Tanh())
             )
         else:
             self.pre_logits = nn.Identity()
         self.head_drop = nn.Dropout(c.drop_rate)
-        head_in = c.representation_size or dim
+        head_in = c.representation_size or c.num_features
         self.head = nn.Linear(head_in, c.num_classes) if c.num_classes else nn.Identity()
         if c.distilled:
             self.head_dist = nn.Linear(dim, c.num_classes) if c.num_classes else nn.Identity()
@@ -143,12 +143,15 @@ class VisionTransformer(nn.Module):
         return x if pre_logits else self.head(x)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """tokens [B, T, C] -> [B, C]: the class token, the mean of the patch tokens ("avg") or the
-        attention pool over them ("map")."""
-        pool = self.config.global_pool
+        """tokens [B, T, C] -> [B, num_features]: the class token, the mean of the patch tokens ("avg"),
+        the attention pool over them ("map") or the class token and the patch mean side by side
+        ("token_avg", [B, 2C])."""
+        pool, patches = self.config.global_pool, x[:, self.num_prefix_tokens :]
         if pool == "map":
-            return self.attn_pool(x[:, self.num_prefix_tokens :])
-        return x[:, self.num_prefix_tokens :].mean(dim=1) if pool == "avg" else x[:, 0]
+            return self.attn_pool(patches)
+        if pool == "avg":
+            return patches.mean(dim=1)
+        return torch.cat([x[:, 0], patches.mean(dim=1)], dim=-1) if pool == "token_avg" else x[:, 0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
