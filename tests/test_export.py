@@ -118,9 +118,12 @@ def test_siglip_tower_exports_and_quantizes_with_parity(tmp_path):
     assert read_sidecar(int8)["config"]["global_pool"] == "map" and read_sidecar(int8)["parity"]["cosine"] > 0.98
 
 
-def test_dinov2_classifier_head_exports_with_parity(tmp_path):
-    """global_pool="token_avg" (class token beside the patch mean, registers excluded) through ONNX fp32 and fp16."""
-    cfg = tiny_config(global_pool="token_avg", reg_tokens=2, init_values=0.5, no_embed_class=True)
+@pytest.mark.parametrize("mlp", ["mlp", "swiglu_packed"])
+def test_dinov2_classifier_exports_with_parity(tmp_path, mlp):
+    """global_pool="token_avg" (class token beside the patch mean, registers excluded), with the GELU MLP
+    or the giant's SwiGLU, through ONNX fp32 and fp16."""
+    act = "silu" if mlp == "swiglu_packed" else "gelu"
+    cfg = tiny_config(global_pool="token_avg", reg_tokens=2, init_values=0.5, no_embed_class=True, mlp_layer=mlp, act_layer=act)
     model = randomize(vitfast.create_model(cfg), scale=0.1)
     fp32, fp16 = to_onnx(model, tmp_path / "d.onnx"), to_onnx(model, tmp_path / "d.fp16.onnx", precision="fp16")
     x = torch.randn(3, 3, *cfg.img_hw)

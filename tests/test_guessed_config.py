@@ -137,3 +137,52 @@ def test_clip_state_dict_guesses_eps_activation_and_clip_preprocessing_and_flags
     with pytest.raises(SystemExit) as exit_info:  # argparse's own usage error
         main(["export", "--checkpoint", str(path), "--format", "onnx", "--out", str(tmp_path / "x.onnx"), "--act-layer", "relu"])
     assert exit_info.value.code == 2 and "invalid choice: 'relu'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["vit_giant_patch14_dinov2", "vit_giant_patch14_reg4_dinov2", "vit_large_patch14_reg4_dinov2"])
+def test_dinov2_architecture_is_read_off_the_shapes(name):
+    """The giant's SwiGLU (fc1 twice as wide as fc2's input) and its 24 heads (from the registered model of
+    its shapes) come back from the tensor shapes alone; the large one's GELU MLP stays a GELU MLP."""
+    from vitfast.convert import infer_timm_config
+
+    truth = vitfast.get_config(name)
+    with torch.device("meta"):  # shapes only: the giant's 1.1B parameters are never allocated
+        sd = vitfast.create_model(truth).state_dict()
+    cfg, guesses = infer_timm_config(sd)
+    arch = ("embed_dim", "depth", "num_heads", "mlp_layer", "act_layer", "mlp_hidden", "reg_tokens", "no_embed_class",
+            "global_pool", "img_size")  # fmt: skip
+    assert {k: getattr(cfg, k) for k in arch} == {k: getattr(truth, k) for k in arch}
+    assert cfg.init_values is not None  # layer scale present (its values are the loaded gammas)
+    assert name in guesses["num_heads"] or name.replace("_reg4", "") in guesses["num_heads"]
+
+
+def test_a_given_head_count_is_used_where_the_shapes_cannot_tell_it(tmp_path):
+    """A bare HF state dict 96 wide (no registered model, not a multiple of 64) loads with --num-heads /
+    overrides; this used to fail asking for the very flag that was given."""
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.ViTForImageClassification(transformers.ViTConfig(
+        image_size=32, patch_size=8, hidden_size=96, num_hidden_layers=2, num_attention_heads=4, intermediate_size=384,
+        num_labels=3)).eval()  # fmt: skip
+    torch.save(hf.state_dict(), tmp_path / "w.pth")
+    with pytest.raises(vitfast.CheckpointError, match="--num-heads N"):
+        vitfast.load_checkpoint(tmp_path / "w.pth")
+    loaded = vitfast.load_checkpoint(tmp_path / "w.pth", overrides={"num_heads": 4})
+    assert "num_heads" not in loaded.config_guesses and loaded.config.num_heads == 4
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), hf(pixel_values=x).logits, atol=1e-5, rtol=0)
+
+
+def test_a_given_config_is_used_where_the_shapes_cannot_tell_the_grid(tmp_path):
+    """A bare timm state dict with a non-square patch grid (4x5) loads with config= (it used to fail
+    asking for config=, the shapes being read first)."""
+    cfg = vitfast.ViTConfig(img_size=(32, 40), patch_size=8, embed_dim=96, depth=2, num_heads=4, num_classes=3)
+    model = vitfast.create_model(cfg).eval()
+    torch.save(model.state_dict(), tmp_path / "w.pth")
+    with pytest.raises(vitfast.CheckpointError, match="cannot infer the patch grid.*--config FILE.json"):
+        vitfast.load_checkpoint(tmp_path / "w.pth", overrides={"num_heads": 4})
+    loaded = vitfast.load_checkpoint(tmp_path / "w.pth", config=cfg)
+    assert loaded.config_guesses == {}
+    x = torch.randn(2, 3, 32, 40)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), atol=0, rtol=0)

@@ -227,17 +227,41 @@ def test_hf_dinov2_classifier_reads_class_and_mean_patch_token(tmp_path, registe
         torch.testing.assert_close(bare(x), expected, atol=ATOL, rtol=0)
 
 
-def test_hf_dinov2_variants_vitfast_lacks_are_refused_by_name(tmp_path):
+def test_hf_dinov2_classifier_of_another_width_is_refused_by_name(tmp_path):
     hf = transformers.Dinov2ForImageClassification(transformers.Dinov2Config(**DINOV2, num_labels=3))
     sd = hf.state_dict()
     sd["classifier.weight"] = torch.zeros(3, 3 * 64)  # neither the class token nor class + mean patch token
     hf.save_pretrained(tmp_path / "cls", state_dict=sd)
     with pytest.raises(vitfast.CheckpointError, match="reads 192 features"):
         vitfast.load_checkpoint(tmp_path / "cls")
-    hf = transformers.Dinov2Model(transformers.Dinov2Config(**DINOV2, use_swiglu_ffn=True))
-    hf.save_pretrained(tmp_path / "swiglu")
-    with pytest.raises(vitfast.CheckpointError, match="SwiGLU"):
-        vitfast.load_checkpoint(tmp_path / "swiglu")
+
+
+@pytest.mark.parametrize("registers", [0, 4])
+def test_hf_dinov2_giant_swiglu_mlp(tmp_path, registers):
+    """use_swiglu_ffn (facebook/dinov2-giant): SiLU-gated MLP whatever hidden_act says, 2/3 of mlp_ratio's
+    width rounded up to 8, as a classifier. The folder holds the packed on-disk `weights_in` / `weights_out`;
+    transformers 5's in-memory state dict splits fc1 into `gate_proj` and `up_proj`: both load."""
+    kw = dict(DINOV2, use_swiglu_ffn=True, mlp_ratio=4, num_labels=3)  # hidden (int(256 * 2/3) + 7) // 8 * 8 = 176
+    if registers:
+        hf = transformers.Dinov2WithRegistersForImageClassification(
+            transformers.Dinov2WithRegistersConfig(**kw, num_register_tokens=registers))
+    else:
+        hf = transformers.Dinov2ForImageClassification(transformers.Dinov2Config(**kw))
+    _perturbed(hf).save_pretrained(tmp_path)
+    with pytest.warns(vitfast.GuessedConfigWarning, match="BitImageProcessor defaults assumed"):
+        model = vitfast.load_checkpoint(tmp_path)
+    c = model.config
+    assert (c.mlp_layer, c.act_layer, c.mlp_hidden, c.global_pool) == ("swiglu_packed", "silu", 2 * 176, "token_avg")
+    assert any(".gate_proj." in k for k in hf.state_dict())  # the split in-memory names, not the packed on-disk ones
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        expected = hf(pixel_values=x).logits
+        torch.testing.assert_close(model(x), expected, atol=ATOL, rtol=0)
+        torch.save(hf.state_dict(), tmp_path / "bare.bin")
+    bare = vitfast.load_checkpoint(tmp_path / "bare.bin", overrides={"num_heads": 4})
+    assert (bare.config.mlp_layer, bare.config.act_layer) == ("swiglu_packed", "silu")
+    with torch.no_grad():
+        torch.testing.assert_close(bare(x), expected, atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("registers", [0, 4])

@@ -54,7 +54,12 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
         attns.append(a)
         o = (a @ v).transpose(1, 2).reshape(B, -1, cfg.embed_dim) @ sd[b + "attn.proj.weight"].T + sd[b + "attn.proj.bias"]
         t = t + o * sd.get(b + "ls1.gamma", 1)
-        h = gelu(ln(t, b + "norm2") @ sd[b + "mlp.fc1.weight"].T + sd[b + "mlp.fc1.bias"])
+        h = ln(t, b + "norm2") @ sd[b + "mlp.fc1.weight"].T + sd[b + "mlp.fc1.bias"]
+        if cfg.mlp_layer == "swiglu_packed":  # first half gates the second through SiLU
+            gate, value = h[..., : h.shape[-1] // 2], h[..., h.shape[-1] // 2 :]
+            h = gate / (1 + torch.exp(-gate)) * value
+        else:
+            h = gelu(h)
         t = t + (h @ sd[b + "mlp.fc2.weight"].T + sd[b + "mlp.fc2.bias"]) * sd.get(b + "ls2.gamma", 1)
     if "norm.weight" in sd:
         t = ln(t, "norm")
@@ -97,6 +102,7 @@ VARIANTS = {
     "map-pool-skips-prefix-tokens": tiny_config(global_pool="map", reg_tokens=2, mlp_ratio=3.7362),
     "dinov2-classifier-token-avg": tiny_config(global_pool="token_avg", reg_tokens=2, init_values=0.5, no_embed_class=True),
     "token-avg-pre-logits": tiny_config(global_pool="token_avg", representation_size=40),
+    "dinov2-giant-swiglu": tiny_config(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=3, init_values=0.5),
     "odd-sizes": tiny_config(img_size=(40, 24), patch_size=8, embed_dim=36, num_heads=3, mlp_ratio=2.5, in_chans=2),
 }
 

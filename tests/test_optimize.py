@@ -21,6 +21,8 @@ VARIANTS = {
     "layer-scale-registers-avg": tiny_config(init_values=0.1, reg_tokens=2, class_token=False, global_pool="avg", no_embed_class=True),
     "clip-pre-norm-quick-gelu": tiny_config(pre_norm=True, act_layer="quick_gelu", norm_eps=1e-5),
     "siglip-attention-pool": tiny_config(class_token=False, global_pool="map", act_layer="gelu_tanh"),
+    "dinov2-giant-swiglu-classifier": tiny_config(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=3,
+                                                  init_values=0.1, reg_tokens=2, no_embed_class=True, global_pool="token_avg"),
     "hybrid": vitfast.get_config("vit_small_r26_s32_224", img_size=32, depth=1, embed_dim=64, num_heads=2, num_classes=5),
 }
 

@@ -33,6 +33,7 @@ VARIANTS = {
     "clip": ("vit_base_patch16_clip_224", dict(img_size=64, depth=2, num_classes=5)),
     "clip-quickgelu": ("vit_base_patch32_clip_quickgelu_224", dict(img_size=64, depth=2, num_classes=7)),
     "dinov2-reg4": ("vit_small_patch14_reg4_dinov2", dict(img_size=56, depth=2, num_classes=5)),
+    "dinov2-giant-swiglu": ("vit_giant_patch14_reg4_dinov2", dict(img_size=42, depth=2, num_classes=5, embed_dim=96, num_heads=4)),
     "siglip-map": ("vit_base_patch32_siglip_256", dict(img_size=64, depth=2, num_classes=5)),
     "siglip-gap": ("vit_base_patch16_siglip_gap_224", dict(img_size=64, depth=2, num_classes=0)),
     "siglip-so400m-384": ("vit_so400m_patch14_siglip_384", dict(img_size=44, depth=1, num_classes=0)),  # 3x3 patches of 14
@@ -153,11 +154,11 @@ def test_save_for_hf_folder_loads_as_timm_loads_it(tmp_path, variant, img_size, 
 
 
 def test_registry_matches_timm_architectures():
-    """Every registered timm name builds the same parameter shapes, GELU form and LayerNorm eps as
+    """Every registered timm name builds the same parameter shapes, MLP kind, activation and LayerNorm eps as
     timm's own model, and has the preprocessing timm resolves for it (its default pretrained tag)."""
     from timm.data import resolve_data_config
 
-    acts = {"GELU": "gelu", "GELUTanh": "gelu_tanh", "QuickGELU": "quick_gelu"}  # timm's activation classes
+    acts = {"GELU": "gelu", "GELUTanh": "gelu_tanh", "QuickGELU": "quick_gelu", "SiLU": "silu"}  # timm's activation classes
 
     for name in vitfast.list_models():
         if name not in timm.list_models():
@@ -173,6 +174,8 @@ def test_registry_matches_timm_architectures():
         assert acts.get(type(ref_act).__name__) == c.act_layer or (type(ref_act).__name__ == "GELU" and ref_act.approximate == "tanh"
                                                                      and c.act_layer == "gelu_tanh"), name  # fmt: skip
         assert ref.blocks[0].norm1.eps == c.norm_eps, name
+        mlp = ref.blocks[0].mlp  # timm's SwiGLUPacked is a GluMlp gating with the first half
+        assert ("swiglu_packed" if type(mlp).__name__ == "GluMlp" and not mlp.gate_last else "mlp") == c.mlp_layer, name
         ours_data = {"input_size": (c.in_chans, *c.img_hw), "interpolation": c.interpolation, "mean": c.mean,
                      "std": c.std, "crop_pct": c.crop_pct, "crop_mode": c.crop_mode}  # fmt: skip
         assert ours_data == resolve_data_config(model=ref), name

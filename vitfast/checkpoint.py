@@ -72,10 +72,10 @@ def load_checkpoint(
     checkpoints, Hugging Face's `interpolate_pos_encoding` for HF ones.
     """
     path = Path(path)
-    source_cfg, sd, fmt, guesses = _read(path)
+    if config is not None and not isinstance(config, ViTConfig):
+        raise ConfigError(f"config must be a ViTConfig, got {type(config).__name__}")
+    source_cfg, sd, fmt, guesses = _read(path, given=config, num_heads=(overrides or {}).get("num_heads"))
     if config is not None:
-        if not isinstance(config, ViTConfig):
-            raise ConfigError(f"config must be a ViTConfig, got {type(config).__name__}")
         cfg, guesses = config, {}
     else:
         cfg = source_cfg
@@ -112,8 +112,11 @@ def describe_guesses(path: str | os.PathLike, cfg: ViTConfig, guesses: Guesses) 
 
 
 # ---------------------------------------------------------------------------- reading
-def _read(path: Path) -> tuple[ViTConfig, StateDict, str, Guesses]:
-    """(config stored or inferred, state dict in timm names, 'vitfast' | 'timm' | 'hf', what was guessed)."""
+def _read(path: Path, *, given: ViTConfig | None = None, num_heads: int | None = None) -> tuple[ViTConfig, StateDict, str, Guesses]:
+    """(config stored or inferred, state dict in timm names, 'vitfast' | 'timm' | 'hf', what was guessed).
+
+    A bare state dict is not read for a config when one is `given` (the shapes may not tell it: an
+    unusual head width, a non-square grid); `num_heads`, when the caller knows it, is not guessed."""
     if path.is_dir():
         return _read_dir(path)
     if not path.exists():
@@ -125,10 +128,13 @@ def _read(path: Path) -> tuple[ViTConfig, StateDict, str, Guesses]:
         except (ConfigError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"{path}: the config stored in this vitfast checkpoint is invalid: {exc}") from None
     sd = _unwrap(sd)
-    if detect_format(sd) == "hf":
-        sd, cfg, guesses = read_hf_state_dict(sd)
+    fmt = detect_format(sd)
+    if given is not None:
+        return given, hf_to_timm(sd) if fmt == "hf" else sd, fmt, {}
+    if fmt == "hf":
+        sd, cfg, guesses = read_hf_state_dict(sd, num_heads=num_heads)
         return cfg, sd, "hf", guesses
-    cfg, guesses = infer_timm_config(sd)
+    cfg, guesses = infer_timm_config(sd, num_heads=num_heads)
     return cfg, sd, "timm", guesses
 
 

@@ -25,7 +25,11 @@ OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 # class token, mean of patch tokens, attention pool (SigLIP), class token and mean patch token side by side
 # (DINOv2's linear classifiers: Dinov2ForImageClassification)
 GLOBAL_POOLS = ("token", "avg", "map", "token_avg")
-ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu")  # timm's names: erf GELU, tanh and sigmoid approximations
+# timm's names: erf GELU, its tanh and sigmoid approximations; SiLU only as SwiGLU's gate
+ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
+# "mlp": fc1 -> act -> fc2. "swiglu_packed": timm's SwiGLUPacked (DINOv2 giant): fc1 [2H, C] holds the gate and
+# the value halves, silu(gate) * value -> fc2 [C, H]
+MLP_LAYERS = ("mlp", "swiglu_packed")
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 CROP_MODES = ("center", "squash", "border")  # timm's names: crop the short side, resize both sides, pad the short side
 CROP_ROUNDINGS = ("round", "floor")  # centre-crop offset: torchvision/timm round, Hugging Face floors
@@ -60,7 +64,8 @@ class ViTConfig:
     pre_norm: bool = False  # LayerNorm before the blocks, patch projection without bias (CLIP image towers)
     representation_size: int | None = None  # pre-logits Linear + tanh of the original ViT head
     norm_eps: float = 1e-6
-    act_layer: str = "gelu"  # "gelu" (erf), "gelu_tanh" or "quick_gelu" (x sigmoid(1.702 x), OpenAI CLIP)
+    act_layer: str = "gelu"  # "gelu" (erf), "gelu_tanh" or "quick_gelu" (x sigmoid(1.702 x), OpenAI CLIP); "silu"
+    mlp_layer: str = "mlp"  # "swiglu_packed": SwiGLU with fc1 packed (mlp_hidden is fc1's width, twice fc2's input)
     drop_rate: float = 0.0
     pos_drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
@@ -182,6 +187,15 @@ class ViTConfig:
             bad(f"reg_tokens must be >= 0, got {self.reg_tokens}")
         if self.act_layer not in ACT_LAYERS:
             bad(f"act_layer must be one of {ACT_LAYERS}, got {self.act_layer!r}")
+        if self.mlp_layer not in MLP_LAYERS:
+            bad(f"mlp_layer must be one of {MLP_LAYERS}, got {self.mlp_layer!r}")
+        if (self.mlp_layer == "swiglu_packed") != (self.act_layer == "silu"):
+            bad(f'mlp_layer="swiglu_packed" goes with act_layer="silu" (its gate), and SiLU only with it; got '
+                f"mlp_layer={self.mlp_layer!r}, act_layer={self.act_layer!r}")  # fmt: skip
+        if self.mlp_layer == "swiglu_packed" and self.mlp_hidden % 2:
+            bad(f"swiglu_packed needs an even MLP width (gate and value halves), got {self.mlp_hidden} from mlp_ratio {self.mlp_ratio}")
+        if self.mlp_layer == "swiglu_packed" and self.global_pool == "map":
+            bad('mlp_layer="swiglu_packed" with global_pool="map" is not supported (the attention pool\'s MLP is a GELU MLP)')
         if self.interpolation not in INTERPOLATIONS:
             bad(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
         if self.crop_mode not in CROP_MODES:

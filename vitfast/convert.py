@@ -93,6 +93,7 @@ def hf_to_timm(sd: StateDict) -> StateDict:
     prefix = next(k[: -len(HF_PATCH_KEY)] for k in sd if k.endswith(HF_PATCH_KEY))
     out: StateDict = {}
     qkv: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
+    swiglu: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
     simple = {
         "embeddings.cls_token": "cls_token",
         "embeddings.distillation_token": "dist_token",
@@ -116,6 +117,9 @@ def hf_to_timm(sd: StateDict) -> StateDict:
         "norm2": "norm2",
         "layer_scale1": "ls1",
         "layer_scale2": "ls2",
+        "mlp.weights_in": "mlp.fc1",  # DINOv2 giant's SwiGLU on disk: fc1 packed (gate, then value)
+        "mlp.weights_out": "mlp.fc2",
+        "mlp.down_proj": "mlp.fc2",  # ... and in transformers 5's memory, gate_proj and up_proj apart
     }
     qkv_parts = {
         "attention.attention.query": "query", "attention.attention.key": "key", "attention.attention.value": "value",
@@ -144,6 +148,8 @@ def hf_to_timm(sd: StateDict) -> StateDict:
             idx, sub, kind = int(m.group(1)), m.group(2), m.group(3)
             if sub in qkv_parts:
                 qkv.setdefault(idx, {}).setdefault(kind, {})[qkv_parts[sub]] = value
+            elif sub in ("mlp.gate_proj", "mlp.up_proj"):
+                swiglu.setdefault(idx, {}).setdefault(kind, {})[sub] = value
             elif sub in layer_map:
                 out[f"blocks.{idx}.{layer_map[sub]}.{'gamma' if kind == 'lambda1' else kind}"] = value
             else:
@@ -153,21 +159,22 @@ def hf_to_timm(sd: StateDict) -> StateDict:
     if "reg_token" in out and "cls_token" in out and "pos_embed" in out:
         out["cls_token"] = out["cls_token"] + out["pos_embed"][:, :1]
         out["pos_embed"] = out["pos_embed"][:, 1:]
-    return out | _fused_qkv(qkv)
+    return out | _stacked(qkv, "attn.qkv", ("query", "key", "value")) | _stacked(swiglu, "mlp.fc1", ("mlp.gate_proj", "mlp.up_proj"))
 
 
-def _fused_qkv(qkv: dict[int, dict[str, dict[str, torch.Tensor]]]) -> StateDict:
-    """{layer: {weight|bias: {query, key, value}}} -> timm's `blocks.N.attn.qkv.*` (q, k, v stacked)."""
+def _stacked(parts_by_layer: dict[int, dict[str, dict[str, torch.Tensor]]], name: str, order: tuple[str, ...]) -> StateDict:
+    """{layer: {weight|bias: {part: tensor}}} -> timm's `blocks.N.{name}.*`, the parts stacked in `order`
+    (attention's q, k, v into qkv; SwiGLU's gate and value into its packed fc1)."""
     out: StateDict = {}
-    for idx, kinds in qkv.items():
+    for idx, kinds in parts_by_layer.items():
         for kind, parts in kinds.items():
-            if set(parts) != {"query", "key", "value"}:
-                raise CheckpointError(f"layer {idx} has an incomplete attention {kind}: found only {sorted(parts)}")
-            out[f"blocks.{idx}.attn.qkv.{kind}"] = torch.cat([parts["query"], parts["key"], parts["value"]], dim=0)
+            if set(parts) != set(order):
+                raise CheckpointError(f"layer {idx} has an incomplete {name} {kind}: found only {sorted(parts)}")
+            out[f"blocks.{idx}.{name}.{kind}"] = torch.cat([parts[p] for p in order], dim=0)
     return out
 
 
-def read_hf_state_dict(sd: StateDict) -> tuple[StateDict, ViTConfig, Guesses]:
+def read_hf_state_dict(sd: StateDict, *, num_heads: int | None = None) -> tuple[StateDict, ViTConfig, Guesses]:
     """An HF state dict without its config.json -> (timm-named state dict, config read off the shapes,
     guesses); eps, activation and preprocessing are transformers' defaults for the model type."""
     if is_tower(sd):
@@ -176,13 +183,14 @@ def read_hf_state_dict(sd: StateDict) -> tuple[StateDict, ViTConfig, Guesses]:
         model_type = "dinov2" if any(".layer_scale1." in k for k in sd) else "vit"
     sd = hf_to_timm(sd)
     cfg, guesses = infer_timm_config(sd, norm_eps={"clip": 1e-5, "dinov2": 1e-6, "siglip": 1e-6}.get(model_type, 1e-12),
-                                     family="siglip" if model_type == "siglip" else None)  # fmt: skip
+                                     family="siglip" if model_type == "siglip" else None, num_heads=num_heads)  # fmt: skip
     size = cfg.img_hw[0]
     pre, _ = hf_preprocessing(_default_preprocessor(model_type, size), cfg.in_chans, size)
-    act = {"clip": "quick_gelu", "siglip": "gelu_tanh"}.get(model_type, "gelu")
+    swiglu = cfg.mlp_layer == "swiglu_packed"  # its SiLU gate is a fact of the shapes; a GELU MLP's form is not
+    act = "silu" if swiglu else {"clip": "quick_gelu", "siglip": "gelu_tanh"}.get(model_type, "gelu")
     cfg = cfg.replace(act_layer=act, **pre)
     reason = f"not stored in a Hugging Face state dict without its config.json; transformers' {model_type.upper()} default assumed"
-    guessed = ("norm_eps", "act_layer", *(k for k in pre if k != "crop_rounding"))  # HF floors crop offsets: a fact
+    guessed = ("norm_eps", *(() if swiglu else ("act_layer",)), *(k for k in pre if k != "crop_rounding"))  # HF floors crops: a fact
     if model_type == "siglip" and cfg.global_pool == "avg" and not cfg.num_classes:
         guesses["global_pool"] = HEADLESS_SIGLIP
     return sd, cfg, guesses | dict.fromkeys(guessed, reason)
@@ -232,7 +240,7 @@ def _vit_fields(cfg: dict[str, Any], model_type: str, sd: StateDict) -> dict[str
     fields = _hf_shape_fields(cfg, sd, patch_size=14 if dinov2 else 16)
     dim = fields["embed_dim"]
     if dinov2:
-        fields["global_pool"] = _dinov2_pool(cfg, sd.get("head.weight"), dim)
+        fields["global_pool"] = _dinov2_pool(sd.get("head.weight"), dim)
     fields |= dict(
         mlp_ratio=cfg.get("mlp_ratio", 4.0) if dinov2 else cfg.get("intermediate_size", 4 * dim) / dim,
         qkv_bias=cfg.get("qkv_bias", True),
@@ -240,6 +248,8 @@ def _vit_fields(cfg: dict[str, Any], model_type: str, sd: StateDict) -> dict[str
         act_layer=_hf_act(cfg, "gelu"),
         distilled="dist_token" in sd,
     )
+    if dinov2 and cfg.get("use_swiglu_ffn"):  # the giant: SiLU gate whatever hidden_act says, fc1 packed to 2 x 4096
+        fields |= dict(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=sd["blocks.0.mlp.fc1.weight"].shape[0] / dim)
     if dinov2:
         regs = sd["reg_token"].shape[1] if "reg_token" in sd else 0
         fields |= dict(init_values=float(cfg.get("layerscale_value", 1.0)), reg_tokens=regs, no_embed_class=regs > 0)
@@ -261,11 +271,9 @@ def _hf_shape_fields(section: dict[str, Any], sd: StateDict, *, patch_size: int)
     )
 
 
-def _dinov2_pool(cfg: dict[str, Any], head: torch.Tensor | None, dim: int) -> str:
+def _dinov2_pool(head: torch.Tensor | None, dim: int) -> str:
     """"token", or "token_avg" for Dinov2ForImageClassification's classifier (class token and mean patch
-    token side by side); refuse the DINOv2 variants vitfast's model cannot express, naming them."""
-    if cfg.get("use_swiglu_ffn"):
-        raise CheckpointError("this DINOv2 uses a SwiGLU MLP (use_swiglu_ffn, the giant size), which vitfast does not implement")
+    token side by side); any other head width is refused."""
     if head is None or head.shape[1] == dim:
         return "token"
     if head.shape[1] == 2 * dim:
@@ -432,7 +440,7 @@ def tower_to_timm(sd: StateDict) -> StateDict:
             out[key] = value  # unknown: reported as unexpected by the loader
     if prefix + "classifier.weight" in sd:
         out = {k: v for k, v in out.items() if not k.startswith("attn_pool.")}
-    return out | _fused_qkv(qkv)
+    return out | _stacked(qkv, "attn.qkv", ("query", "key", "value"))
 
 
 def _tower_fields(vision: dict[str, Any], sd: StateDict, *, clip: bool) -> dict[str, Any]:
@@ -470,13 +478,15 @@ def _exact_crop_pct(crop: int, resized: int) -> float:
 
 
 # ---------------------------------------------------------------------------- timm
-def infer_timm_config(sd: StateDict, *, norm_eps: float | None = None, family: str | None = None) -> tuple[ViTConfig, Guesses]:
+def infer_timm_config(
+    sd: StateDict, *, norm_eps: float | None = None, family: str | None = None, num_heads: int | None = None
+) -> tuple[ViTConfig, Guesses]:
     """Read a `ViTConfig` off a timm-named state dict's tensor shapes; the head count and the
     preprocessing are not in the weights and come back as guesses. So do, for a CLIP image tower
     (`norm_pre`), the LayerNorm eps and the GELU form, which differ between its timm variants, and
     for a SigLIP tower (`attn_pool`) the GELU form. `norm_eps` None: timm's default for the kind of
     model (1e-6, CLIP towers 1e-5). The head count comes from a registered model of the same
-    shapes, preferring names with `family` in them."""
+    shapes, preferring names with `family` in them, unless the caller knows it (`num_heads`)."""
     def has(key: str) -> bool:
         return key in sd
 
@@ -505,7 +515,8 @@ def infer_timm_config(sd: StateDict, *, norm_eps: float | None = None, family: s
         no_embed_class, grid = True, math.isqrt(n_pos)
     else:
         raise CheckpointError(
-            f"cannot infer the patch grid from pos_embed of length {n_pos} (not square); pass config= to load_checkpoint"
+            f"cannot infer the patch grid from pos_embed of length {n_pos} (not square); pass config= to load_checkpoint "
+            "(CLI: --config FILE.json with img_size and the other fields)"
         )
     fc_norm, pre_norm = has("fc_norm.weight"), has("norm_pre.weight")
     fields: dict[str, Any] = dict(
@@ -515,6 +526,7 @@ def infer_timm_config(sd: StateDict, *, norm_eps: float | None = None, family: s
         embed_dim=dim,
         depth=depth,
         mlp_ratio=sd["blocks.0.mlp.fc1.weight"].shape[0] / dim,
+        **_timm_mlp(sd),
         qkv_bias=has("blocks.0.attn.qkv.bias"),
         init_values=1e-6 if has("blocks.0.ls1.gamma") else None,  # the value is overwritten on load
         class_token=class_token,
@@ -543,9 +555,11 @@ def infer_timm_config(sd: StateDict, *, norm_eps: float | None = None, family: s
     elif dim % 64 == 0:
         fields["num_heads"] = dim // 64
         why = "num_heads cannot be read from weights; head_dim 64 assumed"
-    else:
+    elif num_heads is None:
         raise CheckpointError(f"cannot infer num_heads for embed_dim {dim}; pass config= to load_checkpoint (CLI: --num-heads N)")
-    guesses: Guesses = {"num_heads": why}
+    guesses: Guesses = {} if num_heads is not None else {"num_heads": why}
+    if num_heads is not None:
+        fields["num_heads"] = num_heads
     kind = "CLIP" if pre_norm else "ViT"
     guesses |= dict.fromkeys(PREPROCESSING_GUESSED, f"preprocessing is not stored in a state dict; timm's {kind} defaults assumed")
     if pre_norm and norm_eps is None:
@@ -559,6 +573,12 @@ def infer_timm_config(sd: StateDict, *, norm_eps: float | None = None, family: s
         guesses["act_layer"] = (f"not stored in weights; {fields['act_layer']} as in {source} assumed. SigLIP was trained with the "
                                 "tanh form (act_layer='gelu_tanh'), which timm gives some of its SigLIP names and not others")
     return ViTConfig(**fields), guesses
+
+
+def _timm_mlp(sd: StateDict) -> dict[str, Any]:
+    """SwiGLU's packed fc1 is twice as wide as fc2's input (a GELU MLP's are equal)."""
+    fc1, fc2 = sd["blocks.0.mlp.fc1.weight"], sd["blocks.0.mlp.fc2.weight"]
+    return dict(mlp_layer="swiglu_packed", act_layer="silu") if fc1.shape[0] == 2 * fc2.shape[1] else {}
 
 
 def _timm_pool(sd: StateDict, class_token: bool, fc_norm: bool, dim: int) -> str:
@@ -575,11 +595,11 @@ def _registered_like(fields: dict[str, Any], family: str | None) -> list[tuple[s
     """Registry entries with the shapes of `fields` (width, depth, tokens, stem, pooling): named with
     `family` (such as "siglip") first, if given, then those of the same patch size, then image size.
     A "token_avg" head (no registered model has one) matches the class-token models it was trained on."""
-    shape_keys = ("embed_dim", "depth", "class_token", "reg_tokens", "hybrid_layers", "pre_norm", "global_pool")
+    shape_keys = ("embed_dim", "depth", "class_token", "reg_tokens", "hybrid_layers", "pre_norm", "global_pool", "mlp_layer")
     default = {k: f.default for k, f in ViTConfig.__dataclass_fields__.items()}
     if fields["global_pool"] == "token_avg":
         fields = fields | {"global_pool": "token"}
-    same = [(n, r) for n, r in _REGISTRY.items() if all(r.get(k, default[k]) == fields[k] for k in shape_keys)]
+    same = [(n, r) for n, r in _REGISTRY.items() if all(r.get(k, default[k]) == fields.get(k, default[k]) for k in shape_keys)]
     return sorted(same, key=lambda item: (family is not None and family not in item[0], item[1]["patch_size"] != fields["patch_size"],
                                           item[1]["img_size"] != fields["img_size"]))  # fmt: skip
 

@@ -29,11 +29,12 @@ def count_macs(config: ViTConfig) -> int:
         macs, feat_hw, feat_ch = _resnet_macs(c)
         k = c.patch_size // c.hybrid_reduction
         macs += c.num_patches * feat_ch * k * k * dim
+    fc2_in = c.mlp_hidden // 2 if c.mlp_layer == "swiglu_packed" else c.mlp_hidden  # fc2's input width
     per_block = (
         n_tokens * dim * 3 * dim  # qkv projection
         + 2 * n_tokens * n_tokens * dim  # q k^T and attn v, all heads
         + n_tokens * dim * dim  # output projection
-        + 2 * n_tokens * dim * c.mlp_hidden  # fc1 and fc2
+        + n_tokens * dim * (c.mlp_hidden + fc2_in)  # fc1 and fc2
     )
     macs += c.depth * per_block
     if c.global_pool == "map":  # one learned query over the patch tokens, then an MLP on it

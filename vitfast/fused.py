@@ -19,6 +19,10 @@ measured faster on a GPU of the same compute capability (kernels/mlp_dispatch.js
 measured it takes "cublas". No GPU measurement has been committed yet, so today "auto" is
 "cublas" everywhere; "epilogue" is implemented and tested and can be forced with `mlp="epilogue"`.
 
+DINOv2 giant's SwiGLU MLP (`SwiGLUPacked`) runs fc1 on cuBLAS (bias included) and the gate,
+silu(gate) * value, in PyTorch (no kernel of ours yet); its fc2 and the attention half take the
+paths above.
+
 The forward has no Python-side state or caches to trace through: `torch.compile(fullgraph=True)`
 and `torch.export` see one graph of `torch.ops.vitfast.*` calls (see kernels/_common.py,
 `runs_reference`, for what those ops run on CPU).
@@ -37,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitfast.kernels._common import next_pow2  # triton-free: the launchers' own bucketing
-from .layers import Attention, Block, LayerScale, Mlp
+from .layers import Attention, Block, LayerScale, Mlp, SwiGLUPacked
 
 MLP_PATHS = ("auto", "cublas", "epilogue")
 DEFAULT_MLP_PATHS = ("cublas", "cublas")  # (fc1, fc2) where no measurement exists
@@ -113,7 +117,7 @@ def can_fuse(block: nn.Module) -> bool:
     return (
         type(block) is Block
         and type(block.attn) is Attention
-        and type(block.mlp) is Mlp
+        and type(block.mlp) in (Mlp, SwiGLUPacked)
         and type(block.norm1) is nn.LayerNorm
         and type(block.norm2) is nn.LayerNorm
         and block.norm1.elementwise_affine
@@ -172,7 +176,10 @@ class FusedBlock(nn.Module):
         qkv = F.linear(h, attn.qkv.weight, attn.qkv.bias).view(B, N, 3, attn.num_heads, attn.head_dim)
         o = ops.fused_attention(qkv, attn.scale)
         x, h = self._branch_end(fc2, o, attn.proj, x, self.ls1, self.norm2)
-        if fc1 == "epilogue":
+        if isinstance(mlp, SwiGLUPacked):  # no SwiGLU kernel yet: cuBLAS GEMM, then torch's SiLU and product
+            gate, value = F.linear(h, mlp.fc1.weight, mlp.fc1.bias).chunk(2, dim=-1)
+            m = F.silu(gate) * value
+        elif fc1 == "epilogue":
             m = ops.linear_bias_gelu(h, mlp.fc1.weight, mlp.fc1.bias, mlp.act.approximate)
         else:
             m = ops.bias_gelu(F.linear(h, mlp.fc1.weight), mlp.fc1.bias, mlp.act.approximate)

@@ -145,6 +145,8 @@ def make_act(act_layer: str) -> nn.Module:
     """The activation module for a `ViTConfig.act_layer` name."""
     if act_layer == "quick_gelu":
         return QuickGELU()
+    if act_layer == "silu":
+        return nn.SiLU()
     return nn.GELU(approximate="tanh" if act_layer == "gelu_tanh" else "none")
 
 
@@ -161,6 +163,27 @@ class Mlp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class SwiGLUPacked(nn.Module):
+    """SwiGLU (Shazeer 2020) with both input projections in one Linear, as timm's `SwiGLUPacked` and
+    DINOv2's giant: fc1 [hidden, C] -> gate, value halves [.., hidden / 2] -> silu(gate) * value -> fc2.
+    [B, N, C] -> [B, N, C]; `hidden` is fc1's (packed) width."""
+
+    def __init__(self, dim: int, hidden: int, act_layer: str = "silu", drop: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = make_act(act_layer)
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden // 2, dim)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, value = self.fc1(x).chunk(2, dim=-1)
+        return self.drop2(self.fc2(self.drop1(self.act(gate) * value)))
+
+
+MLP_CLASSES = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked}  # ViTConfig.mlp_layer -> module
 
 
 class LayerScale(nn.Module):

@@ -15,13 +15,14 @@ from torch import nn
 
 from .config import ViTConfig
 from .hybrid import HybridEmbed
-from .layers import Attention, AttentionPoolLatent, Block, Mlp, PatchEmbed
+from .layers import MLP_CLASSES, Attention, AttentionPoolLatent, Block, PatchEmbed
 
 
 class VisionTransformer(nn.Module):
     """images [B, in_chans, H, W] (normalised float) -> logits [B, num_classes].
 
     With `num_classes=0` the head is the identity and `forward` returns pooled features [B, C].
+    `mlp_layer` defaults to the config's (`Mlp`, or `SwiGLUPacked` for mlp_layer="swiglu_packed").
     """
 
     def __init__(
@@ -30,11 +31,12 @@ class VisionTransformer(nn.Module):
         *,
         block_fn: type[nn.Module] = Block,
         attn_layer: type[nn.Module] = Attention,
-        mlp_layer: type[nn.Module] = Mlp,
+        mlp_layer: type[nn.Module] | None = None,
         norm_layer: type[nn.Module] = nn.LayerNorm,
     ):
         super().__init__()
         c = self.config = config
+        mlp_layer = mlp_layer or MLP_CLASSES[c.mlp_layer]
         dim = c.embed_dim
         self.num_prefix_tokens = c.num_prefix_tokens
         bias = not c.pre_norm  # timm: no projection bias when a LayerNorm follows the embeddings

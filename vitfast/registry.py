@@ -23,6 +23,7 @@ SIZES = {
     "huge": (1280, 32, 16),
     "so400m": (1152, 27, 16),  # SigLIP's shape-optimised ViT (Alabdulmohsin et al. 2023), MLP 4304 wide
     "giantopt": (1536, 40, 16),
+    "giant2": (1536, 40, 24),  # DINOv2's ViT-g/14 (timm names it "giant"; ViT-g of Zhai et al. is 1408 wide)
 }
 MLP_RATIOS = {"so400m": 3.7362}  # timm's value: int(1152 * 3.7362) = 4304
 
@@ -57,6 +58,8 @@ _CLIP_INCEPTION = dict(_CLIP, mean=INCEPTION_MEAN, std=INCEPTION_STD)  # LAION V
 _QUICK = dict(_CLIP, act_layer="quick_gelu", crop_pct=1.0)
 _DINOV2 = dict(init_values=1e-5, num_classes=0, crop_pct=1.0, **_DEIT)
 _REG4 = dict(reg_tokens=4, no_embed_class=True)
+# DINOv2's giant: SwiGLU of width (int(4C * 2/3) + 7) // 8 * 8 = 4096, packed into one 8192-wide fc1 (timm's mlp_ratio)
+_SWIGLU = dict(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=2.66667 * 2)
 
 _REGISTRY: dict[str, dict[str, Any]] = {
     # ViT (Dosovitskiy et al.), timm's augreg / original weights
@@ -131,6 +134,8 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     "vit_small_patch14_reg4_dinov2": _vit("small", 14, 518, **_DINOV2, **_REG4),
     "vit_base_patch14_reg4_dinov2": _vit("base", 14, 518, **_DINOV2, **_REG4),
     "vit_large_patch14_reg4_dinov2": _vit("large", 14, 518, **_DINOV2, **_REG4),
+    "vit_giant_patch14_dinov2": _vit("giant2", 14, 518, **_DINOV2, **_SWIGLU),
+    "vit_giant_patch14_reg4_dinov2": _vit("giant2", 14, 518, **_DINOV2, **_REG4, **_SWIGLU),
     # SigLIP image towers (Zhai et al. 2023, SigLIP 2 2025): the same architecture for v1 and v2 tags;
     # timm gives some the tanh GELU (as trained) and keeps the erf form for others
     **_siglip("base", 32, (256,), tanh=True),
