@@ -324,6 +324,7 @@ KERNEL_CATEGORIES = (
     ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "linear", "matmul", "aten::mm", "aten::addmm")),
     ("layernorm", ("layer_norm", "layernorm")),
     ("gelu", ("gelu",)),
+    ("swiglu", ("swiglu", "silu")),
     ("elementwise", ("elementwise", "copy", "cat", "add", "mul", "fill")),
 )
 

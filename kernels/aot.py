@@ -45,7 +45,7 @@ from triton.runtime.cache import get_cache_key
 from triton.runtime.jit import create_function_from_signature
 
 from vitfast.errors import describe_exception
-from vitfast.kernels import _common, add_layernorm, attention, bias_gelu, linear_epilogue, linear_layernorm
+from vitfast.kernels import _common, add_layernorm, attention, bias_gelu, bias_swiglu, linear_epilogue, linear_layernorm
 from vitfast.kernels.precompile import Recorded, recording
 
 # Kernels with a tl.dot, checked for the tensor-core instruction they compile to
@@ -92,6 +92,14 @@ def _bias_gelu(rows, C, approximate):
     return call
 
 
+def _bias_swiglu(rows, H):
+    def call(dtype):
+        x, b, out = torch.empty(rows, 2 * H, dtype=dtype), torch.empty(2 * H, dtype=dtype), torch.empty(rows, H, dtype=dtype)
+        bias_swiglu.bias_swiglu_launch(x, b, out)
+
+    return call
+
+
 def _linear(rows, K, N, epilogue):
     def call(dtype):
         x, w, b, out = (torch.empty(s, dtype=dtype) for s in ((rows, K), (N, K), (N,), (rows, N)))
@@ -132,6 +140,8 @@ def _launches() -> list[Launch]:
             Launch(f"bias_gelu 394x3072 erf {dt}", dt, _bias_gelu(394, 3072, "none")),
             Launch(f"bias_gelu 13x1000 tanh {dt}", dt, _bias_gelu(13, 1000, "tanh")),
             Launch(f"bias_gelu 50x3072 sigmoid {dt}", dt, _bias_gelu(50, 3072, "sigmoid")),
+            Launch(f"bias_swiglu 1374x4096 {dt}", dt, _bias_swiglu(1374, 4096)),  # DINOv2-g/14 at 518 px, reg4
+            Launch(f"bias_swiglu 13x100 {dt}", dt, _bias_swiglu(13, 100)),
             Launch(f"linear fc1+gelu 1576x768->3072 {dt}", dt, _linear(1576, 768, 3072, "none"), all_configs=every),
             Launch(f"linear fc2+residual*gamma 197x3072->768 {dt}", dt, _linear(197, 3072, 768, "residual_gamma")),
             Launch(f"linear fc1+gelu_tanh 50x192->771 {dt}", dt, _linear(50, 192, 771, "tanh")),

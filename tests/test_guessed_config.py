@@ -186,3 +186,27 @@ def test_a_given_config_is_used_where_the_shapes_cannot_tell_the_grid(tmp_path):
     x = torch.randn(2, 3, 32, 40)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), model(x), atol=0, rtol=0)
+
+
+def test_image_size_the_weights_cannot_tell_is_reported_when_a_registered_twin_sees_more_pixels(tmp_path, monkeypatch):
+    """SigLIP so400m/14 at 384 px has 27x27 patches, like the 378 px one: the weights cannot tell them
+    apart, and timm resizes images to 384 for the one, 378 for the other. A state dict is read at 378 px
+    and says so, naming the twin; --img-size 384 settles it (and it is then no longer a guess)."""
+    from vitfast import registry
+    from vitfast.convert import infer_timm_config
+
+    with torch.device("meta"):
+        sd = vitfast.create_model("vit_so400m_patch14_siglip_384").state_dict()
+    cfg, guesses = infer_timm_config(sd)
+    assert cfg.img_size == 378 and "vit_so400m_patch14_siglip_384" in guesses["img_size"] and "--img-size 384" in guesses["img_size"]
+    with torch.device("meta"):
+        sd = vitfast.create_model("vit_so400m_patch14_siglip_224").state_dict()
+    assert "img_size" not in infer_timm_config(sd)[1]  # 16 patches of 14 are 224 px: nothing unseen, nothing to say
+    # the whole load, on a registered twin small enough to build: 4x4 patches of 8 px, at 32 or 36 px
+    monkeypatch.setitem(registry._REGISTRY, "tiny_twin_36", dict(img_size=36, patch_size=8, embed_dim=64, depth=2, num_heads=4))
+    torch.save(vitfast.create_model(vitfast.ViTConfig(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4)).state_dict(),
+               tmp_path / "w.pth")  # fmt: skip
+    with pytest.warns(vitfast.GuessedConfigWarning, match="img_size=32 .*tiny_twin_36.*--img-size 36"):
+        vitfast.load_checkpoint(tmp_path / "w.pth")
+    sized = vitfast.load_checkpoint(tmp_path / "w.pth", img_size=36)
+    assert sized.config.img_size == 36 and "img_size" not in sized.config_guesses

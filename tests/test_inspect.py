@@ -224,6 +224,17 @@ def test_rollout_overlay_keeps_the_image_the_model_saw(tmp_path):
     vi.save_figures(result, tmp_path)  # grey images draw too
 
 
+def test_maps_lie_on_the_whole_patches_when_trailing_pixels_go_unseen(tmp_path):
+    """36x44 px with 8 px patches: the model sees 32x40 (4x5 patches, as SigLIP so400m/14 sees 378 of 384
+    px); the pixels shown under the maps are those, not the whole image stretched under the grid."""
+    cfg = tiny_config(img_size=(36, 44))
+    images = torch.randn(1, 3, 36, 44)
+    result = vi.inspect_model(randomize(vitfast.create_model(cfg)), images)
+    assert result.pixels.shape == (1, 32, 40, 3) and tuple(result.rollout.shape) == (1, 4, 5)
+    np.testing.assert_allclose(result.pixels[0], (images[0, :, :32, :40].permute(1, 2, 0) * 0.5 + 0.5).clamp(0, 1).numpy(), atol=1e-6)
+    vi.save_figures(result, tmp_path)
+
+
 # ---------------------------------------------------------------------------- errors
 def test_a_non_image_file_is_a_clear_input_error(tmp_path):
     bad = tmp_path / "notes.png"

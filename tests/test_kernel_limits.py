@@ -22,6 +22,7 @@ from vitfast.kernels import add_layernorm as aln  # noqa: E402
 from vitfast.kernels import attention as att  # noqa: E402
 from vitfast.kernels import bias_gelu as bg  # noqa: E402
 from vitfast.kernels import linear_epilogue as le  # noqa: E402
+from vitfast.kernels import bias_swiglu as bsw  # noqa: E402
 from vitfast.kernels import linear_layernorm as lln  # noqa: E402
 
 FAR = 2**31 - 1  # the largest stride that is still a 32-bit kernel argument
@@ -66,6 +67,13 @@ def test_bias_gelu_row_offsets_past_2_31(device):
     out = poisoned((3, 70), torch.float16, device)
     bg.bias_gelu_launch(x, b, out)
     check_2x(out, bg.bias_gelu_reference(x, b), bg.bias_gelu_reference(x.double(), b.double()), torch.float16)
+
+
+def test_bias_swiglu_row_offsets_past_2_31(device):
+    x, b = far_apart((3, 70), device), torch.randn(70, device=device).half()
+    out = poisoned((3, 35), torch.float16, device)
+    bsw.bias_swiglu_launch(x, b, out)
+    check_2x(out, bsw.bias_swiglu_reference(x, b), bsw.bias_swiglu_reference(x.double(), b.double()), torch.float16)
 
 
 def test_linear_epilogue_row_offsets_past_2_31(device):

@@ -17,6 +17,7 @@ from hypothesis import strategies as st  # noqa: E402
 from vitfast.kernels import add_layernorm as aln  # noqa: E402
 from vitfast.kernels import attention as att  # noqa: E402
 from vitfast.kernels import bias_gelu as bg  # noqa: E402
+from vitfast.kernels import bias_swiglu as bsw  # noqa: E402
 from vitfast.kernels import linear_epilogue as le  # noqa: E402
 
 ATOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -162,6 +163,35 @@ def test_gelu_sigmoid_form_is_quick_gelu_and_saturates(device):
     bg.bias_gelu_launch(x, torch.zeros(x.shape[1], device=device), out, "sigmoid")
     expected = x.double() / (1 + torch.exp(-1.702 * x.double()))
     torch.testing.assert_close(out.double(), expected, atol=1e-6, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------- bias + SwiGLU
+@pytest.mark.parametrize("shape", [(2, 5, 2 * 384), (3, 2 * 37), (1, 7, 2 * 1000), (4, 2 * 4096)])
+def test_bias_swiglu(device, dtype, shape):
+    x = (3 * torch.randn(shape, device=device)).to(dtype)
+    b = torch.randn(shape[-1], device=device).to(dtype)
+    out = poisoned((*shape[:-1], shape[-1] // 2), dtype, device)
+    bsw.bias_swiglu_launch(x, b, out)
+    check_2x(out, bsw.bias_swiglu_reference(x, b), bsw.bias_swiglu_reference(x.double(), b.double()), dtype)
+
+
+def test_bias_swiglu_is_silu_of_the_first_half_times_the_second_and_saturates(device):
+    """Written out in float64: the gate is the first half (timm's SwiGLUPacked, DINOv2's weights_in), and
+    silu stays finite where exp(-g) overflows fp32 (g = -1e4 gives -0 times the value)."""
+    gate = torch.tensor([[-1e4, -60.0, -3.0, -0.5, 0.0, 0.5, 3.0, 60.0, 1e4]], device=device)
+    value = torch.linspace(-2, 2, 9, device=device)[None]
+    bias = torch.randn(18, device=device)
+    out = poisoned(gate.shape, torch.float32, device)
+    bsw.bias_swiglu_launch(torch.cat([gate, value], -1) - bias, bias, out)
+    g, v = gate.double(), value.double()
+    torch.testing.assert_close(out.double(), g / (1 + torch.exp(-g)) * v, atol=1e-3, rtol=1e-5)  # x - b + b rounds in fp32
+
+
+def test_bias_swiglu_rejects_bad_input(device):
+    with pytest.raises(ValueError, match="must be even, got 7"):
+        bsw.bias_swiglu(torch.randn(2, 7, device=device), torch.randn(7, device=device))
+    with pytest.raises(ValueError, match=r"bias must be \[8\]"):
+        bsw.bias_swiglu(torch.randn(2, 8, device=device), torch.randn(4, device=device))
 
 
 # ---------------------------------------------------------------------------- GEMM + epilogue

@@ -84,6 +84,7 @@ def load_checkpoint(
         guesses = {k: v for k, v in guesses.items() if k not in overrides}
     if img_size is not None:
         cfg = cfg.replace(img_size=img_size)
+        guesses = {k: v for k, v in guesses.items() if k != "img_size"}
     if "pos_embed" in sd:
         # transformers resizes without antialiasing, except in Dinov2WithRegisters (its only model with registers)
         antialias = fmt != "hf" or source_cfg.reg_tokens > 0

@@ -562,6 +562,11 @@ def infer_timm_config(
         fields["num_heads"] = num_heads
     kind = "CLIP" if pre_norm else "ViT"
     guesses |= dict.fromkeys(PREPROCESSING_GUESSED, f"preprocessing is not stored in a state dict; timm's {kind} defaults assumed")
+    wider = [(n, r["img_size"]) for n, r in known if r["patch_size"] == patch and r["img_size"] // patch == grid != r["img_size"] / patch]
+    if wider:  # e.g. SigLIP so400m/14 at 384 px: 27 patches of 14 = 378, the last 6 px unseen; the weights cannot tell
+        other, size = wider[0]
+        guesses["img_size"] = (f"{grid}x{grid} patches of {patch} px read from pos_embed; {other}, of the same shapes, takes "
+                               f"{size} px images (the last {size - grid * patch} px unseen): pass --img-size {size} if it is that one")
     if pre_norm and norm_eps is None:
         guesses["norm_eps"] = "not stored in weights; 1e-5, as in every timm CLIP image tower, assumed"
     if pre_norm:

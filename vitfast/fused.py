@@ -19,9 +19,9 @@ measured faster on a GPU of the same compute capability (kernels/mlp_dispatch.js
 measured it takes "cublas". No GPU measurement has been committed yet, so today "auto" is
 "cublas" everywhere; "epilogue" is implemented and tested and can be forced with `mlp="epilogue"`.
 
-DINOv2 giant's SwiGLU MLP (`SwiGLUPacked`) runs fc1 on cuBLAS (bias included) and the gate,
-silu(gate) * value, in PyTorch (no kernel of ours yet); its fc2 and the attention half take the
-paths above.
+DINOv2 giant's SwiGLU MLP (`SwiGLUPacked`) runs fc1 on cuBLAS without its bias, then the
+bias + silu(gate) * value kernel (kernels/bias_swiglu.py) whatever the path; its fc2 and the
+attention half take the paths above.
 
 The forward has no Python-side state or caches to trace through: `torch.compile(fullgraph=True)`
 and `torch.export` see one graph of `torch.ops.vitfast.*` calls (see kernels/_common.py,
@@ -45,7 +45,7 @@ from .layers import Attention, Block, LayerScale, Mlp, SwiGLUPacked
 
 MLP_PATHS = ("auto", "cublas", "epilogue")
 DEFAULT_MLP_PATHS = ("cublas", "cublas")  # (fc1, fc2) where no measurement exists
-KERNEL_MODULES = ("add_layernorm", "attention", "bias_gelu", "linear_epilogue", "linear_layernorm")
+KERNEL_MODULES = ("add_layernorm", "attention", "bias_gelu", "bias_swiglu", "linear_epilogue", "linear_layernorm")
 
 
 @functools.cache
@@ -176,9 +176,8 @@ class FusedBlock(nn.Module):
         qkv = F.linear(h, attn.qkv.weight, attn.qkv.bias).view(B, N, 3, attn.num_heads, attn.head_dim)
         o = ops.fused_attention(qkv, attn.scale)
         x, h = self._branch_end(fc2, o, attn.proj, x, self.ls1, self.norm2)
-        if isinstance(mlp, SwiGLUPacked):  # no SwiGLU kernel yet: cuBLAS GEMM, then torch's SiLU and product
-            gate, value = F.linear(h, mlp.fc1.weight, mlp.fc1.bias).chunk(2, dim=-1)
-            m = F.silu(gate) * value
+        if isinstance(mlp, SwiGLUPacked):  # no GEMM epilogue for the gate: cuBLAS, then the bias+SwiGLU kernel
+            m = ops.bias_swiglu(F.linear(h, mlp.fc1.weight), mlp.fc1.bias)
         elif fc1 == "epilogue":
             m = ops.linear_bias_gelu(h, mlp.fc1.weight, mlp.fc1.bias, mlp.act.approximate)
         else:

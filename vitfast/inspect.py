@@ -169,7 +169,7 @@ class Inspection:
     """Everything `vitfast inspect` computes for a batch of images."""
 
     config: ViTConfig
-    pixels: np.ndarray  # [B, H, W, 3] or [B, H, W] (non-RGB models) in [0, 1], what the model saw
+    pixels: np.ndarray  # [B, H, W, 3] or [B, H, W] (non-RGB models) in [0, 1], what the model saw (whole patches)
     rollout: torch.Tensor  # [B, gh, gw]
     head_attention: torch.Tensor  # [B, heads, gh, gw], last layer (the attention pool's, with global_pool="map")
     pos_similarity: torch.Tensor  # [N, N]
@@ -240,10 +240,12 @@ def load_image(path: str | os.PathLike) -> Image.Image:
 
 
 def display_pixels(images: torch.Tensor, config: ViTConfig) -> np.ndarray:
-    """Normalised [B, C, H, W] -> [B, H, W, 3] RGB in [0, 1] (or [B, H, W] grey from channel 0 if C != 3)."""
+    """Normalised [B, C, H, W] -> [B, H', W', 3] RGB in [0, 1] (or [B, H', W'] grey from channel 0 if C != 3),
+    cut to the whole patches the model sees (H' = gh * patch_size), so the maps lie on the pixels they cover."""
     mean = torch.tensor(config.mean, dtype=torch.float32).view(1, -1, 1, 1)
     std = torch.tensor(config.std, dtype=torch.float32).view(1, -1, 1, 1)
-    x = (images.detach().to("cpu", torch.float32) * std + mean).clamp(0, 1)
+    (gh, gw), p = config.grid_size, config.patch_size
+    x = (images.detach().to("cpu", torch.float32)[..., : gh * p, : gw * p] * std + mean).clamp(0, 1)
     if x.shape[1] == 3:
         return x.permute(0, 2, 3, 1).numpy()
     return x[:, 0].numpy()
