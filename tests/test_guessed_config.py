@@ -210,3 +210,18 @@ def test_image_size_the_weights_cannot_tell_is_reported_when_a_registered_twin_s
         vitfast.load_checkpoint(tmp_path / "w.pth")
     sized = vitfast.load_checkpoint(tmp_path / "w.pth", img_size=36)
     assert sized.config.img_size == 36 and "img_size" not in sized.config_guesses
+
+
+def test_a_grid_read_without_its_class_token_is_reported_unless_a_registered_twin_does_so(tmp_path):
+    """4x6 patches plus an embedded class token make a pos_embed of 25 = 5x5: the shapes read as a 5x5 grid
+    without the class token (as DeiT-III stores it). Where no registered model of those shapes does that,
+    it is a guess and said; a DeiT-III state dict is not."""
+    from vitfast.convert import infer_timm_config
+
+    with torch.device("meta"):
+        odd = vitfast.create_model(vitfast.ViTConfig(img_size=(32, 48), patch_size=8, embed_dim=128, depth=2, num_heads=2))
+        deit3 = vitfast.create_model("deit3_small_patch16_224")
+    cfg, guesses = infer_timm_config(odd.state_dict())
+    assert (cfg.grid_size, cfg.no_embed_class) == ((5, 5), True) and "--config FILE.json" in guesses["no_embed_class"]
+    cfg, guesses = infer_timm_config(deit3.state_dict())
+    assert cfg.no_embed_class and "no_embed_class" not in guesses

@@ -194,6 +194,7 @@ def test_hf_dinov2_backbone_matches_pooler_output(tmp_path, registers):
         torch.save(hf.state_dict(), tmp_path / "bare.bin")  # without config.json: read off the shapes
     bare = vitfast.load_checkpoint(tmp_path / "bare.bin", overrides={"num_heads": 4})
     assert bare.config.norm_eps == 1e-6 and bare.config.reg_tokens == registers
+    assert bare.config.no_embed_class == (registers > 0) and "no_embed_class" not in bare.config_guesses  # converted so: a fact
     with torch.no_grad():
         torch.testing.assert_close(bare(x), hf(pixel_values=x).pooler_output, atol=ATOL, rtol=0)
 

@@ -193,6 +193,7 @@ def read_hf_state_dict(sd: StateDict, *, num_heads: int | None = None) -> tuple[
     guessed = ("norm_eps", *(() if swiglu else ("act_layer",)), *(k for k in pre if k != "crop_rounding"))  # HF floors crops: a fact
     if model_type == "siglip" and cfg.global_pool == "avg" and not cfg.num_classes:
         guesses["global_pool"] = HEADLESS_SIGLIP
+    guesses.pop("no_embed_class", None)  # a fact here: hf_to_timm folds DINOv2's register models into that layout
     return sd, cfg, guesses | dict.fromkeys(guessed, reason)
 
 
@@ -563,6 +564,11 @@ def infer_timm_config(
     kind = "CLIP" if pre_norm else "ViT"
     guesses |= dict.fromkeys(PREPROCESSING_GUESSED, f"preprocessing is not stored in a state dict; timm's {kind} defaults assumed")
     wider = [(n, r["img_size"]) for n, r in known if r["patch_size"] == patch and r["img_size"] // patch == grid != r["img_size"] / patch]
+    if no_embed_class and prefix and not any(r.get("no_embed_class") for _, r in known):
+        # DeiT-III and register models leave their prefix tokens out of pos_embed; a non-square grid of
+        # gh x gw patches with the class token embedded can have the same length (4 x 6 + 1 = 25)
+        guesses["no_embed_class"] = (f"pos_embed of length {n_pos} read as a {grid}x{grid} grid without the prefix tokens, as "
+                                     "DeiT-III and register models have it; if the grid is not square, pass --config FILE.json")
     if wider:  # e.g. SigLIP so400m/14 at 384 px: 27 patches of 14 = 378, the last 6 px unseen; the weights cannot tell
         other, size = wider[0]
         guesses["img_size"] = (f"{grid}x{grid} patches of {patch} px read from pos_embed; {other}, of the same shapes, takes "
