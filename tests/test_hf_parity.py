@@ -174,14 +174,22 @@ DINOV2 = dict(image_size=28, patch_size=7, hidden_size=64, num_hidden_layers=2, 
               layerscale_value=0.5)  # fmt: skip
 
 
+def _hf_dinov2(registers: int, *, classifier: bool = False, **kw):
+    """A random transformers DINOv2 (with `registers` register tokens if > 0): the backbone, or its
+    ImageClassification head; `kw` on top of DINOV2's config fields."""
+    fields = DINOV2 | kw
+    if registers:
+        cls = transformers.Dinov2WithRegistersForImageClassification if classifier else transformers.Dinov2WithRegistersModel
+        return cls(transformers.Dinov2WithRegistersConfig(**fields, num_register_tokens=registers))
+    cls = transformers.Dinov2ForImageClassification if classifier else transformers.Dinov2Model
+    return cls(transformers.Dinov2Config(**fields))
+
+
 @pytest.mark.parametrize("registers", [0, 4])
 def test_hf_dinov2_backbone_matches_pooler_output(tmp_path, registers):
     """Dinov2Model and Dinov2WithRegistersModel folders: layer scale, registers (their position
     embedding folded as timm does), the pooled class token == transformers' pooler_output."""
-    if registers:
-        hf = transformers.Dinov2WithRegistersModel(transformers.Dinov2WithRegistersConfig(**DINOV2, num_register_tokens=registers))
-    else:
-        hf = transformers.Dinov2Model(transformers.Dinov2Config(**DINOV2))
+    hf = _hf_dinov2(registers)
     _perturbed(hf).save_pretrained(tmp_path)
     with pytest.warns(vitfast.GuessedConfigWarning, match="BitImageProcessor defaults assumed"):
         model = vitfast.load_checkpoint(tmp_path)
@@ -205,11 +213,7 @@ def test_hf_dinov2_classifier_reads_class_and_mean_patch_token(tmp_path, registe
     class token and the mean of the patch tokens side by side (registers excluded), global_pool
     "token_avg"; as a folder with its labels and as a bare state dict."""
     labels = {0: "cat", 1: "dog", 2: "eel"}
-    if registers:
-        cfg = transformers.Dinov2WithRegistersConfig(**DINOV2, num_register_tokens=registers, id2label=labels)
-        hf = transformers.Dinov2WithRegistersForImageClassification(cfg)
-    else:
-        hf = transformers.Dinov2ForImageClassification(transformers.Dinov2Config(**DINOV2, id2label=labels))
+    hf = _hf_dinov2(registers, classifier=True, id2label=labels)
     _perturbed(hf).save_pretrained(tmp_path)
     with pytest.warns(vitfast.GuessedConfigWarning, match="BitImageProcessor defaults assumed"):
         model = vitfast.load_checkpoint(tmp_path)
@@ -242,12 +246,8 @@ def test_hf_dinov2_giant_swiglu_mlp(tmp_path, registers):
     """use_swiglu_ffn (facebook/dinov2-giant): SiLU-gated MLP whatever hidden_act says, 2/3 of mlp_ratio's
     width rounded up to 8, as a classifier. The folder holds the packed on-disk `weights_in` / `weights_out`;
     transformers 5's in-memory state dict splits fc1 into `gate_proj` and `up_proj`: both load."""
-    kw = dict(DINOV2, use_swiglu_ffn=True, mlp_ratio=4, num_labels=3)  # hidden (int(256 * 2/3) + 7) // 8 * 8 = 176
-    if registers:
-        hf = transformers.Dinov2WithRegistersForImageClassification(
-            transformers.Dinov2WithRegistersConfig(**kw, num_register_tokens=registers))
-    else:
-        hf = transformers.Dinov2ForImageClassification(transformers.Dinov2Config(**kw))
+    # SwiGLU width (int(256 * 2/3) + 7) // 8 * 8 = 176
+    hf = _hf_dinov2(registers, classifier=True, use_swiglu_ffn=True, mlp_ratio=4, num_labels=3)
     _perturbed(hf).save_pretrained(tmp_path)
     with pytest.warns(vitfast.GuessedConfigWarning, match="BitImageProcessor defaults assumed"):
         model = vitfast.load_checkpoint(tmp_path)
@@ -270,10 +270,7 @@ def test_hf_dinov2_runs_at_its_processors_size_as_transformers_does(tmp_path, re
     """DINOv2 ships image_size 518 with a processor cropping 224 and interpolates its position
     embeddings at run time: vitfast takes the processor's size (nothing guessed) and resizes them
     once at load, the way transformers does on every forward."""
-    if registers:
-        hf = transformers.Dinov2WithRegistersModel(transformers.Dinov2WithRegistersConfig(**DINOV2, num_register_tokens=registers))
-    else:
-        hf = transformers.Dinov2Model(transformers.Dinov2Config(**DINOV2))
+    hf = _hf_dinov2(registers)
     _perturbed(hf).save_pretrained(tmp_path)
     transformers.BitImageProcessor(size={"shortest_edge": 24}, crop_size={"height": 35, "width": 35}).save_pretrained(tmp_path)
     with warnings.catch_warnings():

@@ -546,30 +546,32 @@ def infer_timm_config(
         std=OPENAI_CLIP_STD if pre_norm and in_chans == 3 else INCEPTION_STD,
     )
     known = _registered_like(fields, family)
-    if known:
-        (name, entry), others = known[0], {n: r["num_heads"] for n, r in known if r["num_heads"] != known[0][1]["num_heads"]}
+    name, entry = known[0] if known else (None, {})
+    guesses: Guesses = {}
+    if num_heads is not None:  # the caller knows it
+        fields["num_heads"] = num_heads
+    elif known:
+        others = {n: r["num_heads"] for n, r in known if r["num_heads"] != entry["num_heads"]}
         fields["num_heads"] = entry["num_heads"]
-        why = f"num_heads cannot be read from weights; taken from {name}, the registered model of this width and depth"
+        guesses["num_heads"] = f"num_heads cannot be read from weights; taken from {name}, the registered model of this width and depth"
         if others:
             other, heads = next(iter(others.items()))
-            why += f" ({other}, of the same shapes, has {heads}: pass --num-heads {heads} if it is one of those)"
+            guesses["num_heads"] += f" ({other}, of the same shapes, has {heads}: pass --num-heads {heads} if it is one of those)"
     elif dim % 64 == 0:
         fields["num_heads"] = dim // 64
-        why = "num_heads cannot be read from weights; head_dim 64 assumed"
-    elif num_heads is None:
+        guesses["num_heads"] = "num_heads cannot be read from weights; head_dim 64 assumed"
+    else:
         raise CheckpointError(f"cannot infer num_heads for embed_dim {dim}; pass config= to load_checkpoint (CLI: --num-heads N)")
-    guesses: Guesses = {} if num_heads is not None else {"num_heads": why}
-    if num_heads is not None:
-        fields["num_heads"] = num_heads
     kind = "CLIP" if pre_norm else "ViT"
     guesses |= dict.fromkeys(PREPROCESSING_GUESSED, f"preprocessing is not stored in a state dict; timm's {kind} defaults assumed")
-    wider = [(n, r["img_size"]) for n, r in known if r["patch_size"] == patch and r["img_size"] // patch == grid != r["img_size"] / patch]
     if no_embed_class and prefix and not any(r.get("no_embed_class") for _, r in known):
         # DeiT-III and register models leave their prefix tokens out of pos_embed; a non-square grid of
         # gh x gw patches with the class token embedded can have the same length (4 x 6 + 1 = 25)
         guesses["no_embed_class"] = (f"pos_embed of length {n_pos} read as a {grid}x{grid} grid without the prefix tokens, as "
                                      "DeiT-III and register models have it; if the grid is not square, pass --config FILE.json")
-    if wider:  # e.g. SigLIP so400m/14 at 384 px: 27 patches of 14 = 378, the last 6 px unseen; the weights cannot tell
+    # e.g. SigLIP so400m/14 at 384 px: 27 patches of 14 = 378, the last 6 px unseen; the weights cannot tell
+    wider = [(n, r["img_size"]) for n, r in known if r["patch_size"] == patch and r["img_size"] // patch == grid != r["img_size"] / patch]
+    if wider:
         other, size = wider[0]
         guesses["img_size"] = (f"{grid}x{grid} patches of {patch} px read from pos_embed; {other}, of the same shapes, takes "
                                f"{size} px images (the last {size - grid * patch} px unseen): pass --img-size {size} if it is that one")
@@ -579,7 +581,7 @@ def infer_timm_config(
         guesses["act_layer"] = ("not stored in weights; GELU as in timm's *_clip_* models assumed. OpenAI's original "
                                 "weights and others trained with QuickGELU (timm's *_clip_quickgelu_*) need act_layer='quick_gelu'")
     elif fields["global_pool"] == "map":
-        fields["act_layer"] = entry.get("act_layer", "gelu") if known else "gelu"
+        fields["act_layer"] = entry.get("act_layer", "gelu")
         source = f"timm's {name}" if known else "timm's default"
         guesses["act_layer"] = (f"not stored in weights; {fields['act_layer']} as in {source} assumed. SigLIP was trained with the "
                                 "tanh form (act_layer='gelu_tanh'), which timm gives some of its SigLIP names and not others")
