@@ -13,9 +13,11 @@ Three targets from one calibration:
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import random
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Iterable
@@ -126,8 +128,12 @@ def _prepare_for_quantization(source: Path, prepared: Path) -> str:
     the same Q/DQ placement, and the sidecar says so."""
     from onnxruntime.quantization.shape_inference import quant_pre_process  # lazy: onnxruntime is the [onnx] extra
 
+    source, prepared = source.resolve(), prepared.resolve()
     try:
-        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=False)
+        # When its inference is incomplete, ONNX Runtime saves the half-inferred graph as sym_shape_infer_temp.onnx
+        # (+ a .data file) in the working directory before raising: run it in a scratch one, so nothing lands in the user's.
+        with tempfile.TemporaryDirectory(prefix="vitfast-shapes-") as scratch, contextlib.chdir(scratch):
+            quant_pre_process(str(source), str(prepared), skip_symbolic_shape=False)
         return "onnxruntime symbolic"
     except Exception as exc:  # noqa: BLE001 - only failures inside the symbolic inference are retried
         frames = [frame.filename for frame in traceback.extract_tb(exc.__traceback__)]

@@ -235,6 +235,26 @@ def test_int8_falls_back_to_onnx_shape_inference_when_onnxruntimes_fails(exporte
     assert torch.equal(vitfast.load_engine(out, backend="onnxruntime")(x), vitfast.load_engine(reference, backend="onnxruntime")(x))
 
 
+def test_incomplete_symbolic_shape_inference_leaves_nothing_in_the_working_directory(exported, tmp_path, monkeypatch):
+    """Where ONNX Runtime's symbolic inference cannot finish (the device's 1.30 on some graphs), it saves
+    sym_shape_infer_temp.onnx and a .data file in the working directory, then raises: int8 export falls back,
+    says so, and the user's directory stays as it was."""
+    from onnxruntime.tools import symbolic_shape_infer
+
+    def gives_up(self, *args, **kwargs):
+        self.run_ = False
+        return False  # "not all shapes inferred"
+
+    monkeypatch.setattr(symbolic_shape_infer.SymbolicShapeInference, "_infer_impl", gives_up)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    _, fp32, _ = exported["vit_cifar_patch4_32"]
+    out = quantize_int8(fp32, tmp_path / "q.onnx", torch.randn(8, 3, 32, 32), samples=8, progress=False)
+    assert read_sidecar(out)["int8"]["shape_inference"].startswith("onnx (ONNX Runtime's symbolic shape inference failed")
+    assert list(cwd.iterdir()) == []
+
+
 def test_int8_does_not_hide_other_preprocessing_failures(exported, tmp_path, monkeypatch):
     """Only a failure inside the symbolic shape inference is retried; anything else surfaces and
     leaves no output."""

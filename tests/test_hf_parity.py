@@ -244,8 +244,9 @@ def test_hf_dinov2_classifier_of_another_width_is_refused_by_name(tmp_path):
 @pytest.mark.parametrize("registers", [0, 4])
 def test_hf_dinov2_giant_swiglu_mlp(tmp_path, registers):
     """use_swiglu_ffn (facebook/dinov2-giant): SiLU-gated MLP whatever hidden_act says, 2/3 of mlp_ratio's
-    width rounded up to 8, as a classifier. The folder holds the packed on-disk `weights_in` / `weights_out`;
-    transformers 5's in-memory state dict splits fc1 into `gate_proj` and `up_proj`: both load."""
+    width rounded up to 8, as a classifier. Folders hold fc1 packed (`weights_in`, gate then value);
+    transformers from 5.2x splits it in memory (`gate_proj`, `up_proj`), earlier ones keep it packed:
+    bare state dicts in both layouts load."""
     # SwiGLU width (int(256 * 2/3) + 7) // 8 * 8 = 176
     hf = _hf_dinov2(registers, classifier=True, use_swiglu_ffn=True, mlp_ratio=4, num_labels=3)
     _perturbed(hf).save_pretrained(tmp_path)
@@ -253,16 +254,29 @@ def test_hf_dinov2_giant_swiglu_mlp(tmp_path, registers):
         model = vitfast.load_checkpoint(tmp_path)
     c = model.config
     assert (c.mlp_layer, c.act_layer, c.mlp_hidden, c.global_pool) == ("swiglu_packed", "silu", 2 * 176, "token_avg")
-    assert any(".gate_proj." in k for k in hf.state_dict())  # the split in-memory names, not the packed on-disk ones
     x = torch.randn(2, 3, 28, 28)
     with torch.no_grad():
         expected = hf(pixel_values=x).logits
         torch.testing.assert_close(model(x), expected, atol=ATOL, rtol=0)
-        torch.save(hf.state_dict(), tmp_path / "bare.bin")
-    bare = vitfast.load_checkpoint(tmp_path / "bare.bin", overrides={"num_heads": 4})
-    assert (bare.config.mlp_layer, bare.config.act_layer) == ("swiglu_packed", "silu")
-    with torch.no_grad():
-        torch.testing.assert_close(bare(x), expected, atol=ATOL, rtol=0)
+    sd, packed, split = hf.state_dict(), {}, {}  # this transformers' state dict, in both layouts
+    for key, value in sd.items():
+        if ".mlp.weights_in." in key:
+            gate, up = value.chunk(2)
+            split |= {key.replace("weights_in", "gate_proj"): gate, key.replace("weights_in", "up_proj"): up}
+            packed[key] = value
+        elif ".mlp.gate_proj." in key:
+            packed[key.replace("gate_proj", "weights_in")] = torch.cat([value, sd[key.replace("gate_proj", "up_proj")]])
+            split[key] = value
+        elif ".mlp.up_proj." in key:
+            split[key] = value
+        else:
+            packed[key] = split[key] = value
+    for layout, sd in (("packed", packed), ("split", split)):
+        torch.save(sd, tmp_path / f"{layout}.bin")
+        bare = vitfast.load_checkpoint(tmp_path / f"{layout}.bin", overrides={"num_heads": 4})
+        assert (bare.config.mlp_layer, bare.config.act_layer) == ("swiglu_packed", "silu"), layout
+        with torch.no_grad():
+            torch.testing.assert_close(bare(x), expected, atol=ATOL, rtol=0, msg=layout)
 
 
 @pytest.mark.parametrize("registers", [0, 4])
