@@ -53,6 +53,12 @@ def runs_reference(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and (not INTERPRET or is_fake(t))
 
 
+def rows_view(t: torch.Tensor, C: int) -> torch.Tensor:
+    """[..., C] -> [M, C] view with contiguous columns (copies only if it has to), as the row-wise kernels read it."""
+    t2 = t.reshape(-1, C)
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
 def span(t: torch.Tensor, dims: slice = slice(None)) -> int:
     """Largest element offset reachable through t's strides over `dims` (what a kernel multiplies out)."""
     return sum((n - 1) * abs(s) for n, s in zip(t.shape[dims], t.stride()[dims]))

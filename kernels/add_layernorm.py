@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op
 
-from ._common import check_device, next_pow2, runs_reference, wrap_triton
+from ._common import check_device, next_pow2, rows_view, runs_reference, wrap_triton
 
 
 @triton.jit
@@ -45,12 +45,6 @@ def _add_layernorm_kernel(
     tl.store(Out + row * stride_out + cols, (xc * rstd * w + b).to(Out.dtype.element_ty), mask=mask)
 
 
-def _rows(t: torch.Tensor, C: int) -> torch.Tensor:
-    """[..., C] -> [M, C] view with contiguous columns (copies only if it has to)."""
-    t2 = t.reshape(-1, C)
-    return t2 if t2.stride(-1) == 1 else t2.contiguous()
-
-
 def add_layernorm_launch(
     x: torch.Tensor,
     branch: torch.Tensor | None,
@@ -77,8 +71,8 @@ def add_layernorm_launch(
         raise ValueError(f"out must be a contiguous tensor of shape {tuple(x.shape)}")
     tensors = [x, weight, bias, out] + ([branch, residual_out] if branch is not None else []) + ([gamma] if gamma is not None else [])
     check_device(*tensors)
-    x2 = _rows(x, C)
-    y2 = _rows(branch, C) if branch is not None else x2
+    x2 = rows_view(x, C)
+    y2 = rows_view(branch, C) if branch is not None else x2
     res2 = residual_out.view(-1, C) if branch is not None else x2
     out2 = out.view(-1, C)
     BLOCK_C = next_pow2(C)

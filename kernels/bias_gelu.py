@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op
 
-from ._common import INTERPRET, check_device, next_pow2, runs_reference, wrap_triton
+from ._common import INTERPRET, check_device, next_pow2, rows_view, runs_reference, wrap_triton
 
 GELU_FORMS = {"none": 0, "tanh": 1, "sigmoid": 2}  # `approximate` -> the FORM constexpr
 
@@ -60,8 +60,7 @@ def bias_gelu_launch(x: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, app
     if out.shape != x.shape or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous tensor of shape {tuple(x.shape)}")
     check_device(x, bias, out)
-    x2 = x.reshape(-1, C)
-    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    x2 = rows_view(x, C)
     out2 = out.view(-1, C)
     M = x2.shape[0]
     BLOCK_C = min(next_pow2(C), 64 if INTERPRET else 256)

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op
 
-from ._common import INTERPRET, check_device, next_pow2, runs_reference, wrap_triton
+from ._common import INTERPRET, check_device, next_pow2, rows_view, runs_reference, wrap_triton
 
 
 @triton.jit
@@ -46,8 +46,7 @@ def bias_swiglu_launch(x: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -
     if out.shape != (*x.shape[:-1], H) or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous tensor of shape {(*x.shape[:-1], H)}")
     check_device(x, bias, out)
-    x2 = x.reshape(-1, C)
-    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    x2 = rows_view(x, C)
     out2 = out.view(-1, H)
     M = x2.shape[0]
     BLOCK_H = min(next_pow2(H), 64 if INTERPRET else 256)

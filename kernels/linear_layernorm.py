@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op
 
-from ._common import INTERPRET, autotune, check_device, next_pow2, require_fitting_config, runs_reference, wrap_triton
+from ._common import INTERPRET, autotune, check_device, next_pow2, require_fitting_config, rows_view, runs_reference, wrap_triton
 from .linear_epilogue import check_column_offsets, gemm_tile, shared_memory_bytes
 
 
@@ -141,8 +141,7 @@ def linear_residual_layernorm_launch(
     if x.is_cuda:
         require_fitting_config(_linear_residual_layernorm_kernel, {"X": x2}, x.device,
                                f"linear + LayerNorm ({str(x.dtype).removeprefix('torch.')})")
-    res2 = residual.reshape(M, N)
-    res2 = res2 if res2.stride(-1) == 1 else res2.contiguous()
+    res2 = rows_view(residual, N)
     ro2, out2 = residual_out.view(M, N), out.view(M, N)
     check_column_offsets("linear + LayerNorm", weight, x2, res2, ro2, out2)
 

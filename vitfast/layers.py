@@ -51,6 +51,13 @@ def check_image_shape(x: torch.Tensor, in_chans: int, img_size: tuple[int, int])
         )
 
 
+def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale) over the keys, [B, H, Nq, D] x [B, H, Nk, D] -> [B, H, Nq, Nk]; the softmax
+    sums in at least fp32 (fp16/bf16 models), then returns to q's dtype."""
+    attn = (q * scale) @ k.transpose(-2, -1)
+    return attn.to(torch.promote_types(attn.dtype, torch.float32)).softmax(dim=-1).to(q.dtype)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with one fused qkv Linear.
 
@@ -79,9 +86,7 @@ class Attention(nn.Module):
         if self.fused_attn and not return_attention:
             x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
         else:
-            attn = (q * self.scale) @ k.transpose(-2, -1)
-            # softmax sums in at least fp32 (fp16/bf16 models), then back to the model's dtype
-            attn = attn.to(torch.promote_types(attn.dtype, torch.float32)).softmax(dim=-1).to(q.dtype)
+            attn = attention_probs(q, k, self.scale)
             x = self.attn_drop(attn) @ v
         x = self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, C)))
         return (x, attn) if return_attention else x
@@ -123,8 +128,7 @@ class AttentionPoolLatent(nn.Module):
         if self.fused_attn and not return_attention:
             x = F.scaled_dot_product_attention(q, k, v)
         else:
-            attn = (q * self.scale) @ k.transpose(-2, -1)
-            attn = attn.to(torch.promote_types(attn.dtype, torch.float32)).softmax(dim=-1).to(q.dtype)
+            attn = attention_probs(q, k, self.scale)
             x = attn @ v
         x = self.proj(x.reshape(B, C))  # [B, H, 1, D] -> [B, C]: one query, heads side by side
         x = x + self.mlp(self.norm(x))

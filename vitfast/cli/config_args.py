@@ -29,7 +29,7 @@ def add_config_args(parser: argparse.ArgumentParser, labels: bool = True) -> Non
                        help="ViTConfig fields as a JSON object (all or some), or an HF preprocessor_config.json / config.json, "
                             "a timm config.json or a vitfast sidecar")  # fmt: skip
     group.add_argument("--num-heads", type=int, metavar="N", help="attention heads (not stored in timm weights)")
-    group.add_argument("--act-layer", choices=ACT_LAYERS, help="MLP activation: gelu (erf), gelu_tanh, quick_gelu (OpenAI CLIP); not stored in weights")
+    group.add_argument("--act-layer", choices=ACT_LAYERS, help="MLP activation: gelu (erf), gelu_tanh, quick_gelu (OpenAI CLIP), silu (SwiGLU's gate only); not stored in weights")
     group.add_argument("--norm-eps", type=float, metavar="E", help="LayerNorm epsilon (not stored in weights)")
     group.add_argument("--num-classes", type=int, metavar="N", help="classifier outputs (0: no head)")
     group.add_argument("--mean", type=float, nargs="+", metavar="M", help="normalisation mean per channel, e.g. 0.485 0.456 0.406")
