@@ -34,6 +34,7 @@ def test_non_square_image_size_round_trips():
         (dict(global_pool="max"), "global_pool must be one of"),
         (dict(global_pool="token_avg", class_token=False), 'global_pool="token_avg" needs class_token=True'),
         (dict(global_pool="token_avg", fc_norm=True), 'fc_norm is not supported with global_pool="token_avg"'),
+        (dict(global_pool="avg", fc_norm=True, final_norm=False), "fc_norm=True asks for the norm after pooling that final_norm=False removes"),
         (dict(mlp_layer="swiglu"), "mlp_layer must be one of"),
         (dict(mlp_layer="swiglu_packed"), 'goes with act_layer="silu"'),
         (dict(act_layer="silu"), 'goes with act_layer="silu"'),

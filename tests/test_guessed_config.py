@@ -225,3 +225,29 @@ def test_a_grid_read_without_its_class_token_is_reported_unless_a_registered_twi
     assert (cfg.grid_size, cfg.no_embed_class) == ((5, 5), True) and "--config FILE.json" in guesses["no_embed_class"]
     cfg, guesses = infer_timm_config(deit3.state_dict())
     assert cfg.no_embed_class and "no_embed_class" not in guesses
+
+
+def test_every_registered_architecture_is_read_back_off_its_shapes():
+    """A bare state dict of any registered model gives back its architecture: widths, depth, MLP kind, tokens,
+    pooling, the norms present (none after the blocks for RADIO / InternViT-300M), qkv bias, layer scale; and
+    its head count, taken from the registered model of its shapes; where two registered models of the same
+    shapes differ in heads (ViT-B/16 gap has 16, SigLIP-B/16 gap 12), the guess names the other's flag."""
+    from vitfast.convert import infer_timm_config
+
+    arch = ("embed_dim", "depth", "num_heads", "mlp_hidden", "mlp_layer", "class_token", "distilled", "reg_tokens", "no_embed_class",
+            "global_pool", "use_fc_norm", "final_norm", "pre_norm", "qkv_bias", "hybrid_layers", "representation_size",
+            "num_classes", "grid_size", "patch_size")  # fmt: skip
+    wrong = {}
+    for name in vitfast.list_models():
+        truth = vitfast.get_config(name)
+        with torch.device("meta"):
+            sd = vitfast.create_model(truth).state_dict()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg, guesses = infer_timm_config(sd)
+        got, want = ({k: getattr(c, k) for k in arch} | {"layer_scale": c.init_values is not None} for c in (cfg, truth))
+        if got["num_heads"] != want["num_heads"] and f"--num-heads {want['num_heads']} " in guesses["num_heads"]:
+            got["num_heads"] = want["num_heads"]
+        if got != want:
+            wrong[name] = {k: (got[k], want[k]) for k in got if got[k] != want[k]}
+    assert not wrong

@@ -103,6 +103,8 @@ VARIANTS = {
     "dinov2-classifier-token-avg": tiny_config(global_pool="token_avg", reg_tokens=2, init_values=0.5, no_embed_class=True),
     "token-avg-pre-logits": tiny_config(global_pool="token_avg", representation_size=40),
     "dinov2-giant-swiglu": tiny_config(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=3, init_values=0.5),
+    "radio-no-final-norm": tiny_config(final_norm=False, reg_tokens=3, no_embed_class=True, init_values=0.5),
+    "no-final-norm-avg": tiny_config(final_norm=False, class_token=False, global_pool="avg"),
     "odd-sizes": tiny_config(img_size=(40, 24), patch_size=8, embed_dim=36, num_heads=3, mlp_ratio=2.5, in_chans=2),
 }
 

@@ -16,7 +16,7 @@ from vitfast.fused import FusedBlock  # noqa: E402
 
 VARIANTS = {
     "plain": tiny_config(),
-    "tanh-no-qkv-bias": tiny_config(act_layer="gelu_tanh", qkv_bias=False, embed_dim=48, num_heads=3),
+    "tanh-no-qkv-bias-no-final-norm": tiny_config(act_layer="gelu_tanh", qkv_bias=False, final_norm=False, embed_dim=48, num_heads=3),
     "distilled": tiny_config(distilled=True),
     "layer-scale-registers-avg": tiny_config(init_values=0.1, reg_tokens=2, class_token=False, global_pool="avg", no_embed_class=True),
     "clip-pre-norm-quick-gelu": tiny_config(pre_norm=True, act_layer="quick_gelu", norm_eps=1e-5),
@@ -65,7 +65,7 @@ def test_fused_path_really_runs_the_kernels(device, monkeypatch):
     assert len(calls) == tiny_config().depth
 
 
-@pytest.mark.parametrize("name", ["plain", "tanh-no-qkv-bias", "layer-scale-registers-avg"])
+@pytest.mark.parametrize("name", ["plain", "tanh-no-qkv-bias-no-final-norm", "layer-scale-registers-avg"])
 def test_epilogue_mlp_path_matches_reference(device, name, monkeypatch):
     """mlp="epilogue": fc1 + bias + GELU as a Triton GEMM epilogue; proj and fc2 + bias
     (+ LayerScale) + residual + the next LayerNorm as one Triton GEMM (the last fc2: + residual

@@ -37,6 +37,13 @@ VARIANTS = {
     "siglip-map": ("vit_base_patch32_siglip_256", dict(img_size=64, depth=2, num_classes=5)),
     "siglip-gap": ("vit_base_patch16_siglip_gap_224", dict(img_size=64, depth=2, num_classes=0)),
     "siglip-so400m-384": ("vit_so400m_patch14_siglip_384", dict(img_size=44, depth=1, num_classes=0)),  # 3x3 patches of 14
+    "sbb-reg1-gap": ("vit_little_patch16_reg1_gap_256", dict(img_size=64, depth=2, num_classes=5)),
+    "sbb-gap-no-qkv-bias": ("vit_medium_patch16_gap_256", dict(img_size=64, depth=2, num_classes=5)),
+    "so150m2-reg-in-pos-embed": ("vit_so150m2_patch16_reg1_gap_256", dict(img_size=64, depth=1, num_classes=5)),
+    "so150m-reg4-map": ("vit_so150m_patch16_reg4_map_256", dict(img_size=64, depth=1, num_classes=5)),
+    "eva-avg-with-class-token": ("eva_large_patch14_196", dict(img_size=56, depth=1, num_classes=5, embed_dim=128, num_heads=2)),
+    "radio-no-final-norm": ("vit_base_patch16_radio_v3", dict(img_size=64, depth=2, num_classes=5)),
+    "intern300m-no-final-norm": ("vit_intern300m_patch14_448", dict(img_size=56, depth=1, num_classes=5)),
 }
 
 
@@ -57,7 +64,11 @@ def test_timm_state_dict_matches(tmp_path, variant):
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
 
 
-@pytest.mark.parametrize("variant", ["plain", "deit-distilled", "hybrid-r26", "clip", "dinov2-reg4", "siglip-gap"])
+@pytest.mark.parametrize(
+    "variant",
+    ["plain", "deit-distilled", "hybrid-r26", "clip", "dinov2-reg4", "siglip-gap", "sbb-gap-no-qkv-bias", "so150m2-reg-in-pos-embed",
+     "eva-avg-with-class-token", "radio-no-final-norm", "intern300m-no-final-norm"],
+)  # fmt: skip
 def test_timm_config_inferred_from_shapes(tmp_path, variant):
     name, kw = VARIANTS[variant]
     ref = _timm_model(name, **kw)
@@ -130,6 +141,7 @@ def test_pos_embed_resize_matches_timm(tmp_path, variant):
         ("clip-quickgelu", 64, None, True),
         ("dinov2-reg4", 56, None, True),
         ("siglip-map", 64, None, True),
+        ("radio-no-final-norm", 64, None, True),
     ],
 )
 def test_save_for_hf_folder_loads_as_timm_loads_it(tmp_path, variant, img_size, data_config, safe):

@@ -61,6 +61,7 @@ class ViTConfig:
     reg_tokens: int = 0  # register tokens (Darcet et al. 2023)
     no_embed_class: bool = False  # position embeddings cover patches only (DeiT-III, reg models)
     fc_norm: bool | None = None  # None: timm's rule, norm after pooling iff global_pool == "avg"
+    final_norm: bool = True  # False: no norm after the blocks nor after pooling (timm's RADIO, InternViT-300M)
     pre_norm: bool = False  # LayerNorm before the blocks, patch projection without bias (CLIP image towers)
     representation_size: int | None = None  # pre-logits Linear + tanh of the original ViT head
     norm_eps: float = 1e-6
@@ -181,6 +182,8 @@ class ViTConfig:
             bad(f'global_pool="{self.global_pool}" needs class_token=True; use global_pool="avg" without a class token')
         if self.global_pool == "token_avg" and self.fc_norm:
             bad('fc_norm is not supported with global_pool="token_avg" (the final norm runs before pooling, as in DINOv2)')
+        if self.fc_norm and not self.final_norm:
+            bad("fc_norm=True asks for the norm after pooling that final_norm=False removes; drop one of them")
         if self.distilled and not (self.class_token and self.global_pool == "token"):
             bad('distilled (DeiT) models need class_token=True and global_pool="token"')
         if self.reg_tokens < 0:

@@ -536,6 +536,7 @@ def infer_timm_config(
         no_embed_class=no_embed_class,
         global_pool=_timm_pool(sd, class_token, fc_norm, dim),
         fc_norm=fc_norm,
+        final_norm=fc_norm or has("norm.weight"),  # RADIO and InternViT-300M end on the last block
         pre_norm=pre_norm,
         representation_size=sd["pre_logits.fc.weight"].shape[0] if has("pre_logits.fc.weight") else None,
         num_classes=sd["head.weight"].shape[0] if has("head.weight") else 0,
@@ -608,7 +609,7 @@ def _registered_like(fields: dict[str, Any], family: str | None) -> list[tuple[s
     """Registry entries with the shapes of `fields` (width, depth, tokens, stem, pooling): named with
     `family` (such as "siglip") first, if given, then those of the same patch size, then image size.
     A "token_avg" head (no registered model has one) matches the class-token models it was trained on."""
-    shape_keys = ("embed_dim", "depth", "class_token", "reg_tokens", "hybrid_layers", "pre_norm", "global_pool", "mlp_layer")
+    shape_keys = ("embed_dim", "depth", "class_token", "reg_tokens", "hybrid_layers", "pre_norm", "global_pool", "mlp_layer", "final_norm")
     default = {k: f.default for k, f in ViTConfig.__dataclass_fields__.items()}
     if fields["global_pool"] == "token_avg":
         fields = fields | {"global_pool": "token"}

@@ -74,12 +74,12 @@ class VisionTransformer(nn.Module):
             ]
         )
         # timm's rule: with average pooling the final norm moves after the pooling (fc_norm).
-        self.norm = nn.Identity() if c.use_fc_norm else norm_layer(dim, eps=c.norm_eps)
+        self.norm = norm_layer(dim, eps=c.norm_eps) if c.final_norm and not c.use_fc_norm else nn.Identity()
         if c.global_pool == "map":
             self.attn_pool = AttentionPoolLatent(
                 dim, c.num_heads, c.mlp_hidden, norm_eps=c.norm_eps, act_layer=c.act_layer, norm_layer=norm_layer
             )
-        self.fc_norm = norm_layer(dim, eps=c.norm_eps) if c.use_fc_norm else nn.Identity()
+        self.fc_norm = norm_layer(dim, eps=c.norm_eps) if c.final_norm and c.use_fc_norm else nn.Identity()
         if c.representation_size:
             self.pre_logits = nn.Sequential(
                 OrderedDict(fc=nn.Linear(c.num_features, c.representation_size), act=nn.Tanh())

@@ -24,8 +24,22 @@ SIZES = {
     "so400m": (1152, 27, 16),  # SigLIP's shape-optimised ViT (Alabdulmohsin et al. 2023), MLP 4304 wide
     "giantopt": (1536, 40, 16),
     "giant2": (1536, 40, 24),  # DINOv2's ViT-g/14 (timm names it "giant"; ViT-g of Zhai et al. is 1408 wide)
+    "giant": (1408, 40, 16),  # ViT-g and ViT-G of Zhai et al. 2022 (EVA-CLIP, LAION's big CLIP towers)
+    "gigantic": (1664, 48, 16),
+    # timm's "searching for better baselines" sizes (Wightman 2024) and the ViT+ of Beyer et al.
+    "xsmall": (256, 10, 4),
+    "wee": (256, 14, 4),
+    "little": (320, 14, 5),
+    "medium": (512, 12, 8),
+    "mediumd": (512, 20, 8),
+    "betwixt": (640, 12, 10),
+    "base_plus": (896, 12, 14),
+    "so150m": (896, 18, 14),
+    "so150m2": (832, 21, 13),
 }
-MLP_RATIOS = {"so400m": 3.7362}  # timm's value: int(1152 * 3.7362) = 4304
+# MLP width / embed_dim where it is not 4: the ratios give timm's int(embed_dim * mlp_ratio)
+MLP_RATIOS = {"so400m": 3.7362, "giant": 6144 / 1408, "gigantic": 8192 / 1664, "wee": 5.0, "little": 5.6, "so150m": 2304 / 896,
+              "so150m2": 2176 / 832}  # fmt: skip
 
 
 def _vit(size: str, patch: int, img: int, **kw: Any) -> dict[str, Any]:
@@ -58,6 +72,16 @@ _CLIP_INCEPTION = dict(_CLIP, mean=INCEPTION_MEAN, std=INCEPTION_STD)  # LAION V
 _QUICK = dict(_CLIP, act_layer="quick_gelu", crop_pct=1.0)
 _DINOV2 = dict(init_values=1e-5, num_classes=0, crop_pct=1.0, **_DEIT)
 _REG4 = dict(reg_tokens=4, no_embed_class=True)
+# timm's sbb models: register tokens and average pooling, layer scale, [-1, 1] normalisation, crop 0.95
+_SBB_REG = dict(init_values=1e-5, class_token=False, no_embed_class=True, global_pool="avg", crop_pct=0.95)
+# ... and their older no-register form: no qkv bias, no norm after pooling
+_SBB_GAP = dict(init_values=1e-6, class_token=False, qkv_bias=False, global_pool="avg", fc_norm=False, crop_pct=0.95)
+# timm's CLIP towers trained as image-text encoders (their default tags are image embeddings)
+_CLIP_EMBED = dict(_CLIP, crop_pct=1.0)
+# TIPSv2 (Google): one register, layer scale starting at 1, unnormalised [0, 1] pixels, 448 px features
+_TIPS = dict(reg_tokens=1, no_embed_class=True, init_values=1.0, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), crop_pct=1.0, num_classes=0)
+# C-RADIO (NVIDIA) as timm ports it: registers, no norm after the blocks, 512 px features
+_RADIO = dict(no_embed_class=True, final_norm=False, crop_pct=1.0, num_classes=0, mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD)
 # DINOv2's giant: SwiGLU of width (int(4C * 2/3) + 7) // 8 * 8 = 4096, packed into one 8192-wide fc1 (timm's mlp_ratio)
 _SWIGLU = dict(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=2.66667 * 2)
 
@@ -154,6 +178,70 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     **_siglip("so400m", 14, (384, 448, 896), gap=True, crop_pct=1.0),  # 448, 896: PaliGemma's encoders
     **_siglip("so400m", 16, (256, 384, 512), gap=True, tanh=True),
     **_siglip("giantopt", 16, (256, 384), gap=True, tanh=True),
+    # timm's "searching for better baselines" (sbb) ViTs: register tokens, average pooling; and the ViT+ sizes
+    "vit_wee_patch16_reg1_gap_256": _vit("wee", 16, 256, reg_tokens=1, **_SBB_REG),
+    "vit_little_patch16_reg1_gap_256": _vit("little", 16, 256, reg_tokens=1, **_SBB_REG),
+    "vit_little_patch16_reg4_gap_256": _vit("little", 16, 256, reg_tokens=4, **_SBB_REG),
+    "vit_medium_patch16_reg1_gap_256": _vit("medium", 16, 256, reg_tokens=1, **_SBB_REG),
+    "vit_medium_patch16_reg4_gap_256": _vit("medium", 16, 256, reg_tokens=4, **_SBB_REG),
+    "vit_mediumd_patch16_reg4_gap_256": _vit("mediumd", 16, 256, reg_tokens=4, **_SBB_REG),
+    "vit_mediumd_patch16_reg4_gap_384": _vit("mediumd", 16, 384, reg_tokens=4, **dict(_SBB_REG, crop_pct=1.0)),
+    "vit_betwixt_patch16_reg1_gap_256": _vit("betwixt", 16, 256, reg_tokens=1, **_SBB_REG),
+    "vit_betwixt_patch16_reg4_gap_256": _vit("betwixt", 16, 256, reg_tokens=4, **_SBB_REG),
+    "vit_betwixt_patch16_reg4_gap_384": _vit("betwixt", 16, 384, reg_tokens=4, **dict(_SBB_REG, crop_pct=1.0)),
+    "vit_medium_patch16_gap_240": _vit("medium", 16, 240, num_classes=11821, **_SBB_GAP),  # ImageNet-12k head
+    "vit_medium_patch16_gap_256": _vit("medium", 16, 256, **_SBB_GAP),
+    "vit_medium_patch16_gap_384": _vit("medium", 16, 384, crop_mode="squash", **_SBB_GAP),
+    "vit_betwixt_patch16_gap_256": _vit("betwixt", 16, 256, **_SBB_GAP),
+    "vit_so150m_patch16_reg4_gap_256": _vit("so150m", 16, 256, class_token=False, reg_tokens=4, global_pool="avg", fc_norm=False, crop_pct=0.95),
+    "vit_so150m_patch16_reg4_gap_384": _vit("so150m", 16, 384, class_token=False, reg_tokens=4, global_pool="avg", fc_norm=False, crop_pct=1.0),
+    "vit_so150m_patch16_reg4_map_256": _vit("so150m", 16, 256, class_token=False, reg_tokens=4, global_pool="map"),
+    **{f"vit_so150m2_patch16_reg1_gap_{img}": _vit("so150m2", 16, img, class_token=False, reg_tokens=1, global_pool="avg", qkv_bias=False,
+                                                    init_values=1e-5, crop_pct=1.0, crop_mode="squash" if img == 448 else "center")
+       for img in (256, 384, 448)},
+    "vit_base_patch16_plus_240": _vit("base_plus", 16, 240, init_values=1e-5, crop_pct=0.95),
+    "vit_base_patch32_plus_256": _vit("base_plus", 32, 256, init_values=1e-5, crop_pct=0.95),
+    "vit_small_patch16_36x1_224": _vit("small", 16, 224, depth=36, init_values=1e-5),
+    # big plain ViTs: ViT-H, ViT-g, ViT-G (Zhai et al. 2022), average-pooled feature towers
+    "vit_huge_patch14_gap_224": _vit("huge", 14, 224, class_token=False, global_pool="avg", fc_norm=False, num_classes=0, **_DEIT),
+    "vit_huge_patch16_gap_448": _vit("huge", 16, 448, class_token=False, global_pool="avg", fc_norm=False, num_classes=0, **_DEIT),
+    "vit_giant_patch14_224": _vit("giant", 14, 224),
+    "vit_giant_patch16_gap_224": _vit("giant", 16, 224, class_token=False, global_pool="avg", fc_norm=False, num_classes=0, crop_pct=0.9, **_DEIT),
+    "vit_gigantic_patch14_224": _vit("gigantic", 14, 224),
+    # ImageNet-21k MIIL weights: no qkv bias, unnormalised pixels, bilinear
+    "vit_base_patch16_224_miil": _vit("base", 16, 224, qkv_bias=False, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), crop_pct=0.875,
+                                      interpolation="bilinear", num_classes=11221),
+    # EVA-01's ViT-L/14 fine-tunes (class token kept, average pooling), FlexiViT at its 240 px default
+    "eva_large_patch14_196": _vit("large", 14, 196, global_pool="avg", crop_pct=1.0, mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD),
+    "eva_large_patch14_336": _vit("large", 14, 336, global_pool="avg", crop_pct=1.0, crop_mode="squash", mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD),
+    "flexivit_small": _vit("small", 16, 240, no_embed_class=True, crop_pct=0.95),
+    "flexivit_base": _vit("base", 16, 240, no_embed_class=True, crop_pct=0.95),
+    "flexivit_large": _vit("large", 16, 240, no_embed_class=True, crop_pct=0.95),
+    # more CLIP image towers (LAION, DataComp, MetaCLIP sizes): image embeddings
+    "vit_xsmall_patch16_clip_224": _vit("xsmall", 16, 224, **_CLIP, num_classes=512),
+    "vit_medium_patch16_clip_224": _vit("medium", 16, 224, **_CLIP, num_classes=512),
+    "vit_medium_patch32_clip_224": _vit("medium", 32, 224, **_CLIP, num_classes=512),
+    "vit_betwixt_patch32_clip_224": _vit("betwixt", 32, 224, **_CLIP, num_classes=512),
+    "vit_base_patch32_clip_256": _vit("base", 32, 256, **_CLIP_EMBED, num_classes=512),
+    "vit_base_patch16_plus_clip_240": _vit("base_plus", 16, 240, **_CLIP_EMBED, num_classes=640),
+    "vit_huge_patch14_clip_378": _vit("huge", 14, 378, **_CLIP_EMBED, num_classes=1024),
+    "vit_giant_patch14_clip_224": _vit("giant", 14, 224, **_CLIP_EMBED, num_classes=1024),
+    "vit_gigantic_patch14_clip_224": _vit("gigantic", 14, 224, **_CLIP_EMBED, num_classes=1280),
+    "vit_gigantic_patch14_clip_378": _vit("gigantic", 14, 378, **_CLIP_EMBED, crop_mode="squash", num_classes=1280),
+    "vit_gigantic_patch14_clip_quickgelu_224": _vit("gigantic", 14, 224, **_QUICK, num_classes=1280),
+    # TIPSv2 image towers
+    "vit_base_patch14_reg1_tipsv2": _vit("base", 14, 448, **_TIPS),
+    "vit_large_patch14_reg1_tipsv2": _vit("large", 14, 448, **_TIPS),
+    "vit_so400m_patch14_reg1_tipsv2": _vit("so400m", 14, 448, **_TIPS),
+    "vit_giant_patch14_reg1_tipsv2": _vit("giant2", 14, 448, **_TIPS, **_SWIGLU),
+    # RADIO v3 / v4 and InternViT-300M: features of the last block, no final norm
+    "vit_base_patch16_radio_v3": _vit("base", 16, 512, reg_tokens=7, init_values=1e-5, **_RADIO),
+    "vit_large_patch16_radio_v3": _vit("large", 16, 512, reg_tokens=7, init_values=1e-5, **_RADIO),
+    "vit_huge_patch16_radio_v3": _vit("huge", 16, 512, reg_tokens=7, **_RADIO),
+    "vit_giant_patch16_radio_v3": _vit("giant2", 16, 512, reg_tokens=7, **_RADIO),
+    "vit_huge_patch16_radio_v4": _vit("huge", 16, 512, reg_tokens=9, **_RADIO),
+    "vit_so400m_patch16_radio_v4": _vit("so400m", 16, 512, reg_tokens=9, **_RADIO),
+    "vit_intern300m_patch14_448": _vit("large", 14, 448, init_values=0.1, final_norm=False, crop_pct=1.0, num_classes=0, **_DEIT),
     # CIFAR-sized model for tests, demos and quick experiments (not a timm name)
     "vit_cifar_patch4_32": dict(
         img_size=32, patch_size=4, embed_dim=48, depth=4, num_heads=4, mlp_ratio=4.0, num_classes=10,
