@@ -220,13 +220,13 @@ def test_mismatch_lists_missing_unexpected_and_shapes(tmp_path):
     cfg = tiny_config()
     sd = vitfast.create_model(cfg).state_dict()
     del sd["blocks.1.norm2.bias"]
-    sd["blocks.0.attn.q_norm.weight"] = torch.ones(16)
+    sd["blocks.0.attn.extra.weight"] = torch.ones(16)
     torch.save(sd, tmp_path / "m.pth")
     with pytest.raises(CheckpointError) as err:
         vitfast.load_checkpoint(tmp_path / "m.pth", config=cfg.replace(num_classes=5))
     msg = str(err.value)
     assert "1 missing: blocks.1.norm2.bias" in msg
-    assert "1 unexpected: blocks.0.attn.q_norm.weight" in msg
+    assert "1 unexpected: blocks.0.attn.extra.weight" in msg
     assert "head.weight (checkpoint [7, 64] vs model [5, 64])" in msg
 
 
@@ -238,3 +238,31 @@ def test_hf_directory_problems(tmp_path):
     (tmp_path / "noweights" / "config.json").write_text('{"model_type": "vit"}')
     with pytest.raises(CheckpointError, match="no model.safetensors or pytorch_model.bin"):
         vitfast.load_checkpoint(tmp_path / "noweights")
+
+
+def _renamed(sd, old, new):
+    return {k.replace(old, new): v for k, v in sd.items()}
+
+
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        (lambda sd: _renamed(sd, "blocks.0.attn.", "blocks.0.attns.0.attn."), "ParallelThingsBlock"),
+        (lambda sd: sd | {"blocks.0.in_proj.weight": torch.zeros(8, 64)}, "ParallelScalingBlock"),
+        (lambda sd: sd | {"blocks.0.attn.lambda_q1": torch.zeros(16)}, "differential attention"),
+        (lambda sd: sd | {"blocks.0.attn.q_norm.weight": torch.ones(16)}, "qk_norm"),
+        (lambda sd: sd | {"blocks.0.mlp.norm.weight": torch.ones(256)}, "a norm inside the attention or MLP branch"),
+        (lambda sd: _renamed(sd, "mlp.fc1.", "mlp.fc1_g."), "SwiGLU with separate gate and value"),
+        (lambda sd: sd | {"blocks.0.attn.relative_position_bias_table": torch.zeros(9, 4)}, "relative position biases"),
+        (lambda sd: _renamed(sd, "ls1.gamma", "gamma_1"), "gamma_1"),
+        (lambda sd: {k: v for k, v in sd.items() if not k.endswith("norm1.bias")}, "RMSNorm"),
+    ],
+)
+@pytest.mark.parametrize("given", [False, True])
+def test_block_structures_vitfast_does_not_implement_are_named(tmp_path, edit, named, given):
+    """A timm state dict of a model vitfast's blocks cannot hold (parallel blocks, qk-norm, BEiT/EVA
+    layers, RMSNorm, ...) stops with what it has, not a KeyError or a list of unexpected keys."""
+    cfg = tiny_config(init_values=0.1)
+    torch.save(edit(vitfast.create_model(cfg).state_dict()), tmp_path / "m.pth")
+    with pytest.raises(CheckpointError, match=rf"blocks have .*{named}.*does not implement"):
+        vitfast.load_checkpoint(tmp_path / "m.pth", config=cfg if given else None)

@@ -275,3 +275,40 @@ def test_pretrained_cfg_preprocessing_matches_timm(tag, overrides):
     images = _random_images(rng, hw)
     for config in (from_hub, from_flag):
         _assert_preprocess_matches(transform, config, images)
+
+
+@pytest.mark.parametrize(
+    "name, named",
+    [
+        ("vit_small_patch16_18x2_224", "ParallelThingsBlock"),
+        ("vit_base_patch16_xp_224", "ParallelScalingBlock"),
+        ("vit_pwee_patch16_reg1_gap_256", "ParallelScalingBlock"),
+        ("vit_dwee_patch16_reg1_gap_256", "differential attention"),
+        ("beit3_base_patch16_224", "a norm inside the attention or MLP branch"),
+        ("aimv2_large_patch14_224", "SwiGLU with separate gate and value"),
+        ("eva02_tiny_patch14_224", "separate q/k/v projections"),
+        ("beitv2_base_patch16_224", "relative position biases"),
+        ("vit_medium_patch16_rope_reg1_gap_256", "gamma_1"),
+        ("test_vit4", "RMSNorm"),
+    ],
+)
+def test_timm_models_vitfast_cannot_build_are_named_from_their_weights(tmp_path, name, named):
+    """Real timm models whose blocks vitfast does not implement: a bare state dict and a save_for_hf folder
+    both stop with the structure named (before, most stopped with a KeyError)."""
+    from timm.models import save_for_hf
+
+    ref = timm.create_model(name, pretrained=False, depth=1, img_size=64)
+    torch.save(ref.state_dict(), tmp_path / "model.pth")
+    save_for_hf(ref, tmp_path / "hub")
+    for path in (tmp_path / "model.pth", tmp_path / "hub"):
+        with pytest.raises(vitfast.CheckpointError, match=rf"(blocks have|holds {name}: ).*{named}.*does not implement"):
+            vitfast.load_checkpoint(path)
+
+
+def test_a_res_post_norm_hub_folder_is_refused_though_its_weights_fit_a_plain_vit(tmp_path):
+    """timm's ResPostBlock ViT has a pre-norm ViT's keys and shapes; only its architecture name tells them apart."""
+    from timm.models import save_for_hf
+
+    save_for_hf(timm.create_model("vit_base_patch16_rpn_224", pretrained=False, depth=1, img_size=64), tmp_path)
+    with pytest.raises(vitfast.CheckpointError, match="ResPostBlock"):
+        vitfast.load_checkpoint(tmp_path)

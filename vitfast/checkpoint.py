@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from ._version import __version__
 from .atomic import atomic_write
 from .config import ViTConfig
-from .convert import Guesses, StateDict, detect_format, hf_config_to_vit, hf_to_timm, infer_timm_config, read_hf_state_dict, timm_hub_config
+from .convert import Guesses, StateDict, check_structure, detect_format, hf_config_to_vit, hf_to_timm, infer_timm_config, read_hf_state_dict, timm_hub_config
 from .errors import CheckpointError, ConfigError, GuessedConfigWarning, first_line
 from .model import VisionTransformer
 from .pos_embed import resample_pos_embed
@@ -130,6 +130,8 @@ def _read(path: Path, *, given: ViTConfig | None = None, num_heads: int | None =
             raise CheckpointError(f"{path}: the config stored in this vitfast checkpoint is invalid: {exc}") from None
     sd = _unwrap(sd)
     fmt = detect_format(sd)
+    if fmt == "timm":
+        check_structure(sd, path)
     if given is not None:
         return given, hf_to_timm(sd) if fmt == "hf" else sd, fmt, {}
     if fmt == "hf":
@@ -151,6 +153,7 @@ def _read_dir(path: Path) -> tuple[ViTConfig, StateDict, str, Guesses]:
     if "architecture" in hub_cfg:  # timm's save_for_hf / push_to_hf_hub layout
         sd = _unwrap(sd)
         detect_format(sd)
+        check_structure(sd, path)
         cfg, guesses = timm_hub_config(hub_cfg, sd)
         return cfg, sd, "timm", guesses
     if detect_format(sd) != "hf":

@@ -24,7 +24,7 @@ from .config import (
     CROP_MODES, IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ViTConfig,
 )  # fmt: skip
 from .errors import CheckpointError, ConfigError
-from .registry import _REGISTRY, get_config
+from .registry import _REGISTRY, get_config, unsupported_reason
 
 StateDict = dict[str, torch.Tensor]
 Guesses = dict[str, str]  # ViTConfig field -> why its value is a guess
@@ -76,6 +76,38 @@ def detect_format(sd: StateDict) -> str:
         "this checkpoint is not a Vision Transformer vitfast can read: found neither timm keys "
         f"('patch_embed.proj.weight') nor Hugging Face ViT keys ('...{HF_PATCH_KEY}'); its first keys are: {sample}"
     )
+
+
+# timm block structures vitfast does not implement, by a key that only they have (block 0 is enough)
+_FOREIGN_STRUCTURES = (
+    (r"blocks\.0\.attns\.0\.", "parallel attention and MLP branches (timm's ParallelThingsBlock: vit_*_18x2_*)"),
+    (r"blocks\.0\.in_proj\.", "one fused input projection for parallel attention and MLP (timm's ParallelScalingBlock: *_xp_*, vit_pwee_*)"),
+    (r"blocks\.0\.attn\.lambda_q1$", "differential attention (timm's DiffAttention: vit_dwee_*, vit_dlittle_*)"),
+    (r"blocks\.0\.attn\.[qk]_norm\.", "query/key normalisation (timm's qk_norm=True)"),
+    (r"blocks\.0\.(attn|mlp)\.norm\.", "a norm inside the attention or MLP branch (timm's scale_attn_norm / scale_mlp_norm: beit3_*, EVA-02)"),
+    (r"blocks\.0\.mlp\.fc1_g\.", "SwiGLU with separate gate and value projections (timm's SwiGLU: aimv2_*, EVA-02)"),
+    (r"relative_position_bias_table$", "relative position biases (BEiT, Swin)"),
+    (r"blocks\.0\.gamma_1$", "layer scale named gamma_1 (timm's BEiT, EVA and CaiT blocks, its RoPE ViTs among them)"),
+    (r"blocks\.0\.attn\.(q_proj|q_bias)", "separate q/k/v projections or biases (timm's beit.py / eva.py attention)"),
+)
+
+
+def foreign_structure(sd: StateDict) -> str | None:
+    """What in a timm-named state dict vitfast's blocks cannot hold (None when nothing is): parallel blocks,
+    differential attention, qk-norm, norms inside the branches, unpacked SwiGLU, BEiT/EVA layers, RMSNorm."""
+    for pattern, what in _FOREIGN_STRUCTURES:
+        if any(re.search(pattern, k) for k in sd):
+            return what
+    if "blocks.0.norm1.weight" in sd and "blocks.0.norm1.bias" not in sd:
+        return "norms without a bias (RMSNorm: timm's norm_layer='rmsnorm', AIMv2)"
+    return None
+
+
+def check_structure(sd: StateDict, where: object) -> None:
+    """Raise `CheckpointError` naming the block structure vitfast does not implement, if `sd` has one."""
+    if what := foreign_structure(sd):
+        raise CheckpointError(f"{where}: this checkpoint's blocks have {what}, which vitfast's ViT does not implement; "
+                              "it cannot be loaded (vitfast models lists what can)")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- Hugging Face
@@ -624,6 +656,8 @@ def timm_hub_config(cfg: dict[str, Any], sd: StateDict) -> tuple[ViTConfig, Gues
     `pretrained_cfg`, class names from `label_names`. An architecture vitfast has not registered
     is read off the weights' shapes instead (its head count then being a guess)."""
     arch = str(cfg["architecture"])
+    if why := unsupported_reason(arch):  # its weights can look like a plain ViT's (ResPostBlock): never read them as one
+        raise CheckpointError(f"this timm Hub folder holds {arch}: {why}, which vitfast's ViT does not implement")
     model_args = {k: v for k, v in (cfg.get("model_args") or {}).items() if k in ViTConfig.__dataclass_fields__}
     try:
         base, guesses = get_config(arch, **model_args), {}

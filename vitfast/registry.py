@@ -250,6 +250,25 @@ _REGISTRY: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+# timm vision_transformer.py names whose blocks vitfast does not implement, and why (first match wins)
+_UNSUPPORTED = (
+    ("vit_*_rpn_*", "its blocks normalise after each residual branch, not before (timm's ResPostBlock)"),
+    ("vit_*_18x2_*", "its blocks run two attention and two MLP branches in parallel (timm's ParallelThingsBlock)"),
+    ("vit_*_xp_*", "its blocks run attention and MLP in parallel from one fused projection, with RMSNorm and qk-norm "
+                   "(timm's ParallelScalingBlock)"),
+    ("vit_*pwee_*", "its blocks run attention and MLP in parallel from one fused projection (timm's ParallelScalingBlock)"),
+    ("vit_d*_reg1_gap_*", "it uses differential attention (timm's DiffAttention)"),
+    ("beit3_*", "its attention and MLP branches have norms inside them (timm's scale_attn_norm / scale_mlp_norm)"),
+    ("aimv2_*", "it uses RMSNorm, SwiGLU with separate gate and value projections and bias-free attention"),
+)  # fmt: skip
+
+
+def unsupported_reason(name: str) -> str | None:
+    """Why timm's model `name` (a tag after a dot ignored) has no vitfast equivalent, or None if not known to lack one."""
+    base = name.split(".", 1)[0]
+    return next((why for pattern, why in _UNSUPPORTED if fnmatch.fnmatch(base, pattern)), None)
+
+
 def list_models(pattern: str | None = None) -> list[str]:
     """Registered names, sorted; `pattern` is a shell-style filter such as ``"deit*"``."""
     names = sorted(_REGISTRY)
@@ -259,6 +278,8 @@ def list_models(pattern: str | None = None) -> list[str]:
 def get_config(name: str, **overrides: Any) -> ViTConfig:
     """The config registered as `name` (a timm tag after a dot is ignored), with overrides applied."""
     base = name.split(".", 1)[0]
+    if base not in _REGISTRY and (why := unsupported_reason(base)):
+        raise ConfigError(f"timm's {base} cannot be built by vitfast: {why}, which vitfast's ViT does not implement")
     if base not in _REGISTRY:
         close = difflib.get_close_matches(base, _REGISTRY, n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
