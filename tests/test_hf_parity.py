@@ -400,3 +400,52 @@ def test_hf_siglip2_naflex_tower_is_refused_by_name(tmp_path):
     transformers.Siglip2VisionModel(cfg).save_pretrained(tmp_path)
     with pytest.raises(vitfast.CheckpointError, match="SigLIP 2 NaFlex"):
         vitfast.load_checkpoint(tmp_path)
+
+
+SMALL_VIT = dict(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96)
+
+
+@pytest.mark.parametrize("layout", ["as saved", "hub"])
+def test_hf_vit_msn_classifier_matches(tmp_path, layout):
+    """ViT-MSN (`facebook/vit-msn-*`): ViT's layers under model_type "vit_msn", LayerNorm eps 1e-6 by default.
+    The hub's files keep the layers under `vit.`; transformers 5's save_pretrained writes them without it."""
+    from safetensors.torch import load_file, save_file
+
+    hf = _perturbed(transformers.ViTMSNForImageClassification(transformers.ViTMSNConfig(**SMALL_VIT, num_labels=5)))
+    hf.save_pretrained(tmp_path)
+    if layout == "hub":
+        saved = load_file(tmp_path / "model.safetensors")
+        save_file({f"vit.{k}" if k.startswith("encoder.") else k: v for k, v in saved.items()}, tmp_path / "model.safetensors")
+    with pytest.warns(vitfast.GuessedConfigWarning, match="ViTImageProcessor defaults"):  # no preprocessor_config.json here
+        model = vitfast.load_checkpoint(tmp_path)
+    assert (model.config.global_pool, model.config.norm_eps, model.config.num_classes) == ("token", 1e-6, 5)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(pixel_values=x).logits, atol=ATOL, rtol=0)
+
+
+def test_hf_ijepa_classifier_reads_the_mean_token(tmp_path):
+    """I-JEPA (`facebook/ijepa_*`): no class token, position embeddings on the patches only; the classifier
+    reads the mean of the normalised tokens."""
+    labels = {0: "cat", 1: "dog", 2: "eel"}
+    cfg = transformers.IJepaConfig(**SMALL_VIT, id2label=labels, label2id={v: k for k, v in labels.items()})
+    hf = _perturbed(transformers.IJepaForImageClassification(cfg))
+    hf.save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", vitfast.GuessedConfigWarning)  # preprocessing: no preprocessor_config.json
+        model = vitfast.load_checkpoint(tmp_path)
+    c = model.config
+    assert (c.class_token, c.global_pool, c.use_fc_norm, c.norm_eps, c.labels) == (False, "avg", False, 1e-12, ("cat", "dog", "eel"))
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(pixel_values=x).logits, atol=ATOL, rtol=0)
+
+
+def test_hf_ijepa_backbone_returns_the_mean_token_and_says_so(tmp_path):
+    hf = _perturbed(transformers.IJepaModel(transformers.IJepaConfig(**SMALL_VIT)))
+    hf.save_pretrained(tmp_path)
+    with pytest.warns(vitfast.GuessedConfigWarning, match="global_pool='avg' \\(I-JEPA has no class token"):
+        model = vitfast.load_checkpoint(tmp_path)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(pixel_values=x).last_hidden_state.mean(1), atol=ATOL, rtol=0)

@@ -43,7 +43,11 @@ CLIP_MODEL_TYPES = ("clip", "clip_vision_model")
 SIGLIP_MODEL_TYPES = ("siglip", "siglip_vision_model")
 HEADLESS_SIGLIP = ("this SigLIP tower has no attention pool (vision_use_head=False), so transformers returns no pooled output; "
                    "vitfast returns the mean of its tokens, as timm's *_siglip_gap_* models do")  # fmt: skip
+HEADLESS_IJEPA = ("I-JEPA has no class token and IJepaModel returns no pooled output; vitfast returns the mean of its normalised "
+                  "tokens, the features IJepaForImageClassification classifies")  # fmt: skip
 DINOV2_MODEL_TYPES = ("dinov2", "dinov2_with_registers")
+# ViT's layers under other model types: MSN (class token, eps 1e-6) and I-JEPA (no class token, classifies the mean token)
+VIT_MODEL_TYPES = ("vit", "deit", "vit_msn", "ijepa")
 # PIL resample codes used in HF image processors (1 lanczos, 4 box, 5 hamming are not supported).
 PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 # transformers' (5.x) class defaults for what a preprocessor_config.json leaves out; mean/std default to 0.5.
@@ -58,7 +62,8 @@ PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
     "ConvNextImageProcessor": dict(size={"shortest_edge": 384}, crop_pct=0.875, resample=3),
 }
 # The image processor transformers pairs with each model type.
-MODEL_PROCESSORS = {"vit": "ViTImageProcessor", "deit": "DeiTImageProcessor"} | dict.fromkeys(CLIP_MODEL_TYPES, "CLIPImageProcessor") \
+MODEL_PROCESSORS = {"vit": "ViTImageProcessor", "deit": "DeiTImageProcessor", "vit_msn": "ViTImageProcessor", "ijepa": "ViTImageProcessor"} \
+    | dict.fromkeys(CLIP_MODEL_TYPES, "CLIPImageProcessor") \
     | dict.fromkeys(DINOV2_MODEL_TYPES, "BitImageProcessor") | dict.fromkeys(SIGLIP_MODEL_TYPES, "SiglipImageProcessor")  # fmt: skip
 # Processors whose integer `size` means the shortest edge (the others read it as a square).
 SHORTEST_EDGE_PROCESSORS = ("CLIPImageProcessor", "BitImageProcessor", "ConvNextImageProcessor", "SiglipImageProcessor")
@@ -162,7 +167,7 @@ def hf_to_timm(sd: StateDict) -> StateDict:
     for key, value in sd.items():
         if key.startswith(prefix):
             inner = key[len(prefix) :]
-        elif key.split(".")[0] in heads:
+        elif key.split(".")[0] in heads or layer_re.match(key):  # transformers 5 saves ViT-MSN's layers without its prefix
             inner = key
         else:
             out[key] = value  # unknown: reported as unexpected by the loader
@@ -235,12 +240,12 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
     if model_type in CLIP_MODEL_TYPES + SIGLIP_MODEL_TYPES:
         vision = (cfg.get("vision_config") or {}) if model_type in ("clip", "siglip") else cfg
         fields = _tower_fields(vision, sd, clip=model_type in CLIP_MODEL_TYPES)
-    elif model_type in ("vit", "deit", *DINOV2_MODEL_TYPES):
+    elif model_type in (*VIT_MODEL_TYPES, *DINOV2_MODEL_TYPES):
         fields = _vit_fields(cfg, model_type, sd)
     else:
-        known = ", ".join(repr(t) for t in ("vit", "deit", *DINOV2_MODEL_TYPES, *CLIP_MODEL_TYPES, *SIGLIP_MODEL_TYPES))
-        raise CheckpointError(f"config.json describes a {model_type!r} model; vitfast reads ViT, DeiT, DINOv2, CLIP and SigLIP "
-                              f"(model_type {known})")  # fmt: skip
+        known = ", ".join(repr(t) for t in (*VIT_MODEL_TYPES, *DINOV2_MODEL_TYPES, *CLIP_MODEL_TYPES, *SIGLIP_MODEL_TYPES))
+        raise CheckpointError(f"config.json describes a {model_type!r} model; vitfast reads ViT, DeiT, ViT-MSN, I-JEPA, DINOv2, CLIP "
+                              f"and SigLIP (model_type {known})")  # fmt: skip
     head = sd.get("head.weight")
     id2label = cfg.get("id2label") or {}
     if head is not None and len(id2label) == head.shape[0] and not _generic_labels(id2label):
@@ -248,10 +253,12 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
     guesses: Guesses = {}
     if model_type in SIGLIP_MODEL_TYPES and fields["global_pool"] == "avg" and head is None:
         guesses["global_pool"] = HEADLESS_SIGLIP
+    if model_type == "ijepa" and head is None:
+        guesses["global_pool"] = HEADLESS_IJEPA
     if preprocessor is None:
         preprocessor = _default_preprocessor(model_type, fields["img_size"])
         reason = f"no preprocessor_config.json; {preprocessor['image_processor_type']} defaults assumed"
-        guesses = dict.fromkeys(("mean", "std", "interpolation", "crop_pct", "crop_mode"), reason)
+        guesses |= dict.fromkeys(("mean", "std", "interpolation", "crop_pct", "crop_mode"), reason)
     # DINOv2 interpolates its position embeddings to whatever size it is given (the processor's)
     follow_size = model_type in DINOV2_MODEL_TYPES
     pre, pre_guesses = hf_preprocessing(preprocessor, fields["in_chans"], fields["img_size"], follow_size=follow_size,
@@ -268,16 +275,19 @@ def _hf_act(section: dict[str, Any], default: str) -> str:
 
 
 def _vit_fields(cfg: dict[str, Any], model_type: str, sd: StateDict) -> dict[str, Any]:
-    """ViTConfig architecture fields of a ViT / DeiT / DINOv2 config.json (transformers' defaults for what it leaves out)."""
+    """ViTConfig architecture fields of a ViT / DeiT / ViT-MSN / I-JEPA / DINOv2 config.json (transformers' defaults
+    for what it leaves out). I-JEPA has no class token: its classifier reads the mean of the normalised tokens."""
     dinov2 = model_type in DINOV2_MODEL_TYPES
     fields = _hf_shape_fields(cfg, sd, patch_size=14 if dinov2 else 16)
     dim = fields["embed_dim"]
     if dinov2:
         fields["global_pool"] = _dinov2_pool(sd.get("head.weight"), dim)
+    if model_type == "ijepa":
+        fields |= dict(class_token=False, global_pool="avg", fc_norm=False)
     fields |= dict(
         mlp_ratio=cfg.get("mlp_ratio", 4.0) if dinov2 else cfg.get("intermediate_size", 4 * dim) / dim,
         qkv_bias=cfg.get("qkv_bias", True),
-        norm_eps=cfg.get("layer_norm_eps", 1e-6 if dinov2 else 1e-12),
+        norm_eps=cfg.get("layer_norm_eps", 1e-6 if dinov2 or model_type == "vit_msn" else 1e-12),
         act_layer=_hf_act(cfg, "gelu"),
         distilled="dist_token" in sd,
     )
