@@ -9,7 +9,9 @@ Triton kernel against what it replaces, timed side by side.
    path `optimize()` takes for an fp32 model: its IEEE dot compiles to unrolled FMA code that spills
    in all but one of the listed tiles on sm_90a (benchmarks/NOTES.md), so it may lose to SDPA. A
    backend that refuses the shape is a row with its reason.
-3. add+LayerNorm GB/s vs PyTorch (x + y, then F.layer_norm) and as a fraction of the copy bandwidth.
+3. add+LayerNorm GB/s vs PyTorch (x + y, then F.layer_norm) and as a fraction of the copy bandwidth;
+   likewise the MLP's activations after a bias-free cuBLAS fc1: bias+GELU (ViT-B/16's 3072 wide) vs
+   F.gelu(x + b), and bias+SwiGLU (the DINOv2 giant's packed 2 x 4096) vs silu(gate) * value of x + b.
 4. Where one ViT-B/16 forward's time goes (batch 256): torch.profiler per kernel and per category,
    eager vs optimize() on each MLP path (`forward_profile`).
 5. The GEMMs with epilogues vs cuBLAS + the separate kernels, ViT-S/B/L widths, M = batch x 197:
@@ -45,6 +47,7 @@ from vitfast.errors import describe_exception, first_line
 from vitfast.kernels import add_layernorm as aln
 from vitfast.kernels import attention as att
 from vitfast.kernels import bias_gelu as bg
+from vitfast.kernels import bias_swiglu as bs
 from vitfast.kernels import linear_epilogue as le
 from vitfast.kernels import linear_layernorm as ll
 from vitfast.kernels._common import describe_config
@@ -65,6 +68,7 @@ class Shapes:
     attention: tuple[tuple[int, int, int, int], ...]  # (B, N, H, D), in dtypes[0]
     attention_fp32: tuple[tuple[int, int, int, int], ...]  # (B, N, H, D), in fp32
     layernorm: tuple[tuple[int, int], ...]  # (rows, C)
+    activations: tuple[tuple[str, int, int], ...]  # (op, rows, MLP width H): bias+GELU reads and writes H, bias+SwiGLU reads 2H
     mlp: dict  # model -> (C, hidden)
     mlp_batches: tuple[int, ...]
     profile: tuple[str, dict, int]  # (model, overrides, batch) of the per-kernel forward profile
@@ -77,12 +81,14 @@ GPU = Shapes(
     attention=tuple((B, N, 12, D) for N, B in ((197, 256), (577, 64), (1025, 16)) for D in (64, 80, 128)),
     attention_fp32=((64, 197, 12, 64),),
     layernorm=tuple((256 * 197, C) for C in (384, 768, 1024)),
+    activations=(("bias+gelu", 256 * 197, 3072), ("bias+swiglu", 16 * 1370, 4096)),  # ViT-B/16 batch 256; giant/14 518 px batch 16
     mlp={"vit_small": (384, 1536), "vit_base": (768, 3072), "vit_large": (1024, 4096)}, mlp_batches=(1, 8, 64, 256),
     profile=("vit_base_patch16_224", {}, 256),
 )  # fmt: skip
 DRY_RUN = Shapes(
     device="cpu", dtypes=(torch.float32,), copy_elems=1 << 16, matmul_n=128,
-    attention=((2, 13, 2, 32), (1, 9, 1, 80)), attention_fp32=((1, 9, 1, 32),), layernorm=((10, 96),), mlp={"tiny": (32, 128)}, mlp_batches=(1, 2),
+    attention=((2, 13, 2, 32), (1, 9, 1, 80)), attention_fp32=((1, 9, 1, 32),), layernorm=((10, 96),),
+    activations=(("bias+gelu", 10, 96), ("bias+swiglu", 7, 48)), mlp={"tiny": (32, 128)}, mlp_batches=(1, 2),
     profile=("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 8, "depth": 2}, 2), tokens=5, iters=3,
 )  # fmt: skip
 
@@ -260,6 +266,30 @@ def layernorm_speed(s: Shapes, copy_GBps: float, deadline: float, rows: list) ->
         gbps = nbytes / ours / 1e6
         rows.append(row | dict(status="ok", vitfast_ms=ours, torch_ms=ref, vitfast_GBps=gbps, torch_GBps=nbytes / ref / 1e6,
                                fraction_of_copy=gbps / copy_GBps))  # fmt: skip
+    return rows
+
+
+def activation_speed(s: Shapes, copy_GBps: float, deadline: float, rows: list) -> list[dict]:
+    """The bias + activation kernels vs the PyTorch ops they replace, in GB/s and as a fraction of copy bandwidth."""
+    dtype = s.dtypes[0]
+    ops = {  # op -> (fc1 output width, ours, torch's)
+        "bias+gelu": (1, lambda x, b: bg.bias_gelu(x, b, "none"), lambda x, b: F.gelu(x + b)),
+        "bias+swiglu": (2, bs.bias_swiglu, lambda x, b: (lambda g, v: F.silu(g) * v)(*(x + b).chunk(2, dim=-1))),
+    }
+    for op, M, H in s.activations:
+        row = dict(op=op, rows=M, H=H, dtype=dtype_name(dtype))
+        if time.monotonic() > deadline:
+            rows.append(row | NOT_REACHED)
+            continue
+        width, ours_fn, torch_fn = ops[op]
+        sets = [(torch.randn(M, width * H, device=s.device, dtype=dtype),) for _ in range(3)]
+        b = torch.randn(width * H, device=s.device, dtype=dtype)
+        nbytes = (width + 1) * M * H * sets[0][0].element_size()  # read fc1's output, write the activation
+        ours = median_ms(lambda x: ours_fn(x, b), sets, s.device, s.iters)
+        ref = median_ms(lambda x: torch_fn(x, b), sets, s.device, s.iters)
+        gbps = nbytes / ours / 1e6
+        rows.append(row | dict(status="ok", vitfast_ms=ours, torch_ms=ref, vitfast_GBps=gbps, torch_GBps=nbytes / ref / 1e6,
+                               speedup=ref / ours, fraction_of_copy=gbps / copy_GBps))  # fmt: skip
     return rows
 
 

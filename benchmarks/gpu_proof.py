@@ -288,6 +288,7 @@ def part_kernels(result: dict, args: argparse.Namespace, deadline: float) -> Non
     warm = result["precompile"] = [{"section": "attention"} | gk.warm_attention(s)]
     section(result, "attention", lambda: gk.attention_speed(s, left(0.6), result.setdefault("attention", [])))
     section(result, "add_layernorm", lambda: gk.layernorm_speed(s, copy_GBps, left(0.7), result.setdefault("add_layernorm", [])))
+    section(result, "activations", lambda: gk.activation_speed(s, copy_GBps, left(0.7), result.setdefault("activations", [])))
     name, overrides, batch = s.profile
     warm.append({"section": "profile"} | gk.warm_model(vitfast.get_config(name, **overrides), s.dtypes[0], s.device, (batch,)))
     section(result, "profile", lambda: gk.forward_profile(s, left(0.6)))
@@ -443,6 +444,9 @@ def markdown(part: str, result: dict) -> str:
                     "sdpa_cudnn_TFLOPs", "speedup_vs_best_sdpa"]  # fmt: skip
         lines += md_table(result.get("attention", []), att_cols) + ["", "## add + LayerNorm", ""]
         lines += md_table(result.get("add_layernorm", []), ["rows", "C", "dtype", "status", "vitfast_GBps", "torch_GBps", "fraction_of_copy"])
+        lines += ["", "## bias + activation after a bias-free fc1", ""]
+        lines += md_table(result.get("activations", []), ["op", "rows", "H", "dtype", "status", "vitfast_GBps", "torch_GBps", "speedup",
+                                                          "fraction_of_copy"])  # fmt: skip
         lines += profile_markdown(result.get("profile"))
         lines += ["", "## GEMMs with epilogues vs cuBLAS + separate kernels", ""]
         lines += md_table(result.get("mlp", []), ["op", "model", "dtype", "batch", "status", "cublas_TFLOPs", "epilogue_TFLOPs", "speedup",

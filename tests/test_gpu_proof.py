@@ -75,6 +75,9 @@ def test_kernels_part_schema(dry_run):
         assert row["status"] == "ok" and row["vitfast_TFLOPs"] > 0
         assert all(f"sdpa_{b}_ms" in row or f"sdpa_{b}_reason" in row for b in ("flash", "efficient", "cudnn"))
     assert all(r["status"] == "ok" and 0 < r["fraction_of_copy"] for r in result["add_layernorm"])
+    assert [r["op"] for r in result["activations"]] == ["bias+gelu", "bias+swiglu"]
+    assert all(r["status"] == "ok" and r["speedup"] > 0 and 0 < r["fraction_of_copy"] for r in result["activations"])
+    assert "## bias + activation after a bias-free fc1" in (dry_run / "proof-kernels.md").read_text()
     ops = {r["op"].split("+")[0] for r in result["mlp"]}
     assert ops == {"fc1", "fc2", "proj"} and all(r["passes_2x_rule"] for r in result["mlp"])
     assert all(r["tuning"]["picked"] for r in result["attention"] + result["mlp"])  # one config under the interpreter
