@@ -21,7 +21,9 @@ from safetensors.torch import save_file
 from ._version import __version__
 from .atomic import atomic_write
 from .config import ViTConfig
-from .convert import Guesses, StateDict, check_structure, detect_format, hf_config_to_vit, hf_to_timm, infer_timm_config, read_hf_state_dict, timm_hub_config
+from .convert import (
+    Guesses, StateDict, check_structure, detect_format, hf_config_to_vit, hf_to_timm, infer_timm_config, read_hf_state_dict, timm_hub_config,
+)  # fmt: skip
 from .errors import CheckpointError, ConfigError, GuessedConfigWarning, first_line
 from .model import VisionTransformer
 from .pos_embed import resample_pos_embed

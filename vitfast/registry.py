@@ -202,7 +202,7 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     "vit_base_patch16_plus_240": _vit("base_plus", 16, 240, init_values=1e-5, crop_pct=0.95),
     "vit_base_patch32_plus_256": _vit("base_plus", 32, 256, init_values=1e-5, crop_pct=0.95),
     "vit_small_patch16_36x1_224": _vit("small", 16, 224, depth=36, init_values=1e-5),
-    # big plain ViTs: ViT-H, ViT-g, ViT-G (Zhai et al. 2022), average-pooled feature towers
+    # big plain ViTs: ViT-H, and ViT-g / ViT-G of Zhai et al. 2022, some as average-pooled feature towers
     "vit_huge_patch14_gap_224": _vit("huge", 14, 224, class_token=False, global_pool="avg", fc_norm=False, num_classes=0, **_DEIT),
     "vit_huge_patch16_gap_448": _vit("huge", 16, 448, class_token=False, global_pool="avg", fc_norm=False, num_classes=0, **_DEIT),
     "vit_giant_patch14_224": _vit("giant", 14, 224),
@@ -266,6 +266,8 @@ _UNSUPPORTED = (
 def unsupported_reason(name: str) -> str | None:
     """Why timm's model `name` (a tag after a dot ignored) has no vitfast equivalent, or None if not known to lack one."""
     base = name.split(".", 1)[0]
+    if base in _REGISTRY:
+        return None
     return next((why for pattern, why in _UNSUPPORTED if fnmatch.fnmatch(base, pattern)), None)
 
 
