@@ -261,12 +261,17 @@ def layernorm_speed(s: Shapes, copy_GBps: float, deadline: float, rows: list) ->
         sets = [tuple(torch.randn(M, C, device=s.device, dtype=dtype) for _ in range(2)) for _ in range(3)]
         w, b = torch.randn(C, device=s.device, dtype=dtype), torch.randn(C, device=s.device, dtype=dtype)
         nbytes = 4 * M * C * sets[0][0].element_size()  # read x, y; write x + y, LN(x + y)
-        ours = median_ms(lambda x, y: aln.add_layernorm(x, y, w, b, 1e-6), sets, s.device, s.iters)
-        ref = median_ms(lambda x, y: F.layer_norm(x + y, (C,), w, b, 1e-6), sets, s.device, s.iters)
-        gbps = nbytes / ours / 1e6
-        rows.append(row | dict(status="ok", vitfast_ms=ours, torch_ms=ref, vitfast_GBps=gbps, torch_GBps=nbytes / ref / 1e6,
-                               fraction_of_copy=gbps / copy_GBps))  # fmt: skip
+        rows.append(row | bandwidth(s, sets, nbytes, copy_GBps, lambda x, y: aln.add_layernorm(x, y, w, b, 1e-6),
+                                    lambda x, y: F.layer_norm(x + y, (C,), w, b, 1e-6)))  # fmt: skip
     return rows
+
+
+def bandwidth(s: Shapes, sets: list, nbytes: int, copy_GBps: float, ours_fn, torch_fn) -> dict:
+    """A memory-bound kernel and the PyTorch ops it replaces, timed on the same rotating inputs: ms, GB/s
+    (`nbytes` moved per call) and our GB/s as a fraction of the copy bandwidth."""
+    ours, ref = (median_ms(fn, sets, s.device, s.iters) for fn in (ours_fn, torch_fn))
+    gbps = nbytes / ours / 1e6
+    return dict(status="ok", vitfast_ms=ours, torch_ms=ref, vitfast_GBps=gbps, torch_GBps=nbytes / ref / 1e6, fraction_of_copy=gbps / copy_GBps)
 
 
 def activation_speed(s: Shapes, copy_GBps: float, deadline: float, rows: list) -> list[dict]:
@@ -285,11 +290,8 @@ def activation_speed(s: Shapes, copy_GBps: float, deadline: float, rows: list) -
         sets = [(torch.randn(M, width * H, device=s.device, dtype=dtype),) for _ in range(3)]
         b = torch.randn(width * H, device=s.device, dtype=dtype)
         nbytes = (width + 1) * M * H * sets[0][0].element_size()  # read fc1's output, write the activation
-        ours = median_ms(lambda x: ours_fn(x, b), sets, s.device, s.iters)
-        ref = median_ms(lambda x: torch_fn(x, b), sets, s.device, s.iters)
-        gbps = nbytes / ours / 1e6
-        rows.append(row | dict(status="ok", vitfast_ms=ours, torch_ms=ref, vitfast_GBps=gbps, torch_GBps=nbytes / ref / 1e6,
-                               speedup=ref / ours, fraction_of_copy=gbps / copy_GBps))  # fmt: skip
+        timed = bandwidth(s, sets, nbytes, copy_GBps, lambda x: ours_fn(x, b), lambda x: torch_fn(x, b))
+        rows.append(row | timed | dict(speedup=timed["torch_ms"] / timed["vitfast_ms"]))
     return rows
 
 

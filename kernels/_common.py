@@ -53,6 +53,13 @@ def runs_reference(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and (not INTERPRET or is_fake(t))
 
 
+def elementwise_tiles(M: int, width: int) -> tuple[int, int, tuple[int, int]]:
+    """(BLOCK_M, BLOCK_N, grid) of a row-wise elementwise kernel writing [M, width]: 8 rows x up to 256
+    columns per program (16 x 64 under the interpreter)."""
+    block_m, block_n = (16, min(next_pow2(width), 64)) if INTERPRET else (8, min(next_pow2(width), 256))
+    return block_m, block_n, (-(-M // block_m), -(-width // block_n))
+
+
 def rows_view(t: torch.Tensor, C: int) -> torch.Tensor:
     """[..., C] -> [M, C] view with contiguous columns (copies only if it has to), as the row-wise kernels read it."""
     t2 = t.reshape(-1, C)

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op
 
-from ._common import INTERPRET, check_device, next_pow2, rows_view, runs_reference, wrap_triton
+from ._common import check_device, elementwise_tiles, rows_view, runs_reference, wrap_triton
 
 GELU_FORMS = {"none": 0, "tanh": 1, "sigmoid": 2}  # `approximate` -> the FORM constexpr
 
@@ -62,12 +62,9 @@ def bias_gelu_launch(x: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, app
     check_device(x, bias, out)
     x2 = rows_view(x, C)
     out2 = out.view(-1, C)
-    M = x2.shape[0]
-    BLOCK_C = min(next_pow2(C), 64 if INTERPRET else 256)
-    BLOCK_M = 16 if INTERPRET else 8
-    grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(C, BLOCK_C))
+    BLOCK_M, BLOCK_C, grid = elementwise_tiles(x2.shape[0], C)
     wrap_triton(_bias_gelu_kernel)[grid](
-        x2, bias, out2, M, C, x2.stride(0), out2.stride(0),
+        x2, bias, out2, x2.shape[0], C, x2.stride(0), out2.stride(0),
         FORM=GELU_FORMS[approximate], BLOCK_M=BLOCK_M, BLOCK_C=BLOCK_C, num_warps=4,
     )  # fmt: skip
 

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op
 
-from ._common import INTERPRET, check_device, next_pow2, rows_view, runs_reference, wrap_triton
+from ._common import check_device, elementwise_tiles, rows_view, runs_reference, wrap_triton
 
 
 @triton.jit
@@ -48,12 +48,9 @@ def bias_swiglu_launch(x: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -
     check_device(x, bias, out)
     x2 = rows_view(x, C)
     out2 = out.view(-1, H)
-    M = x2.shape[0]
-    BLOCK_H = min(next_pow2(H), 64 if INTERPRET else 256)
-    BLOCK_M = 16 if INTERPRET else 8
-    grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(H, BLOCK_H))
+    BLOCK_M, BLOCK_H, grid = elementwise_tiles(x2.shape[0], H)
     wrap_triton(_bias_swiglu_kernel)[grid](
-        x2, bias, out2, M, H, x2.stride(0), out2.stride(0), BLOCK_M=BLOCK_M, BLOCK_H=BLOCK_H, num_warps=4,
+        x2, bias, out2, x2.shape[0], H, x2.stride(0), out2.stride(0), BLOCK_M=BLOCK_M, BLOCK_H=BLOCK_H, num_warps=4,
     )  # fmt: skip
 
 
