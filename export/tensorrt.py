@@ -285,7 +285,8 @@ def _pin_normalization_fp32(trt, network) -> int:
                 layer.set_output_type(index, trt.DataType.FLOAT)
             pinned += 1
     if not pinned:
-        warnings.warn("no LayerNormalization layers to keep in fp32 (ONNX opset < 17 splits them up); fp16 LayerNorm may overflow")
+        warnings.warn("no LayerNormalization layers to keep in fp32 (ONNX opset < 17 splits them up, and RMSNorm is always exported "
+                      "as elementary ops, with casts to fp32 around its statistics); fp16 norms may overflow")
     return pinned
 
 

@@ -134,6 +134,32 @@ def test_dinov2_classifier_exports_with_parity(tmp_path, mlp):
         assert ((got - ref).abs().max() / ref.abs().max()).item() <= limit, path.name
 
 
+def test_aimv2_exports_with_parity_and_fp32_rms_statistics(tmp_path):
+    """AIMv2's block (RMSNorm, SwiGLU apart, no projection biases, normalised patch tokens) through ONNX fp32, fp16
+    and int8; the fp16 graph squares the activations in fp32 (x^2 passes fp16's 65504 from |x| > 256), so inputs that
+    large stay finite."""
+    import onnx
+
+    from test_model import AIMV2
+
+    cfg = tiny_config(**AIMV2)
+    model = randomize(vitfast.create_model(cfg), scale=0.1)
+    fp32, fp16 = to_onnx(model, tmp_path / "a.onnx"), to_onnx(model, tmp_path / "a.fp16.onnx", precision="fp16")
+    x = torch.randn(3, 3, *cfg.img_hw) * 100
+    with torch.no_grad():
+        ref = model(x)
+    for path, limit in ((fp32, 1e-4), (fp16, 2e-2)):
+        got = vitfast.load_engine(path)(x)
+        assert torch.isfinite(got).all() and ((got - ref).abs().max() / ref.abs().max()).item() <= limit, path.name
+    graph = onnx.load(fp16).graph
+    producers = {out: node for node in graph.node for out in node.output}
+    squares = [n for n in graph.node if n.op_type == "Pow"]
+    casts = [producers[n.input[0]] for n in squares]
+    assert squares and all(c.op_type == "Cast" and onnx.helper.get_attribute_value(c.attribute[0]) == onnx.TensorProto.FLOAT for c in casts)
+    int8 = quantize_int8(fp32, tmp_path / "a.int8.onnx", torch.randn(32, 3, *cfg.img_hw), samples=32, progress=False)
+    assert read_sidecar(int8)["parity"]["passed"]
+
+
 def test_dynamic_image_size_is_refused_clearly(tmp_path):
     with pytest.raises(vitfast.ArtifactError, match="--img-size N"):
         to_onnx(vitfast.create_model("vit_cifar_patch4_32"), tmp_path / "m.onnx", dynamic_image_size=True)

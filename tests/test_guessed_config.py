@@ -229,14 +229,15 @@ def test_a_grid_read_without_its_class_token_is_reported_unless_a_registered_twi
 
 def test_every_registered_architecture_is_read_back_off_its_shapes():
     """A bare state dict of any registered model gives back its architecture: widths, depth, MLP kind, tokens,
-    pooling, the norms present (none after the blocks for RADIO / InternViT-300M), qkv bias, layer scale; and
+    pooling, the norms present (none after the blocks for RADIO / InternViT-300M) and their kind (AIMv2's RMSNorm),
+    qkv and projection biases, layer scale; and
     its head count, taken from the registered model of its shapes; where two registered models of the same
     shapes differ in heads (ViT-B/16 gap has 16, SigLIP-B/16 gap 12), the guess names the other's flag."""
     from vitfast.convert import infer_timm_config
 
     arch = ("embed_dim", "depth", "num_heads", "mlp_hidden", "mlp_layer", "class_token", "distilled", "reg_tokens", "no_embed_class",
             "global_pool", "use_fc_norm", "final_norm", "pre_norm", "qkv_bias", "hybrid_layers", "representation_size",
-            "num_classes", "grid_size", "patch_size")  # fmt: skip
+            "num_classes", "grid_size", "patch_size", "norm_layer", "embed_norm", "proj_bias")  # fmt: skip
     wrong = {}
     for name in vitfast.list_models():
         truth = vitfast.get_config(name)

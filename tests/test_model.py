@@ -16,6 +16,17 @@ from vitfast import InputError
 
 def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[torch.Tensor, list]:
     """The ViT forward written out from the paper with raw tensor ops on a state dict."""
+
+    def ln(v, name):
+        if cfg.norm_layer == "rmsnorm":  # no centring, no bias
+            return v / torch.sqrt((v**2).mean(-1, keepdim=True) + cfg.norm_eps) * sd[name + ".weight"]
+        mu = v.mean(-1, keepdim=True)
+        var = ((v - mu) ** 2).mean(-1, keepdim=True)
+        return (v - mu) / torch.sqrt(var + cfg.norm_eps) * sd[name + ".weight"] + sd[name + ".bias"]
+
+    def silu(v):
+        return v / (1 + torch.exp(-v))
+
     p = cfg.patch_size
     B = x.shape[0]
     gh, gw = x.shape[2] // p, x.shape[3] // p
@@ -23,6 +34,8 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
     patches = x.reshape(B, cfg.in_chans, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, -1)
     w = sd["patch_embed.proj.weight"].reshape(cfg.embed_dim, -1)
     t = patches @ w.T + sd.get("patch_embed.proj.bias", 0)  # no bias in CLIP towers
+    if "patch_embed.norm.weight" in sd:  # AIMv2: normalised patch tokens
+        t = ln(t, "patch_embed.norm")
     prefix = [sd[k].expand(B, -1, -1) for k in ("cls_token", "dist_token", "reg_token") if k in sd]
     if cfg.no_embed_class:
         t = torch.cat(prefix + [t + sd["pos_embed"]], 1)
@@ -30,11 +43,6 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
         t = torch.cat(prefix + [t], 1) + sd["pos_embed"]
     H, D = cfg.num_heads, cfg.head_dim
     attns = []
-
-    def ln(v, name):
-        mu = v.mean(-1, keepdim=True)
-        var = ((v - mu) ** 2).mean(-1, keepdim=True)
-        return (v - mu) / torch.sqrt(var + cfg.norm_eps) * sd[name + ".weight"] + sd[name + ".bias"]
 
     def gelu(v):
         if cfg.act_layer == "quick_gelu":
@@ -52,15 +60,19 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
         q, k, v = (qkv[..., j * cfg.embed_dim : (j + 1) * cfg.embed_dim].reshape(B, -1, H, D).transpose(1, 2) for j in range(3))
         a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D), -1)
         attns.append(a)
-        o = (a @ v).transpose(1, 2).reshape(B, -1, cfg.embed_dim) @ sd[b + "attn.proj.weight"].T + sd[b + "attn.proj.bias"]
+        o = (a @ v).transpose(1, 2).reshape(B, -1, cfg.embed_dim) @ sd[b + "attn.proj.weight"].T + sd.get(b + "attn.proj.bias", 0)
         t = t + o * sd.get(b + "ls1.gamma", 1)
-        h = ln(t, b + "norm2") @ sd[b + "mlp.fc1.weight"].T + sd[b + "mlp.fc1.bias"]
-        if cfg.mlp_layer == "swiglu_packed":  # first half gates the second through SiLU
-            gate, value = h[..., : h.shape[-1] // 2], h[..., h.shape[-1] // 2 :]
-            h = gate / (1 + torch.exp(-gate)) * value
+        h = ln(t, b + "norm2")
+        if cfg.mlp_layer == "swiglu":  # gate and value Linears apart
+            h = silu(h @ sd[b + "mlp.fc1_g.weight"].T + sd.get(b + "mlp.fc1_g.bias", 0)) * (
+                h @ sd[b + "mlp.fc1_x.weight"].T + sd.get(b + "mlp.fc1_x.bias", 0))  # fmt: skip
         else:
+            h = h @ sd[b + "mlp.fc1.weight"].T + sd.get(b + "mlp.fc1.bias", 0)
+        if cfg.mlp_layer == "swiglu_packed":  # first half gates the second through SiLU
+            h = silu(h[..., : h.shape[-1] // 2]) * h[..., h.shape[-1] // 2 :]
+        elif cfg.mlp_layer == "mlp":
             h = gelu(h)
-        t = t + (h @ sd[b + "mlp.fc2.weight"].T + sd[b + "mlp.fc2.bias"]) * sd.get(b + "ls2.gamma", 1)
+        t = t + (h @ sd[b + "mlp.fc2.weight"].T + sd.get(b + "mlp.fc2.bias", 0)) * sd.get(b + "ls2.gamma", 1)
     if "norm.weight" in sd:
         t = ln(t, "norm")
     if cfg.distilled:
@@ -84,8 +96,12 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
         pooled = ln(pooled, "fc_norm")
     if "pre_logits.fc.weight" in sd:
         pooled = torch.tanh(pooled @ sd["pre_logits.fc.weight"].T + sd["pre_logits.fc.bias"])
-    return pooled @ sd["head.weight"].T + sd["head.bias"], attns
+    return (pooled @ sd["head.weight"].T + sd["head.bias"] if "head.weight" in sd else pooled), attns
 
+
+# AIMv2's block and head (registry._AIMV2) at tiny sizes
+AIMV2 = dict(class_token=False, global_pool="avg", fc_norm=False, qkv_bias=False, proj_bias=False, norm_layer="rmsnorm",
+             embed_norm=True, norm_eps=1e-5, mlp_layer="swiglu", act_layer="silu", mlp_ratio=2.6667, num_classes=0)  # fmt: skip
 
 VARIANTS = {
     "plain": tiny_config(),
@@ -105,6 +121,10 @@ VARIANTS = {
     "dinov2-giant-swiglu": tiny_config(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=3, init_values=0.5),
     "radio-no-final-norm": tiny_config(final_norm=False, reg_tokens=3, no_embed_class=True, init_values=0.5),
     "no-final-norm-avg": tiny_config(final_norm=False, class_token=False, global_pool="avg"),
+    "aimv2-rmsnorm-swiglu-no-bias": tiny_config(**AIMV2),
+    "aimv2-cls-token-classifier": tiny_config(**AIMV2 | dict(class_token=True, global_pool="token", num_classes=7, mlp_ratio=2.75)),
+    "rmsnorm-gelu-fc-norm": tiny_config(norm_layer="rmsnorm", class_token=False, global_pool="avg", reg_tokens=1, init_values=0.5),
+    "swiglu-with-biases-layernorm": tiny_config(mlp_layer="swiglu", act_layer="silu", mlp_ratio=2.5, embed_norm=True),
     "odd-sizes": tiny_config(img_size=(40, 24), patch_size=8, embed_dim=36, num_heads=3, mlp_ratio=2.5, in_chans=2),
 }
 

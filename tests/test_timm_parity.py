@@ -44,6 +44,8 @@ VARIANTS = {
     "eva-avg-with-class-token": ("eva_large_patch14_196", dict(img_size=56, depth=1, num_classes=5, embed_dim=128, num_heads=2)),
     "radio-no-final-norm": ("vit_base_patch16_radio_v3", dict(img_size=64, depth=2, num_classes=5)),
     "intern300m-no-final-norm": ("vit_intern300m_patch14_448", dict(img_size=56, depth=1, num_classes=5)),
+    "aimv2-rmsnorm-swiglu": ("aimv2_large_patch14_224", dict(img_size=56, depth=2, num_classes=0, embed_dim=128, num_heads=2)),
+    "aimv2-classifier": ("aimv2_huge_patch14_336", dict(img_size=42, depth=1, num_classes=5, embed_dim=96, num_heads=3)),
 }
 
 
@@ -67,7 +69,7 @@ def test_timm_state_dict_matches(tmp_path, variant):
 @pytest.mark.parametrize(
     "variant",
     ["plain", "deit-distilled", "hybrid-r26", "clip", "dinov2-reg4", "siglip-gap", "sbb-gap-no-qkv-bias", "so150m2-reg-in-pos-embed",
-     "eva-avg-with-class-token", "radio-no-final-norm", "intern300m-no-final-norm"],
+     "eva-avg-with-class-token", "radio-no-final-norm", "intern300m-no-final-norm", "aimv2-rmsnorm-swiglu"],
 )  # fmt: skip
 def test_timm_config_inferred_from_shapes(tmp_path, variant):
     name, kw = VARIANTS[variant]
@@ -77,6 +79,39 @@ def test_timm_config_inferred_from_shapes(tmp_path, variant):
     save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, tmp_path / "model.safetensors")
     ours = vitfast.load_checkpoint(tmp_path / "model.safetensors")
     x = torch.randn(2, 3, kw["img_size"], kw["img_size"])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x), atol=ATOL, rtol=0)
+
+
+def test_rmsnorm_gelu_vit_reads_off_its_weights(tmp_path):
+    """timm's test_vit4 (RMSNorm, GELU MLP with biases, register token, fc_norm): not a registered name,
+    read off the weights' shapes (norms without a bias are RMSNorms) and equal to timm's."""
+    ref = _timm_model("test_vit4", img_size=64, depth=2, num_classes=5, embed_dim=128, num_heads=2)
+    torch.save(ref.state_dict(), tmp_path / "model.pth")
+    with pytest.warns(vitfast.GuessedConfigWarning, match=r"norm_eps=1e-06 \(RMSNorm eps is not stored"):
+        ours = vitfast.load_checkpoint(tmp_path / "model.pth")
+    c = ours.config
+    assert (c.norm_layer, c.mlp_layer, c.proj_bias, c.use_fc_norm, c.reg_tokens) == ("rmsnorm", "mlp", True, True, 1)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x), atol=ATOL, rtol=0)
+
+
+def test_aimv2_hub_folder_loads_with_its_preprocessing(tmp_path):
+    """A save_for_hf folder of timm's AIMv2: the registered architecture, OpenAI CLIP's normalisation
+    and crop 1.0 from pretrained_cfg, outputs equal to timm's."""
+    from timm.data import resolve_data_config
+    from timm.models import save_for_hf
+
+    ref = _timm_model("aimv2_large_patch14_224", depth=1)
+    save_for_hf(ref, tmp_path)
+    ours = vitfast.load_checkpoint(tmp_path)
+    assert not ours.config_guesses
+    c = ours.config
+    assert (c.norm_layer, c.embed_norm, c.proj_bias, c.qkv_bias, c.mlp_layer, c.num_heads) == ("rmsnorm", True, False, False, "swiglu", 8)
+    data = resolve_data_config(model=ref)
+    assert (c.mean, c.std, c.crop_pct, c.interpolation) == (data["mean"], data["std"], data["crop_pct"], data["interpolation"])
+    x = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), ref(x), atol=ATOL, rtol=0)
 
@@ -186,8 +221,13 @@ def test_registry_matches_timm_architectures():
         assert acts.get(type(ref_act).__name__) == c.act_layer or (type(ref_act).__name__ == "GELU" and ref_act.approximate == "tanh"
                                                                      and c.act_layer == "gelu_tanh"), name  # fmt: skip
         assert ref.blocks[0].norm1.eps == c.norm_eps, name
+        norms = {"LayerNorm": "layernorm", "RmsNorm": "rmsnorm"}  # timm's classes
+        assert {norms[type(m).__name__] for m in (ref.blocks[0].norm1, ref.blocks[-1].norm2, ref.norm, ref.fc_norm)
+                if type(m).__name__ in norms} == {c.norm_layer}, name  # fmt: skip
+        assert (type(getattr(ref.patch_embed, "norm", None)).__name__ not in ("Identity", "NoneType")) == c.embed_norm, name
         mlp = ref.blocks[0].mlp  # timm's SwiGLUPacked is a GluMlp gating with the first half
-        assert ("swiglu_packed" if type(mlp).__name__ == "GluMlp" and not mlp.gate_last else "mlp") == c.mlp_layer, name
+        kind = "swiglu_packed" if type(mlp).__name__ == "GluMlp" and not mlp.gate_last else "swiglu" if type(mlp).__name__ == "SwiGLU" else "mlp"
+        assert kind == c.mlp_layer, name
         ours_data = {"input_size": (c.in_chans, *c.img_hw), "interpolation": c.interpolation, "mean": c.mean,
                      "std": c.std, "crop_pct": c.crop_pct, "crop_mode": c.crop_mode}  # fmt: skip
         assert ours_data == resolve_data_config(model=ref), name
@@ -285,11 +325,9 @@ def test_pretrained_cfg_preprocessing_matches_timm(tag, overrides):
         ("vit_pwee_patch16_reg1_gap_256", "ParallelScalingBlock"),
         ("vit_dwee_patch16_reg1_gap_256", "differential attention"),
         ("beit3_base_patch16_224", "a norm inside the attention or MLP branch"),
-        ("aimv2_large_patch14_224", "SwiGLU with separate gate and value"),
         ("eva02_tiny_patch14_224", "separate q/k/v projections"),
         ("beitv2_base_patch16_224", "relative position biases"),
         ("vit_medium_patch16_rope_reg1_gap_256", "gamma_1"),
-        ("test_vit4", "RMSNorm"),
     ],
 )
 def test_timm_models_vitfast_cannot_build_are_named_from_their_weights(tmp_path, name, named):

@@ -28,8 +28,11 @@ GLOBAL_POOLS = ("token", "avg", "map", "token_avg")
 # timm's names: erf GELU, its tanh and sigmoid approximations; SiLU only as SwiGLU's gate
 ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
 # "mlp": fc1 -> act -> fc2. "swiglu_packed": timm's SwiGLUPacked (DINOv2 giant): fc1 [2H, C] holds the gate and
-# the value halves, silu(gate) * value -> fc2 [C, H]
-MLP_LAYERS = ("mlp", "swiglu_packed")
+# the value halves, silu(gate) * value -> fc2 [C, H]. "swiglu": timm's SwiGLU (AIMv2): the gate and value
+# projections apart (fc1_g, fc1_x [H, C]), silu(fc1_g(x)) * fc1_x(x) -> fc2 [C, H]
+MLP_LAYERS = ("mlp", "swiglu_packed", "swiglu")
+# timm's names: LayerNorm, or RMSNorm (Zhang & Sennrich 2019: x / rms(x) * weight, no centring and no bias; AIMv2)
+NORM_LAYERS = ("layernorm", "rmsnorm")
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 CROP_MODES = ("center", "squash", "border")  # timm's names: crop the short side, resize both sides, pad the short side
 CROP_ROUNDINGS = ("round", "floor")  # centre-crop offset: torchvision/timm round, Hugging Face floors
@@ -37,7 +40,7 @@ CROP_ROUNDINGS = ("round", "floor")  # centre-crop offset: torchvision/timm roun
 
 @dataclass(frozen=True)
 class ViTConfig:
-    """A ViT / DeiT / hybrid / CLIP / DINOv2 / SigLIP ViT. Validated on construction; round-trips through JSON.
+    """A ViT / DeiT / hybrid / CLIP / DINOv2 / SigLIP / AIMv2 ViT. Validated on construction; round-trips through JSON.
 
     `patch_size` is the total stride from pixels to tokens; an `img_size` that is not a multiple of it
     leaves its last pixels unseen, as in timm and transformers. For a hybrid model
@@ -55,6 +58,7 @@ class ViTConfig:
     num_heads: int = 12
     mlp_ratio: float = 4.0
     qkv_bias: bool = True
+    proj_bias: bool = True  # False: attention output projection and MLP Linears without bias (timm's name; AIMv2)
     init_values: float | None = None  # LayerScale init (DeiT-III); None = no layer scale
     class_token: bool = True
     distilled: bool = False  # DeiT distillation token and second head
@@ -63,10 +67,13 @@ class ViTConfig:
     fc_norm: bool | None = None  # None: timm's rule, norm after pooling iff global_pool == "avg"
     final_norm: bool = True  # False: no norm after the blocks nor after pooling (timm's RADIO, InternViT-300M)
     pre_norm: bool = False  # LayerNorm before the blocks, patch projection without bias (CLIP image towers)
+    embed_norm: bool = False  # a norm on the patch tokens before the position embeddings (timm's embed_norm_layer; AIMv2)
+    norm_layer: str = "layernorm"  # every norm of the model: "layernorm" or "rmsnorm" (AIMv2)
     representation_size: int | None = None  # pre-logits Linear + tanh of the original ViT head
     norm_eps: float = 1e-6
     act_layer: str = "gelu"  # "gelu" (erf), "gelu_tanh" or "quick_gelu" (x sigmoid(1.702 x), OpenAI CLIP); "silu"
-    mlp_layer: str = "mlp"  # "swiglu_packed": SwiGLU with fc1 packed (mlp_hidden is fc1's width, twice fc2's input)
+    mlp_layer: str = "mlp"  # "swiglu_packed": SwiGLU with fc1 packed (mlp_hidden is fc1's width, twice fc2's input);
+    # "swiglu": SwiGLU with separate gate and value Linears (mlp_hidden is each one's width)
     drop_rate: float = 0.0
     pos_drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
@@ -192,13 +199,18 @@ class ViTConfig:
             bad(f"act_layer must be one of {ACT_LAYERS}, got {self.act_layer!r}")
         if self.mlp_layer not in MLP_LAYERS:
             bad(f"mlp_layer must be one of {MLP_LAYERS}, got {self.mlp_layer!r}")
-        if (self.mlp_layer == "swiglu_packed") != (self.act_layer == "silu"):
-            bad(f'mlp_layer="swiglu_packed" goes with act_layer="silu" (its gate), and SiLU only with it; got '
+        swiglu = self.mlp_layer in ("swiglu_packed", "swiglu")
+        if swiglu != (self.act_layer == "silu"):
+            bad(f'mlp_layer="swiglu_packed" or "swiglu" goes with act_layer="silu" (its gate), and SiLU only with them; got '
                 f"mlp_layer={self.mlp_layer!r}, act_layer={self.act_layer!r}")  # fmt: skip
         if self.mlp_layer == "swiglu_packed" and self.mlp_hidden % 2:
             bad(f"swiglu_packed needs an even MLP width (gate and value halves), got {self.mlp_hidden} from mlp_ratio {self.mlp_ratio}")
-        if self.mlp_layer == "swiglu_packed" and self.global_pool == "map":
-            bad('mlp_layer="swiglu_packed" with global_pool="map" is not supported (the attention pool\'s MLP is a GELU MLP)')
+        if swiglu and self.global_pool == "map":
+            bad(f'mlp_layer="{self.mlp_layer}" with global_pool="map" is not supported (the attention pool\'s MLP is a GELU MLP)')
+        if self.norm_layer not in NORM_LAYERS:
+            bad(f"norm_layer must be one of {NORM_LAYERS}, got {self.norm_layer!r}")
+        if self.embed_norm and self.hybrid_layers is not None:
+            bad("embed_norm is not supported with a hybrid (ResNet) stem; it normalises plain patch embeddings")
         if self.interpolation not in INTERPOLATIONS:
             bad(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
         if self.crop_mode not in CROP_MODES:

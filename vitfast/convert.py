@@ -90,7 +90,6 @@ _FOREIGN_STRUCTURES = (
     (r"blocks\.0\.attn\.lambda_q1$", "differential attention (timm's DiffAttention: vit_dwee_*, vit_dlittle_*)"),
     (r"blocks\.0\.attn\.[qk]_norm\.", "query/key normalisation (timm's qk_norm=True)"),
     (r"blocks\.0\.(attn|mlp)\.norm\.", "a norm inside the attention or MLP branch (timm's scale_attn_norm / scale_mlp_norm: beit3_*, EVA-02)"),
-    (r"blocks\.0\.mlp\.fc1_g\.", "SwiGLU with separate gate and value projections (timm's SwiGLU: aimv2_*, EVA-02)"),
     (r"relative_position_bias_table$", "relative position biases (BEiT, Swin)"),
     (r"blocks\.0\.gamma_1$", "layer scale named gamma_1 (timm's BEiT, EVA and CaiT blocks, its RoPE ViTs among them)"),
     (r"blocks\.0\.attn\.(q_proj|q_bias)", "separate q/k/v projections or biases (timm's beit.py / eva.py attention)"),
@@ -99,12 +98,10 @@ _FOREIGN_STRUCTURES = (
 
 def foreign_structure(sd: StateDict) -> str | None:
     """What in a timm-named state dict vitfast's blocks cannot hold (None when nothing is): parallel blocks,
-    differential attention, qk-norm, norms inside the branches, unpacked SwiGLU, BEiT/EVA layers, RMSNorm."""
+    differential attention, qk-norm, norms inside the branches, BEiT/EVA layers."""
     for pattern, what in _FOREIGN_STRUCTURES:
         if any(re.search(pattern, k) for k in sd):
             return what
-    if "blocks.0.norm1.weight" in sd and "blocks.0.norm1.bias" not in sd:
-        return "norms without a bias (RMSNorm: timm's norm_layer='rmsnorm', AIMv2)"
     return None
 
 
@@ -562,15 +559,18 @@ def infer_timm_config(
             "(CLI: --config FILE.json with img_size and the other fields)"
         )
     fc_norm, pre_norm = has("fc_norm.weight"), has("norm_pre.weight")
+    # a norm with a weight and no bias is an RMSNorm (timm's vision_transformer.py builds no bias-free LayerNorm)
+    rms = has("blocks.0.norm1.weight") and not has("blocks.0.norm1.bias")
+    kind = "CLIP" if pre_norm else "AIMv2" if rms and has("patch_embed.norm.weight") else "ViT"
     fields: dict[str, Any] = dict(
         img_size=grid * patch,
         patch_size=patch,
         in_chans=in_chans,
         embed_dim=dim,
         depth=depth,
-        mlp_ratio=sd["blocks.0.mlp.fc1.weight"].shape[0] / dim,
-        **_timm_mlp(sd),
+        **_timm_mlp(sd, dim),
         qkv_bias=has("blocks.0.attn.qkv.bias"),
+        proj_bias=has("blocks.0.attn.proj.bias"),
         init_values=1e-6 if has("blocks.0.ls1.gamma") else None,  # the value is overwritten on load
         class_token=class_token,
         distilled=distilled,
@@ -580,13 +580,16 @@ def infer_timm_config(
         fc_norm=fc_norm,
         final_norm=fc_norm or has("norm.weight"),  # RADIO and InternViT-300M end on the last block
         pre_norm=pre_norm,
+        embed_norm=has("patch_embed.norm.weight"),
+        norm_layer="rmsnorm" if rms else "layernorm",
         representation_size=sd["pre_logits.fc.weight"].shape[0] if has("pre_logits.fc.weight") else None,
         num_classes=sd["head.weight"].shape[0] if has("head.weight") else 0,
-        norm_eps=norm_eps if norm_eps is not None else 1e-5 if pre_norm else 1e-6,
+        norm_eps=norm_eps if norm_eps is not None else 1e-5 if kind != "ViT" else 1e-6,
         hybrid_layers=hybrid,
-        # not stored in weights: timm's default for ViTs (broadcast to in_chans), or for CLIP towers
-        mean=OPENAI_CLIP_MEAN if pre_norm and in_chans == 3 else INCEPTION_MEAN,
-        std=OPENAI_CLIP_STD if pre_norm and in_chans == 3 else INCEPTION_STD,
+        # not stored in weights: timm's default for ViTs (broadcast to in_chans), or for CLIP towers and AIMv2
+        mean=OPENAI_CLIP_MEAN if kind != "ViT" and in_chans == 3 else INCEPTION_MEAN,
+        std=OPENAI_CLIP_STD if kind != "ViT" and in_chans == 3 else INCEPTION_STD,
+        **(dict(crop_pct=1.0) if kind == "AIMv2" else {}),
     )
     known = _registered_like(fields, family)
     name, entry = known[0] if known else (None, {})
@@ -605,7 +608,6 @@ def infer_timm_config(
         guesses["num_heads"] = "num_heads cannot be read from weights; head_dim 64 assumed"
     else:
         raise CheckpointError(f"cannot infer num_heads for embed_dim {dim}; pass config= to load_checkpoint (CLI: --num-heads N)")
-    kind = "CLIP" if pre_norm else "ViT"
     guesses |= dict.fromkeys(PREPROCESSING_GUESSED, f"preprocessing is not stored in a state dict; timm's {kind} defaults assumed")
     if no_embed_class and prefix and not any(r.get("no_embed_class") for _, r in known):
         # DeiT-III and register models leave their prefix tokens out of pos_embed; a non-square grid of
@@ -620,6 +622,9 @@ def infer_timm_config(
                                f"{size} px images (the last {size - grid * patch} px unseen): pass --img-size {size} if it is that one")
     if pre_norm and norm_eps is None:
         guesses["norm_eps"] = "not stored in weights; 1e-5, as in every timm CLIP image tower, assumed"
+    elif rms and norm_eps is None:
+        source = "timm's AIMv2 (RMSNorm on the patch embeddings too)" if kind == "AIMv2" else "timm's RmsNorm default (AIMv2 has 1e-5)"
+        guesses["norm_eps"] = f"RMSNorm eps is not stored in weights; {fields['norm_eps']:g}, as in {source}, assumed"
     if pre_norm:
         guesses["act_layer"] = ("not stored in weights; GELU as in timm's *_clip_* models assumed. OpenAI's original "
                                 "weights and others trained with QuickGELU (timm's *_clip_quickgelu_*) need act_layer='quick_gelu'")
@@ -631,10 +636,14 @@ def infer_timm_config(
     return ViTConfig(**fields), guesses
 
 
-def _timm_mlp(sd: StateDict) -> dict[str, Any]:
-    """SwiGLU's packed fc1 is twice as wide as fc2's input (a GELU MLP's are equal)."""
+def _timm_mlp(sd: StateDict, dim: int) -> dict[str, Any]:
+    """The MLP kind and width: SwiGLU's gate and value Linears apart (fc1_g, fc1_x), or packed into one
+    fc1 twice as wide as fc2's input (a GELU MLP's are equal)."""
+    if "blocks.0.mlp.fc1_g.weight" in sd:
+        return dict(mlp_layer="swiglu", act_layer="silu", mlp_ratio=sd["blocks.0.mlp.fc1_g.weight"].shape[0] / dim)
     fc1, fc2 = sd["blocks.0.mlp.fc1.weight"], sd["blocks.0.mlp.fc2.weight"]
-    return dict(mlp_layer="swiglu_packed", act_layer="silu") if fc1.shape[0] == 2 * fc2.shape[1] else {}
+    packed = dict(mlp_layer="swiglu_packed", act_layer="silu") if fc1.shape[0] == 2 * fc2.shape[1] else {}
+    return dict(mlp_ratio=fc1.shape[0] / dim, **packed)
 
 
 def _timm_pool(sd: StateDict, class_token: bool, fc_norm: bool, dim: int) -> str:
@@ -651,7 +660,8 @@ def _registered_like(fields: dict[str, Any], family: str | None) -> list[tuple[s
     """Registry entries with the shapes of `fields` (width, depth, tokens, stem, pooling): named with
     `family` (such as "siglip") first, if given, then those of the same patch size, then image size.
     A "token_avg" head (no registered model has one) matches the class-token models it was trained on."""
-    shape_keys = ("embed_dim", "depth", "class_token", "reg_tokens", "hybrid_layers", "pre_norm", "global_pool", "mlp_layer", "final_norm")
+    shape_keys = ("embed_dim", "depth", "class_token", "reg_tokens", "hybrid_layers", "pre_norm", "global_pool", "mlp_layer", "final_norm",
+                  "norm_layer", "embed_norm")
     default = {k: f.default for k, f in ViTConfig.__dataclass_fields__.items()}
     if fields["global_pool"] == "token_avg":
         fields = fields | {"global_pool": "token"}

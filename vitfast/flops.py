@@ -30,11 +30,12 @@ def count_macs(config: ViTConfig) -> int:
         k = c.patch_size // c.hybrid_reduction
         macs += c.num_patches * feat_ch * k * k * dim
     fc2_in = c.mlp_hidden // 2 if c.mlp_layer == "swiglu_packed" else c.mlp_hidden  # fc2's input width
+    fc1_out = 2 * c.mlp_hidden if c.mlp_layer == "swiglu" else c.mlp_hidden  # SwiGLU's gate and value Linears apart
     per_block = (
         n_tokens * dim * 3 * dim  # qkv projection
         + 2 * n_tokens * n_tokens * dim  # q k^T and attn v, all heads
         + n_tokens * dim * dim  # output projection
-        + n_tokens * dim * (c.mlp_hidden + fc2_in)  # fc1 and fc2
+        + n_tokens * dim * (fc1_out + fc2_in)  # fc1 and fc2
     )
     macs += c.depth * per_block
     if c.global_pool == "map":  # one learned query over the patch tokens, then an MLP on it

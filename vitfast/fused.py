@@ -124,6 +124,8 @@ def can_fuse(block: nn.Module) -> bool:
         and block.norm2.elementwise_affine
         and type(block.ls1) in (nn.Identity, LayerScale)  # what the branch-end epilogues compute
         and type(block.ls2) in (nn.Identity, LayerScale)
+        and block.attn.proj.bias is not None  # the kernels add these biases
+        and block.mlp.fc1.bias is not None
     )
 
 

@@ -13,17 +13,21 @@ from .errors import InputError
 
 
 class PatchEmbed(nn.Module):
-    """Image [B, in_chans, H, W] -> patch tokens [B, N, C] with a stride = kernel = patch Conv2d."""
+    """Image [B, in_chans, H, W] -> patch tokens [B, N, C] with a stride = kernel = patch Conv2d,
+    then `norm` over C if given (timm's `patch_embed.norm`, AIMv2)."""
 
-    def __init__(self, img_size: tuple[int, int], patch_size: int, in_chans: int, embed_dim: int, bias: bool = True):
+    def __init__(
+        self, img_size: tuple[int, int], patch_size: int, in_chans: int, embed_dim: int, bias: bool = True, norm: nn.Module | None = None
+    ):
         super().__init__()
         self.img_size = img_size
         self.in_chans = in_chans
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, bias=bias)
+        self.norm = norm if norm is not None else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_image_shape(x, self.in_chans, self.img_size)
-        return self.proj(x).flatten(2).transpose(1, 2)
+        return self.norm(self.proj(x).flatten(2).transpose(1, 2))
 
 
 def check_image_shape(x: torch.Tensor, in_chans: int, img_size: tuple[int, int]) -> None:
@@ -66,7 +70,9 @@ class Attention(nn.Module):
     as plain MatMul/Softmax. `fused_attn = False` selects the explicit path.
     """
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0):
+    def __init__(
+        self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0, proj_bias: bool = True
+    ):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
@@ -74,7 +80,7 @@ class Attention(nn.Module):
         self.fused_attn = True
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
@@ -157,12 +163,12 @@ def make_act(act_layer: str) -> nn.Module:
 class Mlp(nn.Module):
     """fc1 -> GELU (erf form, or its tanh or sigmoid approximation) -> fc2, [B, N, C] -> [B, N, C]."""
 
-    def __init__(self, dim: int, hidden: int, act_layer: str = "gelu", drop: float = 0.0):
+    def __init__(self, dim: int, hidden: int, act_layer: str = "gelu", drop: float = 0.0, bias: bool = True):
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
+        self.fc1 = nn.Linear(dim, hidden, bias=bias)
         self.act = make_act(act_layer)
         self.drop1 = nn.Dropout(drop)
-        self.fc2 = nn.Linear(hidden, dim)
+        self.fc2 = nn.Linear(hidden, dim, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -174,12 +180,12 @@ class SwiGLUPacked(nn.Module):
     DINOv2's giant: fc1 [hidden, C] -> gate, value halves [.., hidden / 2] -> silu(gate) * value -> fc2.
     [B, N, C] -> [B, N, C]; `hidden` is fc1's (packed) width."""
 
-    def __init__(self, dim: int, hidden: int, act_layer: str = "silu", drop: float = 0.0):
+    def __init__(self, dim: int, hidden: int, act_layer: str = "silu", drop: float = 0.0, bias: bool = True):
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
+        self.fc1 = nn.Linear(dim, hidden, bias=bias)
         self.act = make_act(act_layer)
         self.drop1 = nn.Dropout(drop)
-        self.fc2 = nn.Linear(hidden // 2, dim)
+        self.fc2 = nn.Linear(hidden // 2, dim, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -187,7 +193,25 @@ class SwiGLUPacked(nn.Module):
         return self.drop2(self.fc2(self.drop1(self.act(gate) * value)))
 
 
-MLP_CLASSES = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked}  # ViTConfig.mlp_layer -> module
+class SwiGLU(nn.Module):
+    """SwiGLU with the gate and value projections apart, as timm's `SwiGLU` (AIMv2): silu(fc1_g(x)) *
+    fc1_x(x) -> fc2, [B, N, C] -> [B, N, C]; `hidden` is each projection's width."""
+
+    def __init__(self, dim: int, hidden: int, act_layer: str = "silu", drop: float = 0.0, bias: bool = True):
+        super().__init__()
+        self.fc1_g = nn.Linear(dim, hidden, bias=bias)
+        self.fc1_x = nn.Linear(dim, hidden, bias=bias)
+        self.act = make_act(act_layer)
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden, dim, bias=bias)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1_g(x)) * self.fc1_x(x))))
+
+
+MLP_CLASSES = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}  # ViTConfig.mlp_layer -> module
+NORM_CLASSES = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}  # ViTConfig.norm_layer -> module
 
 
 class LayerScale(nn.Module):
@@ -226,6 +250,7 @@ class Block(nn.Module):
         mlp_hidden: int,
         *,
         qkv_bias: bool = True,
+        proj_bias: bool = True,
         init_values: float | None = None,
         norm_eps: float = 1e-6,
         act_layer: str = "gelu",
@@ -238,11 +263,13 @@ class Block(nn.Module):
     ):
         super().__init__()
         self.norm1 = norm_layer(dim, eps=norm_eps)
-        self.attn = attn_layer(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop)
+        # bias-free projections are asked for only when wanted, so injected layers without the argument keep working
+        no_bias = {} if proj_bias else {"proj_bias": False}
+        self.attn = attn_layer(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop, **no_bias)
         self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = norm_layer(dim, eps=norm_eps)
-        self.mlp = mlp_layer(dim, mlp_hidden, act_layer=act_layer, drop=proj_drop)
+        self.mlp = mlp_layer(dim, mlp_hidden, act_layer=act_layer, drop=proj_drop, **({} if proj_bias else {"bias": False}))
         self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 

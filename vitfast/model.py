@@ -1,5 +1,6 @@
 """The reference Vision Transformer (Dosovitskiy et al. 2021), with DeiT, DeiT-III, register,
-hybrid, CLIP image-tower (pre-norm, QuickGELU) and SigLIP (attention-pool head) variants, in plain PyTorch.
+hybrid, CLIP image-tower (pre-norm, QuickGELU), SigLIP (attention-pool head) and AIMv2 (RMSNorm, SwiGLU,
+bias-free projections) variants, in plain PyTorch.
 
 Parameter names are timm's, so `model.state_dict()` is a timm state dict. Layers are injected
 by class (`block_fn`, `attn_layer`, `mlp_layer`, `norm_layer`) so fused versions can replace
@@ -15,14 +16,15 @@ from torch import nn
 
 from .config import ViTConfig
 from .hybrid import HybridEmbed
-from .layers import MLP_CLASSES, Attention, AttentionPoolLatent, Block, PatchEmbed
+from .layers import MLP_CLASSES, NORM_CLASSES, Attention, AttentionPoolLatent, Block, PatchEmbed
 
 
 class VisionTransformer(nn.Module):
     """images [B, in_chans, H, W] (normalised float) -> logits [B, num_classes].
 
     With `num_classes=0` the head is the identity and `forward` returns pooled features [B, C].
-    `mlp_layer` defaults to the config's (`Mlp`, or `SwiGLUPacked` for mlp_layer="swiglu_packed").
+    `mlp_layer` and `norm_layer` default to the config's (`Mlp`, `SwiGLUPacked` or `SwiGLU`;
+    `nn.LayerNorm` or `nn.RMSNorm`).
     """
 
     def __init__(
@@ -32,18 +34,20 @@ class VisionTransformer(nn.Module):
         block_fn: type[nn.Module] = Block,
         attn_layer: type[nn.Module] = Attention,
         mlp_layer: type[nn.Module] | None = None,
-        norm_layer: type[nn.Module] = nn.LayerNorm,
+        norm_layer: type[nn.Module] | None = None,
     ):
         super().__init__()
         c = self.config = config
         mlp_layer = mlp_layer or MLP_CLASSES[c.mlp_layer]
+        norm_layer = norm_layer or NORM_CLASSES[c.norm_layer]
         dim = c.embed_dim
         self.num_prefix_tokens = c.num_prefix_tokens
         bias = not c.pre_norm  # timm: no projection bias when a LayerNorm follows the embeddings
         if c.hybrid_layers is not None:
             self.patch_embed = HybridEmbed(c.img_hw, c.patch_size, c.in_chans, dim, c.hybrid_layers, bias=bias)
         else:
-            self.patch_embed = PatchEmbed(c.img_hw, c.patch_size, c.in_chans, dim, bias=bias)
+            embed_norm = norm_layer(dim, eps=c.norm_eps) if c.embed_norm else None
+            self.patch_embed = PatchEmbed(c.img_hw, c.patch_size, c.in_chans, dim, bias=bias, norm=embed_norm)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if c.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if c.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, dim)) if c.reg_tokens else None
@@ -60,6 +64,7 @@ class VisionTransformer(nn.Module):
                     c.num_heads,
                     c.mlp_hidden,
                     qkv_bias=c.qkv_bias,
+                    proj_bias=c.proj_bias,
                     init_values=c.init_values,
                     norm_eps=c.norm_eps,
                     act_layer=c.act_layer,

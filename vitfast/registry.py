@@ -84,6 +84,13 @@ _TIPS = dict(reg_tokens=1, no_embed_class=True, init_values=1.0, mean=(0.0, 0.0,
 _RADIO = dict(no_embed_class=True, final_norm=False, crop_pct=1.0, num_classes=0, mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD)
 # DINOv2's giant: SwiGLU of width (int(4C * 2/3) + 7) // 8 * 8 = 4096, packed into one 8192-wide fc1 (timm's mlp_ratio)
 _SWIGLU = dict(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=2.66667 * 2)
+# Apple's AIMv2 (Fini et al. 2024): RMSNorm everywhere (eps 1e-5) incl. on the patch embeddings, SwiGLU with the gate
+# and value Linears apart, no biases but the patch projection's; the mean of the normalised tokens; features only.
+# (embed_dim, num_heads, mlp_ratio) per size, all 24 blocks of 14 px patches
+_AIMV2_SIZES = {"large": (1024, 8, 2.75), "huge": (1536, 12, 2.6667), "1b": (2048, 16, 2.75), "3b": (3072, 24, 2.6667)}
+_AIMV2 = dict(patch_size=14, depth=24, class_token=False, global_pool="avg", fc_norm=False, qkv_bias=False, proj_bias=False,
+              norm_layer="rmsnorm", embed_norm=True, norm_eps=1e-5, mlp_layer="swiglu", act_layer="silu", num_classes=0,
+              crop_pct=1.0, mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD)  # fmt: skip
 
 _REGISTRY: dict[str, dict[str, Any]] = {
     # ViT (Dosovitskiy et al.), timm's augreg / original weights
@@ -242,6 +249,8 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     "vit_huge_patch16_radio_v4": _vit("huge", 16, 512, reg_tokens=9, **_RADIO),
     "vit_so400m_patch16_radio_v4": _vit("so400m", 16, 512, reg_tokens=9, **_RADIO),
     "vit_intern300m_patch14_448": _vit("large", 14, 448, init_values=0.1, final_norm=False, crop_pct=1.0, num_classes=0, **_DEIT),
+    **{f"aimv2_{size}_patch14_{img}": dict(_AIMV2, img_size=img, embed_dim=dim, num_heads=heads, mlp_ratio=ratio)
+       for size, (dim, heads, ratio) in _AIMV2_SIZES.items() for img in (224, 336, 448)},
     # CIFAR-sized model for tests, demos and quick experiments (not a timm name)
     "vit_cifar_patch4_32": dict(
         img_size=32, patch_size=4, embed_dim=48, depth=4, num_heads=4, mlp_ratio=4.0, num_classes=10,
@@ -259,7 +268,6 @@ _UNSUPPORTED = (
     ("vit_*pwee_*", "its blocks run attention and MLP in parallel from one fused projection (timm's ParallelScalingBlock)"),
     ("vit_d*_reg1_gap_*", "it uses differential attention (timm's DiffAttention)"),
     ("beit3_*", "its attention and MLP branches have norms inside them (timm's scale_attn_norm / scale_mlp_norm)"),
-    ("aimv2_*", "it uses RMSNorm, SwiGLU with separate gate and value projections and bias-free attention"),
 )  # fmt: skip
 
 
