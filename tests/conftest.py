@@ -30,6 +30,11 @@ def device() -> str:
     return "cuda"
 
 
+# AIMv2's block and head (registry._AIMV2: RMSNorm, SwiGLU apart, no projection biases, normalised patch tokens)
+AIMV2 = dict(class_token=False, global_pool="avg", fc_norm=False, qkv_bias=False, proj_bias=False, norm_layer="rmsnorm",
+             embed_norm=True, norm_eps=1e-5, mlp_layer="swiglu", act_layer="silu", mlp_ratio=2.6667, num_classes=0)  # fmt: skip
+
+
 def tiny_config(**overrides) -> vitfast.ViTConfig:
     """A small ViT (32x32 images, 8x8 patches, 2 blocks) for fast tests."""
     fields = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=7)

@@ -15,7 +15,7 @@ onnx = pytest.importorskip("onnx", reason="export tests need onnx (pip install '
 pytest.importorskip("onnxruntime", reason="export tests need onnxruntime (pip install 'vitfast[export]')")
 
 import vitfast  # noqa: E402
-from conftest import randomize, tiny_config  # noqa: E402
+from conftest import AIMV2, randomize, tiny_config  # noqa: E402
 from vitfast.export import quantize_int8, read_sidecar, to_onnx  # noqa: E402
 from vitfast.export.artifacts import write_sidecar  # noqa: E402
 
@@ -139,8 +139,6 @@ def test_aimv2_exports_with_parity_and_fp32_rms_statistics(tmp_path):
     and int8; the fp16 graph squares the activations in fp32 (x^2 passes fp16's 65504 from |x| > 256), so inputs that
     large stay finite."""
     import onnx
-
-    from test_model import AIMV2
 
     cfg = tiny_config(**AIMV2)
     model = randomize(vitfast.create_model(cfg), scale=0.1)

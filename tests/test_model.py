@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import vitfast
-from conftest import randomize, tiny_config
+from conftest import AIMV2, randomize, tiny_config
 from vitfast import InputError
 
 
@@ -98,10 +98,6 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
         pooled = torch.tanh(pooled @ sd["pre_logits.fc.weight"].T + sd["pre_logits.fc.bias"])
     return (pooled @ sd["head.weight"].T + sd["head.bias"] if "head.weight" in sd else pooled), attns
 
-
-# AIMv2's block and head (registry._AIMV2) at tiny sizes
-AIMV2 = dict(class_token=False, global_pool="avg", fc_norm=False, qkv_bias=False, proj_bias=False, norm_layer="rmsnorm",
-             embed_norm=True, norm_eps=1e-5, mlp_layer="swiglu", act_layer="silu", mlp_ratio=2.6667, num_classes=0)  # fmt: skip
 
 VARIANTS = {
     "plain": tiny_config(),
