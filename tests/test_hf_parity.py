@@ -3,6 +3,7 @@ loaded by vitfast, logits compared in fp32."""
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -449,3 +450,116 @@ def test_hf_ijepa_backbone_returns_the_mean_token_and_says_so(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model(x), hf(pixel_values=x).last_hidden_state.mean(1), atol=ATOL, rtol=0)
+
+
+# ---------------------------------------------------------------------------- AIMv2 image tower
+AIMV2_VISION = dict(image_size=28, patch_size=14, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=176,
+                    use_head=False)  # fmt: skip
+
+
+def _hf_aimv2(**kw):
+    """A random Aimv2VisionModel (RMSNorm weights off one, biases off zero); `kw` on top of AIMV2_VISION."""
+    return _perturbed(transformers.Aimv2VisionModel(transformers.Aimv2VisionConfig(**AIMV2_VISION | kw)))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_hf_aimv2_vision_model_matches_its_tokens_and_pools_by_their_mean(tmp_path, bias):
+    """Aimv2VisionModel without its head (apple/aimv2-*-patch14-224 ...) + CLIPImageProcessor folder: RMSNorm (also on
+    the patch tokens), SwiGLU with gate and value apart, biases on every Linear or none; the tokens are
+    last_hidden_state, the pooled output their mean (transformers returns none: said, as the only guess)."""
+    hf = _hf_aimv2(qkv_bias=bias, mlp_bias=bias)
+    hf.save_pretrained(tmp_path)
+    transformers.CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}).save_pretrained(tmp_path)
+    with pytest.warns(vitfast.GuessedConfigWarning, match="global_pool='avg' .*no pooled output"):
+        model = vitfast.load_checkpoint(tmp_path)
+    c = model.config
+    assert set(model.config_guesses) == {"global_pool"}
+    assert (c.norm_layer, c.embed_norm, c.mlp_layer, c.act_layer, c.mlp_hidden, c.norm_eps) == ("rmsnorm", True, "swiglu", "silu", 176, 1e-5)
+    assert (c.class_token, c.global_pool, c.use_fc_norm, c.num_classes, c.qkv_bias, c.proj_bias) == (False, "avg", False, 0, bias, bias)
+    assert (c.mean, c.crop_mode, c.interpolation) == (vitfast.config.OPENAI_CLIP_MEAN, "center", "bicubic")
+    x = torch.randn(3, 3, 28, 28)
+    with torch.no_grad():
+        tokens = hf(pixel_values=x).last_hidden_state
+        torch.testing.assert_close(model.forward_features(x), tokens, atol=ATOL, rtol=0)
+        torch.testing.assert_close(model(x), tokens.mean(1), atol=ATOL, rtol=0)
+
+
+def test_hf_aimv2_bare_state_dict_reads_its_shapes_and_takes_transformers_defaults(tmp_path):
+    hf = _hf_aimv2()
+    hf.save_pretrained(tmp_path)
+    torch.save(hf.state_dict(), tmp_path / "bare.bin")
+    with pytest.warns(vitfast.GuessedConfigWarning, match="transformers' AIMV2 default") as caught:
+        guessed = vitfast.load_checkpoint(tmp_path / "bare.bin")
+    message = str(caught[0].message)
+    assert "act_layer='silu'" in message and "norm_eps=1e-05" in message and "crop_mode='center'" in message
+    assert {"num_heads", "global_pool", "mean", "interpolation"} <= set(guessed.config_guesses)
+    with pytest.warns(vitfast.GuessedConfigWarning):
+        folder = vitfast.load_checkpoint(tmp_path).config
+    with pytest.warns(vitfast.GuessedConfigWarning, match="transformers' AIMV2 default"):
+        bare = vitfast.load_checkpoint(tmp_path / "bare.bin", overrides={"num_heads": 4})
+    assert bare.config == folder  # architecture and CLIPImageProcessor's defaults sized for the model alike
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(bare(x), hf(pixel_values=x).last_hidden_state.mean(1), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "kw, named, in_weights",
+    [
+        (dict(use_head=True), r"attention-pooling head \(use_head=True.*does not implement.*tokens \(last_hidden_state\) would match", True),
+        (dict(is_native=True), r"native-resolution AIMv2 tower \(is_native=True", True),
+        (dict(qkv_bias=True, mlp_bias=False), "qkv_bias=True .*but mlp_bias=False", True),
+        (dict(qkv_bias=False, mlp_bias=True), "qkv_bias=False .*but mlp_bias=True", True),
+        (dict(hidden_act="gelu"), "gates its MLP with hidden_act 'gelu'", False),
+    ],
+)
+def test_hf_aimv2_towers_vitfast_cannot_compute_are_refused_by_name(tmp_path, kw, named, in_weights):
+    """The attention-pooling head (not timm's attention pool: no query projection), sinusoidal positions
+    computed at any size, attention and MLP biases that differ, a gate other than SiLU: refused, from the
+    folder and, where the weights show it, from a bare state dict; never loaded with a part dropped."""
+    hf = _hf_aimv2(**kw)
+    hf.save_pretrained(tmp_path)
+    with pytest.raises(vitfast.CheckpointError, match=named):
+        vitfast.load_checkpoint(tmp_path)
+    if in_weights:
+        torch.save(hf.state_dict(), tmp_path / "bare.bin")
+        with pytest.raises(vitfast.CheckpointError, match=named):
+            vitfast.load_checkpoint(tmp_path / "bare.bin")
+
+
+def test_hf_aimv2_tower_with_its_head_stripped_loads_its_tokens(tmp_path):
+    """What the refusal of a tower with a head says: saved without it (use_head=False, no head.*), its tokens match."""
+    hf = _hf_aimv2(use_head=True)
+    hf.config.use_head = False
+    hf.save_pretrained(tmp_path, state_dict={k: v for k, v in hf.state_dict().items() if not k.startswith("head.")})
+    with pytest.warns(vitfast.GuessedConfigWarning, match="global_pool='avg'"):
+        model = vitfast.load_checkpoint(tmp_path)
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(model.forward_features(x), hf(pixel_values=x).last_hidden_state, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("use_head", [True, False])
+def test_hf_aimv2_model_is_refused_its_image_embeds_project_the_head(tmp_path, use_head):
+    """Aimv2Model's image_embeds are visual_projection(pooler_output): the head's output, which vitfast does not
+    compute (without a head transformers fails); so it is refused, not loaded as a CLIP-like projection of the mean."""
+    text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=99, eos_token_id=98)
+    cfg = transformers.Aimv2Config(vision_config=AIMV2_VISION | dict(use_head=use_head), text_config=text, projection_dim=24)
+    transformers.Aimv2Model(cfg).save_pretrained(tmp_path)
+    with pytest.raises(vitfast.CheckpointError, match="Aimv2Model .*attention-pooling head"):
+        vitfast.load_checkpoint(tmp_path)
+
+
+def test_transformers_aimv2_vision_defaults_are_the_installed_ones():
+    from vitfast.convert import AIMV2_DEFAULTS
+
+    defaults = transformers.Aimv2VisionConfig()
+    assert {k: getattr(defaults, k) for k in AIMV2_DEFAULTS} == AIMV2_DEFAULTS
+
+
+def test_hf_unknown_model_type_lists_what_loads(tmp_path):
+    hf = _hf_vit(**HF_CONFIGS["base-like"])
+    hf.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(hf.config.to_dict() | {"model_type": "swin"}))
+    with pytest.raises(vitfast.CheckpointError, match="'swin' model; vitfast reads .*AIMv2 .*'aimv2_vision_model'"):
+        vitfast.load_checkpoint(tmp_path)

@@ -154,3 +154,22 @@ def test_keys_left_out_of_a_preprocessor_config_take_the_class_defaults(tmp_path
     for name, arr in _images(3):
         expected = processor(Image.fromarray(arr), return_tensors="pt")["pixel_values"]
         torch.testing.assert_close(vitfast.preprocess(arr, config), expected, atol=2e-6, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("saved", [True, False])
+def test_aimv2_preprocessing_is_clips(tmp_path, saved):
+    """transformers pairs AIMv2 with CLIPImageProcessor: a saved one is followed; without one, its defaults
+    sized for the model (shortest edge to image_size, centre crop, bicubic, OpenAI's mean/std) are assumed, loudly."""
+    vision = dict(image_size=28, patch_size=14, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=176,
+                  use_head=False)  # fmt: skip
+    transformers.Aimv2VisionModel(transformers.Aimv2VisionConfig(**vision)).save_pretrained(tmp_path)
+    edge = 40 if saved else 28  # without a file: the defaults sized for the model
+    processor = processor_class("CLIPImageProcessor")(size={"shortest_edge": edge}, crop_size={"height": 28, "width": 28})
+    if saved:
+        processor.save_pretrained(tmp_path)
+    with pytest.warns(vitfast.GuessedConfigWarning) as record:
+        config = vitfast.load_checkpoint(tmp_path).config
+    assert ("CLIPImageProcessor defaults assumed" in str(record[0].message)) != saved
+    for name, arr in _images(4):
+        expected = processor(Image.fromarray(arr), return_tensors="pt")["pixel_values"]
+        torch.testing.assert_close(vitfast.preprocess(Image.fromarray(arr), config), expected, atol=2e-6, rtol=0, msg=name)

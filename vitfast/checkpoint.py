@@ -62,7 +62,7 @@ def load_checkpoint(
       - timm: a state dict (`.pth`/`.bin`/`.safetensors`, keys like `blocks.0.attn.qkv.weight`),
         config given or inferred from tensor shapes; or a timm Hub folder (`config.json` with
         `architecture` and `pretrained_cfg`, beside `model.safetensors` / `pytorch_model.bin`);
-      - Hugging Face: a `ViTForImageClassification`/`ViTModel`/DeiT/DINOv2/CLIP/SigLIP directory (`config.json`,
+      - Hugging Face: a `ViTForImageClassification`/`ViTModel`/DeiT/DINOv2/CLIP/SigLIP/AIMv2 directory (`config.json`,
         `preprocessor_config.json`, `model.safetensors` or `pytorch_model.bin`, sharded or not)
         or such a state dict alone.
     `config` replaces the detected config; `overrides` changes some of its fields (e.g.

@@ -2,8 +2,9 @@
 
 - Hugging Face `transformers` ViT / DeiT / DINOv2 (with or without registers), and the image
   towers of CLIP (`CLIPModel`, `CLIPVisionModel[WithProjection]`) and SigLIP (`SiglipModel`,
-  `SiglipVisionModel`, `SiglipForImageClassification`): separate query/key/value Linears are
-  fused into one qkv Linear; `config.json` (+ `preprocessor_config.json`) becomes a `ViTConfig`.
+  `SiglipVisionModel`, `SiglipForImageClassification`) and AIMv2 (`Aimv2VisionModel` without its
+  attention-pooling head): separate query/key/value Linears are fused into one qkv Linear;
+  `config.json` (+ `preprocessor_config.json`) becomes a `ViTConfig`.
 - timm (or an HF state dict without its config.json): the config is inferred from tensor shapes.
   The number of heads cannot be read from weights: it is taken from the registry variant with
   the same width/depth/tokens, else head_dim 64. Preprocessing is not stored either.
@@ -24,7 +25,7 @@ from .config import (
     CROP_MODES, IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ViTConfig,
 )  # fmt: skip
 from .errors import CheckpointError, ConfigError
-from .registry import _REGISTRY, get_config, unsupported_reason
+from .registry import _AIMV2, _REGISTRY, get_config, unsupported_reason
 
 StateDict = dict[str, torch.Tensor]
 Guesses = dict[str, str]  # ViTConfig field -> why its value is a guess
@@ -38,6 +39,7 @@ TIMM_PATCH_KEYS = ("patch_embed.proj.weight", "patch_embed.backbone.stem.conv.we
 HF_ACTS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
            "quick_gelu": "quick_gelu"}  # fmt: skip
 TOWER_PATCH_KEY = "embeddings.patch_embedding.weight"  # CLIP and SigLIP: under vision_model. on disk, at the root in memory (transformers 5)
+AIMV2_PATCH_KEY = "embeddings.patch_embed.weight"  # AIMv2's tower, the only transformers model with this name
 CLIP_CLASS_KEY = "embeddings.class_embedding"  # CLIP has a class token, SigLIP none
 CLIP_MODEL_TYPES = ("clip", "clip_vision_model")
 SIGLIP_MODEL_TYPES = ("siglip", "siglip_vision_model")
@@ -45,6 +47,12 @@ HEADLESS_SIGLIP = ("this SigLIP tower has no attention pool (vision_use_head=Fal
                    "vitfast returns the mean of its tokens, as timm's *_siglip_gap_* models do")  # fmt: skip
 HEADLESS_IJEPA = ("I-JEPA has no class token and IJepaModel returns no pooled output; vitfast returns the mean of its normalised "
                   "tokens, the features IJepaForImageClassification classifies")  # fmt: skip
+HEADLESS_AIMV2 = ("transformers' AIMv2 tower without its attention-pooling head (use_head=False) returns no pooled output; "
+                  "vitfast returns the mean of its normalised tokens, as timm's aimv2_* models do")  # fmt: skip
+AIMV2_MODEL_TYPE = "aimv2_vision_model"  # Aimv2VisionModel; Aimv2Model ("aimv2") is refused by its weights (tower_to_timm)
+# transformers' Aimv2VisionConfig defaults, for what a config.json leaves out (AIMv2-large/14 at 224 px)
+AIMV2_DEFAULTS = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=24, num_attention_heads=8, image_size=224, patch_size=14,
+                      num_channels=3, hidden_act="silu", rms_norm_eps=1e-5, qkv_bias=False, mlp_bias=False)  # fmt: skip
 DINOV2_MODEL_TYPES = ("dinov2", "dinov2_with_registers")
 # ViT's layers under other model types: MSN (class token, eps 1e-6) and I-JEPA (no class token, classifies the mean token)
 VIT_MODEL_TYPES = ("vit", "deit", "vit_msn", "ijepa")
@@ -64,14 +72,15 @@ PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
 # The image processor transformers pairs with each model type.
 MODEL_PROCESSORS = {"vit": "ViTImageProcessor", "deit": "DeiTImageProcessor", "vit_msn": "ViTImageProcessor", "ijepa": "ViTImageProcessor"} \
     | dict.fromkeys(CLIP_MODEL_TYPES, "CLIPImageProcessor") \
-    | dict.fromkeys(DINOV2_MODEL_TYPES, "BitImageProcessor") | dict.fromkeys(SIGLIP_MODEL_TYPES, "SiglipImageProcessor")  # fmt: skip
+    | dict.fromkeys(DINOV2_MODEL_TYPES, "BitImageProcessor") | dict.fromkeys(SIGLIP_MODEL_TYPES, "SiglipImageProcessor") \
+    | {AIMV2_MODEL_TYPE: "CLIPImageProcessor"}  # fmt: skip
 # Processors whose integer `size` means the shortest edge (the others read it as a square).
 SHORTEST_EDGE_PROCESSORS = ("CLIPImageProcessor", "BitImageProcessor", "ConvNextImageProcessor", "SiglipImageProcessor")
 
 
 
 def detect_format(sd: StateDict) -> str:
-    """'hf' (ViT, DeiT, DINOv2, CLIP or SigLIP) or 'timm'; raises `CheckpointError` for anything that is not a ViT state dict."""
+    """'hf' (ViT, DeiT, DINOv2, CLIP, SigLIP or AIMv2) or 'timm'; raises `CheckpointError` for anything that is not a ViT state dict."""
     if any(k.endswith(HF_PATCH_KEY) for k in sd) or is_tower(sd):
         return "hf"
     if any(k in sd for k in TIMM_PATCH_KEYS):
@@ -212,21 +221,24 @@ def read_hf_state_dict(sd: StateDict, *, num_heads: int | None = None) -> tuple[
     """An HF state dict without its config.json -> (timm-named state dict, config read off the shapes,
     guesses); eps, activation and preprocessing are transformers' defaults for the model type."""
     if is_tower(sd):
-        model_type = "clip" if is_clip(sd) else "siglip"
+        model_type = "clip" if is_clip(sd) else AIMV2_MODEL_TYPE if is_aimv2(sd) else "siglip"
     else:
         model_type = "dinov2" if any(".layer_scale1." in k for k in sd) else "vit"
     sd = hf_to_timm(sd)
-    cfg, guesses = infer_timm_config(sd, norm_eps={"clip": 1e-5, "dinov2": 1e-6, "siglip": 1e-6}.get(model_type, 1e-12),
-                                     family="siglip" if model_type == "siglip" else None, num_heads=num_heads)  # fmt: skip
+    eps = {"clip": 1e-5, "dinov2": 1e-6, "siglip": 1e-6, AIMV2_MODEL_TYPE: 1e-5}.get(model_type, 1e-12)
+    cfg, guesses = infer_timm_config(sd, norm_eps=eps, family="siglip" if model_type == "siglip" else None, num_heads=num_heads)
     size = cfg.img_hw[0]
     pre, _ = hf_preprocessing(_default_preprocessor(model_type, size), cfg.in_chans, size)
-    swiglu = cfg.mlp_layer == "swiglu_packed"  # its SiLU gate is a fact of the shapes; a GELU MLP's form is not
-    act = "silu" if swiglu else {"clip": "quick_gelu", "siglip": "gelu_tanh"}.get(model_type, "gelu")
+    packed = cfg.mlp_layer == "swiglu_packed"  # DINOv2 giant's SiLU gate is a fact of the shapes; any other MLP's activation is not
+    act = "silu" if cfg.mlp_layer != "mlp" else {"clip": "quick_gelu", "siglip": "gelu_tanh"}.get(model_type, "gelu")  # AIMv2's: SiLU
     cfg = cfg.replace(act_layer=act, **pre)
-    reason = f"not stored in a Hugging Face state dict without its config.json; transformers' {model_type.upper()} default assumed"
-    guessed = ("norm_eps", *(() if swiglu else ("act_layer",)), *(k for k in pre if k != "crop_rounding"))  # HF floors crops: a fact
+    name = model_type.removesuffix("_vision_model").upper()
+    reason = f"not stored in a Hugging Face state dict without its config.json; transformers' {name} default assumed"
+    guessed = ("norm_eps", *(() if packed else ("act_layer",)), *(k for k in pre if k != "crop_rounding"))  # HF floors crops: a fact
     if model_type == "siglip" and cfg.global_pool == "avg" and not cfg.num_classes:
         guesses["global_pool"] = HEADLESS_SIGLIP
+    if model_type == AIMV2_MODEL_TYPE:
+        guesses["global_pool"] = HEADLESS_AIMV2
     guesses.pop("no_embed_class", None)  # a fact here: hf_to_timm folds DINOv2's register models into that layout
     return sd, cfg, guesses | dict.fromkeys(guessed, reason)
 
@@ -239,10 +251,12 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
         fields = _tower_fields(vision, sd, clip=model_type in CLIP_MODEL_TYPES)
     elif model_type in (*VIT_MODEL_TYPES, *DINOV2_MODEL_TYPES):
         fields = _vit_fields(cfg, model_type, sd)
+    elif model_type == AIMV2_MODEL_TYPE:
+        fields = _aimv2_fields(cfg, sd)
     else:
-        known = ", ".join(repr(t) for t in (*VIT_MODEL_TYPES, *DINOV2_MODEL_TYPES, *CLIP_MODEL_TYPES, *SIGLIP_MODEL_TYPES))
-        raise CheckpointError(f"config.json describes a {model_type!r} model; vitfast reads ViT, DeiT, ViT-MSN, I-JEPA, DINOv2, CLIP "
-                              f"and SigLIP (model_type {known})")  # fmt: skip
+        known = ", ".join(repr(t) for t in (*VIT_MODEL_TYPES, *DINOV2_MODEL_TYPES, *CLIP_MODEL_TYPES, *SIGLIP_MODEL_TYPES, AIMV2_MODEL_TYPE))
+        raise CheckpointError(f"config.json describes a {model_type!r} model; vitfast reads ViT, DeiT, ViT-MSN, I-JEPA, DINOv2, CLIP, "
+                              f"SigLIP and AIMv2 image towers (model_type {known})")  # fmt: skip
     head = sd.get("head.weight")
     id2label = cfg.get("id2label") or {}
     if head is not None and len(id2label) == head.shape[0] and not _generic_labels(id2label):
@@ -252,6 +266,8 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
         guesses["global_pool"] = HEADLESS_SIGLIP
     if model_type == "ijepa" and head is None:
         guesses["global_pool"] = HEADLESS_IJEPA
+    if model_type == AIMV2_MODEL_TYPE:  # a head is refused (tower_to_timm)
+        guesses["global_pool"] = HEADLESS_AIMV2
     if preprocessor is None:
         preprocessor = _default_preprocessor(model_type, fields["img_size"])
         reason = f"no preprocessor_config.json; {preprocessor['image_processor_type']} defaults assumed"
@@ -296,6 +312,20 @@ def _vit_fields(cfg: dict[str, Any], model_type: str, sd: StateDict) -> dict[str
     return fields
 
 
+def _aimv2_fields(cfg: dict[str, Any], sd: StateDict) -> dict[str, Any]:
+    """ViTConfig architecture fields of an AIMv2 image tower (`Aimv2VisionModel`; transformers' defaults for
+    what config.json leaves out): timm's AIMv2 layout (RMSNorm, also on the patch embeddings; SwiGLU; no class
+    token, the mean of the normalised tokens). transformers ties the attention output's bias to `qkv_bias`;
+    that it equals `mlp_bias` is checked on the weights (tower_to_timm)."""
+    cfg = AIMV2_DEFAULTS | cfg
+    if cfg["hidden_act"] not in ("silu", "swish"):  # transformers' two names for SiLU
+        raise CheckpointError(f"this AIMv2 tower gates its MLP with hidden_act {cfg['hidden_act']!r}; vitfast's SwiGLU gate is SiLU ('silu')")
+    fields = _hf_shape_fields(cfg, sd, patch_size=AIMV2_DEFAULTS["patch_size"])
+    layout = {k: _AIMV2[k] for k in ("class_token", "global_pool", "fc_norm", "norm_layer", "embed_norm", "mlp_layer", "act_layer")}
+    return fields | layout | dict(mlp_ratio=cfg["intermediate_size"] / fields["embed_dim"], qkv_bias=cfg["qkv_bias"], proj_bias=cfg["qkv_bias"],
+                                  norm_eps=cfg["rms_norm_eps"])  # fmt: skip
+
+
 def _hf_shape_fields(section: dict[str, Any], sd: StateDict, *, patch_size: int) -> dict[str, Any]:
     """The ViTConfig fields every HF vision config states alike (transformers' defaults, and its
     `patch_size`, where the config leaves them out); the class count from the converted head."""
@@ -324,12 +354,12 @@ def _dinov2_pool(head: torch.Tensor | None, dim: int) -> str:
 
 def _default_preprocessor(model_type: str, img_size: int) -> dict[str, Any]:
     """A preprocessor_config.json for the processor transformers pairs with `model_type`, sized for
-    the model (DeiT: resize to 256/224 of it, then centre crop; CLIP: shortest edge to it, then centre
-    crop; DINOv2: shortest edge to 256/224 of it, then centre crop, ImageNet's mean/std as
+    the model (DeiT: resize to 256/224 of it, then centre crop; CLIP and AIMv2: shortest edge to it, then
+    centre crop; DINOv2: shortest edge to 256/224 of it, then centre crop, ImageNet's mean/std as
     facebook/dinov2-* state; ViT and SigLIP: resize to it). Everything else is the class's default
     (`PROCESSOR_DEFAULTS`)."""
     kind, square = MODEL_PROCESSORS[model_type], {"height": img_size, "width": img_size}
-    if model_type in CLIP_MODEL_TYPES:
+    if kind == "CLIPImageProcessor":
         return {"image_processor_type": kind, "size": {"shortest_edge": img_size}, "crop_size": square}
     if model_type in DINOV2_MODEL_TYPES:
         return {"image_processor_type": kind, "size": {"shortest_edge": img_size * 256 // 224}, "crop_size": square,
@@ -411,10 +441,14 @@ def hf_preprocessing(pre: dict[str, Any], in_chans: int, img_size: int, *, follo
     return out, guesses
 
 
-# ---------------------------------------------------------------------------- Hugging Face CLIP and SigLIP
+# ---------------------------------------------------------------------------- Hugging Face CLIP, SigLIP and AIMv2
 def is_tower(sd: StateDict) -> bool:
-    """A CLIP or SigLIP image tower (their shared `embeddings.patch_embedding` naming)."""
-    return any(k.endswith(TOWER_PATCH_KEY) for k in sd)
+    """A CLIP or SigLIP image tower (their shared `embeddings.patch_embedding` naming), or an AIMv2 one."""
+    return any(k.endswith((TOWER_PATCH_KEY, AIMV2_PATCH_KEY)) for k in sd)
+
+
+def is_aimv2(sd: StateDict) -> bool:
+    return any(k.endswith(AIMV2_PATCH_KEY) for k in sd)
 
 
 def is_clip(sd: StateDict) -> bool:
@@ -422,31 +456,40 @@ def is_clip(sd: StateDict) -> bool:
 
 
 def tower_to_timm(sd: StateDict) -> StateDict:
-    """Rename the image tower of a CLIP (`CLIPModel`, `CLIPVisionModel[WithProjection]`) or SigLIP
-    (`SiglipModel`, `SiglipVisionModel`, `SiglipForImageClassification`) state dict to timm's names:
-    q/k/v fused, `pre_layrnorm` -> norm_pre, `post_layernorm` -> norm, CLIP's `visual_projection` ->
-    head (bias zero), SigLIP's attention-pool `head` -> attn_pool (its `nn.MultiheadAttention`
-    in_proj split into q and kv), SigLIP's `classifier` -> head. Text towers, `logit_scale` and
-    `logit_bias` are dropped, and so is the attention pool of a `SiglipForImageClassification`,
-    which classifies the mean token instead.
+    """Rename the image tower of a CLIP (`CLIPModel`, `CLIPVisionModel[WithProjection]`), SigLIP
+    (`SiglipModel`, `SiglipVisionModel`, `SiglipForImageClassification`) or AIMv2 (`Aimv2VisionModel`)
+    state dict to timm's names: q/k/v fused, `pre_layrnorm` -> norm_pre, `post_layernorm` -> norm, CLIP's
+    `visual_projection` -> head (bias zero), SigLIP's attention-pool `head` -> attn_pool (its
+    `nn.MultiheadAttention` in_proj split into q and kv), SigLIP's `classifier` -> head; AIMv2's RMSNorms
+    (`embeddings.rms_norm` -> patch_embed.norm, `rms_norm` -> norm) and SwiGLU (`gate_proj` -> fc1_g,
+    `up_proj` -> fc1_x, `down_proj` -> fc2). Text towers, `logit_scale` and `logit_bias` are dropped, and so
+    is the attention pool of a `SiglipForImageClassification`, which classifies the mean token instead.
 
     HF applies CLIP's `post_layernorm` to the class token only and timm to every token before
     pooling it: the same embedding (`image_embeds`, or `pooler_output` without a projection)."""
-    vision = next(k[: -len(TOWER_PATCH_KEY)] for k in sd if k.endswith(TOWER_PATCH_KEY))
-    if sd[vision + TOWER_PATCH_KEY].ndim != 4:
+    patch_key = next(k for k in sd if k.endswith((TOWER_PATCH_KEY, AIMV2_PATCH_KEY)))
+    vision = patch_key[: patch_key.rindex("embeddings.")]
+    if sd[patch_key].ndim != 4:
         raise CheckpointError("this is a SigLIP 2 NaFlex tower (patches embedded by a Linear at any aspect ratio), which vitfast "
                               "does not implement; the fixed-resolution SigLIP 2 checkpoints (google/siglip2-*-patch16-224 ...) load")  # fmt: skip
     prefix = vision.removesuffix("vision_model.")  # where the projection, classifier and text tower are
+    if patch_key.endswith(AIMV2_PATCH_KEY):
+        _check_aimv2(sd, vision, prefix)
     simple = {
         "embeddings.patch_embedding.weight": "patch_embed.proj.weight", "embeddings.patch_embedding.bias": "patch_embed.proj.bias",
         "pre_layrnorm.weight": "norm_pre.weight", "pre_layrnorm.bias": "norm_pre.bias",  # (sic: HF's name)
         "post_layernorm.weight": "norm.weight", "post_layernorm.bias": "norm.bias",
         "head.probe": "attn_pool.latent",
+        "embeddings.patch_embed.weight": "patch_embed.proj.weight", "embeddings.patch_embed.bias": "patch_embed.proj.bias",  # AIMv2
+        "embeddings.rms_norm.weight": "patch_embed.norm.weight", "rms_norm.weight": "norm.weight",
     }  # fmt: skip
     pool_map = {"head.attention.out_proj": "attn_pool.proj", "head.layernorm": "attn_pool.norm",
                 "head.mlp.fc1": "attn_pool.mlp.fc1", "head.mlp.fc2": "attn_pool.mlp.fc2"}  # fmt: skip
-    layer_map = {"self_attn.out_proj": "attn.proj", "layer_norm1": "norm1", "layer_norm2": "norm2", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}
-    qkv_parts = {"self_attn.q_proj": "query", "self_attn.k_proj": "key", "self_attn.v_proj": "value"}
+    layer_map = {"self_attn.out_proj": "attn.proj", "layer_norm1": "norm1", "layer_norm2": "norm2", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2",
+                 "attention.out_proj": "attn.proj", "rms_norm1": "norm1", "rms_norm2": "norm2",  # AIMv2
+                 "ffn.gate_proj": "mlp.fc1_g", "ffn.up_proj": "mlp.fc1_x", "ffn.down_proj": "mlp.fc2"}  # fmt: skip
+    qkv_parts = {"self_attn.q_proj": "query", "self_attn.k_proj": "key", "self_attn.v_proj": "value",
+                 "attention.q_proj": "query", "attention.k_proj": "key", "attention.v_proj": "value"}  # fmt: skip
     layer_re = re.compile(r"encoder\.layers\.(\d+)\.(.+)\.(weight|bias)$")
     out: StateDict = {}
     qkv: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
@@ -481,6 +524,30 @@ def tower_to_timm(sd: StateDict) -> StateDict:
     if prefix + "classifier.weight" in sd:
         out = {k: v for k, v in out.items() if not k.startswith("attn_pool.")}
     return out | _stacked(qkv, "attn.qkv", ("query", "key", "value"))
+
+
+def _check_aimv2(sd: StateDict, vision: str, prefix: str) -> None:
+    """Refuse, by its weights, what of transformers' AIMv2 vitfast cannot compute: `Aimv2Model`'s image
+    embeddings, the attention-pooling head, native-resolution towers, and biases on the attention but
+    not the MLP or the other way round (vitfast's `proj_bias` is one flag for both)."""
+    if prefix + "visual_projection.weight" in sd:
+        raise CheckpointError("this is an Aimv2Model (image and text towers): its image_embeds project the pooler_output of the image "
+                              "tower's attention-pooling head, which vitfast does not implement (without that head transformers "
+                              "computes none); an Aimv2VisionModel without the head (use_head=False) loads")  # fmt: skip
+    if any(k.startswith(vision + "head.") for k in sd):
+        raise CheckpointError("this AIMv2 tower has an attention-pooling head (use_head=True: a learned query attending to the "
+                              "tokens through its own key/value projections, then output_proj), which vitfast does not implement, "
+                              "so its pooler_output cannot be computed; the tokens (last_hidden_state) would match: save it with "
+                              "use_head=False and without the head.* weights to load them, pooled by their mean")  # fmt: skip
+    if vision + "embeddings.position_embedding.weight" not in sd:
+        raise CheckpointError("this is a native-resolution AIMv2 tower (is_native=True: 2D sinusoidal position embeddings computed "
+                              "for each input size, apple/aimv2-*-native), which vitfast does not implement; the fixed-size ones "
+                              "(apple/aimv2-large-patch14-224 ...) load")  # fmt: skip
+    attn_bias, mlp_bias = (vision + f"encoder.layers.0.{name}.bias" in sd for name in ("attention.out_proj", "ffn.down_proj"))
+    if attn_bias != mlp_bias:
+        raise CheckpointError(f"this AIMv2 tower has qkv_bias={attn_bias} (its attention Linears, out_proj included) but "
+                              f"mlp_bias={mlp_bias}; vitfast's ViT has one proj_bias for the attention output and MLP Linears, "
+                              "so it cannot hold both")  # fmt: skip
 
 
 def _tower_fields(vision: dict[str, Any], sd: StateDict, *, clip: bool) -> dict[str, Any]:
