@@ -1,8 +1,9 @@
-"""Fused residual add + LayerNorm, one pass over each row.
+"""Fused residual add + LayerNorm or RMSNorm, one pass over each row.
 
 Reads the residual stream x and the branch output y, writes the new residual stream x + y (or
-x + gamma * y, gamma being the branch's LayerScale) and its LayerNorm; without y it is a plain
-LayerNorm. Statistics are fp32 whatever the I/O dtype.
+x + gamma * y, gamma being the branch's LayerScale) and its LayerNorm, or its RMSNorm
+(x * rsqrt(mean(x^2) + eps) * weight: no centring, no bias; AIMv2); without y it is a plain
+LayerNorm / RMSNorm. Statistics are fp32 whatever the I/O dtype.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ def _add_layernorm_kernel(
     X, Y, Gamma, W, Bias, Res, Out,
     stride_x, stride_y, stride_res, stride_out,  # row strides; columns are contiguous
     C, eps,
-    HAS_BRANCH: tl.constexpr, HAS_GAMMA: tl.constexpr, BLOCK_C: tl.constexpr,
+    HAS_BRANCH: tl.constexpr, HAS_GAMMA: tl.constexpr,
+    RMS: tl.constexpr,  # RMSNorm: no centring, no bias (Bias unused)
+    BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)  # row * stride passes 2^31 elements at large batches
     cols = tl.arange(0, BLOCK_C)
@@ -35,42 +38,48 @@ def _add_layernorm_kernel(
             y *= tl.load(Gamma + cols, mask=mask, other=0.0).to(tl.float32)
         x += y
         tl.store(Res + row * stride_res + cols, x.to(Res.dtype.element_ty), mask=mask)
-    # -- statistics: two-pass mean / variance over the row held in registers
-    mean = tl.sum(x, axis=0) / C
-    xc = tl.where(mask, x - mean, 0.0)
+    # -- statistics over the row held in registers: two-pass mean / variance, or the mean square
+    if RMS:
+        xc = x  # masked columns loaded as 0
+    else:
+        xc = tl.where(mask, x - tl.sum(x, axis=0) / C, 0.0)
     rstd = tl.math.rsqrt(tl.sum(xc * xc, axis=0) / C + eps)
     # -- affine and store
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(Bias + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Out + row * stride_out + cols, (xc * rstd * w + b).to(Out.dtype.element_ty), mask=mask)
+    y = xc * rstd * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    if not RMS:
+        y += tl.load(Bias + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Out + row * stride_out + cols, y.to(Out.dtype.element_ty), mask=mask)
 
 
 def add_layernorm_launch(
     x: torch.Tensor,
     branch: torch.Tensor | None,
     weight: torch.Tensor,
-    bias: torch.Tensor,
+    bias: torch.Tensor | None,
     eps: float,
     out: torch.Tensor,
     residual_out: torch.Tensor | None = None,
     gamma: torch.Tensor | None = None,
+    rms: bool = False,
 ) -> None:
     """x, branch [..., C] -> residual_out = x + gamma * branch, out = LayerNorm(residual_out) (in place).
 
     gamma [C] (a LayerScale) is optional. With `branch=None`: out = LayerNorm(x) and
-    residual_out is unused.
+    residual_out is unused. `rms=True`: RMSNorm instead, weight [C] and bias None.
     """
     C = x.shape[-1]
-    if weight.shape != (C,) or bias.shape != (C,):
-        raise ValueError(f"LayerNorm weight and bias must be [{C}], got {tuple(weight.shape)} and {tuple(bias.shape)}")
+    if rms != (bias is None):
+        raise ValueError("RMSNorm takes no bias, LayerNorm needs one: pass bias=None exactly when rms=True")
+    wrong = [f"{k} {tuple(t.shape)}" for k, t in (("weight", weight), ("bias", bias)) if t is not None and t.shape != (C,)]
+    if wrong:
+        raise ValueError(f"the norm's weight and bias must be [{C}], got {', '.join(wrong)}")
     if branch is not None and (branch.shape != x.shape or residual_out is None or residual_out.shape != x.shape):
         raise ValueError(f"branch and residual_out must match x {tuple(x.shape)}")
     if gamma is not None and (branch is None or gamma.shape != (C,)):
         raise ValueError(f"gamma scales the branch: pass a branch and gamma [{C}], got {tuple(gamma.shape)}")
     if out.shape != x.shape or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous tensor of shape {tuple(x.shape)}")
-    tensors = [x, weight, bias, out] + ([branch, residual_out] if branch is not None else []) + ([gamma] if gamma is not None else [])
-    check_device(*tensors)
+    check_device(*[t for t in (x, branch, residual_out if branch is not None else None, weight, bias, gamma, out) if t is not None])
     x2 = rows_view(x, C)
     y2 = rows_view(branch, C) if branch is not None else x2
     res2 = residual_out.view(-1, C) if branch is not None else x2
@@ -78,10 +87,10 @@ def add_layernorm_launch(
     BLOCK_C = next_pow2(C)
     num_warps = min(max(BLOCK_C // 256, 1), 16)  # one row per program: more warps for wider rows
     wrap_triton(_add_layernorm_kernel)[(x2.shape[0],)](
-        x2, y2, gamma if gamma is not None else weight, weight, bias, res2, out2,
+        x2, y2, gamma if gamma is not None else weight, weight, bias if bias is not None else weight, res2, out2,
         x2.stride(0), y2.stride(0), res2.stride(0), out2.stride(0),
         C, eps,
-        HAS_BRANCH=branch is not None, HAS_GAMMA=gamma is not None, BLOCK_C=BLOCK_C, num_warps=num_warps,
+        HAS_BRANCH=branch is not None, HAS_GAMMA=gamma is not None, RMS=rms, BLOCK_C=BLOCK_C, num_warps=num_warps,
     )  # fmt: skip
 
 
@@ -109,7 +118,40 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
     return out
 
 
+@triton_op("vitfast::add_rmsnorm", mutates_args=())
+def add_rmsnorm(
+    x: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, eps: float, gamma: Optional[torch.Tensor] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(r, RMSNorm(r)) with r = x + gamma * branch (gamma None: 1) for [..., C] tensors, as one torch op."""
+    if runs_reference(x):
+        return add_rmsnorm_reference(x, branch, weight, eps, gamma)
+    residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    add_layernorm_launch(x, branch, weight, None, eps, out, residual, gamma, rms=True)
+    return residual, out
+
+
+@triton_op("vitfast::rmsnorm", mutates_args=())
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of x [..., C], as one torch op."""
+    if runs_reference(x):
+        return add_rmsnorm_reference(x, None, weight, eps)[1]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    add_layernorm_launch(x, None, weight, None, eps, out, rms=True)
+    return out
+
+
 def add_layernorm_reference(x, branch, weight, bias, eps, gamma=None):
     """Plain PyTorch: (x + gamma * branch, its layer_norm) in x's dtype (LayerNorm alone if no branch)."""
-    res = x if branch is None else x + (branch if gamma is None else branch * gamma)
+    res = _residual_reference(x, branch, gamma)
     return res, torch.nn.functional.layer_norm(res, (x.shape[-1],), weight, bias, eps)
+
+
+def add_rmsnorm_reference(x, branch, weight, eps, gamma=None):
+    """Plain PyTorch: (x + gamma * branch, its rms_norm, what nn.RMSNorm runs) in x's dtype (RMSNorm alone if no branch)."""
+    res = _residual_reference(x, branch, gamma)
+    return res, torch.nn.functional.rms_norm(res, (x.shape[-1],), weight, eps)
+
+
+def _residual_reference(x, branch, gamma):
+    return x if branch is None else x + (branch if gamma is None else branch * gamma)

@@ -77,10 +77,11 @@ def _attention(B, N, H, D):
     return call
 
 
-def _add_layernorm(rows, C, branch):
+def _add_layernorm(rows, C, branch, rms=False):
     def call(dtype):
         x, w, b, out = torch.empty(rows, C, dtype=dtype), torch.empty(C, dtype=dtype), torch.empty(C, dtype=dtype), torch.empty(rows, C, dtype=dtype)
-        add_layernorm.add_layernorm_launch(x, torch.empty_like(x) if branch else None, w, b, 1e-6, out, torch.empty_like(x) if branch else None)
+        add_layernorm.add_layernorm_launch(x, torch.empty_like(x) if branch else None, w, None if rms else b, 1e-6, out,
+                                           torch.empty_like(x) if branch else None, rms=rms)  # fmt: skip
 
     return call
 
@@ -100,29 +101,42 @@ def _bias_swiglu(rows, H):
     return call
 
 
-def _linear(rows, K, N, epilogue):
+def _swiglu(rows, H, stacked):
+    """Unpacked: gate and value apart, or (`stacked`) column halves of one [rows, 2H] GEMM output."""
+
+    def call(dtype):
+        gate, value = torch.empty(rows, 2 * H, dtype=dtype).chunk(2, -1) if stacked else (torch.empty(rows, H, dtype=dtype) for _ in "gv")
+        bias_swiglu.swiglu_launch(gate, value, torch.empty(rows, H, dtype=dtype))
+
+    return call
+
+
+def _linear(rows, K, N, epilogue, bias=True):
     def call(dtype):
         x, w, b, out = (torch.empty(s, dtype=dtype) for s in ((rows, K), (N, K), (N,), (rows, N)))
         kw = {"gelu": epilogue} if epilogue in bias_gelu.GELU_FORMS else {}
         if epilogue.startswith("residual"):
             kw = {"residual": torch.empty(rows, N, dtype=dtype), "gamma": b if epilogue == "residual_gamma" else None}
-        linear_epilogue.linear_epilogue_launch(x, w, b, out, **kw)
+        linear_epilogue.linear_epilogue_launch(x, w, b if bias else None, out, **kw)
 
     return call
 
 
-def _linear_layernorm(rows, K, N, gamma):
+def _linear_layernorm(rows, K, N, gamma, bias=True, rms=False):
     def call(dtype):
         x, w, res, r_out, out = (torch.empty(s, dtype=dtype) for s in ((rows, K), (N, K), (rows, N), (rows, N), (rows, N)))
         vec = torch.empty(N, dtype=dtype)
-        linear_layernorm.linear_residual_layernorm_launch(x, w, vec, res, vec if gamma else None, vec, vec, 1e-6, r_out, out)
+        linear_layernorm.linear_residual_layernorm_launch(x, w, vec if bias else None, res, vec if gamma else None, vec,
+                                                          None if rms else vec, 1e-6, r_out, out, rms=rms)  # fmt: skip
 
     return call
 
 
 def _launches() -> list[Launch]:
     """ViT shapes: ViT-S/B/L (head_dim 64, 6/12/16 heads, N 197/577), ViT-H/14 (head_dim 80, N 257),
-    head_dims 32 and 128 (DESIGN.md's range), 256 (the launcher's limit, outside the range)."""
+    head_dims 32 and 128 (DESIGN.md's range), 256 (the launcher's limit, outside the range). AIMv2-L/14
+    at 224 px (256 tokens, C 1024, SwiGLU hidden 2816; RMSNorm, no linear biases): one launch per new
+    variant, the GEMMs' at their real shape."""
     out = []
     for dt in DTYPES:
         every = dt == "fp16"  # bf16 tiles take fp16's shared memory; fp32 is not a speed path: sampled
@@ -150,6 +164,13 @@ def _launches() -> list[Launch]:
             Launch(f"linear_layernorm proj 1576x768->768 {dt}", dt, _linear_layernorm(1576, 768, 768, False), all_configs=every),
             Launch(f"linear_layernorm fc2*gamma 197x3072->768 {dt}", dt, _linear_layernorm(197, 3072, 768, True)),
             Launch(f"linear_layernorm 13x100->37 {dt}", dt, _linear_layernorm(13, 100, 37, False)),
+            # AIMv2: RMSNorm, linears without bias, unpacked SwiGLU
+            Launch(f"add_rmsnorm 256x1024 {dt}", dt, _add_layernorm(256, 1024, True, rms=True)),
+            Launch(f"rmsnorm 7x37 {dt}", dt, _add_layernorm(7, 37, False, rms=True)),
+            Launch(f"swiglu 256x2816 {dt}", dt, _swiglu(256, 2816, stacked=False)),
+            Launch(f"swiglu stacked 13x100 {dt}", dt, _swiglu(13, 100, stacked=True)),
+            Launch(f"linear fc2+residual nobias 256x2816->1024 {dt}", dt, _linear(256, 2816, 1024, "residual", bias=False)),
+            Launch(f"linear_layernorm rms proj nobias 256x1024->1024 {dt}", dt, _linear_layernorm(256, 1024, 1024, False, bias=False, rms=True)),
         ]
     return out
 

@@ -1,4 +1,4 @@
-"""Tiled GEMM `x @ W^T + bias` with the MLP's elementwise work as its epilogue.
+"""Tiled GEMM `x @ W^T + bias` (bias optional) with the MLP's elementwise work as its epilogue.
 
 - fc1: gelu(x @ W^T + bias), any form of bias_gelu.py (erf, tanh, sigmoid), so the 4x-wide
   activation is written once instead of written by the GEMM, then read and written again by
@@ -82,12 +82,13 @@ def gemm_tile(x_ptrs, w_ptrs, K, stride_xk, stride_wk, IEEE_FP32: tl.constexpr,
 
 # Keyed on the GEMM shape (M by power-of-two bucket, so a new batch size does not always retune)
 # and the epilogue; tensor dtypes are part of the key too.
-@autotune(configs=_configs(), key=["M_BUCKET", "N", "K", "ACTIVATION", "RESIDUAL"], estimate=shared_memory_bytes)
+@autotune(configs=_configs(), key=["M_BUCKET", "N", "K", "HAS_BIAS", "ACTIVATION", "RESIDUAL"], estimate=shared_memory_bytes)
 @triton.jit(do_not_specialize=["M_BUCKET"])  # a tuning key only: no recompile per bucket
 def _linear_epilogue_kernel(
     X, W, Bias, Res, Gamma, Out,
     M, N, K, M_BUCKET,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
+    HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,  # 0: none, else GELU of form ACTIVATION - 1 (bias_gelu.GELU_FORMS)
     RESIDUAL: tl.constexpr,  # 0: none, 1: + Res, 2: Res + Gamma * (...)
     IEEE_FP32: tl.constexpr,
@@ -118,7 +119,8 @@ def _linear_epilogue_kernel(
     # -- epilogue in fp32 registers: bias, then GELU or the (scaled) residual add; one rounding
     mask_n = offs_n < N
     mask = (offs_m < M)[:, None] & mask_n[None, :]
-    acc += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     if ACTIVATION > 0:
         acc = gelu_tile(acc, ACTIVATION - 1)
     if RESIDUAL > 0:
@@ -141,14 +143,14 @@ def check_column_offsets(what: str, weight: torch.Tensor, *rows: torch.Tensor) -
 def linear_epilogue_launch(
     x: torch.Tensor,
     weight: torch.Tensor,
-    bias: torch.Tensor,
+    bias: torch.Tensor | None,
     out: torch.Tensor,
     *,
     gelu: str | None = None,
     residual: torch.Tensor | None = None,
     gamma: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """out = epilogue(x @ weight^T + bias) for x [..., K], weight [N, K], bias [N] (written in place).
+    """out = epilogue(x @ weight^T + bias) for x [..., K], weight [N, K], bias [N] or None (written in place).
 
     gelu 'none' (erf), 'tanh' or 'sigmoid' applies GELU; `residual` [..., N] adds it, the GEMM result first
     scaled by `gamma` [N] when given: out = residual + gamma * (x @ weight^T + bias). `out` is a
@@ -166,7 +168,7 @@ def linear_epilogue_launch(
     wrong_dtype = [f"{k} {t.dtype}" for k, t in named.items() if t is not None and t.dtype != x.dtype]
     if wrong_dtype:
         raise ValueError(f"all tensors must be {x.dtype} like x, got {', '.join(wrong_dtype)}")
-    if bias.shape != (N,):
+    if bias is not None and bias.shape != (N,):
         raise ValueError(f"bias must be [{N}], got {tuple(bias.shape)}")
     if out.shape != out_shape or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous tensor of shape {out_shape}, got {tuple(out.shape)}")
@@ -187,26 +189,26 @@ def linear_epilogue_launch(
     mode = 0 if residual is None else 1 if gamma is None else 2
     res2 = residual.reshape(M, N) if residual is not None else out2  # placeholders when unused
     check_column_offsets("linear epilogue", weight, x2, res2, out2)
-    gamma = gamma if gamma is not None else bias
     if x.is_cuda:
         require_fitting_config(_linear_epilogue_kernel, {"X": x2}, x.device, f"linear epilogue ({str(x.dtype).removeprefix('torch.')})")
 
     def grid(meta):
         return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
 
+    # an absent bias / gamma is never read: weight stands in for it
     wrap_triton(_linear_epilogue_kernel)[grid](
-        x2, weight, bias, res2, gamma, out2,
+        x2, weight, bias if bias is not None else weight, res2, gamma if gamma is not None else weight, out2,
         M, N, K, next_pow2(M),
         *x2.stride(), *weight.stride(), *res2.stride(), *out2.stride(),
-        ACTIVATION=ACTIVATIONS[gelu], RESIDUAL=mode,
+        HAS_BIAS=bias is not None, ACTIVATION=ACTIVATIONS[gelu], RESIDUAL=mode,
         IEEE_FP32=x.dtype == torch.float32,
     )  # fmt: skip
     return out
 
 
 @triton_op("vitfast::linear_bias_gelu", mutates_args=())
-def linear_bias_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, approximate: str) -> torch.Tensor:
-    """gelu(x @ weight^T + bias) for x [..., K], weight [N, K], as one torch op (fc1 + bias + GELU)."""
+def linear_bias_gelu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], approximate: str) -> torch.Tensor:
+    """gelu(x @ weight^T + bias) (bias None: 0) for x [..., K], weight [N, K], as one torch op (fc1 + bias + GELU)."""
     if runs_reference(x):
         return linear_epilogue_reference(x, weight, bias, gelu=approximate)
     out = torch.empty((*x.shape[:-1], weight.shape[0]), dtype=x.dtype, device=x.device)
@@ -215,9 +217,9 @@ def linear_bias_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
 
 @triton_op("vitfast::linear_bias_residual", mutates_args=())
 def linear_bias_residual(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, gamma: Optional[torch.Tensor]
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor, gamma: Optional[torch.Tensor]
 ) -> torch.Tensor:
-    """residual + gamma * (x @ weight^T + bias) (gamma None: 1), as one torch op (fc2 + LayerScale + residual)."""
+    """residual + gamma * (x @ weight^T + bias) (bias None: 0, gamma None: 1), as one torch op (fc2 + LayerScale + residual)."""
     if runs_reference(x):
         return linear_epilogue_reference(x, weight, bias, residual=residual, gamma=gamma)
     out = torch.empty((*x.shape[:-1], weight.shape[0]), dtype=x.dtype, device=x.device)

@@ -1,16 +1,17 @@
-"""GEMM + bias + LayerScale + residual add + LayerNorm of the result, in one launch.
+"""GEMM + bias + LayerScale + residual add + LayerNorm (or RMSNorm) of the result, in one launch.
 
-    r = residual + gamma * (x @ W^T + bias)        (gamma optional: the branch's LayerScale)
-    out = LayerNorm(r) with (ln_weight, ln_bias, eps)
+    r = residual + gamma * (x @ W^T + bias)        (bias, gamma optional: gamma is the branch's LayerScale)
+    out = LayerNorm(r) with (ln_weight, ln_bias, eps), or RMSNorm(r) with (ln_weight, eps) (AIMv2)
 
 A ViT block's attention projection and fc2 end this way: the new residual stream and the next
-LayerNorm's output, the input of the next GEMM. Each program owns BLOCK_M whole rows (LayerNorm
-needs the full row): it sweeps the N columns in BLOCK_N chunks (GEMM, epilogue, store r, merge
-the chunk's mean and M2 into the row's running ones, Chan et al.'s parallel variance), then
-normalises the r it stored. Statistics are taken from r as stored (rounded to the I/O dtype), so
-out = LayerNorm(r) exactly as a separate LayerNorm would see r. fp32 accumulation, IEEE fp32
-products for fp32 inputs; fp16 / bf16 / fp32. Whether this beats cuBLAS + the add+LayerNorm
-kernel is a per-shape measurement (benchmarks/gpu_proof.py, kernels/mlp_dispatch.json).
+norm's output, the input of the next GEMM. Each program owns BLOCK_M whole rows (the norm needs
+the full row): it sweeps the N columns in BLOCK_N chunks (GEMM, epilogue, store r, merge the
+chunk's mean and M2 into the row's running ones, Chan et al.'s parallel variance; for RMSNorm
+a running sum of squares), then normalises the r it stored. Statistics are taken from r as
+stored (rounded to the I/O dtype), so out = norm(r) exactly as a separate norm would see r.
+fp32 accumulation, IEEE fp32 products for fp32 inputs; fp16 / bf16 / fp32. Whether this beats
+cuBLAS + the add+LayerNorm kernel is a per-shape measurement (benchmarks/gpu_proof.py,
+kernels/mlp_dispatch.json).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import triton.language as tl
 from torch.library import triton_op
 
 from ._common import INTERPRET, autotune, check_device, next_pow2, require_fitting_config, rows_view, runs_reference, wrap_triton
-from .linear_epilogue import check_column_offsets, gemm_tile, shared_memory_bytes
+from .linear_epilogue import check_column_offsets, gemm_tile, linear_epilogue_reference, shared_memory_bytes
 
 
 def _configs() -> list[triton.Config]:
@@ -41,13 +42,15 @@ def _configs() -> list[triton.Config]:
 
 # tensor dtypes are part of the key too; configs too big for the device's shared memory are
 # dropped before tuning (the x / W tile pipeline is linear_epilogue's, so is its estimate)
-@autotune(configs=_configs(), key=["M_BUCKET", "N", "K"], estimate=shared_memory_bytes)
+@autotune(configs=_configs(), key=["M_BUCKET", "N", "K", "HAS_BIAS", "RMS"], estimate=shared_memory_bytes)
 @triton.jit(do_not_specialize=["M_BUCKET"])  # a tuning key only: no recompile per bucket
 def _linear_residual_layernorm_kernel(
     X, W, Bias, Gamma, Res, LnW, LnB, ResOut, Out,
     M, N, K, M_BUCKET, eps,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_om,  # ResOut and Out: same row stride
-    HAS_GAMMA: tl.constexpr, IEEE_FP32: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_GAMMA: tl.constexpr,
+    RMS: tl.constexpr,  # RMSNorm: statistics without centring, no LnB
+    IEEE_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -65,7 +68,8 @@ def _linear_residual_layernorm_kernel(
         x_ptrs = X + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk
         w_ptrs = W + (offs_n % N)[None, :] * stride_wn + offs_k[:, None] * stride_wk
         acc = gemm_tile(x_ptrs, w_ptrs, K, stride_xk, stride_wk, IEEE_FP32, BLOCK_M, BLOCK_N, BLOCK_K)
-        acc += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        if HAS_BIAS:
+            acc += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         if HAS_GAMMA:
             acc *= tl.load(Gamma + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         mask = mask_m[:, None] & mask_n[None, :]
@@ -73,15 +77,18 @@ def _linear_residual_layernorm_kernel(
         r = acc.to(ResOut.dtype.element_ty)
         tl.store(ResOut + offs_m[:, None] * stride_om + offs_n[None, :], r, mask=mask)
         r = tl.where(mask_n[None, :], r.to(tl.float32), 0.0)
-        n_b = tl.minimum(N - n0, BLOCK_N).to(tl.float32)
-        mean_b = tl.sum(r, axis=1) / n_b
-        d = tl.where(mask_n[None, :], r - mean_b[:, None], 0.0)
-        m2_b = tl.sum(d * d, axis=1)
-        total = count + n_b
-        delta = mean_b - mean
-        mean += delta * (n_b / total)
-        m2 += m2_b + delta * delta * (count * n_b / total)
-        count = total
+        if RMS:  # m2 is the sum of squares; mean stays 0
+            m2 += tl.sum(r * r, axis=1)
+        else:
+            n_b = tl.minimum(N - n0, BLOCK_N).to(tl.float32)
+            mean_b = tl.sum(r, axis=1) / n_b
+            d = tl.where(mask_n[None, :], r - mean_b[:, None], 0.0)
+            m2_b = tl.sum(d * d, axis=1)
+            total = count + n_b
+            delta = mean_b - mean
+            mean += delta * (n_b / total)
+            m2 += m2_b + delta * delta * (count * n_b / total)
+            count = total
     rstd = tl.math.rsqrt(m2 / N + eps)
     tl.debug_barrier()  # this program's stores of r are visible to all its threads
 
@@ -92,31 +99,36 @@ def _linear_residual_layernorm_kernel(
         mask = mask_m[:, None] & mask_n[None, :]
         r = tl.load(ResOut + offs_m[:, None] * stride_om + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
         w = tl.load(LnW + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        b = tl.load(LnB + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        y = (r - mean[:, None]) * rstd[:, None] * w[None, :] + b[None, :]
+        y = (r - mean[:, None]) * rstd[:, None] * w[None, :]
+        if not RMS:
+            y += tl.load(LnB + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], y.to(Out.dtype.element_ty), mask=mask)
 
 
 def linear_residual_layernorm_launch(
     x: torch.Tensor,
     weight: torch.Tensor,
-    bias: torch.Tensor,
+    bias: torch.Tensor | None,
     residual: torch.Tensor,
     gamma: torch.Tensor | None,
     ln_weight: torch.Tensor,
-    ln_bias: torch.Tensor,
+    ln_bias: torch.Tensor | None,
     eps: float,
     residual_out: torch.Tensor,
     out: torch.Tensor,
+    rms: bool = False,
 ) -> None:
     """x [..., K], weight [N, K], residual [..., N] -> residual_out = residual + gamma * (x @ W^T + bias),
-    out = LayerNorm(residual_out) (both written in place; contiguous, not `residual` itself)."""
+    out = LayerNorm(residual_out) (both written in place; contiguous, not `residual` itself).
+    bias and gamma [N] are optional; `rms=True`: out = RMSNorm(residual_out), ln_bias None."""
     if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"x [..., K] and weight [N, K] must agree on K, got {tuple(x.shape)} and {tuple(weight.shape)}")
     N, K = weight.shape
     out_shape = (*x.shape[:-1], N)
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"linear + LayerNorm supports fp16/bf16/fp32, got {x.dtype}")
+    if rms != (ln_bias is None):
+        raise ValueError("RMSNorm takes no bias, LayerNorm needs one: pass ln_bias=None exactly when rms=True")
     named = {"weight": weight, "bias": bias, "residual": residual, "gamma": gamma, "ln_weight": ln_weight,
              "ln_bias": ln_bias, "residual_out": residual_out, "out": out}  # fmt: skip
     wrong_dtype = [f"{k} {t.dtype}" for k, t in named.items() if t is not None and t.dtype != x.dtype]
@@ -148,20 +160,22 @@ def linear_residual_layernorm_launch(
     def grid(meta):
         return (triton.cdiv(M, meta["BLOCK_M"]),)
 
+    # an absent bias / gamma / ln_bias is never read: weight stands in for it
     wrap_triton(_linear_residual_layernorm_kernel)[grid](
-        x2, weight, bias, gamma if gamma is not None else bias, res2, ln_weight, ln_bias, ro2, out2,
+        x2, weight, bias if bias is not None else weight, gamma if gamma is not None else weight, res2,
+        ln_weight, ln_bias if ln_bias is not None else weight, ro2, out2,
         M, N, K, next_pow2(M), eps,
         *x2.stride(), *weight.stride(), res2.stride(0), out2.stride(0),
-        HAS_GAMMA=gamma is not None, IEEE_FP32=x.dtype == torch.float32,
+        HAS_BIAS=bias is not None, HAS_GAMMA=gamma is not None, RMS=rms, IEEE_FP32=x.dtype == torch.float32,
     )  # fmt: skip
 
 
 @triton_op("vitfast::linear_residual_layernorm", mutates_args=())
 def linear_residual_layernorm(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, gamma: Optional[torch.Tensor],
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor, gamma: Optional[torch.Tensor],
     ln_weight: torch.Tensor, ln_bias: torch.Tensor, eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(r, LayerNorm(r)) with r = residual + gamma * (x @ weight^T + bias), as one torch op."""
+    """(r, LayerNorm(r)) with r = residual + gamma * (x @ weight^T + bias) (bias None: 0, gamma None: 1), as one torch op."""
     if runs_reference(x):
         return linear_residual_layernorm_reference(x, weight, bias, residual, gamma, ln_weight, ln_bias, eps)
     shape = (*x.shape[:-1], weight.shape[0])
@@ -171,8 +185,28 @@ def linear_residual_layernorm(
     return residual_out, out
 
 
+@triton_op("vitfast::linear_residual_rmsnorm", mutates_args=())
+def linear_residual_rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor, gamma: Optional[torch.Tensor],
+    ln_weight: torch.Tensor, eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(r, RMSNorm(r)) with r = residual + gamma * (x @ weight^T + bias) (bias None: 0, gamma None: 1), as one torch op."""
+    if runs_reference(x):
+        return linear_residual_rmsnorm_reference(x, weight, bias, residual, gamma, ln_weight, eps)
+    shape = (*x.shape[:-1], weight.shape[0])
+    residual_out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    linear_residual_layernorm_launch(x, weight, bias, residual, gamma, ln_weight, None, eps, residual_out, out, rms=True)
+    return residual_out, out
+
+
 def linear_residual_layernorm_reference(x, weight, bias, residual, gamma, ln_weight, ln_bias, eps):
     """Plain PyTorch, rounding after every step like the reference block: linear, LayerScale, add, LayerNorm."""
-    y = torch.nn.functional.linear(x, weight, bias)
-    r = residual + (y if gamma is None else y * gamma)
+    r = linear_epilogue_reference(x, weight, bias, residual=residual, gamma=gamma)
     return r, torch.nn.functional.layer_norm(r, (r.shape[-1],), ln_weight, ln_bias, eps)
+
+
+def linear_residual_rmsnorm_reference(x, weight, bias, residual, gamma, ln_weight, eps):
+    """As linear_residual_layernorm_reference, ending in rms_norm (what nn.RMSNorm runs)."""
+    r = linear_epilogue_reference(x, weight, bias, residual=residual, gamma=gamma)
+    return r, torch.nn.functional.rms_norm(r, (r.shape[-1],), ln_weight, eps)

@@ -50,14 +50,19 @@ def test_attention_batch_offsets_past_2_31(device):
     check_2x(out, att.attention_reference(qkv.float()).half(), exact, torch.float16)
 
 
-def test_add_layernorm_row_offsets_past_2_31(device):
+@pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
+def test_add_layernorm_row_offsets_past_2_31(device, rms):
     C = 100
     x, y = far_apart((3, C), device), far_apart((3, C), device)
-    w, b = torch.randn(C, device=device).half(), torch.randn(C, device=device).half()
+    w, b = torch.randn(C, device=device).half(), None if rms else torch.randn(C, device=device).half()
     out, res = poisoned((3, C), torch.float16, device), poisoned((3, C), torch.float16, device)
-    aln.add_layernorm_launch(x, y, w, b, 1e-6, out, res)
-    exact_res, exact = aln.add_layernorm_reference(x.double(), y.double(), w.double(), b.double(), 1e-6)
-    torch_res, torch_out = aln.add_layernorm_reference(x, y, w, b, 1e-6)
+    aln.add_layernorm_launch(x, y, w, b, 1e-6, out, res, rms=rms)
+
+    def reference(x, y, w, b):
+        return aln.add_rmsnorm_reference(x, y, w, 1e-6) if rms else aln.add_layernorm_reference(x, y, w, b, 1e-6)
+
+    exact_res, exact = reference(*(t.double() if t is not None else None for t in (x, y, w, b)))
+    torch_res, torch_out = reference(x, y, w, b)
     check_2x(res, torch_res, exact_res, torch.float16)
     check_2x(out, torch_out, exact, torch.float16)
 
@@ -74,6 +79,14 @@ def test_bias_swiglu_row_offsets_past_2_31(device):
     out = poisoned((3, 35), torch.float16, device)
     bsw.bias_swiglu_launch(x, b, out)
     check_2x(out, bsw.bias_swiglu_reference(x, b), bsw.bias_swiglu_reference(x.double(), b.double()), torch.float16)
+
+
+def test_swiglu_row_offsets_past_2_31(device):
+    """Unpacked: gate and value each with rows 2^31 - 1 apart."""
+    gate, value = far_apart((3, 35), device), far_apart((3, 35), device)
+    out = poisoned((3, 35), torch.float16, device)
+    bsw.swiglu_launch(gate, value, out)
+    check_2x(out, bsw.swiglu_reference(gate, value), bsw.swiglu_reference(gate.double(), value.double()), torch.float16)
 
 
 def test_linear_epilogue_row_offsets_past_2_31(device):

@@ -14,11 +14,13 @@ pytest.importorskip("triton", reason="Triton is not installed (pip install 'vitf
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from vitfast.kernels import _common  # noqa: E402
 from vitfast.kernels import add_layernorm as aln  # noqa: E402
 from vitfast.kernels import attention as att  # noqa: E402
 from vitfast.kernels import bias_gelu as bg  # noqa: E402
 from vitfast.kernels import bias_swiglu as bsw  # noqa: E402
 from vitfast.kernels import linear_epilogue as le  # noqa: E402
+from vitfast.kernels import linear_layernorm  # noqa: E402,F401  (registers its ops)
 
 ATOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
@@ -94,22 +96,35 @@ def test_attention_rejects_bad_input(device):
         att.fused_attention(torch.randn(1, 4, 3, 1, 300, device=device), 0.1)
 
 
-# ---------------------------------------------------------------------------- add + LayerNorm
+# ---------------------------------------------------------------------------- add + LayerNorm / RMSNorm
 @pytest.mark.parametrize("C", [192, 384, 768, 1024, 1280, 100, 37])
 def test_add_layernorm_hidden_sizes(device, dtype, C):
     run_add_layernorm((2, 5, C), dtype, device)
 
 
-def run_add_layernorm(shape, dtype, device, with_branch=True):
+@pytest.mark.parametrize("gamma", [True, False], ids=["layerscale", "no-layerscale"])
+@pytest.mark.parametrize("C", [1024, 1000, 100, 37])
+@pytest.mark.parametrize("lead", [(1,), (2, 5), (67,)])
+def test_add_rmsnorm_hidden_sizes(device, dtype, lead, C, gamma):
+    run_add_layernorm((*lead, C), dtype, device, rms=True, gamma=gamma)
+
+
+def run_add_layernorm(shape, dtype, device, with_branch=True, rms=False, gamma=False):
+    """add + LayerNorm (or RMSNorm with `rms`), the branch scaled by a LayerScale with `gamma`."""
     C = shape[-1]
-    x = torch.randn(shape, device=device).to(dtype)
+    x = (torch.randn(shape, device=device) + 1.0).to(dtype)  # an offset mean, as a real residual stream has
     y = torch.randn(shape, device=device).to(dtype) if with_branch else None
     w = (1 + 0.1 * torch.randn(C, device=device)).to(dtype)
-    b = (0.1 * torch.randn(C, device=device)).to(dtype)
+    b = None if rms else (0.1 * torch.randn(C, device=device)).to(dtype)
+    g = (0.5 * torch.randn(C, device=device)).to(dtype) if gamma else None
     out, res = poisoned(shape, dtype, device), poisoned(shape, dtype, device)
-    aln.add_layernorm_launch(x, y, w, b, 1e-6, out, res if with_branch else None)
-    exact_res, exact = aln.add_layernorm_reference(x.double(), None if y is None else y.double(), w.double(), b.double(), 1e-6)
-    torch_res, torch_out = aln.add_layernorm_reference(x, y, w, b, 1e-6)
+    aln.add_layernorm_launch(x, y, w, b, 1e-6, out, res if with_branch else None, gamma=g, rms=rms)
+
+    def reference(x, y, w, b, g):
+        return aln.add_rmsnorm_reference(x, y, w, 1e-6, g) if rms else aln.add_layernorm_reference(x, y, w, b, 1e-6, g)
+
+    exact_res, exact = reference(*(t.double() if t is not None else None for t in (x, y, w, b, g)))
+    torch_res, torch_out = reference(x, y, w, b, g)
     check_2x(out, torch_out, exact, dtype)
     if with_branch:
         check_2x(res, torch_res, exact_res, dtype)
@@ -117,6 +132,11 @@ def run_add_layernorm(shape, dtype, device, with_branch=True):
 
 def test_plain_layernorm(device, dtype):
     run_add_layernorm((3, 7, 768), dtype, device, with_branch=False)
+
+
+@pytest.mark.parametrize("shape", [(3, 7, 1024), (5, 100), (1, 37)])
+def test_plain_rmsnorm(device, dtype, shape):
+    run_add_layernorm(shape, dtype, device, with_branch=False, rms=True)
 
 
 def test_layernorm_ops_match_launcher(device):
@@ -129,13 +149,35 @@ def test_layernorm_ops_match_launcher(device):
     torch.testing.assert_close(aln.layernorm(x, w, b, 1e-5), aln.add_layernorm_reference(x, None, w, b, 1e-5)[1], atol=1e-5, rtol=1e-5)
 
 
+def test_rmsnorm_ops_match_launcher(device):
+    x, y = torch.randn(2, 3, 100, device=device) + 1, torch.randn(2, 3, 100, device=device)
+    w, g = torch.randn(100, device=device), torch.randn(100, device=device)
+    for gamma in (None, g):
+        res, out = poisoned(x.shape, torch.float32, device), poisoned(x.shape, torch.float32, device)
+        aln.add_layernorm_launch(x, y, w, None, 1e-5, out, res, gamma, rms=True)
+        assert all(torch.equal(a, b) for a, b in zip(aln.add_rmsnorm(x, y, w, 1e-5, gamma), (res, out)))
+        torch.testing.assert_close(out, aln.add_rmsnorm_reference(x, y, w, 1e-5, gamma)[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(aln.rmsnorm(x, w, 1e-5), torch.nn.functional.rms_norm(x, (100,), w, 1e-5), atol=1e-5, rtol=1e-5)
+
+
+def test_norm_bias_goes_with_layernorm_only(device):
+    x, w = torch.randn(2, 8, device=device), torch.randn(8, device=device)
+    out = torch.empty_like(x)
+    with pytest.raises(ValueError, match="RMSNorm takes no bias, LayerNorm needs one"):
+        aln.add_layernorm_launch(x, None, w, w, 1e-6, out, rms=True)
+    with pytest.raises(ValueError, match="RMSNorm takes no bias, LayerNorm needs one"):
+        aln.add_layernorm_launch(x, None, w, None, 1e-6, out)
+    with pytest.raises(ValueError, match=r"weight and bias must be \[8\], got weight \(7,\)"):
+        aln.rmsnorm(x, w[:7], 1e-6)
+
+
 @settings(max_examples=15, deadline=None)
-@given(rows=st.integers(1, 9), C=st.integers(1, 1300))
-def test_add_layernorm_property(rows, C):
+@given(rows=st.integers(1, 9), C=st.integers(1, 1300), rms=st.booleans())
+def test_add_layernorm_property(rows, C, rms):
     import os
 
     device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
-    run_add_layernorm((rows, C), torch.float32, device)
+    run_add_layernorm((rows, C), torch.float32, device, rms=rms)
 
 
 # ---------------------------------------------------------------------------- bias + GELU
@@ -175,16 +217,46 @@ def test_bias_swiglu(device, dtype, shape):
     check_2x(out, bsw.bias_swiglu_reference(x, b), bsw.bias_swiglu_reference(x.double(), b.double()), dtype)
 
 
-def test_bias_swiglu_is_silu_of_the_first_half_times_the_second_and_saturates(device):
-    """Written out in float64: the gate is the first half (timm's SwiGLUPacked, DINOv2's weights_in), and
-    silu stays finite where exp(-g) overflows fp32 (g = -1e4 gives -0 times the value)."""
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "unpacked"])
+def test_bias_swiglu_is_silu_of_the_first_half_times_the_second_and_saturates(device, packed):
+    """Written out in float64: the gate is the first half (timm's SwiGLUPacked, DINOv2's weights_in), or
+    the first tensor (timm's SwiGLU, AIMv2's fc1_g), and silu stays finite where exp(-g) overflows
+    fp32 (g = -1e4 gives -0 times the value)."""
     gate = torch.tensor([[-1e4, -60.0, -3.0, -0.5, 0.0, 0.5, 3.0, 60.0, 1e4]], device=device)
     value = torch.linspace(-2, 2, 9, device=device)[None]
     bias = torch.randn(18, device=device)
     out = poisoned(gate.shape, torch.float32, device)
-    bsw.bias_swiglu_launch(torch.cat([gate, value], -1) - bias, bias, out)
+    if packed:
+        bsw.bias_swiglu_launch(torch.cat([gate, value], -1) - bias, bias, out)
+    else:
+        bsw.swiglu_launch(gate, value, out)
     g, v = gate.double(), value.double()
     torch.testing.assert_close(out.double(), g / (1 + torch.exp(-g)) * v, atol=1e-3, rtol=1e-5)  # x - b + b rounds in fp32
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 384), (3, 37), (1, 7, 1000), (2, 2816)])
+def test_swiglu(device, dtype, shape):
+    gate, value = ((3 * torch.randn(shape, device=device)).to(dtype) for _ in range(2))
+    out = poisoned(shape, dtype, device)
+    bsw.swiglu_launch(gate, value, out)
+    check_2x(out, bsw.swiglu_reference(gate, value), bsw.swiglu_reference(gate.double(), value.double()), dtype)
+
+
+def test_swiglu_reads_strided_gate_and_value(device, dtype):
+    """gate and value as column slices of one GEMM output (fc1_g and fc1_x stacked: row stride 2H),
+    value also sliced along tokens (another row stride), read in place; a transposed value (columns
+    not contiguous) is copied first, and still right."""
+    B, N, H = 2, 9, 100
+    fc1 = (3 * torch.randn(B, N, 2 * H, device=device)).to(dtype)
+    tokens = (3 * torch.randn(B, 2 * N, H + 5, device=device)).to(dtype)
+    gate, in_place = fc1[..., :H], (fc1[..., H:], tokens[:, ::2, 3 : 3 + H])
+    assert all(_common.rows_view(t, H).data_ptr() == t.data_ptr() for t in (gate, *in_place))  # no copies
+    for value in (*in_place, torch.randn(B, H, N, device=device).to(dtype).transpose(1, 2)):
+        assert not value.is_contiguous() and not gate.is_contiguous()
+        out = poisoned((B, N, H), dtype, device)
+        bsw.swiglu_launch(gate, value, out)
+        check_2x(out, bsw.swiglu_reference(gate, value), bsw.swiglu_reference(gate.double(), value.double()), dtype)
+        assert torch.equal(bsw.swiglu(gate, value), out)
 
 
 def test_bias_swiglu_rejects_bad_input(device):
@@ -192,6 +264,10 @@ def test_bias_swiglu_rejects_bad_input(device):
         bsw.bias_swiglu(torch.randn(2, 7, device=device), torch.randn(7, device=device))
     with pytest.raises(ValueError, match=r"bias must be \[8\]"):
         bsw.bias_swiglu(torch.randn(2, 8, device=device), torch.randn(4, device=device))
+    with pytest.raises(ValueError, match="gate and value must agree in shape and dtype"):
+        bsw.swiglu(torch.randn(2, 8, device=device), torch.randn(2, 7, device=device))
+    with pytest.raises(ValueError, match="gate and value must agree in shape and dtype"):
+        bsw.swiglu(torch.randn(2, 8, device=device), torch.randn(2, 8, device=device).half())
 
 
 # ---------------------------------------------------------------------------- GEMM + epilogue
@@ -209,26 +285,27 @@ def epilogue_args(epilogue: str, out_shape, dtype, device) -> dict:
     return {}
 
 
-def run_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, **kw) -> None:
+def run_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype, **kw) -> None:
     out = poisoned((*x.shape[:-1], w.shape[0]), dtype, x.device)
     assert le.linear_epilogue_launch(x, w, b, out, **kw) is out
     as_double = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
-    exact = le.linear_epilogue_reference(x.double(), w.double(), b.double(), **as_double)  # same rounded inputs
+    exact = le.linear_epilogue_reference(x.double(), w.double(), None if b is None else b.double(), **as_double)  # same rounded inputs
     check_2x(out, le.linear_epilogue_reference(x, w, b, **kw), exact, dtype)
 
 
-def linear_inputs(M_shape, K, N, dtype, device):
+def linear_inputs(M_shape, K, N, dtype, device, bias=True):
     x = torch.randn(*M_shape, K, device=device).to(dtype)
     w = (torch.randn(N, K, device=device) * K**-0.5).to(dtype)  # outputs of order 1, like a trained layer
-    b = torch.randn(N, device=device).to(dtype)
+    b = torch.randn(N, device=device).to(dtype) if bias else None
     return x, w, b
 
 
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("epilogue", EPILOGUES)
 @pytest.mark.parametrize("M_shape, K, N", [((3, 197), 192, 192),  # ViT-Ti fc1-sized rows x 4*48 columns
                                            ((2, 50), 100, 37), ((1, 13), 769, 65), ((5,), 1, 3)])  # fmt: skip
-def test_linear_epilogue_odd_shapes(device, dtype, epilogue, M_shape, K, N):
-    x, w, b = linear_inputs(M_shape, K, N, dtype, device)
+def test_linear_epilogue_odd_shapes(device, dtype, epilogue, M_shape, K, N, bias):
+    x, w, b = linear_inputs(M_shape, K, N, dtype, device, bias)
     run_linear(x, w, b, dtype, **epilogue_args(epilogue, (*M_shape, N), dtype, device))
 
 
@@ -251,25 +328,26 @@ def test_linear_epilogue_reads_strided_inputs_without_copies(device):
 
 
 @settings(max_examples=15, deadline=None)
-@given(M=st.integers(1, 80), K=st.integers(1, 80), N=st.integers(1, 80), epilogue=st.sampled_from(EPILOGUES))
-def test_linear_epilogue_property(M, K, N, epilogue):
+@given(M=st.integers(1, 80), K=st.integers(1, 80), N=st.integers(1, 80), epilogue=st.sampled_from(EPILOGUES), bias=st.booleans())
+def test_linear_epilogue_property(M, K, N, epilogue, bias):
     import os
 
     device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
-    x, w, b = linear_inputs((M,), K, N, torch.float32, device)
+    x, w, b = linear_inputs((M,), K, N, torch.float32, device, bias)
     run_linear(x, w, b, torch.float32, **epilogue_args(epilogue, (M, N), torch.float32, device))
 
 
 def test_linear_epilogue_ops_match_launcher(device):
     x, w, b = linear_inputs((2, 9), 48, 20, torch.float32, device)
     r, g = torch.randn(2, 9, 20, device=device), torch.randn(20, device=device)
-    for approximate in ("none", "tanh", "sigmoid"):
-        out = poisoned((2, 9, 20), torch.float32, device)
-        assert torch.equal(le.linear_bias_gelu(x, w, b, approximate), le.linear_epilogue_launch(x, w, b, out, gelu=approximate))
-    for gamma in (None, g):
-        out = poisoned((2, 9, 20), torch.float32, device)
-        expected = le.linear_epilogue_launch(x, w, b, out, residual=r, gamma=gamma)
-        assert torch.equal(le.linear_bias_residual(x, w, b, r, gamma), expected)
+    for bias in (b, None):
+        for approximate in ("none", "tanh", "sigmoid"):
+            out = poisoned((2, 9, 20), torch.float32, device)
+            assert torch.equal(le.linear_bias_gelu(x, w, bias, approximate), le.linear_epilogue_launch(x, w, bias, out, gelu=approximate))
+        for gamma in (None, g):
+            out = poisoned((2, 9, 20), torch.float32, device)
+            expected = le.linear_epilogue_launch(x, w, bias, out, residual=r, gamma=gamma)
+            assert torch.equal(le.linear_bias_residual(x, w, bias, r, gamma), expected)
 
 
 def test_linear_epilogue_rejects_bad_input(device, monkeypatch):
@@ -297,3 +375,41 @@ def test_linear_epilogue_rejects_bad_input(device, monkeypatch):
     if device == "cpu":
         with pytest.raises(ValueError, match="need CUDA tensors.*TRITON_INTERPRET=1"):  # the op takes its reference
             le.linear_epilogue_launch(x, w, b, out, gelu="none")
+
+
+# ---------------------------------------------------------------------------- tracing
+def test_rmsnorm_no_bias_and_swiglu_ops_trace_as_one_graph(device):
+    """The ops an AIMv2 block calls (RMSNorm, linears without bias, unpacked SwiGLU on column slices)
+    trace with their None arguments: one graph, no break; torch.compile(fullgraph=True) and
+    torch.export match eager. On CPU the traced ops take their reference math (see test_optimize's
+    test_optimized_model_traces_as_one_graph), eager runs the kernels."""
+    C, H = 40, 72
+    p = {k: torch.randn(*s, device=device) * (s[-1] ** -0.5 if len(s) == 2 else 1) for k, s in
+         dict(norm=(C,), ln_b=(C,), proj=(C, C), fc1=(2 * H, C), fc2=(C, H), fc2_gelu=(C, 2 * H)).items()}  # fmt: skip
+    ops = torch.ops.vitfast
+
+    def block(x):
+        h = ops.rmsnorm(x, p["norm"], 1e-5)
+        x, h = ops.add_rmsnorm(x, torch.nn.functional.linear(h, p["proj"]), p["norm"], 1e-5, None)
+        gv = torch.nn.functional.linear(h, p["fc1"])  # fc1_g and fc1_x stacked
+        x, h = ops.linear_residual_rmsnorm(ops.swiglu(gv[..., :H], gv[..., H:]), p["fc2"], None, x, None, p["norm"], 1e-5)
+        x, h = ops.linear_residual_layernorm(h, p["proj"], None, x, p["norm"], p["norm"], p["ln_b"], 1e-5)
+        return ops.linear_bias_residual(ops.linear_bias_gelu(h, p["fc1"], None, "tanh"), p["fc2_gelu"], None, x, None)
+
+    x = torch.randn(2, 7, C, device=device) + 1
+    ref = block(x)
+    explained = torch._dynamo.explain(block)(x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    torch._dynamo.reset()
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    torch.testing.assert_close(torch.compile(block, fullgraph=True, backend=backend)(x), ref, atol=1e-4, rtol=1e-4)
+
+    class Block(torch.nn.Module):
+        def forward(self, x):
+            return block(x)
+
+    exported = torch.export.export(Block(), (x,))
+    torch.testing.assert_close(exported.module()(x), ref, atol=1e-4, rtol=1e-4)
+    ops_seen = {str(n.target) for n in exported.graph.nodes if str(n.target).startswith("vitfast.")}
+    assert ops_seen == {f"vitfast.{op}.default" for op in ("rmsnorm", "add_rmsnorm", "swiglu", "linear_residual_rmsnorm",
+                                                           "linear_residual_layernorm", "linear_bias_gelu", "linear_bias_residual")}

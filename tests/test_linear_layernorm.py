@@ -1,6 +1,6 @@
 """The branch-end kernels of the optimized block against a float64 reference with the 2x rule:
-GEMM + bias + LayerScale + residual + LayerNorm (kernels/linear_layernorm.py) and add + LayerNorm
-with a LayerScale (kernels/add_layernorm.py). Outputs are poisoned with NaN before the launch."""
+GEMM + bias + LayerScale + residual + LayerNorm or RMSNorm (kernels/linear_layernorm.py) and add +
+LayerNorm with a LayerScale (kernels/add_layernorm.py). Outputs are poisoned with NaN before the launch."""
 
 from __future__ import annotations
 
@@ -16,42 +16,53 @@ from vitfast.kernels import add_layernorm as aln  # noqa: E402
 from vitfast.kernels import linear_layernorm as ll  # noqa: E402
 
 
-def branch_inputs(lead, K, N, dtype, device, gamma=True):
-    """x [*lead, K], W [N, K], bias, residual [*lead, N], gamma, LayerNorm weight/bias; rounded to dtype."""
+def branch_inputs(lead, K, N, dtype, device, gamma=True, bias=True, rms=False):
+    """x [*lead, K], W [N, K], bias, residual [*lead, N], gamma, norm weight/bias; rounded to dtype.
+    bias, gamma (and ln_bias with `rms`, for RMSNorm) None when left out."""
     t = dict(
-        x=torch.randn(*lead, K), weight=torch.randn(N, K) * K**-0.5, bias=torch.randn(N),
+        x=torch.randn(*lead, K), weight=torch.randn(N, K) * K**-0.5, bias=torch.randn(N) if bias else None,
         residual=3 * torch.randn(*lead, N) + 1.0,  # an offset mean, as a real residual stream has
-        gamma=0.1 * torch.randn(N) if gamma else None, ln_weight=1 + 0.1 * torch.randn(N), ln_bias=0.1 * torch.randn(N),
+        gamma=0.1 * torch.randn(N) if gamma else None, ln_weight=1 + 0.1 * torch.randn(N), ln_bias=None if rms else 0.1 * torch.randn(N),
     )  # fmt: skip
     return {k: v.to(device=device, dtype=dtype) if v is not None else None for k, v in t.items()}
 
 
+def branch_reference(t: dict, eps: float, rms: bool, double: bool = False):
+    """(r, norm(r)) in plain PyTorch for branch_inputs `t` (in float64 with `double`)."""
+    t = {k: v.double() if double and v is not None else v for k, v in t.items()}
+    if rms:
+        return ll.linear_residual_rmsnorm_reference(*(v for k, v in t.items() if k != "ln_bias"), eps)
+    return ll.linear_residual_layernorm_reference(*t.values(), eps)
+
+
+def run_branch(t: dict, rms: bool) -> None:
+    """The launcher on branch_inputs `t` against the float64 reference, 2x rule, poisoned outputs."""
+    x = t["x"]
+    shape = (*x.shape[:-1], t["weight"].shape[0])
+    r_out, out = poisoned(shape, x.dtype, x.device), poisoned(shape, x.dtype, x.device)
+    ll.linear_residual_layernorm_launch(**t, eps=1e-6, residual_out=r_out, out=out, rms=rms)
+    exact, plain = branch_reference(t, 1e-6, rms, double=True), branch_reference(t, 1e-6, rms)
+    check_2x(r_out, plain[0], exact[0], x.dtype)
+    check_2x(out, plain[1], exact[1], x.dtype)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("gamma", [True, False], ids=["layerscale", "no-layerscale"])
 @pytest.mark.parametrize("lead, K, N", [((2, 197), 192, 192), ((1, 50), 96, 200), ((3, 17), 384, 64), ((37,), 40, 1000)])
-def test_linear_residual_layernorm_odd_shapes(device, dtype, gamma, lead, K, N):
-    t = branch_inputs(lead, K, N, dtype, device, gamma)
-    r_out, out = poisoned((*lead, N), dtype, device), poisoned((*lead, N), dtype, device)
-    ll.linear_residual_layernorm_launch(**t, eps=1e-6, residual_out=r_out, out=out)
-    exact = ll.linear_residual_layernorm_reference(*(v.double() if v is not None else None for v in t.values()), 1e-6)
-    plain = ll.linear_residual_layernorm_reference(*t.values(), 1e-6)
-    check_2x(r_out, plain[0], exact[0], dtype)
-    check_2x(out, plain[1], exact[1], dtype)
+def test_linear_residual_layernorm_odd_shapes(device, dtype, gamma, bias, norm, lead, K, N):
+    rms = norm == "rmsnorm"
+    run_branch(branch_inputs(lead, K, N, dtype, device, gamma, bias, rms), rms)
 
 
 @settings(max_examples=12, deadline=None)
-@given(M=st.integers(1, 70), K=st.integers(1, 100), N=st.integers(1, 300), gamma=st.booleans())
-def test_linear_residual_layernorm_property(M, K, N, gamma):
+@given(M=st.integers(1, 70), K=st.integers(1, 100), N=st.integers(1, 300), gamma=st.booleans(), bias=st.booleans(), rms=st.booleans())
+def test_linear_residual_layernorm_property(M, K, N, gamma, bias, rms):
     """Any M, K, N (tails of every tile, N below / across column chunks), fp32, 2x rule."""
     import os
 
     device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
-    t = branch_inputs((M,), K, N, torch.float32, device, gamma)
-    r_out, out = poisoned((M, N), torch.float32, device), poisoned((M, N), torch.float32, device)
-    ll.linear_residual_layernorm_launch(**t, eps=1e-6, residual_out=r_out, out=out)
-    exact = ll.linear_residual_layernorm_reference(*(v.double() if v is not None else None for v in t.values()), 1e-6)
-    plain = ll.linear_residual_layernorm_reference(*t.values(), 1e-6)
-    check_2x(r_out, plain[0], exact[0], torch.float32)
-    check_2x(out, plain[1], exact[1], torch.float32)
+    run_branch(branch_inputs((M,), K, N, torch.float32, device, gamma, bias, rms), rms)
 
 
 def test_linear_residual_layernorm_reads_strided_inputs(device):
@@ -63,6 +74,16 @@ def test_linear_residual_layernorm_reads_strided_inputs(device):
     ref = ll.linear_residual_layernorm_reference(*t.values(), 1e-5)
     torch.testing.assert_close(r, ref[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(out, ref[1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_linear_residual_rmsnorm_op_matches_launcher(device, bias):
+    t = branch_inputs((2, 9), 48, 40, torch.float32, device, bias=bias, rms=True)
+    r_out, out = poisoned((2, 9, 40), torch.float32, device), poisoned((2, 9, 40), torch.float32, device)
+    ll.linear_residual_layernorm_launch(**t, eps=1e-5, residual_out=r_out, out=out, rms=True)
+    del t["ln_bias"]
+    got = ll.linear_residual_rmsnorm(*t.values(), 1e-5)
+    assert torch.equal(got[0], r_out) and torch.equal(got[1], out)
 
 
 def test_linear_residual_layernorm_rejects_bad_input(device):
@@ -77,6 +98,10 @@ def test_linear_residual_layernorm_rejects_bad_input(device):
         ll.linear_residual_layernorm_launch(**(t | {"bias": t["bias"].half()}), eps=1e-6, **outs)
     with pytest.raises(ValueError, match="must not be residual itself"):
         ll.linear_residual_layernorm_launch(**t, eps=1e-6, residual_out=t["residual"], out=outs["out"])
+    with pytest.raises(ValueError, match="RMSNorm takes no bias, LayerNorm needs one"):
+        ll.linear_residual_layernorm_launch(**t, eps=1e-6, **outs, rms=True)
+    with pytest.raises(ValueError, match="RMSNorm takes no bias, LayerNorm needs one"):
+        ll.linear_residual_layernorm_launch(**(t | {"ln_bias": None}), eps=1e-6, **outs)
 
 
 def test_add_layernorm_with_layerscale(device, dtype):
@@ -104,3 +129,6 @@ def test_ops_take_the_reference_on_cpu_without_the_interpreter(monkeypatch):
     got = torch.ops.vitfast.linear_residual_layernorm(*t.values(), 1e-6)
     ref = ll.linear_residual_layernorm_reference(*t.values(), 1e-6)
     assert not launched and all(torch.equal(a, b) for a, b in zip(got, ref))
+    t = branch_inputs((2, 7), 16, 24, torch.float32, "cpu", gamma=False, bias=False, rms=True)
+    got = torch.ops.vitfast.linear_residual_rmsnorm(*(v for k, v in t.items() if k != "ln_bias"), 1e-6)
+    assert not launched and all(torch.equal(a, b) for a, b in zip(got, branch_reference(t, 1e-6, rms=True)))
