@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'vitfast[triton]')")
 
 import vitfast  # noqa: E402
-from conftest import randomize, tiny_config  # noqa: E402
+from conftest import AIMV2, randomize, tiny_config  # noqa: E402
 from vitfast.fused import FusedBlock  # noqa: E402
 
 VARIANTS = {
@@ -23,6 +23,9 @@ VARIANTS = {
     "siglip-attention-pool": tiny_config(class_token=False, global_pool="map", act_layer="gelu_tanh"),
     "dinov2-giant-swiglu-classifier": tiny_config(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=3,
                                                   init_values=0.1, reg_tokens=2, no_embed_class=True, global_pool="token_avg"),
+    "aimv2-rmsnorm-swiglu-no-bias": tiny_config(**AIMV2),
+    "rmsnorm-gelu-no-proj-bias-layer-scale": tiny_config(norm_layer="rmsnorm", proj_bias=False, init_values=0.1, act_layer="gelu_tanh"),
+    "swiglu-packed-no-bias": tiny_config(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=3, proj_bias=False),
     "hybrid": vitfast.get_config("vit_small_r26_s32_224", img_size=32, depth=1, embed_dim=64, num_heads=2, num_classes=5),
 }
 
@@ -167,6 +170,19 @@ def test_launches_per_block(device, mlp, most):
     assert counts[0] == most + 1 and counts[1] == most and counts[2] <= most + 1, counts
 
 
+@pytest.mark.parametrize("mlp, most", [("epilogue", 7), ("cublas", 9)])
+def test_aimv2_launches_per_block(device, mlp, most):
+    """AIMv2's block: the RMSNorm forms of the same kernels, gate and value GEMMs apart then one SwiGLU kernel:
+    epilogue path 7 (qkv, attention, proj+RMSNorm, gate, value, SwiGLU, fc2+RMSNorm), cuBLAS path 9 (qkv,
+    attention, proj, add+RMSNorm, gate, value, SwiGLU, fc2, add+RMSNorm); no torch norm but block 0's own."""
+    model = randomize(vitfast.create_model(tiny_config(depth=3, **AIMV2))).to(device)
+    x = torch.randn(2, 3, 32, 32, device=device)
+    vitfast.optimize(model, mlp=mlp)
+    per_block = launches_per_block(model, x)
+    assert [len(ops) for ops in per_block][:2] == [most + 1, most], per_block
+    assert not any("rms_norm" in op or "layer_norm" in op for op in per_block[1])
+
+
 @pytest.mark.parametrize("mlp", ["cublas", "epilogue"])
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_whole_model_parity_2x_rule(device, name, mlp):
@@ -187,7 +203,8 @@ def test_whole_model_parity_2x_rule(device, name, mlp):
 
 
 @pytest.mark.parametrize("mlp", ["cublas", "epilogue"])
-def test_optimized_model_traces_as_one_graph(device, mlp):
+@pytest.mark.parametrize("extra", [{}, AIMV2], ids=["layernorm-gelu", "aimv2"])
+def test_optimized_model_traces_as_one_graph(device, mlp, extra):
     """torch._dynamo.explain: one graph, no break; torch.compile(fullgraph=True) and torch.export
     run and match, the graph holding the vitfast ops. On CPU the traced ops take their reference
     math (kernels/_common.py `runs_reference`: the interpreter cannot read fake tensors), so this
@@ -195,7 +212,7 @@ def test_optimized_model_traces_as_one_graph(device, mlp):
     tests, and compiled on a GPU in test_gpu_cuda_graphs_and_torch_compile. The CPU compile uses
     the aot_eager backend (Dynamo + AOT functionalization, where the ops are decomposed) to spare
     CI the C++ build of Inductor."""
-    cfg = tiny_config(init_values=0.1, depth=3)
+    cfg = tiny_config(init_values=0.1, depth=3, **extra)
     model = randomize(vitfast.create_model(cfg)).to(device)
     x = torch.randn(2, 3, 32, 32, device=device)
     with torch.no_grad():
@@ -210,6 +227,7 @@ def test_optimized_model_traces_as_one_graph(device, mlp):
         torch.testing.assert_close(exported.module()(x), ref, atol=1e-4, rtol=1e-4)
     ops = {str(n.target) for n in exported.graph.nodes if str(n.target).startswith("vitfast.")}
     assert "vitfast.fused_attention.default" in ops
+    assert not extra or {"vitfast.swiglu.default", "vitfast.rmsnorm.default"} <= ops
 
 
 def test_committed_mlp_dispatch_table_is_well_formed():
@@ -284,10 +302,11 @@ def _require_cuda(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mlp", ["auto", "epilogue"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_low_precision_model_parity(device, dtype, mlp):
+@pytest.mark.parametrize("name", ["vit_small_patch16_224", "aimv2_large_patch14_224"])
+def test_gpu_low_precision_model_parity(device, dtype, mlp, name):
     """The optimized model in fp16/bf16 errs at most 2x the eager model in the same dtype vs fp32."""
     _require_cuda(device)
-    cfg = vitfast.get_config("vit_small_patch16_224", num_classes=100)
+    cfg = vitfast.get_config(name, num_classes=100, depth=min(vitfast.get_config(name).depth, 12))
     model = randomize(vitfast.create_model(cfg)).to(device)
     x = torch.randn(8, 3, 224, 224, device=device)
     with torch.no_grad():

@@ -20,8 +20,10 @@ measured it takes "cublas". No GPU measurement has been committed yet, so today 
 "cublas" everywhere; "epilogue" is implemented and tested and can be forced with `mlp="epilogue"`.
 
 DINOv2 giant's SwiGLU MLP (`SwiGLUPacked`) runs fc1 on cuBLAS without its bias, then the
-bias + silu(gate) * value kernel (kernels/bias_swiglu.py) whatever the path; its fc2 and the
-attention half take the paths above.
+bias + silu(gate) * value kernel (kernels/bias_swiglu.py) whatever the path; AIMv2's (`SwiGLU`, gate
+and value Linears apart) runs both on cuBLAS, then silu(gate) * value in the same kernel. Their fc2
+and the attention half take the paths above. RMSNorm blocks (AIMv2) take the same kernels in their
+RMS form, and Linears without a bias the same kernels without one.
 
 The forward has no Python-side state or caches to trace through: `torch.compile(fullgraph=True)`
 and `torch.export` see one graph of `torch.ops.vitfast.*` calls (see kernels/_common.py,
@@ -41,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitfast.kernels._common import next_pow2  # triton-free: the launchers' own bucketing
-from .layers import Attention, Block, LayerScale, Mlp, SwiGLUPacked
+from .layers import Attention, Block, LayerScale, Mlp, SwiGLU, SwiGLUPacked
 
 MLP_PATHS = ("auto", "cublas", "epilogue")
 DEFAULT_MLP_PATHS = ("cublas", "cublas")  # (fc1, fc2) where no measurement exists
@@ -117,16 +119,25 @@ def can_fuse(block: nn.Module) -> bool:
     return (
         type(block) is Block
         and type(block.attn) is Attention
-        and type(block.mlp) in (Mlp, SwiGLUPacked)
-        and type(block.norm1) is nn.LayerNorm
-        and type(block.norm2) is nn.LayerNorm
-        and block.norm1.elementwise_affine
-        and block.norm2.elementwise_affine
+        and type(block.mlp) in (Mlp, SwiGLUPacked, SwiGLU)
+        and all(_fusable_norm(norm) for norm in (block.norm1, block.norm2))
         and type(block.ls1) in (nn.Identity, LayerScale)  # what the branch-end epilogues compute
         and type(block.ls2) in (nn.Identity, LayerScale)
-        and block.attn.proj.bias is not None  # the kernels add these biases
-        and block.mlp.fc1.bias is not None
     )
+
+
+def _fusable_norm(norm: nn.Module) -> bool:
+    """An affine LayerNorm with its bias, or an affine RMSNorm with its eps stated (the kernels' two forms)."""
+    if type(norm) is nn.LayerNorm:
+        return norm.elementwise_affine and norm.bias is not None
+    return type(norm) is nn.RMSNorm and norm.elementwise_affine and norm.eps is not None
+
+
+def _norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """norm(x) by the LayerNorm or RMSNorm kernel."""
+    if isinstance(norm, nn.RMSNorm):
+        return torch.ops.vitfast.rmsnorm(x, norm.weight, norm.eps)
+    return torch.ops.vitfast.layernorm(x, norm.weight, norm.bias, norm.eps)
 
 
 class FusedBlock(nn.Module):
@@ -151,8 +162,8 @@ class FusedBlock(nn.Module):
         object.__setattr__(self, "reference", block)
         object.__setattr__(self, "next_norm", None)
         self.mlp_path = mlp
-        device = block.mlp.fc1.weight.device
-        self.measured = measured_choices(device, block.mlp.fc1.in_features, block.mlp.fc1.out_features)
+        fc1 = block.mlp.fc1_g if isinstance(block.mlp, SwiGLU) else block.mlp.fc1
+        self.measured = measured_choices(fc1.weight.device, fc1.in_features, fc1.out_features)
         self.train(block.training)
 
     def train(self, mode: bool = True) -> "FusedBlock":
@@ -174,25 +185,36 @@ class FusedBlock(nn.Module):
         B, N, C = x.shape
         fc1, fc2 = self.mlp_paths(x.dtype, B * N)
         if h is None:
-            h = ops.layernorm(x, self.norm1.weight, self.norm1.bias, self.norm1.eps)
+            h = _norm(x, self.norm1)
         qkv = F.linear(h, attn.qkv.weight, attn.qkv.bias).view(B, N, 3, attn.num_heads, attn.head_dim)
         o = ops.fused_attention(qkv, attn.scale)
         x, h = self._branch_end(fc2, o, attn.proj, x, self.ls1, self.norm2)
-        if isinstance(mlp, SwiGLUPacked):  # no GEMM epilogue for the gate: cuBLAS, then the bias+SwiGLU kernel
-            m = ops.bias_swiglu(F.linear(h, mlp.fc1.weight), mlp.fc1.bias)
+        if isinstance(mlp, SwiGLU):  # gate and value GEMMs on cuBLAS (biases included), then silu(gate) * value
+            m = ops.swiglu(F.linear(h, mlp.fc1_g.weight, mlp.fc1_g.bias), F.linear(h, mlp.fc1_x.weight, mlp.fc1_x.bias))
+        elif isinstance(mlp, SwiGLUPacked):  # no GEMM epilogue for the gate: cuBLAS, then the bias+SwiGLU kernel
+            gv = F.linear(h, mlp.fc1.weight)
+            m = ops.bias_swiglu(gv, mlp.fc1.bias) if mlp.fc1.bias is not None else ops.swiglu(*gv.chunk(2, dim=-1))
         elif fc1 == "epilogue":
             m = ops.linear_bias_gelu(h, mlp.fc1.weight, mlp.fc1.bias, mlp.act.approximate)
+        elif mlp.fc1.bias is None:  # nothing to fuse the GELU with on this path
+            m = mlp.act(F.linear(h, mlp.fc1.weight))
         else:
             m = ops.bias_gelu(F.linear(h, mlp.fc1.weight), mlp.fc1.bias, mlp.act.approximate)
         return self._branch_end(fc2, m, mlp.fc2, x, self.ls2, nxt) if nxt is not None else self._last_end(fc2, m, x)
 
     @staticmethod
-    def _branch_end(path: str, y: torch.Tensor, linear: nn.Linear, x: torch.Tensor, ls: nn.Module, norm: nn.LayerNorm):
-        """(r, norm(r)) with r = x + ls(linear(y)): one Triton GEMM, or cuBLAS + the add+LayerNorm kernel."""
-        gamma = ls.gamma if isinstance(ls, LayerScale) else None
+    def _branch_end(path: str, y: torch.Tensor, linear: nn.Linear, x: torch.Tensor, ls: nn.Module, norm: nn.Module):
+        """(r, norm(r)) with r = x + ls(linear(y)): one Triton GEMM, or cuBLAS + the add+LayerNorm (RMSNorm) kernel."""
+        ops, gamma = torch.ops.vitfast, ls.gamma if isinstance(ls, LayerScale) else None
+        rms = isinstance(norm, nn.RMSNorm)
+        if path == "epilogue" and rms:
+            return ops.linear_residual_rmsnorm(y, linear.weight, linear.bias, x, gamma, norm.weight, norm.eps)
         if path == "epilogue":
-            return torch.ops.vitfast.linear_residual_layernorm(y, linear.weight, linear.bias, x, gamma, norm.weight, norm.bias, norm.eps)
-        return torch.ops.vitfast.add_layernorm(x, F.linear(y, linear.weight, linear.bias), norm.weight, norm.bias, norm.eps, gamma)
+            return ops.linear_residual_layernorm(y, linear.weight, linear.bias, x, gamma, norm.weight, norm.bias, norm.eps)
+        branch = F.linear(y, linear.weight, linear.bias)
+        if rms:
+            return ops.add_rmsnorm(x, branch, norm.weight, norm.eps, gamma)
+        return ops.add_layernorm(x, branch, norm.weight, norm.bias, norm.eps, gamma)
 
     def _last_end(self, path: str, m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """x + ls2(fc2(m)) with no LayerNorm after it (the model's final norm runs as it is)."""
