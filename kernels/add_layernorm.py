@@ -94,28 +94,29 @@ def add_layernorm_launch(
     )  # fmt: skip
 
 
+def _add_norm(x, branch, weight, bias, eps, gamma, rms):
+    """The four ops' body: (x + gamma * branch or None without a branch, its LayerNorm or RMSNorm)."""
+    if runs_reference(x):
+        return add_rmsnorm_reference(x, branch, weight, eps, gamma) if rms else add_layernorm_reference(x, branch, weight, bias, eps, gamma)
+    residual = torch.empty(x.shape, dtype=x.dtype, device=x.device) if branch is not None else None
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    add_layernorm_launch(x, branch, weight, bias, eps, out, residual, gamma, rms=rms)
+    return residual, out
+
+
 @triton_op("vitfast::add_layernorm", mutates_args=())
 def add_layernorm(
     x: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
     gamma: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(r, LayerNorm(r)) with r = x + gamma * branch (gamma None: 1) for [..., C] tensors, as one torch op."""
-    if runs_reference(x):
-        return add_layernorm_reference(x, branch, weight, bias, eps, gamma)
-    residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    add_layernorm_launch(x, branch, weight, bias, eps, out, residual, gamma)
-    return residual, out
+    return _add_norm(x, branch, weight, bias, eps, gamma, rms=False)
 
 
 @triton_op("vitfast::layernorm", mutates_args=())
 def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
     """LayerNorm over the last dim of x [..., C], as one torch op."""
-    if runs_reference(x):
-        return add_layernorm_reference(x, None, weight, bias, eps)[1]
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    add_layernorm_launch(x, None, weight, bias, eps, out)
-    return out
+    return _add_norm(x, None, weight, bias, eps, None, rms=False)[1]
 
 
 @triton_op("vitfast::add_rmsnorm", mutates_args=())
@@ -123,22 +124,13 @@ def add_rmsnorm(
     x: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, eps: float, gamma: Optional[torch.Tensor] = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(r, RMSNorm(r)) with r = x + gamma * branch (gamma None: 1) for [..., C] tensors, as one torch op."""
-    if runs_reference(x):
-        return add_rmsnorm_reference(x, branch, weight, eps, gamma)
-    residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    add_layernorm_launch(x, branch, weight, None, eps, out, residual, gamma, rms=True)
-    return residual, out
+    return _add_norm(x, branch, weight, None, eps, gamma, rms=True)
 
 
 @triton_op("vitfast::rmsnorm", mutates_args=())
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim of x [..., C], as one torch op."""
-    if runs_reference(x):
-        return add_rmsnorm_reference(x, None, weight, eps)[1]
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    add_layernorm_launch(x, None, weight, None, eps, out, rms=True)
-    return out
+    return _add_norm(x, None, weight, None, eps, None, rms=True)[1]
 
 
 def add_layernorm_reference(x, branch, weight, bias, eps, gamma=None):

@@ -170,19 +170,26 @@ def linear_residual_layernorm_launch(
     )  # fmt: skip
 
 
+def _linear_residual_norm(x, weight, bias, residual, gamma, ln_weight, ln_bias, eps, rms):
+    """Both ops' body: (r, LayerNorm(r) or RMSNorm(r)) with r = residual + gamma * (x @ weight^T + bias)."""
+    if runs_reference(x):
+        if rms:
+            return linear_residual_rmsnorm_reference(x, weight, bias, residual, gamma, ln_weight, eps)
+        return linear_residual_layernorm_reference(x, weight, bias, residual, gamma, ln_weight, ln_bias, eps)
+    shape = (*x.shape[:-1], weight.shape[0])
+    residual_out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    linear_residual_layernorm_launch(x, weight, bias, residual, gamma, ln_weight, ln_bias, eps, residual_out, out, rms=rms)
+    return residual_out, out
+
+
 @triton_op("vitfast::linear_residual_layernorm", mutates_args=())
 def linear_residual_layernorm(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor, gamma: Optional[torch.Tensor],
     ln_weight: torch.Tensor, ln_bias: torch.Tensor, eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(r, LayerNorm(r)) with r = residual + gamma * (x @ weight^T + bias) (bias None: 0, gamma None: 1), as one torch op."""
-    if runs_reference(x):
-        return linear_residual_layernorm_reference(x, weight, bias, residual, gamma, ln_weight, ln_bias, eps)
-    shape = (*x.shape[:-1], weight.shape[0])
-    residual_out = torch.empty(shape, dtype=x.dtype, device=x.device)
-    out = torch.empty(shape, dtype=x.dtype, device=x.device)
-    linear_residual_layernorm_launch(x, weight, bias, residual, gamma, ln_weight, ln_bias, eps, residual_out, out)
-    return residual_out, out
+    return _linear_residual_norm(x, weight, bias, residual, gamma, ln_weight, ln_bias, eps, rms=False)
 
 
 @triton_op("vitfast::linear_residual_rmsnorm", mutates_args=())
@@ -191,13 +198,7 @@ def linear_residual_rmsnorm(
     ln_weight: torch.Tensor, eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(r, RMSNorm(r)) with r = residual + gamma * (x @ weight^T + bias) (bias None: 0, gamma None: 1), as one torch op."""
-    if runs_reference(x):
-        return linear_residual_rmsnorm_reference(x, weight, bias, residual, gamma, ln_weight, eps)
-    shape = (*x.shape[:-1], weight.shape[0])
-    residual_out = torch.empty(shape, dtype=x.dtype, device=x.device)
-    out = torch.empty(shape, dtype=x.dtype, device=x.device)
-    linear_residual_layernorm_launch(x, weight, bias, residual, gamma, ln_weight, None, eps, residual_out, out, rms=True)
-    return residual_out, out
+    return _linear_residual_norm(x, weight, bias, residual, gamma, ln_weight, None, eps, rms=True)
 
 
 def linear_residual_layernorm_reference(x, weight, bias, residual, gamma, ln_weight, ln_bias, eps):
