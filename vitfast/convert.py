@@ -541,8 +541,8 @@ def _check_aimv2(sd: StateDict, vision: str, prefix: str) -> None:
                               "use_head=False and without the head.* weights to load them, pooled by their mean")  # fmt: skip
     if vision + "embeddings.position_embedding.weight" not in sd:
         raise CheckpointError("this is a native-resolution AIMv2 tower (is_native=True: 2D sinusoidal position embeddings computed "
-                              "for each input size, apple/aimv2-*-native), which vitfast does not implement; the fixed-size ones "
-                              "(apple/aimv2-large-patch14-224 ...) load")  # fmt: skip
+                              "for each input size, apple/aimv2-*-native), which vitfast does not implement; fixed-size towers "
+                              "(is_native=False, a learned position_embedding) load")  # fmt: skip
     attn_bias, mlp_bias = (vision + f"encoder.layers.0.{name}.bias" in sd for name in ("attention.out_proj", "ffn.down_proj"))
     if attn_bias != mlp_bias:
         raise CheckpointError(f"this AIMv2 tower has qkv_bias={attn_bias} (its attention Linears, out_proj included) but "
