@@ -557,9 +557,142 @@ def test_transformers_aimv2_vision_defaults_are_the_installed_ones():
     assert {k: getattr(defaults, k) for k in AIMV2_DEFAULTS} == AIMV2_DEFAULTS
 
 
+DINOV3 = dict(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=176,
+              num_register_tokens=4, layerscale_value=0.5)  # fmt: skip
+# a DINOv3ViTImageProcessorFast preprocessor_config.json in the facebook/dinov3-* form, sized for DINOV3
+DINOV3_PROCESSOR = dict(image_processor_type="DINOv3ViTImageProcessorFast", do_resize=True, size={"height": 32, "width": 32}, resample=2,
+                        do_rescale=True, rescale_factor=1 / 255, do_normalize=True, image_mean=[0.485, 0.456, 0.406],
+                        image_std=[0.229, 0.224, 0.225], do_center_crop=None, crop_size=None)  # fmt: skip
+
+
+def _hf_dinov3(**kw):
+    """A random DINOv3ViTModel (norms and layer scales off their init); `kw` on top of DINOV3."""
+    return _perturbed(transformers.DINOv3ViTModel(transformers.DINOv3ViTConfig(**DINOV3 | kw)))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),  # ViT-S/B/L/16: GELU MLP, q and v biases, no key bias
+        dict(use_gated_mlp=True, hidden_act="silu", rope_theta=37.0),  # ViT-S+/H+/7B: SwiGLU with gate and up apart
+        dict(query_bias=False, value_bias=False, proj_bias=False, mlp_bias=False, num_register_tokens=0),
+        dict(key_bias=True, image_size=40, layer_norm_eps=1e-6),
+    ],
+    ids=["gelu", "swiglu", "no-biases-no-registers", "key-bias"],
+)
+def test_hf_dinov3_matches_its_tokens_and_pooled_class_token(tmp_path, kw):
+    """DINOv3ViTModel folder (facebook/dinov3-*-pretrain-*): 2-D rotary positions on the patch tokens only (class
+    and register tokens unrotated), layer scale, q/k/v fused with the missing key bias as zeros; the tokens are
+    last_hidden_state, the pooled output the normalised class token (pooler_output). Nothing is guessed."""
+    hf = _hf_dinov3(**kw)
+    hf.save_pretrained(tmp_path)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(DINOV3_PROCESSOR | dict(size={"height": 32, "width": 32})))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", vitfast.GuessedConfigWarning)
+        model = vitfast.load_checkpoint(tmp_path)
+    c = model.config
+    assert (c.rope, c.abs_pos_embed, c.rope_theta, c.reg_tokens, c.init_values) == ("dinov3", False, kw.get("rope_theta", 100.0),
+                                                                                    kw.get("num_register_tokens", 4), 0.5)  # fmt: skip
+    assert (c.mlp_layer, c.global_pool, c.num_classes, c.img_size) == ("swiglu" if "use_gated_mlp" in kw else "mlp", "token", 0, 32)
+    assert (c.mean, c.std, c.crop_mode, c.interpolation) == (vitfast.config.IMAGENET_MEAN, vitfast.config.IMAGENET_STD, "squash", "bilinear")
+    assert model.pos_embed is None and not any("pos_embed" in k for k in model.state_dict())
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        out = hf(pixel_values=x)
+        torch.testing.assert_close(model.forward_features(x), out.last_hidden_state, atol=ATOL, rtol=0)
+        torch.testing.assert_close(model(x), out.pooler_output, atol=ATOL, rtol=0)
+
+
+def test_hf_dinov3_in_memory_names_and_backbone_load_alike(tmp_path):
+    """transformers 5 holds the layers as `model.layer.N` in memory (`layer.N` on disk); DINOv3ViTBackbone has the same
+    weights. Both load, to the same outputs."""
+    hf = _hf_dinov3()
+    hf.save_pretrained(tmp_path)
+    with pytest.warns(vitfast.GuessedConfigWarning, match="no preprocessor_config.json; DINOv3ViTImageProcessor defaults"):
+        folder = vitfast.load_checkpoint(tmp_path)
+    assert any(k.startswith("model.layer.0.") for k in hf.state_dict())
+    torch.save(hf.state_dict(), tmp_path / "memory.bin")
+    with pytest.warns(vitfast.GuessedConfigWarning):
+        memory = vitfast.load_checkpoint(tmp_path / "memory.bin", overrides={"num_heads": 4, "img_size": 32})
+    backbone = transformers.DINOv3ViTBackbone(hf.config).eval()
+    backbone.load_state_dict(hf.state_dict())
+    torch.save(backbone.state_dict(), tmp_path / "backbone.bin")
+    with pytest.warns(vitfast.GuessedConfigWarning):
+        from_backbone = vitfast.load_checkpoint(tmp_path / "backbone.bin", overrides={"num_heads": 4, "img_size": 32})
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        for model in (memory, from_backbone):
+            torch.testing.assert_close(model(x), folder(x), atol=0, rtol=0)
+
+
+def test_hf_dinov3_bare_state_dict_reads_its_shapes_and_says_what_it_assumed(tmp_path):
+    hf = _hf_dinov3(use_gated_mlp=True, hidden_act="silu")
+    with pytest.warns(vitfast.GuessedConfigWarning, match="transformers' DINOv3") as caught:
+        model = vitfast.load_checkpoint(_saved(hf.state_dict(), tmp_path / "bare.safetensors"))
+    assert {"num_heads", "norm_eps", "rope_theta", "img_size", "mean", "interpolation"} <= set(model.config_guesses)
+    assert "head_dim 64 assumed" in str(caught[0].message)  # no registered DINOv3 has this width
+    c = model.config
+    assert (c.num_heads, c.img_size, c.norm_eps, c.rope_theta, c.mlp_layer, c.reg_tokens) == (1, 224, 1e-5, 100.0, "swiglu", 4)
+    with pytest.warns(vitfast.GuessedConfigWarning):
+        model = vitfast.load_checkpoint(tmp_path / "bare.safetensors", overrides={"num_heads": 4, "img_size": 32})
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(pixel_values=x).pooler_output, atol=ATOL, rtol=0)
+
+
+def _saved(sd, path):
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+    return path
+
+
+@pytest.mark.parametrize(
+    "kw, named",
+    [
+        (dict(proj_bias=True, mlp_bias=False), "proj_bias=True but mlp_bias=False"),
+        (dict(use_gated_mlp=True, hidden_act="gelu"), "gates its MLP with hidden_act 'gelu'"),
+        (dict(hidden_act="gelu_pytorch_tanh"), "MLP uses hidden_act 'gelu_pytorch_tanh'"),
+    ],
+)
+def test_hf_dinov3_models_vitfast_cannot_compute_are_refused_by_name(tmp_path, kw, named):
+    _hf_dinov3(**kw).save_pretrained(tmp_path)
+    with pytest.raises(vitfast.CheckpointError, match=named):
+        vitfast.load_checkpoint(tmp_path)
+
+
+def test_hf_dinov3_preprocessing_is_its_processors_within_one_level(tmp_path):
+    """DINOv3ViTImageProcessor (torchvision only) rescales to float, resizes straight to its size (bilinear, antialiased)
+    and normalises with ImageNet's mean/std. vitfast resizes the 8-bit image with Pillow's bilinear filter: written out
+    here with torch's antialiased bilinear (what torchvision's tensor resize calls), the two differ by at most about one
+    level of 255 per pixel, a third of one on average."""
+    from PIL import Image
+
+    hf = _hf_dinov3()
+    hf.save_pretrained(tmp_path)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(DINOV3_PROCESSOR | dict(size={"height": 48, "width": 48})))
+    cfg = vitfast.load_checkpoint(tmp_path).config
+    assert cfg.img_size == 48  # rotary positions are computed for whatever size the processor makes
+    mean, std = torch.tensor(cfg.mean)[:, None, None], torch.tensor(cfg.std)[:, None, None]
+    for h, w in [(97, 131), (300, 120), (48, 48), (40, 33)]:
+        image = torch.randint(0, 256, (h, w, 3), dtype=torch.uint8)
+        ours = vitfast.preprocess(Image.fromarray(image.numpy()), cfg)[0]
+        resized = torch.nn.functional.interpolate(image.permute(2, 0, 1)[None].float() / 255, size=(48, 48), mode="bilinear",
+                                                  antialias=True, align_corners=False)[0]  # fmt: skip
+        levels = ((ours - (resized - mean) / std) * std * 255).abs()
+        assert levels.max() <= 1.1 and levels.mean() <= 0.4, (h, w, levels.max(), levels.mean())
+
+
+def test_transformers_dinov3_defaults_are_the_installed_ones():
+    from vitfast.dinov3 import DEFAULTS
+
+    defaults = transformers.DINOv3ViTConfig()
+    assert {k: getattr(defaults, k) for k in DEFAULTS} == DEFAULTS
+
+
 def test_hf_unknown_model_type_lists_what_loads(tmp_path):
     hf = _hf_vit(**HF_CONFIGS["base-like"])
     hf.save_pretrained(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(hf.config.to_dict() | {"model_type": "swin"}))
-    with pytest.raises(vitfast.CheckpointError, match="'swin' model; vitfast reads .*AIMv2 .*'aimv2_vision_model'"):
+    with pytest.raises(vitfast.CheckpointError, match="'swin' model; vitfast reads .*DINOv3.*AIMv2 .*'dinov3_vit'"):
         vitfast.load_checkpoint(tmp_path)

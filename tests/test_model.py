@@ -37,12 +37,27 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
     if "patch_embed.norm.weight" in sd:  # AIMv2: normalised patch tokens
         t = ln(t, "patch_embed.norm")
     prefix = [sd[k].expand(B, -1, -1) for k in ("cls_token", "dist_token", "reg_token") if k in sd]
-    if cfg.no_embed_class:
+    if "pos_embed" not in sd:  # DINOv3: rotary positions only
+        t = torch.cat(prefix + [t], 1)
+    elif cfg.no_embed_class:
         t = torch.cat(prefix + [t + sd["pos_embed"]], 1)
     else:
         t = torch.cat(prefix + [t], 1) + sd["pos_embed"]
     H, D = cfg.num_heads, cfg.head_dim
     attns = []
+
+    def rope(v):
+        """DINOv3's rotary embedding as complex rotations: channels d and d + D/2 of a patch token are one complex
+        number, turned by 2 pi coord / theta^(4j/D), coord = its patch centre in [-1, 1], y for j < D/4, then x."""
+        if cfg.rope is None:
+            return v
+        ys, xs = (((torch.arange(n, dtype=v.dtype) + 0.5) / n) * 2 - 1 for n in (gh, gw))
+        yy, xx = ys[:, None].expand(gh, gw).flatten(), xs[None, :].expand(gh, gw).flatten()
+        freq = cfg.rope_theta ** (-4 * torch.arange(D // 4, dtype=v.dtype) / D)
+        turn = torch.polar(torch.ones(gh * gw, D // 2, dtype=v.dtype), 2 * math.pi * torch.cat([yy[:, None] * freq, xx[:, None] * freq], 1))
+        n0 = v.shape[2] - gh * gw
+        z = torch.complex(v[:, :, n0:, : D // 2], v[:, :, n0:, D // 2 :]) * turn
+        return torch.cat([v[:, :, :n0], torch.cat([z.real, z.imag], -1)], 2)
 
     def gelu(v):
         if cfg.act_layer == "quick_gelu":
@@ -58,7 +73,7 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
         h = ln(t, b + "norm1")
         qkv = h @ sd[b + "attn.qkv.weight"].T + sd.get(b + "attn.qkv.bias", 0)
         q, k, v = (qkv[..., j * cfg.embed_dim : (j + 1) * cfg.embed_dim].reshape(B, -1, H, D).transpose(1, 2) for j in range(3))
-        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D), -1)
+        a = torch.softmax(rope(q) @ rope(k).transpose(-1, -2) / math.sqrt(D), -1)
         attns.append(a)
         o = (a @ v).transpose(1, 2).reshape(B, -1, cfg.embed_dim) @ sd[b + "attn.proj.weight"].T + sd.get(b + "attn.proj.bias", 0)
         t = t + o * sd.get(b + "ls1.gamma", 1)
@@ -121,6 +136,11 @@ VARIANTS = {
     "aimv2-cls-token-classifier": tiny_config(**AIMV2 | dict(class_token=True, global_pool="token", num_classes=7, mlp_ratio=2.75)),
     "rmsnorm-gelu-fc-norm": tiny_config(norm_layer="rmsnorm", class_token=False, global_pool="avg", reg_tokens=1, init_values=0.5),
     "swiglu-with-biases-layernorm": tiny_config(mlp_layer="swiglu", act_layer="silu", mlp_ratio=2.5, embed_norm=True),
+    "dinov3-rope-registers": tiny_config(abs_pos_embed=False, rope="dinov3", reg_tokens=4, init_values=0.5, norm_eps=1e-5, qkv_bias=True),
+    "dinov3-swiglu-theta": tiny_config(abs_pos_embed=False, rope="dinov3", rope_theta=7.5, reg_tokens=1, init_values=0.5,
+                                       mlp_layer="swiglu", act_layer="silu", mlp_ratio=2.5),
+    "rope-and-learned-positions-odd-grid": tiny_config(rope="dinov3", img_size=(40, 24), embed_dim=48, num_heads=4, class_token=False,
+                                                       global_pool="avg"),
     "odd-sizes": tiny_config(img_size=(40, 24), patch_size=8, embed_dim=36, num_heads=3, mlp_ratio=2.5, in_chans=2),
 }
 

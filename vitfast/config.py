@@ -33,6 +33,9 @@ ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
 MLP_LAYERS = ("mlp", "swiglu_packed", "swiglu")
 # timm's names: LayerNorm, or RMSNorm (Zhang & Sennrich 2019: x / rms(x) * weight, no centring and no bias; AIMv2)
 NORM_LAYERS = ("layernorm", "rmsnorm")
+# Rotary position embeddings on the patch tokens' queries and keys (Su et al. 2021). "dinov3": DINOv3's 2-D form
+# (patch centres in [-1, 1] per axis, head_dim / 4 periods theta ** (4i / head_dim) per axis, rotate-half layout)
+ROPE_KINDS = ("dinov3",)
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 CROP_MODES = ("center", "squash", "border")  # timm's names: crop the short side, resize both sides, pad the short side
 CROP_ROUNDINGS = ("round", "floor")  # centre-crop offset: torchvision/timm round, Hugging Face floors
@@ -40,7 +43,7 @@ CROP_ROUNDINGS = ("round", "floor")  # centre-crop offset: torchvision/timm roun
 
 @dataclass(frozen=True)
 class ViTConfig:
-    """A ViT / DeiT / hybrid / CLIP / DINOv2 / SigLIP / AIMv2 ViT. Validated on construction; round-trips through JSON.
+    """A ViT / DeiT / hybrid / CLIP / DINOv2 / DINOv3 / SigLIP / AIMv2 ViT. Validated on construction; round-trips through JSON.
 
     `patch_size` is the total stride from pixels to tokens; an `img_size` that is not a multiple of it
     leaves its last pixels unseen, as in timm and transformers. For a hybrid model
@@ -64,6 +67,9 @@ class ViTConfig:
     distilled: bool = False  # DeiT distillation token and second head
     reg_tokens: int = 0  # register tokens (Darcet et al. 2023)
     no_embed_class: bool = False  # position embeddings cover patches only (DeiT-III, reg models)
+    abs_pos_embed: bool = True  # False: no learned position embeddings added to the tokens (timm's use_abs_pos_emb; DINOv3)
+    rope: str | None = None  # rotary position embeddings in every attention, one of ROPE_KINDS (DINOv3); None = none
+    rope_theta: float = 100.0  # the rotary embedding's base period (timm's rope_temperature, transformers' rope_theta)
     fc_norm: bool | None = None  # None: timm's rule, norm after pooling iff global_pool == "avg"
     final_norm: bool = True  # False: no norm after the blocks nor after pooling (timm's RADIO, InternViT-300M)
     pre_norm: bool = False  # LayerNorm before the blocks, patch projection without bias (CLIP image towers)
@@ -211,6 +217,13 @@ class ViTConfig:
             bad(f"norm_layer must be one of {NORM_LAYERS}, got {self.norm_layer!r}")
         if self.embed_norm and self.hybrid_layers is not None:
             bad("embed_norm is not supported with a hybrid (ResNet) stem; it normalises plain patch embeddings")
+        if self.rope is not None and self.rope not in ROPE_KINDS:
+            bad(f"rope must be None or one of {ROPE_KINDS}, got {self.rope!r}")
+        if self.rope is not None and self.head_dim % 4:
+            bad(f"rope={self.rope!r} needs a head_dim divisible by 4 (a quarter of it per image axis for sine and cosine), "
+                f"got {self.head_dim} = {self.embed_dim} / {self.num_heads}")  # fmt: skip
+        if not self.rope_theta > 0:
+            bad(f"rope_theta must be > 0, got {self.rope_theta}")
         if self.interpolation not in INTERPOLATIONS:
             bad(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
         if self.crop_mode not in CROP_MODES:

@@ -24,6 +24,7 @@ import torch
 from .config import (
     CROP_MODES, IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ViTConfig,
 )  # fmt: skip
+from . import dinov3
 from .errors import CheckpointError, ConfigError
 from .registry import _AIMV2, _REGISTRY, get_config, unsupported_reason
 
@@ -68,20 +69,21 @@ PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
     "BitImageProcessor": _CLIP_DEFAULTS,
     "SiglipImageProcessor": dict(size={"height": 224, "width": 224}, resample=3),
     "ConvNextImageProcessor": dict(size={"shortest_edge": 384}, crop_pct=0.875, resample=3),
+    dinov3.PROCESSOR: dinov3.PROCESSOR_DEFAULTS,
 }
 # The image processor transformers pairs with each model type.
 MODEL_PROCESSORS = {"vit": "ViTImageProcessor", "deit": "DeiTImageProcessor", "vit_msn": "ViTImageProcessor", "ijepa": "ViTImageProcessor"} \
     | dict.fromkeys(CLIP_MODEL_TYPES, "CLIPImageProcessor") \
     | dict.fromkeys(DINOV2_MODEL_TYPES, "BitImageProcessor") | dict.fromkeys(SIGLIP_MODEL_TYPES, "SiglipImageProcessor") \
-    | {AIMV2_MODEL_TYPE: "CLIPImageProcessor"}  # fmt: skip
+    | {AIMV2_MODEL_TYPE: "CLIPImageProcessor", dinov3.MODEL_TYPE: dinov3.PROCESSOR}  # fmt: skip
 # Processors whose integer `size` means the shortest edge (the others read it as a square).
 SHORTEST_EDGE_PROCESSORS = ("CLIPImageProcessor", "BitImageProcessor", "ConvNextImageProcessor", "SiglipImageProcessor")
 
 
 
 def detect_format(sd: StateDict) -> str:
-    """'hf' (ViT, DeiT, DINOv2, CLIP, SigLIP or AIMv2) or 'timm'; raises `CheckpointError` for anything that is not a ViT state dict."""
-    if any(k.endswith(HF_PATCH_KEY) for k in sd) or is_tower(sd):
+    """'hf' (ViT, DeiT, DINOv2, DINOv3, CLIP, SigLIP or AIMv2) or 'timm'; raises `CheckpointError` for anything that is not a ViT state dict."""
+    if any(k.endswith(HF_PATCH_KEY) for k in sd) or is_tower(sd) or dinov3.is_dinov3(sd):
         return "hf"
     if any(k in sd for k in TIMM_PATCH_KEYS):
         return "timm"
@@ -133,6 +135,8 @@ def hf_to_timm(sd: StateDict) -> StateDict:
     """
     if is_tower(sd):
         return tower_to_timm(sd)
+    if dinov3.is_dinov3(sd):
+        return dinov3.dinov3_to_timm(sd)
     prefix = next(k[: -len(HF_PATCH_KEY)] for k in sd if k.endswith(HF_PATCH_KEY))
     out: StateDict = {}
     qkv: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
@@ -220,6 +224,8 @@ def _stacked(parts_by_layer: dict[int, dict[str, dict[str, torch.Tensor]]], name
 def read_hf_state_dict(sd: StateDict, *, num_heads: int | None = None) -> tuple[StateDict, ViTConfig, Guesses]:
     """An HF state dict without its config.json -> (timm-named state dict, config read off the shapes,
     guesses); eps, activation and preprocessing are transformers' defaults for the model type."""
+    if dinov3.is_dinov3(sd):
+        return _read_dinov3_state_dict(dinov3.dinov3_to_timm(sd), num_heads)
     if is_tower(sd):
         model_type = "clip" if is_clip(sd) else AIMV2_MODEL_TYPE if is_aimv2(sd) else "siglip"
     else:
@@ -243,6 +249,15 @@ def read_hf_state_dict(sd: StateDict, *, num_heads: int | None = None) -> tuple[
     return sd, cfg, guesses | dict.fromkeys(guessed, reason)
 
 
+def _read_dinov3_state_dict(sd: StateDict, num_heads: int | None) -> tuple[StateDict, ViTConfig, Guesses]:
+    """A DINOv3 state dict (timm names) without config.json: its config read off the shapes, as `read_hf_state_dict`."""
+    cfg, guesses = dinov3.config_from_weights(sd, num_heads)
+    fields = dinov3.dinov3_fields(cfg, sd)
+    pre, _ = hf_preprocessing(_default_preprocessor(dinov3.MODEL_TYPE, fields["img_size"]), fields["in_chans"], fields["img_size"])
+    reason = "not stored in a Hugging Face state dict without its config.json; transformers' DINOv3ViTImageProcessor defaults assumed"
+    return sd, ViTConfig(**(fields | pre)), guesses | dict.fromkeys(("mean", "std", "interpolation", "crop_pct", "crop_mode"), reason)
+
+
 def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, sd: StateDict) -> tuple[ViTConfig, Guesses]:
     """A `ViTConfig` from HF `config.json` and `preprocessor_config.json` (its defaults, guessed, when absent)."""
     model_type = cfg.get("model_type", "vit")
@@ -253,9 +268,12 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
         fields = _vit_fields(cfg, model_type, sd)
     elif model_type == AIMV2_MODEL_TYPE:
         fields = _aimv2_fields(cfg, sd)
+    elif model_type == dinov3.MODEL_TYPE:
+        fields = dinov3.dinov3_fields(cfg, sd)
     else:
-        known = ", ".join(repr(t) for t in (*VIT_MODEL_TYPES, *DINOV2_MODEL_TYPES, *CLIP_MODEL_TYPES, *SIGLIP_MODEL_TYPES, AIMV2_MODEL_TYPE))
-        raise CheckpointError(f"config.json describes a {model_type!r} model; vitfast reads ViT, DeiT, ViT-MSN, I-JEPA, DINOv2, CLIP, "
+        known = ", ".join(repr(t) for t in (*VIT_MODEL_TYPES, *DINOV2_MODEL_TYPES, *CLIP_MODEL_TYPES, *SIGLIP_MODEL_TYPES, AIMV2_MODEL_TYPE,
+                                            dinov3.MODEL_TYPE))  # fmt: skip
+        raise CheckpointError(f"config.json describes a {model_type!r} model; vitfast reads ViT, DeiT, ViT-MSN, I-JEPA, DINOv2, DINOv3, CLIP, "
                               f"SigLIP and AIMv2 image towers (model_type {known})")  # fmt: skip
     head = sd.get("head.weight")
     id2label = cfg.get("id2label") or {}
@@ -272,8 +290,9 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
         preprocessor = _default_preprocessor(model_type, fields["img_size"])
         reason = f"no preprocessor_config.json; {preprocessor['image_processor_type']} defaults assumed"
         guesses |= dict.fromkeys(("mean", "std", "interpolation", "crop_pct", "crop_mode"), reason)
-    # DINOv2 interpolates its position embeddings to whatever size it is given (the processor's)
-    follow_size = model_type in DINOV2_MODEL_TYPES
+    # DINOv2 interpolates its position embeddings to whatever size it is given (the processor's); DINOv3's rotary ones
+    # are computed for it
+    follow_size = model_type in (*DINOV2_MODEL_TYPES, dinov3.MODEL_TYPE)
     pre, pre_guesses = hf_preprocessing(preprocessor, fields["in_chans"], fields["img_size"], follow_size=follow_size,
                                         default_kind=MODEL_PROCESSORS[model_type])  # fmt: skip
     return ViTConfig(**(fields | pre)), guesses | pre_guesses

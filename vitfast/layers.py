@@ -5,6 +5,8 @@ Shapes: B batch, N tokens, C = embed_dim, H heads, D = C // H head_dim.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -62,12 +64,40 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Ten
     return attn.to(torch.promote_types(attn.dtype, torch.float32)).softmax(dim=-1).to(q.dtype)
 
 
+def rope_dinov3(grid: tuple[int, int], head_dim: int, theta: float, dtype: torch.dtype, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """DINOv3's 2-D rotary tables (cos, sin), each [gh * gw, head_dim], patches in row-major order.
+
+    Patch centres are normalised to [-1, 1] per axis; head_dim / 4 periods theta ** (4i / head_dim)
+    per axis give the angles 2 pi coord / period, y's then x's, repeated for the rotate-half layout.
+    Computed in at least fp32 (as transformers and timm do), so cast to the model's dtype by the caller.
+    """
+    dtype = torch.promote_types(dtype, torch.float32)
+    gh, gw = grid
+    ys = (torch.arange(gh, dtype=dtype, device=device) + 0.5) / gh * 2 - 1
+    xs = (torch.arange(gw, dtype=dtype, device=device) + 0.5) / gw * 2 - 1
+    coords = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1).flatten(0, 1)  # [gh * gw, 2]: (y, x)
+    periods = theta ** (torch.arange(head_dim // 4, dtype=dtype, device=device) * 4 / head_dim)
+    angles = (2 * math.pi * coords[:, :, None] / periods).flatten(1)  # [gh * gw, head_dim / 2]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the last cos.shape[0] tokens of x [B, H, N, D] (the patches; the class and register tokens
+    before them stay): x cos + rotate_half(x) sin, rotate_half(x) = (-x[D/2:], x[:D/2]), in x's dtype."""
+    prefix, patches = x.split((x.shape[-2] - cos.shape[0], cos.shape[0]), dim=-2)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    x1, x2 = patches.chunk(2, dim=-1)
+    return torch.cat([prefix, patches * cos + torch.cat([-x2, x1], dim=-1) * sin], dim=-2)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with one fused qkv Linear.
 
     Two paths with the same math: `F.scaled_dot_product_attention` (default) and an explicit
     softmax(q k^T / sqrt(D)) v that can return the attention probabilities and exports to ONNX
-    as plain MatMul/Softmax. `fused_attn = False` selects the explicit path.
+    as plain MatMul/Softmax. `fused_attn = False` selects the explicit path. Given `rope` tables
+    (cos, sin), the patch tokens' queries and keys are rotated first (DINOv3).
     """
 
     def __init__(
@@ -83,11 +113,14 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False):
-        """x [B, N, C] -> [B, N, C]; with `return_attention`, also probabilities [B, H, N, N]."""
+    def forward(self, x: torch.Tensor, return_attention: bool = False, rope: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """x [B, N, C] -> [B, N, C]; with `return_attention`, also probabilities [B, H, N, N]. `rope`:
+        (cos, sin) [Np, D] for the last Np tokens."""
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each [B, H, N, D]
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         attn = None
         if self.fused_attn and not return_attention:
             x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
@@ -273,13 +306,15 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False):
-        """x [B, N, C] -> [B, N, C]; with `return_attention`, also [B, H, N, N] probabilities."""
+    def forward(self, x: torch.Tensor, return_attention: bool = False, rope: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """x [B, N, C] -> [B, N, C]; with `return_attention`, also [B, H, N, N] probabilities. `rope` goes to
+        the attention (only when given, so injected attention layers without it keep working)."""
         attn = None
+        kw = {} if rope is None else {"rope": rope}
         if return_attention:
-            y, attn = self.attn(self.norm1(x), return_attention=True)
+            y, attn = self.attn(self.norm1(x), return_attention=True, **kw)
         else:
-            y = self.attn(self.norm1(x))
+            y = self.attn(self.norm1(x), **kw)
         x = x + self.drop_path1(self.ls1(y))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return (x, attn) if return_attention else x

@@ -1,6 +1,6 @@
 """The reference Vision Transformer (Dosovitskiy et al. 2021), with DeiT, DeiT-III, register,
-hybrid, CLIP image-tower (pre-norm, QuickGELU), SigLIP (attention-pool head) and AIMv2 (RMSNorm, SwiGLU,
-bias-free projections) variants, in plain PyTorch.
+hybrid, CLIP image-tower (pre-norm, QuickGELU), SigLIP (attention-pool head), AIMv2 (RMSNorm, SwiGLU,
+bias-free projections) and DINOv3 (2-D rotary position embeddings) variants, in plain PyTorch.
 
 Parameter names are timm's, so `model.state_dict()` is a timm state dict. Layers are injected
 by class (`block_fn`, `attn_layer`, `mlp_layer`, `norm_layer`) so fused versions can replace
@@ -16,7 +16,7 @@ from torch import nn
 
 from .config import ViTConfig
 from .hybrid import HybridEmbed
-from .layers import MLP_CLASSES, NORM_CLASSES, Attention, AttentionPoolLatent, Block, PatchEmbed
+from .layers import MLP_CLASSES, NORM_CLASSES, Attention, AttentionPoolLatent, Block, PatchEmbed, rope_dinov3
 
 
 class VisionTransformer(nn.Module):
@@ -52,7 +52,7 @@ class VisionTransformer(nn.Module):
         self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if c.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, dim)) if c.reg_tokens else None
         embed_len = c.num_patches if c.no_embed_class else c.seq_len
-        self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, dim)) if c.abs_pos_embed else None
         self.pos_drop = nn.Dropout(c.pos_drop_rate)
         self.norm_pre = norm_layer(dim, eps=c.norm_eps) if c.pre_norm else nn.Identity()
 
@@ -100,7 +100,7 @@ class VisionTransformer(nn.Module):
 
     def reset_parameters(self) -> None:
         """Random init in the ViT/timm style (truncated normal 0.02, zero biases, unit LayerNorm)."""
-        for p in (self.pos_embed, self.cls_token, self.dist_token, self.reg_token):
+        for p in (self.pos_embed, self.cls_token, self.dist_token, self.reg_token):  # pos_embed None without one
             if p is not None:
                 nn.init.trunc_normal_(p, std=0.02)
         if self.config.global_pool == "map":
@@ -115,6 +115,8 @@ class VisionTransformer(nn.Module):
     def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
         """Patch tokens [B, N, C] -> [B, prefix + N, C] with class/dist/register tokens prepended."""
         prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        if self.pos_embed is None:
+            return torch.cat(prefix + [x], dim=1) if prefix else x
         if self.config.no_embed_class:
             x = x + self.pos_embed
             return torch.cat(prefix + [x], dim=1) if prefix else x
@@ -130,13 +132,21 @@ class VisionTransformer(nn.Module):
         the explicit math path.
         """
         x = self.norm_pre(self.pos_drop(self._pos_embed(self.patch_embed(x))))
+        rope = {} if self.config.rope is None else {"rope": self.rope_tables(x)}  # blocks get it only when there is one
         if not return_attention:
-            return self.norm(self.blocks(x))
+            for block in self.blocks:
+                x = block(x, **rope)
+            return self.norm(x)
         attentions = []
         for block in self.blocks:
-            x, attn = block(x, return_attention=True)
+            x, attn = block(x, return_attention=True, **rope)
             attentions.append(attn)
         return self.norm(x), attentions
+
+    def rope_tables(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary (cos, sin) [num_patches, head_dim] for tokens x, in at least fp32 (constants under tracing)."""
+        c = self.config
+        return rope_dinov3(c.grid_size, c.head_dim, c.rope_theta, x.dtype, x.device)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """tokens [B, T, C] -> logits [B, num_classes] (or pooled features with `pre_logits`)."""
