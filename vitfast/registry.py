@@ -92,6 +92,22 @@ _AIMV2 = dict(patch_size=14, depth=24, class_token=False, global_pool="avg", fc_
               norm_layer="rmsnorm", embed_norm=True, norm_eps=1e-5, mlp_layer="swiglu", act_layer="silu", num_classes=0,
               crop_pct=1.0, mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD)  # fmt: skip
 
+# timm's DINOv3 (eva.py; Simeoni et al. 2025): 2-D rotary positions, no learned ones, 4 registers, layer scale; timm pools
+# the mean patch token (DINOv3's own features are the class token: global_pool="token"). "_qkvb": with a qkv bias.
+# size: (embed_dim, depth, num_heads, mlp_ratio, SwiGLU)
+_DINOV3_SIZES = {"tiny": (192, 12, 3, 4.0, False), "small": (384, 12, 6, 4.0, False), "small_plus": (384, 12, 6, 4.0, True),
+                 "base": (768, 12, 12, 4.0, False), "large": (1024, 24, 16, 4.0, False), "huge_plus": (1280, 32, 20, 4.0, True),
+                 "7b": (4096, 40, 32, 2.0, True)}  # fmt: skip
+_DINOV3 = dict(img_size=256, patch_size=16, abs_pos_embed=False, rope="dinov3", rope_theta=100.0, reg_tokens=4, init_values=1e-5,
+               global_pool="avg", fc_norm=False, norm_eps=1e-5, num_classes=0, crop_pct=1.0, mean=IMAGENET_MEAN, std=IMAGENET_STD)  # fmt: skip
+
+
+def _dinov3(size: str, qkv_bias: bool) -> dict[str, Any]:
+    dim, depth, heads, ratio, swiglu = _DINOV3_SIZES[size]
+    mlp = dict(mlp_layer="swiglu", act_layer="silu") if swiglu else {}
+    return dict(_DINOV3, embed_dim=dim, depth=depth, num_heads=heads, mlp_ratio=ratio, qkv_bias=qkv_bias, **mlp)
+
+
 _REGISTRY: dict[str, dict[str, Any]] = {
     # ViT (Dosovitskiy et al.), timm's augreg / original weights
     "vit_tiny_patch16_224": _vit("tiny", 16, 224),
@@ -251,6 +267,8 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     "vit_intern300m_patch14_448": _vit("large", 14, 448, init_values=0.1, final_norm=False, crop_pct=1.0, num_classes=0, **_DEIT),
     **{f"aimv2_{size}_patch14_{img}": dict(_AIMV2, img_size=img, embed_dim=dim, num_heads=heads, mlp_ratio=ratio)
        for size, (dim, heads, ratio) in _AIMV2_SIZES.items() for img in (224, 336, 448)},
+    **{f"vit_{size}_patch16_dinov3{tag}": _dinov3(size, qkv_bias=bool(tag))
+       for size in _DINOV3_SIZES for tag in ("", "_qkvb") if (size, tag) not in (("tiny", ""), ("7b", "_qkvb"))},
     # CIFAR-sized model for tests, demos and quick experiments (not a timm name)
     "vit_cifar_patch4_32": dict(
         img_size=32, patch_size=4, embed_dim=48, depth=4, num_heads=4, mlp_ratio=4.0, num_classes=10,
