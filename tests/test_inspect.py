@@ -283,6 +283,7 @@ VARIANTS = {
     "siglip-attention-pool": dict(class_token=False, global_pool="map", reg_tokens=2),
     "dinov2-classifier": dict(global_pool="token_avg", reg_tokens=2),
     "hybrid": dict(hybrid_layers=(1,)),
+    "dinov3-rotary": dict(abs_pos_embed=False, rope="dinov3", reg_tokens=4, init_values=0.5),
 }
 SOURCES = {"token": "class token", "avg": "mean of patch tokens", "map": "attention-pool query",
            "token_avg": "class token (the head also reads the mean patch token)"}
@@ -314,7 +315,10 @@ def test_cli_json_end_to_end_for_every_model_kind(variant, tmp_path, capsys):
     cfg = model.config
     assert report["grid_size"] == [4, 4] and report["num_prefix_tokens"] == cfg.num_prefix_tokens
     assert report["source"] == SOURCES[cfg.global_pool]
-    assert np.shape(report["head_attention"]) == (4, 4, 4) and np.shape(report["pos_embed_similarity"]) == (16, 16)
+    learned = cfg.abs_pos_embed  # rotary positions are computed: no similarity, no figure
+    assert np.shape(report["head_attention"]) == (4, 4, 4)
+    assert np.shape(report["pos_embed_similarity"]) == (16, 16) if learned else report["pos_embed_similarity"] is None
+    assert set(report["files"]) == set(PNG_SIZES) - (set() if learned else {"pos_embed"})
     assert np.shape(report["mean_attention_distance"]) == (2, 4)
     # The rollout in the report is the independent product for the same image, prefix tokens left out.
     with torch.no_grad():

@@ -89,13 +89,16 @@ def head_attention(
     return source_rows(attn, num_prefix_tokens, class_token=class_token)
 
 
-def pos_embed_similarity(model: torch.nn.Module) -> torch.Tensor:
-    """Cosine similarity of the learned patch position embeddings: [N, N], row i over all positions.
+def pos_embed_similarity(model: torch.nn.Module) -> torch.Tensor | None:
+    """Cosine similarity of the learned patch position embeddings: [N, N], row i over all positions;
+    None for a model without them (DINOv3's positions are rotary, computed, not learned).
 
     Row i reshaped to `config.grid_size` is the heatmap for patch position i. Prefix-token rows
     of `pos_embed` are skipped (with `no_embed_class=True` there are none).
     """
     cfg: ViTConfig = model.config
+    if model.pos_embed is None:
+        return None
     pos = model.pos_embed.detach().to("cpu", torch.float64)[0]
     if not cfg.no_embed_class:
         pos = pos[cfg.num_prefix_tokens :]
@@ -172,7 +175,7 @@ class Inspection:
     pixels: np.ndarray  # [B, H, W, 3] or [B, H, W] (non-RGB models) in [0, 1], what the model saw (whole patches)
     rollout: torch.Tensor  # [B, gh, gw]
     head_attention: torch.Tensor  # [B, heads, gh, gw], last layer (the attention pool's, with global_pool="map")
-    pos_similarity: torch.Tensor  # [N, N]
+    pos_similarity: torch.Tensor | None  # [N, N]; None without learned position embeddings
     attention_distance: torch.Tensor  # [depth, heads], pixels, averaged over the images
     source: str  # which token the maps start from, for titles
 
@@ -185,7 +188,7 @@ class Inspection:
             "num_prefix_tokens": self.config.num_prefix_tokens,
             "rollout": _rounded(self.rollout[index]),
             "head_attention": _rounded(self.head_attention[index]),
-            "pos_embed_similarity": _rounded(self.pos_similarity),
+            "pos_embed_similarity": None if self.pos_similarity is None else _rounded(self.pos_similarity),
             "mean_attention_distance": _rounded(self.attention_distance),
         }
 
@@ -373,12 +376,15 @@ def plot_attention_distance(
 
 
 def figures(inspection: Inspection, index: int = 0) -> dict[str, Any]:
-    """All four figures for image `index`, keyed by the names in `FIGSIZES`."""
+    """All four figures for image `index`, keyed by the names in `FIGSIZES` (three without learned
+    position embeddings: no pos_embed figure)."""
     pixels = inspection.pixels[index]
+    pos = {} if inspection.pos_similarity is None else {
+        "pos_embed": plot_pos_embed_similarity(inspection.pos_similarity, inspection.config.grid_size)}
     return {
         "rollout": plot_rollout(pixels, inspection.rollout[index], source=inspection.source),
         "heads": plot_head_attention(pixels, inspection.head_attention[index], source=inspection.source),
-        "pos_embed": plot_pos_embed_similarity(inspection.pos_similarity, inspection.config.grid_size),
+        **pos,
         "attention_distance": plot_attention_distance(
             inspection.attention_distance,
             max_distance=max_patch_distance(inspection.config),
@@ -397,7 +403,8 @@ def save_figures(
     succeeded, so a failure leaves none of them. Existing files are refused unless `overwrite`.
     """
     out = Path(out_dir)
-    paths = {name: out / f"{name}.png" for name in FIGSIZES}
+    names = [n for n in FIGSIZES if n != "pos_embed" or inspection.pos_similarity is not None]
+    paths = {name: out / f"{name}.png" for name in names}
     if not overwrite:
         existing = [p.name for p in paths.values() if p.exists()]
         if existing:
