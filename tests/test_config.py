@@ -56,6 +56,9 @@ def test_non_square_image_size_round_trips():
         (dict(crop_mode="letterbox"), "crop_mode must be one of"),
         (dict(crop_rounding="ceil"), "crop_rounding must be one of"),
         (dict(num_classes=3, labels=("a", "b")), "2 labels for 3 classes"),
+        (dict(rope="axial"), "rope must be None or one of ('dinov3',)"),
+        (dict(rope="dinov3", embed_dim=72, num_heads=4), "head_dim divisible by 4"),
+        (dict(rope="dinov3", rope_theta=0.0), "rope_theta must be > 0"),
     ],
 )
 def test_invalid_configs_name_the_problem(fields, message):

@@ -158,6 +158,28 @@ def test_aimv2_exports_with_parity_and_fp32_rms_statistics(tmp_path):
     assert read_sidecar(int8)["parity"]["passed"]
 
 
+@pytest.mark.parametrize("mlp", ["mlp", "swiglu"])
+def test_dinov3_exports_with_parity_its_rotary_tables_folded(tmp_path, mlp):
+    """DINOv3's block (rotary positions on the patch tokens' q and k, 4 registers, layer scale; the GELU MLP or the
+    large sizes' SwiGLU) through ONNX fp32, fp16 and int8. The rotary tables depend on the image size only, which an
+    export fixes: they are constants in the graph (no Sin/Cos left for the runtime to compute)."""
+    import onnx
+
+    act = "silu" if mlp == "swiglu" else "gelu"
+    cfg = tiny_config(abs_pos_embed=False, rope="dinov3", reg_tokens=4, init_values=0.5, norm_eps=1e-5, mlp_layer=mlp, act_layer=act)
+    model = randomize(vitfast.create_model(cfg), scale=0.1)
+    fp32, fp16 = to_onnx(model, tmp_path / "d.onnx"), to_onnx(model, tmp_path / "d.fp16.onnx", precision="fp16")
+    assert not {"Sin", "Cos"} & {n.op_type for n in onnx.load(fp32).graph.node}
+    x = torch.randn(3, 3, *cfg.img_hw)
+    with torch.no_grad():
+        ref = model(x)
+    for path, limit in ((fp32, 1e-4), (fp16, 2e-2)):
+        got = vitfast.load_engine(path)(x)
+        assert ((got - ref).abs().max() / ref.abs().max()).item() <= limit, path.name
+    int8 = quantize_int8(fp32, tmp_path / "d.int8.onnx", torch.randn(32, 3, *cfg.img_hw), samples=32, progress=False)
+    assert read_sidecar(int8)["parity"]["passed"] and read_sidecar(int8)["config"]["rope"] == "dinov3"
+
+
 def test_dynamic_image_size_is_refused_clearly(tmp_path):
     with pytest.raises(vitfast.ArtifactError, match="--img-size N"):
         to_onnx(vitfast.create_model("vit_cifar_patch4_32"), tmp_path / "m.onnx", dynamic_image_size=True)
