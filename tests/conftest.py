@@ -35,6 +35,10 @@ AIMV2 = dict(class_token=False, global_pool="avg", fc_norm=False, qkv_bias=False
              embed_norm=True, norm_eps=1e-5, mlp_layer="swiglu", act_layer="silu", mlp_ratio=2.6667, num_classes=0)  # fmt: skip
 
 
+# DINOv3's block and tokens (registry._DINOV3): rotary positions instead of learned ones, 4 registers, layer scale
+DINOV3 = dict(abs_pos_embed=False, rope="dinov3", reg_tokens=4, init_values=0.1, norm_eps=1e-5)
+
+
 def tiny_config(**overrides) -> vitfast.ViTConfig:
     """A small ViT (32x32 images, 8x8 patches, 2 blocks) for fast tests."""
     fields = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=7)

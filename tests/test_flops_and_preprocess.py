@@ -25,6 +25,7 @@ from vitfast.flops import count_macs, count_params
         ("vit_cifar_patch4_32", dict(global_pool="token_avg", representation_size=32)),
         ("vit_giant_patch14_reg4_dinov2", dict(img_size=56, depth=2)),
         ("aimv2_large_patch14_224", dict(depth=2)),
+        ("vit_small_plus_patch16_dinov3", dict(depth=2)),
     ],
 )
 def test_mac_count_matches_torch_flop_counter(name, overrides):

@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'vitfast[triton]')")
 
 import vitfast  # noqa: E402
-from conftest import AIMV2, randomize, tiny_config  # noqa: E402
+from conftest import AIMV2, DINOV3, randomize, tiny_config  # noqa: E402
 from vitfast.fused import FusedBlock  # noqa: E402
 
 VARIANTS = {
@@ -26,6 +26,9 @@ VARIANTS = {
     "aimv2-rmsnorm-swiglu-no-bias": tiny_config(**AIMV2),
     "rmsnorm-gelu-no-proj-bias-layer-scale": tiny_config(norm_layer="rmsnorm", proj_bias=False, init_values=0.1, act_layer="gelu_tanh"),
     "swiglu-packed-no-bias": tiny_config(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=3, proj_bias=False),
+    "dinov3-rope-registers-layer-scale": tiny_config(**DINOV3),
+    "dinov3-swiglu-rope-avg-pool": tiny_config(**DINOV3 | dict(mlp_layer="swiglu", act_layer="silu", mlp_ratio=2.5, class_token=False,
+                                                               global_pool="avg", reg_tokens=1)),
     "hybrid": vitfast.get_config("vit_small_r26_s32_224", img_size=32, depth=1, embed_dim=64, num_heads=2, num_classes=5),
 }
 
@@ -183,6 +186,18 @@ def test_aimv2_launches_per_block(device, mlp, most):
     assert not any("rms_norm" in op or "layer_norm" in op for op in per_block[1])
 
 
+@pytest.mark.parametrize("mlp, most", [("epilogue", 6), ("cublas", 9)])
+def test_dinov3_launches_per_block(device, mlp, most):
+    """DINOv3's block: one more kernel than ViT's, the rotary embedding between the qkv GEMM and the attention
+    (it writes the rotated qkv the attention reads); its tables are computed once per forward, outside the blocks."""
+    model = randomize(vitfast.create_model(tiny_config(depth=3, **DINOV3))).to(device)
+    x = torch.randn(2, 3, 32, 32, device=device)
+    vitfast.optimize(model, mlp=mlp)
+    per_block = launches_per_block(model, x)
+    assert [len(ops) for ops in per_block][:2] == [most + 1, most], per_block
+    assert sum("rope_qkv" in op for op in per_block[1]) == 1
+
+
 @pytest.mark.parametrize("mlp", ["cublas", "epilogue"])
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_whole_model_parity_2x_rule(device, name, mlp):
@@ -203,7 +218,7 @@ def test_whole_model_parity_2x_rule(device, name, mlp):
 
 
 @pytest.mark.parametrize("mlp", ["cublas", "epilogue"])
-@pytest.mark.parametrize("extra", [{}, AIMV2], ids=["layernorm-gelu", "aimv2"])
+@pytest.mark.parametrize("extra", [{}, AIMV2, DINOV3], ids=["layernorm-gelu", "aimv2", "dinov3"])
 def test_optimized_model_traces_as_one_graph(device, mlp, extra):
     """torch._dynamo.explain: one graph, no break; torch.compile(fullgraph=True) and torch.export
     run and match, the graph holding the vitfast ops. On CPU the traced ops take their reference
@@ -212,7 +227,7 @@ def test_optimized_model_traces_as_one_graph(device, mlp, extra):
     tests, and compiled on a GPU in test_gpu_cuda_graphs_and_torch_compile. The CPU compile uses
     the aot_eager backend (Dynamo + AOT functionalization, where the ops are decomposed) to spare
     CI the C++ build of Inductor."""
-    cfg = tiny_config(init_values=0.1, depth=3, **extra)
+    cfg = tiny_config(depth=3, **{"init_values": 0.1} | extra)
     model = randomize(vitfast.create_model(cfg)).to(device)
     x = torch.randn(2, 3, 32, 32, device=device)
     with torch.no_grad():
@@ -227,7 +242,8 @@ def test_optimized_model_traces_as_one_graph(device, mlp, extra):
         torch.testing.assert_close(exported.module()(x), ref, atol=1e-4, rtol=1e-4)
     ops = {str(n.target) for n in exported.graph.nodes if str(n.target).startswith("vitfast.")}
     assert "vitfast.fused_attention.default" in ops
-    assert not extra or {"vitfast.swiglu.default", "vitfast.rmsnorm.default"} <= ops
+    assert extra is not AIMV2 or {"vitfast.swiglu.default", "vitfast.rmsnorm.default"} <= ops
+    assert extra is not DINOV3 or "vitfast.rope_qkv.default" in ops
 
 
 def test_committed_mlp_dispatch_table_is_well_formed():
@@ -302,13 +318,13 @@ def _require_cuda(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mlp", ["auto", "epilogue"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name", ["vit_small_patch16_224", "aimv2_large_patch14_224"])
+@pytest.mark.parametrize("name", ["vit_small_patch16_224", "aimv2_large_patch14_224", "vit_base_patch16_dinov3"])
 def test_gpu_low_precision_model_parity(device, dtype, mlp, name):
     """The optimized model in fp16/bf16 errs at most 2x the eager model in the same dtype vs fp32."""
     _require_cuda(device)
     cfg = vitfast.get_config(name, num_classes=100, depth=min(vitfast.get_config(name).depth, 12))
     model = randomize(vitfast.create_model(cfg)).to(device)
-    x = torch.randn(8, 3, 224, 224, device=device)
+    x = torch.randn(8, 3, *cfg.img_hw, device=device)
     with torch.no_grad():
         exact = model(x).double()
         model.to(dtype)

@@ -23,7 +23,9 @@ DINOv2 giant's SwiGLU MLP (`SwiGLUPacked`) runs fc1 on cuBLAS without its bias, 
 bias + silu(gate) * value kernel (kernels/bias_swiglu.py) whatever the path; AIMv2's (`SwiGLU`, gate
 and value Linears apart) runs both on cuBLAS, then silu(gate) * value in the same kernel. Their fc2
 and the attention half take the paths above. RMSNorm blocks (AIMv2) take the same kernels in their
-RMS form, and Linears without a bias the same kernels without one.
+RMS form, and Linears without a bias the same kernels without one. DINOv3's rotary positions take one
+more kernel between the qkv GEMM and the attention (kernels/rope.py: q and k of the patch tokens rotated
+into a new packed qkv), so 9 launches per block on the cuBLAS path, 6 on the epilogue path.
 
 The forward has no Python-side state or caches to trace through: `torch.compile(fullgraph=True)`
 and `torch.export` see one graph of `torch.ops.vitfast.*` calls (see kernels/_common.py,
@@ -47,7 +49,7 @@ from .layers import Attention, Block, LayerScale, Mlp, SwiGLU, SwiGLUPacked
 
 MLP_PATHS = ("auto", "cublas", "epilogue")
 DEFAULT_MLP_PATHS = ("cublas", "cublas")  # (fc1, fc2) where no measurement exists
-KERNEL_MODULES = ("add_layernorm", "attention", "bias_gelu", "bias_swiglu", "linear_epilogue", "linear_layernorm")
+KERNEL_MODULES = ("add_layernorm", "attention", "bias_gelu", "bias_swiglu", "linear_epilogue", "linear_layernorm", "rope")
 
 
 @functools.cache
@@ -175,11 +177,12 @@ class FusedBlock(nn.Module):
             return self.mlp_path, self.mlp_path
         return nearest_paths(self.measured.get(dtype, ()), rows)
 
-    def forward(self, x, return_attention: bool = False):
-        """x [B, N, C] or (x, norm1(x)) -> x, or (x, next_norm(x)) when `next_norm` is set."""
+    def forward(self, x, return_attention: bool = False, rope: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """x [B, N, C] or (x, norm1(x)) -> x, or (x, next_norm(x)) when `next_norm` is set. `rope`: the rotary
+        (cos, sin) [Np, D] of the last Np tokens (DINOv3), as the reference block takes it."""
         x, h = x if isinstance(x, tuple) else (x, None)
         if return_attention or self.training:
-            return self.reference(x, return_attention=return_attention)
+            return self.reference(x, return_attention=return_attention, **({} if rope is None else {"rope": rope}))
         ops = torch.ops.vitfast
         attn, mlp, nxt = self.attn, self.mlp, self.next_norm
         B, N, C = x.shape
@@ -187,6 +190,8 @@ class FusedBlock(nn.Module):
         if h is None:
             h = _norm(x, self.norm1)
         qkv = F.linear(h, attn.qkv.weight, attn.qkv.bias).view(B, N, 3, attn.num_heads, attn.head_dim)
+        if rope is not None:
+            qkv = ops.rope_qkv(qkv, *rope)
         o = ops.fused_attention(qkv, attn.scale)
         x, h = self._branch_end(fc2, o, attn.proj, x, self.ls1, self.norm2)
         if isinstance(mlp, SwiGLU):  # gate and value GEMMs on cuBLAS (biases included), then silu(gate) * value
