@@ -45,7 +45,7 @@ from triton.runtime.cache import get_cache_key
 from triton.runtime.jit import create_function_from_signature
 
 from vitfast.errors import describe_exception
-from vitfast.kernels import _common, add_layernorm, attention, bias_gelu, bias_swiglu, linear_epilogue, linear_layernorm
+from vitfast.kernels import _common, add_layernorm, attention, bias_gelu, bias_swiglu, linear_epilogue, linear_layernorm, rope
 from vitfast.kernels.precompile import Recorded, recording
 
 # Kernels with a tl.dot, checked for the tensor-core instruction they compile to
@@ -111,6 +111,17 @@ def _swiglu(rows, H, stacked):
     return call
 
 
+def _rope(B, N, Np, H, D, fp32_tables):
+    """qkv as the qkv Linear's output view; cos / sin in fp32, or (`fp32_tables=False`) in qkv's dtype."""
+
+    def call(dtype):
+        qkv = torch.empty(B, N, 3 * H * D, dtype=dtype).unflatten(-1, (3, H, D))
+        cos, sin = (torch.empty(Np, D, dtype=torch.float32 if fp32_tables else dtype) for _ in "cs")
+        rope.rope_qkv_launch(qkv, cos, sin, torch.empty(qkv.shape, dtype=dtype))
+
+    return call
+
+
 def _linear(rows, K, N, epilogue, bias=True):
     def call(dtype):
         x, w, b, out = (torch.empty(s, dtype=dtype) for s in ((rows, K), (N, K), (N,), (rows, N)))
@@ -136,7 +147,8 @@ def _launches() -> list[Launch]:
     """ViT shapes: ViT-S/B/L (head_dim 64, 6/12/16 heads, N 197/577), ViT-H/14 (head_dim 80, N 257),
     head_dims 32 and 128 (DESIGN.md's range), 256 (the launcher's limit, outside the range). AIMv2-L/14
     at 224 px (256 tokens, C 1024, SwiGLU hidden 2816; RMSNorm, no linear biases): one launch per new
-    variant, the GEMMs' at their real shape."""
+    variant, the GEMMs' at their real shape. DINOv3's RoPE at 224 px (201 tokens: 1 class + 4 registers
+    + 196 patches) with ViT-B's and ViT-7B's heads, and an odd small shape."""
     out = []
     for dt in DTYPES:
         every = dt == "fp16"  # bf16 tiles take fp16's shared memory; fp32 is not a speed path: sampled
@@ -171,6 +183,10 @@ def _launches() -> list[Launch]:
             Launch(f"swiglu stacked 13x100 {dt}", dt, _swiglu(13, 100, stacked=True)),
             Launch(f"linear fc2+residual nobias 256x2816->1024 {dt}", dt, _linear(256, 2816, 1024, "residual", bias=False)),
             Launch(f"linear_layernorm rms proj nobias 256x1024->1024 {dt}", dt, _linear_layernorm(256, 1024, 1024, False, bias=False, rms=True)),
+            # DINOv3: RoPE on q and k of the patch tokens (1 class + 4 register tokens first)
+            Launch(f"rope_qkv B8 N201 H12 D64 {dt}", dt, _rope(8, 201, 196, 12, 64, fp32_tables=True)),
+            Launch(f"rope_qkv B2 N201 H32 D128 {dt}", dt, _rope(2, 201, 196, 32, 128, fp32_tables=True)),  # ViT-7B
+            Launch(f"rope_qkv B3 N13 H3 D80 {dt}", dt, _rope(3, 13, 9, 3, 80, fp32_tables=False)),
         ]
     return out
 

@@ -54,7 +54,7 @@ def test_every_kernel_dtype_and_target_was_compiled(report):
     seen = {(r["kernel"], r["launch"].split()[-1], r["target"]) for r in report["rows"] if "shared" in r}
     kernels = {r["kernel"] for r in report["rows"]}
     assert kernels == {"_attention_fwd_kernel", "_add_layernorm_kernel", "_bias_gelu_kernel", "_bias_swiglu_kernel",
-                       "_linear_epilogue_kernel", "_linear_residual_layernorm_kernel"}
+                       "_linear_epilogue_kernel", "_linear_residual_layernorm_kernel", "_rope_qkv_kernel"}
     missing = {(k, d, t) for k in kernels for d in ("fp16", "bf16", "fp32") for t in TARGETS} - seen
     assert not missing
 
