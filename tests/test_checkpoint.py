@@ -254,6 +254,8 @@ def _renamed(sd, old, new):
         (lambda sd: sd | {"blocks.0.mlp.norm.weight": torch.ones(256)}, "a norm inside the attention or MLP branch"),
         (lambda sd: sd | {"blocks.0.attn.relative_position_bias_table": torch.zeros(9, 4)}, "relative position biases"),
         (lambda sd: _renamed(sd, "ls1.gamma", "gamma_1"), "gamma_1"),
+        # a pre-norm tower without a final norm: timm's Perception Encoder (rotary positions no key shows), not a CLIP tower
+        (lambda sd: _renamed(sd, "norm.", "norm_pre."), "Perception Encoder"),
     ],
 )
 @pytest.mark.parametrize("given", [False, True])

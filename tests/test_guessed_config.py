@@ -230,14 +230,15 @@ def test_a_grid_read_without_its_class_token_is_reported_unless_a_registered_twi
 def test_every_registered_architecture_is_read_back_off_its_shapes():
     """A bare state dict of any registered model gives back its architecture: widths, depth, MLP kind, tokens,
     pooling, the norms present (none after the blocks for RADIO / InternViT-300M) and their kind (AIMv2's RMSNorm),
-    qkv and projection biases, layer scale; and
-    its head count, taken from the registered model of its shapes; where two registered models of the same
+    qkv and projection biases, layer scale, positions (DINOv3's rotary ones once it is said they are: its weights
+    cannot); and its head count, taken from the registered model of its shapes; where two registered models of the same
     shapes differ in heads (ViT-B/16 gap has 16, SigLIP-B/16 gap 12), the guess names the other's flag."""
-    from vitfast.convert import infer_timm_config
+    from vitfast.convert import infer_timm_config, timm_layout
+    from vitfast.dinov3 import eva_config
 
     arch = ("embed_dim", "depth", "num_heads", "mlp_hidden", "mlp_layer", "class_token", "distilled", "reg_tokens", "no_embed_class",
             "global_pool", "use_fc_norm", "final_norm", "pre_norm", "qkv_bias", "hybrid_layers", "representation_size",
-            "num_classes", "grid_size", "patch_size", "norm_layer", "embed_norm", "proj_bias")  # fmt: skip
+            "num_classes", "grid_size", "patch_size", "norm_layer", "embed_norm", "proj_bias", "abs_pos_embed", "rope")  # fmt: skip
     wrong = {}
     for name in vitfast.list_models():
         truth = vitfast.get_config(name)
@@ -245,7 +246,8 @@ def test_every_registered_architecture_is_read_back_off_its_shapes():
             sd = vitfast.create_model(truth).state_dict()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            cfg, guesses = infer_timm_config(sd)
+            sd, dinov3_weights = timm_layout(sd, name, rope=truth.rope)
+            cfg, guesses = eva_config(sd) if dinov3_weights else infer_timm_config(sd)
         got, want = ({k: getattr(c, k) for k in arch} | {"layer_scale": c.init_values is not None} for c in (cfg, truth))
         if got["num_heads"] != want["num_heads"] and f"--num-heads {want['num_heads']} " in guesses["num_heads"]:
             got["num_heads"] = want["num_heads"]

@@ -14,7 +14,7 @@ from PIL import Image
 import vitfast
 from conftest import randomize
 from torchvision_cpu import allow_import_without_extension
-from vitfast.convert import timm_hub_config
+from vitfast.convert import timm_hub_config, timm_layout
 from vitfast.foreign import config_file_fields
 
 allow_import_without_extension()
@@ -201,8 +201,9 @@ def test_save_for_hf_folder_loads_as_timm_loads_it(tmp_path, variant, img_size, 
 
 
 def test_registry_matches_timm_architectures():
-    """Every registered timm name builds the same parameter shapes, MLP kind, activation and LayerNorm eps as
-    timm's own model, and has the preprocessing timm resolves for it (its default pretrained tag)."""
+    """Every registered timm name builds the same parameter shapes (eva.py's DINOv3 in vitfast's names), MLP kind,
+    activation, LayerNorm eps, pooling and positions (learned, rotary: which form, which base) as timm's own model, and
+    has the preprocessing timm resolves for it (its default pretrained tag)."""
     from timm.data import resolve_data_config
 
     acts = {"GELU": "gelu", "GELUTanh": "gelu_tanh", "QuickGELU": "quick_gelu", "SiLU": "silu"}  # timm's activation classes
@@ -213,10 +214,16 @@ def test_registry_matches_timm_architectures():
         with torch.device("meta"):
             ref = timm.create_model(name, pretrained=False)
             ours = vitfast.create_model(name)
-        ref_shapes = {k: tuple(v.shape) for k, v in ref.state_dict().items()}
+        ref_sd, _ = timm_layout(ref.state_dict(), name, rope=ours.config.rope)  # and no structure refused
+        ref_shapes = {k: tuple(v.shape) for k, v in ref_sd.items()}
         our_shapes = {k: tuple(v.shape) for k, v in ours.state_dict().items()}
         assert our_shapes == ref_shapes, name
         c = ours.config
+        rope = getattr(ref, "rope", None)  # eva.py's; vision_transformer.py has none
+        assert (c.abs_pos_embed, c.rope) == (ref.pos_embed is not None, _DINOV3_ROPE.get(type(rope).__name__)), name
+        if rope is not None:
+            assert _rope_settings(rope) == (c.rope_theta, *DINOV3_ROPE_SETTINGS), name
+        assert (ref.global_pool, type(ref.fc_norm).__name__ != "Identity") == (c.global_pool, c.use_fc_norm), name
         ref_act = ref.blocks[0].mlp.act
         assert acts.get(type(ref_act).__name__) == c.act_layer or (type(ref_act).__name__ == "GELU" and ref_act.approximate == "tanh"
                                                                      and c.act_layer == "gelu_tanh"), name  # fmt: skip
@@ -317,6 +324,137 @@ def test_pretrained_cfg_preprocessing_matches_timm(tag, overrides):
         _assert_preprocess_matches(transform, config, images)
 
 
+# ---------------------------------------------------------------------------- DINOv3 (timm's eva.py, Meta's layout)
+_DINOV3_ROPE = {"RotaryEmbeddingDinoV3": "dinov3", "NoneType": None}  # timm's rotary class -> vitfast's rope
+# what vitfast's rope="dinov3" computes, in RotaryEmbeddingDinoV3's terms after the base (rope_theta): periods from the base,
+# not min/max; coordinates normalised per axis, not offset, row-major ('ij'); the rotate-half layout
+DINOV3_ROPE_SETTINGS = (None, None, "separate", 0.0, "ij", True)
+DINOV3_SIZES = ["vit_tiny_patch16_dinov3_qkvb", "vit_small_patch16_dinov3", "vit_small_plus_patch16_dinov3_qkvb", "vit_base_patch16_dinov3"]
+
+
+def _rope_settings(rope) -> tuple:
+    return (rope.temperature, rope.min_period, rope.max_period, rope.normalize_coords, rope.grid_offset, rope.grid_indexing, rope.rotate_half)
+
+
+@pytest.mark.parametrize("global_pool", ["avg", "token"])
+@pytest.mark.parametrize("name", DINOV3_SIZES)
+def test_timm_dinov3_hub_folder_and_state_dict_match_timm(tmp_path, name, global_pool):
+    """timm's eva.py DINOv3 (random weights: layer scales and q/v biases off their init), pooling the mean patch token
+    (timm's default) or the class token (DINOv3's own): its save_for_hf folder, nothing guessed, and its bare state dict
+    with the registered config give timm's tokens and outputs."""
+    from timm.models import save_for_hf
+
+    ref = _timm_model(name, img_size=64, depth=2, global_pool=global_pool)
+    save_for_hf(ref, tmp_path / "hub")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", vitfast.GuessedConfigWarning)
+        hub = vitfast.load_checkpoint(tmp_path / "hub", img_size=64)  # pretrained_cfg says 256 px; rotary positions fit any size
+    torch.save(ref.state_dict(), tmp_path / "model.pth")
+    bare = vitfast.load_checkpoint(tmp_path / "model.pth", config=vitfast.get_config(name, img_size=64, depth=2, global_pool=global_pool))
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        for ours in (hub, bare):
+            assert (ours.config.global_pool, ours.config.rope, ours.config.abs_pos_embed) == (global_pool, "dinov3", False)
+            torch.testing.assert_close(ours.forward_features(x), ref.forward_features(x), atol=ATOL, rtol=0)
+            torch.testing.assert_close(ours(x), ref(x), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name, global_pool", [("vit_small_patch16_dinov3_qkvb", "avg"), ("vit_small_patch16_lingbot", "token")])
+def test_bare_timm_dinov3_state_dict_is_read_off_its_keys_and_says_what_it_assumed(tmp_path, name, global_pool):
+    """A bare eva.py state dict with a class token and registers but no learned positions is a DINOv3's: the head count
+    comes from the registered DINOv3 of its width and depth (full depth here), the pooling is timm's DINOv3 default,
+    both said. LingBot, DINOv3's architecture pooling its class token, needs that pooling named to match."""
+    ref = _timm_model(name, img_size=64, global_pool=global_pool)
+    torch.save(ref.state_dict(), tmp_path / "model.pth")
+    with pytest.warns(vitfast.GuessedConfigWarning, match=r"num_heads=6 \(.*vit_small_patch16_dinov3, .*global_pool='avg' \("):
+        guessed = vitfast.load_checkpoint(tmp_path / "model.pth", img_size=64)
+    with pytest.warns(vitfast.GuessedConfigWarning):
+        ours = vitfast.load_checkpoint(tmp_path / "model.pth", img_size=64, overrides={"global_pool": global_pool})
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(guessed.forward_features(x), ref.forward_features(x), atol=ATOL, rtol=0)
+        torch.testing.assert_close(ours(x), ref(x), atol=ATOL, rtol=0)
+        if global_pool != "avg":
+            assert (guessed(x) - ref(x)).abs().max() > 100 * ATOL  # the guess is another pooling, and says so
+
+
+def test_eva_models_load_as_dinov3_exactly_when_timm_gives_them_dinov3s_rotary_positions():
+    """The rule that reads a bare eva.py state dict as a DINOv3 (a class token and registers, no learned positions, no
+    saved rotary buffer), over every eva.py model timm has: whatever loads has DINOv3's rotary embedding with the settings
+    vitfast computes (so no other rotary form ever loads as DINOv3), every vit_*_dinov3* name loads, and the only other
+    names that do are LingBot's (DINOv3's architecture); the rest (EVA, EVA-02, PE, the *_rope_* ViTs, Sapiens2) are refused."""
+    loaded, refused = set(), {}
+    for name in timm.list_models(module="eva"):
+        with torch.device("meta"):
+            ref = timm.create_model(name, pretrained=False)
+        try:
+            _, dinov3_weights = timm_layout(ref.state_dict(), name)
+        except vitfast.CheckpointError as exc:
+            refused[name] = str(exc)
+            continue
+        assert dinov3_weights, name  # nothing from eva.py reads as a plain ViT
+        assert type(ref.rope).__name__ == "RotaryEmbeddingDinoV3" and _rope_settings(ref.rope) == (100.0, *DINOV3_ROPE_SETTINGS), name
+        assert ref.blocks[0].norm1.eps == 1e-5 and type(ref.blocks[0].attn).__name__ == "EvaAttention", name  # eva_config's defaults
+        loaded.add(name)
+    dinov3_names = set(timm.list_models("*_dinov3*", module="eva"))
+    assert dinov3_names == {n for n in vitfast.list_models() if "dinov3" in n} and len(dinov3_names) == 12
+    assert loaded == dinov3_names | set(timm.list_models("*_lingbot", module="eva"))
+    assert len(refused) > 40 and all("does not implement" in why for why in refused.values())
+    assert {n for n, why in refused.items() if "gamma_1" in why} >= {"vit_medium_patch16_rope_reg1_gap_256", "vit_base_patch16_rope_224"}
+    # the Perception Encoder towers without layer scale have a CLIP tower's keys: refused by their attention pool / no final norm
+    assert {n for n, why in refused.items() if "Perception Encoder" in why} == {n for n in timm.list_models("vit_pe_*", module="eva")
+                                                                                if "lang" not in n and "spatial_gigantic" not in n}  # fmt: skip
+
+
+def _meta_state_dict(ref) -> dict[str, torch.Tensor]:
+    """Meta's facebookresearch/dinov3 layout of a timm eva.py DINOv3: timm's checkpoint_filter_fn run backwards
+    (ls1.gamma, storage_tokens, qkv.bias with a bias_mask, SwiGLU as w1 / w2 / w3), with a key bias the mask removes, the
+    rotary periods in bf16 as the released files hold them, and what Meta uses in training only (mask_token, the 7B's
+    local_cls_norm)."""
+    sd: dict[str, torch.Tensor] = {}
+    own = ref.state_dict()
+    swiglu = type(ref.blocks[0].mlp).__name__ == "SwiGLU"
+    for key, value in own.items():
+        key = key.replace("gamma_1", "ls1.gamma").replace("gamma_2", "ls2.gamma").replace("reg_token", "storage_tokens")
+        if swiglu:
+            key = key.replace("mlp.fc1_g.", "mlp.w1.").replace("mlp.fc1_x.", "mlp.w2.").replace("mlp.fc2.", "mlp.w3.")
+        if key.endswith("attn.q_bias"):
+            qkv = key.replace("q_bias", "qkv.bias")
+            sd[qkv] = torch.cat([value, torch.randn_like(value), own[key.replace("q_bias", "v_bias")]])
+            sd[qkv + "_mask"] = torch.cat([torch.ones_like(value), torch.zeros_like(value), torch.ones_like(value)])
+        elif not key.endswith("attn.v_bias"):
+            sd[key] = value
+    dim, head_dim = ref.embed_dim, ref.blocks[0].attn.head_dim
+    sd["rope_embed.periods"] = (100.0 ** (torch.arange(head_dim // 4) * 4 / head_dim)).bfloat16()
+    sd["mask_token"] = torch.randn(1, dim)
+    sd["local_cls_norm.weight"], sd["local_cls_norm.bias"] = torch.randn(dim), torch.randn(dim)
+    return sd
+
+
+@pytest.mark.parametrize(
+    "name, kw",
+    [("vit_small_patch16_dinov3_qkvb", {}), ("vit_small_plus_patch16_dinov3_qkvb", {}), ("vit_7b_patch16_dinov3", dict(embed_dim=256, num_heads=4))],
+    ids=["vits16", "vits16plus", "vit7b16-narrow"],
+)  # fmt: skip
+def test_meta_checkpoint_loads_as_timm_converts_it(tmp_path, name, kw):
+    """Meta's original .pth equals timm's model loaded through timm's own checkpoint_filter_fn (which keeps q and v of
+    the qkv bias and drops the masked key's): tokens and the class-token output Meta's forward returns. The head count
+    and rope base are read off rope_embed.periods, not guessed."""
+    from timm.models.eva import checkpoint_filter_fn
+
+    meta = _meta_state_dict(_timm_model(name, img_size=64, depth=2, **kw))
+    ref = timm.create_model(name, pretrained=False, img_size=64, depth=2, global_pool="token", **kw).eval()
+    ref.load_state_dict(checkpoint_filter_fn(meta, ref))
+    torch.save(meta, tmp_path / "dinov3_pretrain.pth")
+    with pytest.warns(vitfast.GuessedConfigWarning, match="Meta's README eval transform"):
+        ours = vitfast.load_checkpoint(tmp_path / "dinov3_pretrain.pth", img_size=64)
+    assert not {"num_heads", "rope_theta", "global_pool"} & set(ours.config_guesses)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.forward_features(x), ref.forward_features(x), atol=ATOL, rtol=0)
+        torch.testing.assert_close(ours(x), ref(x), atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize(
     "name, named",
     [
@@ -328,6 +466,8 @@ def test_pretrained_cfg_preprocessing_matches_timm(tag, overrides):
         ("eva02_tiny_patch14_224", "separate q/k/v projections"),
         ("beitv2_base_patch16_224", "relative position biases"),
         ("vit_medium_patch16_rope_reg1_gap_256", "gamma_1"),
+        ("vit_pe_core_tiny_patch16_384", "Perception Encoder"),  # a CLIP tower's keys, rotary positions beside
+        ("vit_pe_spatial_tiny_patch16_512", "Perception Encoder"),
     ],
 )
 def test_timm_models_vitfast_cannot_build_are_named_from_their_weights(tmp_path, name, named):

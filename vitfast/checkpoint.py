@@ -21,8 +21,9 @@ from safetensors.torch import save_file
 from ._version import __version__
 from .atomic import atomic_write
 from .config import ViTConfig
+from . import dinov3
 from .convert import (
-    Guesses, StateDict, check_structure, detect_format, hf_config_to_vit, hf_to_timm, infer_timm_config, read_hf_state_dict, timm_hub_config,
+    Guesses, StateDict, detect_format, hf_config_to_vit, hf_to_timm, infer_timm_config, read_hf_state_dict, read_timm_hub, timm_layout,
 )  # fmt: skip
 from .errors import CheckpointError, ConfigError, GuessedConfigWarning, first_line
 from .model import VisionTransformer
@@ -62,6 +63,8 @@ def load_checkpoint(
       - timm: a state dict (`.pth`/`.bin`/`.safetensors`, keys like `blocks.0.attn.qkv.weight`),
         config given or inferred from tensor shapes; or a timm Hub folder (`config.json` with
         `architecture` and `pretrained_cfg`, beside `model.safetensors` / `pytorch_model.bin`);
+        timm's eva.py DINOv3 (`vit_*_patch16_dinov3*`) included;
+      - Meta's original DINOv3 `.pth` (facebookresearch/dinov3: `storage_tokens`, `rope_embed.periods`);
       - Hugging Face: a `ViTForImageClassification`/`ViTModel`/DeiT/DINOv2/CLIP/SigLIP/AIMv2 directory (`config.json`,
         `preprocessor_config.json`, `model.safetensors` or `pytorch_model.bin`, sharded or not)
         or such a state dict alone.
@@ -76,7 +79,8 @@ def load_checkpoint(
     path = Path(path)
     if config is not None and not isinstance(config, ViTConfig):
         raise ConfigError(f"config must be a ViTConfig, got {type(config).__name__}")
-    source_cfg, sd, fmt, guesses = _read(path, given=config, num_heads=(overrides or {}).get("num_heads"))
+    stated = overrides or {}
+    source_cfg, sd, fmt, guesses = _read(path, given=config, num_heads=stated.get("num_heads"), rope=stated.get("rope"))
     if config is not None:
         cfg, guesses = config, {}
     else:
@@ -115,11 +119,13 @@ def describe_guesses(path: str | os.PathLike, cfg: ViTConfig, guesses: Guesses) 
 
 
 # ---------------------------------------------------------------------------- reading
-def _read(path: Path, *, given: ViTConfig | None = None, num_heads: int | None = None) -> tuple[ViTConfig, StateDict, str, Guesses]:
+def _read(path: Path, *, given: ViTConfig | None = None, num_heads: int | None = None,
+          rope: str | None = None) -> tuple[ViTConfig, StateDict, str, Guesses]:  # fmt: skip
     """(config stored or inferred, state dict in timm names, 'vitfast' | 'timm' | 'hf', what was guessed).
 
     A bare state dict is not read for a config when one is `given` (the shapes may not tell it: an
-    unusual head width, a non-square grid); `num_heads`, when the caller knows it, is not guessed."""
+    unusual head width, a non-square grid); `num_heads`, when the caller knows it, is not guessed;
+    `rope` (an override's), or the given config's, says which rotary positions timm weights have."""
     if path.is_dir():
         return _read_dir(path)
     if not path.exists():
@@ -131,15 +137,19 @@ def _read(path: Path, *, given: ViTConfig | None = None, num_heads: int | None =
         except (ConfigError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"{path}: the config stored in this vitfast checkpoint is invalid: {exc}") from None
     sd = _unwrap(sd)
+    if dinov3.is_meta(sd):  # timm's patch_embed.proj, but Meta's own names beside it
+        sd, cfg, guesses = dinov3.read_meta(sd, given=given, num_heads=num_heads)
+        return cfg, sd, "timm", guesses
     fmt = detect_format(sd)
+    dinov3_weights = False
     if fmt == "timm":
-        check_structure(sd, path)
+        sd, dinov3_weights = timm_layout(sd, path, rope=given.rope if given is not None else rope)
     if given is not None:
         return given, hf_to_timm(sd) if fmt == "hf" else sd, fmt, {}
     if fmt == "hf":
         sd, cfg, guesses = read_hf_state_dict(sd, num_heads=num_heads)
         return cfg, sd, "hf", guesses
-    cfg, guesses = infer_timm_config(sd, num_heads=num_heads)
+    cfg, guesses = dinov3.eva_config(sd, num_heads) if dinov3_weights else infer_timm_config(sd, num_heads=num_heads)
     return cfg, sd, "timm", guesses
 
 
@@ -155,8 +165,7 @@ def _read_dir(path: Path) -> tuple[ViTConfig, StateDict, str, Guesses]:
     if "architecture" in hub_cfg:  # timm's save_for_hf / push_to_hf_hub layout
         sd = _unwrap(sd)
         detect_format(sd)
-        check_structure(sd, path)
-        cfg, guesses = timm_hub_config(hub_cfg, sd)
+        sd, cfg, guesses = read_timm_hub(hub_cfg, sd, path)
         return cfg, sd, "timm", guesses
     if detect_format(sd) != "hf":
         raise CheckpointError(

@@ -8,6 +8,7 @@
 - timm (or an HF state dict without its config.json): the config is inferred from tensor shapes.
   The number of heads cannot be read from weights: it is taken from the registry variant with
   the same width/depth/tokens, else head_dim 64. Preprocessing is not stored either.
+- DINOv3 in Hugging Face's, timm eva.py's and Meta's layouts: see dinov3.py.
 
 Whatever had to be guessed is returned as `{field: reason}` (a `Guesses` dict) so the loader can
 say so loudly and record it.
@@ -102,17 +103,27 @@ _FOREIGN_STRUCTURES = (
     (r"blocks\.0\.attn\.[qk]_norm\.", "query/key normalisation (timm's qk_norm=True)"),
     (r"blocks\.0\.(attn|mlp)\.norm\.", "a norm inside the attention or MLP branch (timm's scale_attn_norm / scale_mlp_norm: beit3_*, EVA-02)"),
     (r"relative_position_bias_table$", "relative position biases (BEiT, Swin)"),
-    (r"blocks\.0\.gamma_1$", "layer scale named gamma_1 (timm's BEiT, EVA and CaiT blocks, its RoPE ViTs among them)"),
+    (r"blocks\.0\.gamma_1$", "layer scale named gamma_1 (timm's BEiT, EVA and CaiT blocks, its RoPE ViTs among them; of eva.py's, "
+                             "vitfast reads DINOv3: a class token and registers, no learned position embeddings)"),
     (r"blocks\.0\.attn\.(q_proj|q_bias)", "separate q/k/v projections or biases (timm's beit.py / eva.py attention)"),
 )
 
 
+# timm's eva.py Perception Encoder towers (vit_pe_core_*, vit_pe_spatial_*) have a CLIP tower's keys, and add rotary positions
+# (RotaryEmbeddingCat) that no key shows. Their tells: an attention pool, or no final norm, beside the pre-norm; every
+# vision_transformer.py pre-norm (CLIP) tower of timm 1.0.31 has a final norm and no attention pool.
+_PE_TOWER = ("rotary position embeddings beside the learned ones (timm's eva.py Perception Encoder towers, vit_pe_*: a pre-norm "
+             "tower with an attention pool or without a final norm)")  # fmt: skip
+
+
 def foreign_structure(sd: StateDict) -> str | None:
     """What in a timm-named state dict vitfast's blocks cannot hold (None when nothing is): parallel blocks,
-    differential attention, qk-norm, norms inside the branches, BEiT/EVA layers."""
+    differential attention, qk-norm, norms inside the branches, BEiT/EVA layers, Perception Encoder towers."""
     for pattern, what in _FOREIGN_STRUCTURES:
         if any(re.search(pattern, k) for k in sd):
             return what
+    if "norm_pre.weight" in sd and ("attn_pool.latent" in sd or "norm.weight" not in sd):
+        return _PE_TOWER
     return None
 
 
@@ -121,6 +132,22 @@ def check_structure(sd: StateDict, where: object) -> None:
     if what := foreign_structure(sd):
         raise CheckpointError(f"{where}: this checkpoint's blocks have {what}, which vitfast's ViT does not implement; "
                               "it cannot be loaded (vitfast models lists what can)")  # fmt: skip
+
+
+def timm_layout(sd: StateDict, where: object, *, rope: str | None = None) -> tuple[StateDict, bool]:
+    """A state dict in one of timm's layouts -> (vitfast's names, whether to read its config as a DINOv3's:
+    `dinov3.eva_config`, not `infer_timm_config`).
+
+    timm's eva.py block names are renamed when its keys say DINOv3 (`dinov3.eva_is_dinov3`) or the caller's
+    config does (`rope`: a given config's, an override's, a Hub folder's registered architecture's); never
+    otherwise, since eva.py's other rotary ViTs would load and compute something else. Weights in vitfast's
+    names without position embeddings are a DINOv3's only when `rope` says so. Block structures vitfast does
+    not implement are refused (`check_structure`)."""
+    eva = dinov3.is_eva(sd) and (rope == "dinov3" or dinov3.eva_is_dinov3(sd))
+    if eva:
+        sd = dinov3.eva_to_timm(sd)
+    check_structure(sd, where)
+    return sd, eva or (rope == "dinov3" and "pos_embed" not in sd)
 
 
 # ---------------------------------------------------------------------------- Hugging Face
@@ -634,6 +661,10 @@ def infer_timm_config(
     class_token, distilled = has("cls_token"), has("dist_token")
     reg_tokens = sd["reg_token"].shape[1] if has("reg_token") else 0
     prefix = int(class_token) + int(distilled) + reg_tokens
+    if not has("pos_embed"):
+        raise CheckpointError("this timm state dict has no learned position embeddings (pos_embed): its positions are rotary (a DINOv3 "
+                              "saved in vitfast's names) or none at all, which its keys cannot tell; for a DINOv3 pass "
+                              '{"rope": "dinov3"} in --config FILE.json (overrides= in Python), or config= a DINOv3 config')  # fmt: skip
     n_pos = sd["pos_embed"].shape[1]
     if _is_square(n_pos - prefix):
         no_embed_class, grid = False, math.isqrt(n_pos - prefix)
@@ -756,11 +787,21 @@ def _registered_like(fields: dict[str, Any], family: str | None) -> list[tuple[s
                                           item[1]["img_size"] != fields["img_size"]))  # fmt: skip
 
 
-def timm_hub_config(cfg: dict[str, Any], sd: StateDict) -> tuple[ViTConfig, Guesses]:
+def read_timm_hub(cfg: dict[str, Any], sd: StateDict, where: object) -> tuple[StateDict, ViTConfig, Guesses]:
+    """A timm Hub folder's config.json and weights (in any of timm's layouts) -> (vitfast's names, config, guesses).
+    A registered DINOv3 architecture says its eva.py weights are a DINOv3's (`timm_layout`)."""
+    rope = _REGISTRY.get(str(cfg["architecture"]).split(".", 1)[0], {}).get("rope")
+    sd, dinov3_weights = timm_layout(sd, where, rope=rope)
+    vit_cfg, guesses = timm_hub_config(cfg, sd, dinov3_weights=dinov3_weights)
+    return sd, vit_cfg, guesses
+
+
+def timm_hub_config(cfg: dict[str, Any], sd: StateDict, *, dinov3_weights: bool = False) -> tuple[ViTConfig, Guesses]:
     """A `ViTConfig` from a timm Hub folder's config.json (as timm's `save_for_hf` writes it):
     the architecture from `architecture` (+ `model_args`), `num_classes`, preprocessing from
     `pretrained_cfg`, class names from `label_names`. An architecture vitfast has not registered
-    is read off the weights' shapes instead (its head count then being a guess)."""
+    is read off the weights' shapes instead (its head count then being a guess), as a DINOv3's
+    with `dinov3_weights` (see `timm_layout`)."""
     arch = str(cfg["architecture"])
     if why := unsupported_reason(arch):  # its weights can look like a plain ViT's (ResPostBlock): never read them as one
         raise CheckpointError(f"this timm Hub folder holds {arch}: {why}, which vitfast's ViT does not implement")
@@ -768,7 +809,7 @@ def timm_hub_config(cfg: dict[str, Any], sd: StateDict) -> tuple[ViTConfig, Gues
     try:
         base, guesses = get_config(arch, **model_args), {}
     except ConfigError:
-        base, guesses = infer_timm_config(sd)
+        base, guesses = dinov3.eva_config(sd) if dinov3_weights else infer_timm_config(sd)
         base = base.replace(**model_args)  # what the folder states (e.g. act_layer) is not a guess
         guesses = {k: v + f" ({arch!r} is not a registered vitfast model)" for k, v in guesses.items() if k not in model_args}
     pc = cfg.get("pretrained_cfg") or {}

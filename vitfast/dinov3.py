@@ -1,10 +1,16 @@
-"""Hugging Face DINOv3 (`DINOv3ViTModel`, `DINOv3ViTBackbone`) checkpoints in vitfast's (= timm's) names.
+"""DINOv3 checkpoints in vitfast's (= timm's vision_transformer.py) names, from the three layouts they come in:
+
+- Hugging Face (`DINOv3ViTModel`, `DINOv3ViTBackbone`): q/k/v apart, `lambda1` layer scales;
+- timm's eva.py (`vit_*_patch16_dinov3[_qkvb]`): layer scales `gamma_1` / `gamma_2`, q and v biases apart
+  from the fused qkv Linear (`q_bias`, `v_bias`; the key's is a zero buffer, not saved);
+- Meta's original `.pth` (facebookresearch/dinov3): registers named `storage_tokens`, a key-bias mask beside
+  the qkv bias, the rotary periods saved as a buffer, SwiGLU's Linears named `w1`, `w2`, `w3`.
 
 DINOv3 (Simeoni et al. 2025) is a pre-norm ViT with a class token, 4 register tokens, LayerScale and
 2-D rotary position embeddings instead of learned ones (`rope="dinov3"`, `abs_pos_embed=False`); its
-large sizes gate the MLP with SwiGLU (`use_gated_mlp`: gate_proj, up_proj apart). transformers has
-no key bias (`key_bias=False`): the fused qkv bias gets zeros there, which is exact. The pooled
-output is the normalised class token, as `DINOv3ViTModel.pooler_output`.
+large sizes gate the MLP with SwiGLU. It has no key bias: the fused qkv bias gets zeros there, which
+is exact. DINOv3's own features are the normalised class token (Meta's forward, transformers'
+`pooler_output`); timm's DINOv3 names pool the mean patch token instead.
 """
 
 from __future__ import annotations
@@ -14,9 +20,9 @@ from typing import Any
 
 import torch
 
-from .config import IMAGENET_MEAN, IMAGENET_STD
+from .config import IMAGENET_MEAN, IMAGENET_STD, ViTConfig
 from .errors import CheckpointError
-from .registry import _REGISTRY
+from .registry import _DINOV3, _REGISTRY
 
 StateDict = dict[str, torch.Tensor]
 Guesses = dict[str, str]
@@ -127,10 +133,7 @@ def config_from_weights(sd: StateDict, num_heads: int | None = None) -> tuple[di
     hidden = sd["blocks.0.mlp.fc1_g.weight" if gated else "blocks.0.mlp.fc1.weight"].shape[0]
     guesses: Guesses = {}
     if num_heads is None:
-        same = [n for n, r in _REGISTRY.items() if r.get("rope") == "dinov3" and r["embed_dim"] == dim and r["depth"] == depth]
-        num_heads = _REGISTRY[same[0]]["num_heads"] if same else max(dim // 64, 1)
-        source = f"taken from {same[0]}, the registered DINOv3 of this width and depth" if same else "head_dim 64 assumed"
-        guesses["num_heads"] = f"num_heads cannot be read from weights; {source}"
+        num_heads, guesses["num_heads"] = _registered_heads(dim, depth)
     cfg = dict(hidden_size=dim, intermediate_size=hidden, num_hidden_layers=depth, num_attention_heads=num_heads,
                patch_size=sd["patch_embed.proj.weight"].shape[-1], num_channels=sd["patch_embed.proj.weight"].shape[1],
                num_register_tokens=sd["reg_token"].shape[1] if "reg_token" in sd else 0, use_gated_mlp=gated,
@@ -140,3 +143,174 @@ def config_from_weights(sd: StateDict, num_heads: int | None = None) -> tuple[di
     why = "not stored in a Hugging Face state dict without its config.json; transformers' DINOv3 default assumed"
     guesses |= dict.fromkeys(("norm_eps", "rope_theta", "img_size"), why)
     return cfg, guesses
+
+
+def _registered_heads(dim: int, depth: int) -> tuple[int, str]:
+    """The head count of the registered DINOv3 of this width and depth, else head_dim 64's, and why (a guess)."""
+    same = [n for n, r in _REGISTRY.items() if r.get("rope") == "dinov3" and r["embed_dim"] == dim and r["depth"] == depth]
+    why = "num_heads cannot be read from weights; "
+    if same:
+        return _REGISTRY[same[0]]["num_heads"], why + f"taken from {same[0]}, the registered DINOv3 of this width and depth"
+    return max(dim // 64, 1), why + "head_dim 64 assumed"
+
+
+def _shape_fields(sd: StateDict) -> dict[str, Any]:
+    """The ViTConfig fields a DINOv3 state dict in vitfast's names states by its keys and shapes (not the head count)."""
+    dim, in_chans, patch, _ = sd["patch_embed.proj.weight"].shape
+    gated = "blocks.0.mlp.fc1_g.weight" in sd
+    proj_bias = "blocks.0.attn.proj.bias" in sd
+    if proj_bias != ("blocks.0.mlp.fc2.bias" in sd):
+        raise CheckpointError(f"this DINOv3 has {'an' if proj_bias else 'no'} attention output bias but {'no' if proj_bias else 'an'} MLP "
+                              "bias; vitfast's ViT has one switch for both (proj_bias)")  # fmt: skip
+    return dict(
+        embed_dim=dim,
+        in_chans=in_chans,
+        patch_size=patch,
+        depth=1 + max(int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))),
+        mlp_ratio=sd["blocks.0.mlp.fc1_g.weight" if gated else "blocks.0.mlp.fc1.weight"].shape[0] / dim,
+        mlp_layer="swiglu" if gated else "mlp",
+        act_layer="silu" if gated else "gelu",
+        qkv_bias="blocks.0.attn.qkv.bias" in sd,
+        proj_bias=proj_bias,
+        init_values=_DINOV3["init_values"] if "blocks.0.ls1.gamma" in sd else None,  # the value is overwritten on load
+        reg_tokens=sd["reg_token"].shape[1] if "reg_token" in sd else 0,
+        num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
+    )
+
+
+# ---------------------------------------------------------------------------- timm's eva.py
+# timm builds its DINOv3 with eva.py's blocks: layer scales named gamma_1 / gamma_2, and (the _qkvb models) q and v
+# biases apart from the bias-free fused qkv Linear. Either key marks eva.py's layout; BEiT and CaiT share the first.
+EVA_KEYS = ("blocks.0.gamma_1", "blocks.0.attn.q_bias")
+_EVA_BLOCK = re.compile(r"blocks\.(\d+)\.(gamma_1|gamma_2|attn\.q_bias|attn\.v_bias)")
+
+
+def is_eva(sd: StateDict) -> bool:
+    return any(k in sd for k in EVA_KEYS)
+
+
+def eva_is_dinov3(sd: StateDict) -> bool:
+    """Whether an eva.py-layout state dict is a DINOv3, read off its keys: a class token and registers, no learned
+    position embeddings, no saved rotary buffer.
+
+    Among timm 1.0.31's eva.py models this holds exactly for those built with its DINOv3 rotary embedding
+    (RotaryEmbeddingDinoV3): the vit_*_patch16_dinov3* names, LingBot (DINOv3's architecture, class-token
+    pooling) and Sapiens2 (refused afterwards for its q/k/v projections apart and qk-norm). EVA and EVA-02,
+    PE and the *_rope_ape_* ViTs have learned position embeddings; the other *_rope_* ViTs lack the class token
+    (*_reg*_gap_*) or registers, and the *_rope_mixed_* ones save rope.freqs. tests/test_timm_parity.py checks
+    this over every eva.py model."""
+    return "cls_token" in sd and "reg_token" in sd and "pos_embed" not in sd and not any(k.startswith("rope.") for k in sd)
+
+
+def eva_to_timm(sd: StateDict) -> StateDict:
+    """Rename timm's eva.py block keys to vitfast's: gamma_1 / gamma_2 -> ls1.gamma / ls2.gamma; q_bias, zeros (eva.py's
+    k_bias, a zero buffer it does not save) and v_bias -> one qkv.bias [3 C], in qkv.weight's row order (q, k, v)."""
+    out: StateDict = {}
+    qv: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in sd.items():
+        if not (m := _EVA_BLOCK.fullmatch(key)):
+            out[key] = value
+        elif m.group(2).startswith("gamma"):
+            out[f"blocks.{m.group(1)}.ls{m.group(2)[-1]}.gamma"] = value
+        else:
+            qv.setdefault(m.group(1), {})[m.group(2)[-6]] = value  # "q" or "v"
+    for idx, biases in qv.items():
+        if set(biases) != {"q", "v"}:
+            raise CheckpointError(f"block {idx} has only attn.{next(iter(biases))}_bias; timm's eva.py attention has q_bias and v_bias")
+        out[f"blocks.{idx}.attn.qkv.bias"] = torch.cat([biases["q"], torch.zeros_like(biases["q"]), biases["v"]])
+    return out
+
+
+def eva_config(sd: StateDict, num_heads: int | None = None) -> tuple[ViTConfig, Guesses]:
+    """The config of a bare timm eva.py DINOv3 state dict (in vitfast's names: `eva_to_timm`'s output) read off its
+    shapes, on timm's DINOv3 defaults (registry._DINOV3) for what the weights do not state, each one a guess."""
+    fields = _shape_fields(sd)
+    guesses: Guesses = {}
+    if num_heads is None:
+        num_heads, guesses["num_heads"] = _registered_heads(fields["embed_dim"], fields["depth"])
+    why = "not stored in a state dict; as in every timm vit_*_patch16_dinov3 model"
+    guesses |= dict.fromkeys(("norm_eps", "rope_theta", "img_size", "mean", "std", "crop_pct", "interpolation"), why)
+    guesses["global_pool"] = ("not stored in a state dict; the mean patch token, as timm's vit_*_patch16_dinov3 models pool. DINOv3's own "
+                              "features (Meta's, transformers') and timm's LingBot are the class token: {\"global_pool\": \"token\"} in "
+                              "--config FILE.json, or overrides= in Python")  # fmt: skip
+    return ViTConfig(**(_DINOV3 | fields | dict(num_heads=num_heads))), guesses
+
+
+# ---------------------------------------------------------------------------- Meta's original checkpoints
+# facebookresearch/dinov3's DinoVisionTransformer: Meta's names for the registers and for the saved rotary periods
+META_KEYS = ("storage_tokens", "rope_embed.periods")
+_META_MLP = re.compile(r"(blocks\.\d+\.mlp\.)(w1|w2|w3)\.(weight|bias)")
+_META_SWIGLU = {"w1": "fc1_g", "w2": "fc1_x", "w3": "fc2"}  # SwiGLUFFN: w3(silu(w1 x) * w2 x), as timm's SwiGLU
+# Meta's model holds these but never uses them at inference: the masked-image-modelling token (its forward adds
+# 0 * mask_token to the class token) and, in the 7B and ViT-L SAT-493M, the norm of local crops' class token (training)
+_META_TRAINING_ONLY = ("mask_token", "local_cls_norm.weight", "local_cls_norm.bias")
+# Meta's README eval transform: resize to 256 x 256 (bilinear), ImageNet's mean and std
+_META_PREPROCESSING = dict(img_size=256, crop_pct=1.0, crop_mode="squash", interpolation="bilinear", mean=IMAGENET_MEAN, std=IMAGENET_STD)
+
+
+def is_meta(sd: StateDict) -> bool:
+    return any(k in sd for k in META_KEYS)
+
+
+def meta_to_timm(sd: StateDict) -> StateDict:
+    """Rename a Meta DINOv3 state dict to vitfast's names: storage_tokens -> reg_token; SwiGLUFFN's w1, w2, w3 -> fc1_g,
+    fc1_x, fc2; the key-bias mask applied, qkv.bias * qkv.bias_mask, as Meta's LinearKMaskedBias does at every call
+    (the released masks zero the key's third). rope_embed.periods is dropped (see `read_meta`), so are the pieces
+    used in training only (_META_TRAINING_ONLY). A class-token norm used at inference (cls_norm) is refused."""
+    if "cls_norm.weight" in sd:
+        raise CheckpointError("this DINOv3 normalises its class and register tokens with a LayerNorm of their own (cls_norm: Meta's "
+                              "untie_cls_and_patch_norms), which vitfast's ViT, one final norm for every token, does not implement")  # fmt: skip
+    if "blocks.0.attn.qkv.weight" not in sd:
+        raise CheckpointError("this checkpoint has DINOv3's storage_tokens / rope_embed but no fused blocks.N.attn.qkv (Meta's Sapiens2 "
+                              "has wq, wk, wv apart, with qk-norm), which vitfast's ViT does not implement")  # fmt: skip
+    out: StateDict = {}
+    for key, value in sd.items():
+        if key in _META_TRAINING_ONLY or key == "rope_embed.periods" or key.endswith(".qkv.bias_mask"):
+            continue
+        if key == "storage_tokens":
+            key = "reg_token"
+        elif m := _META_MLP.fullmatch(key):
+            key = f"{m.group(1)}{_META_SWIGLU[m.group(2)]}.{m.group(3)}"
+        elif key.endswith(".qkv.bias") and (mask := sd.get(key + "_mask")) is not None:
+            value = value * mask.to(value.dtype)
+        out[key] = value
+    return out
+
+
+def read_meta(sd: StateDict, *, given: ViTConfig | None = None, num_heads: int | None = None) -> tuple[StateDict, ViTConfig, Guesses]:
+    """A Meta DINOv3 state dict -> (vitfast names, config, guesses); `given`: the caller's config, checked.
+
+    The head count is a fact here: rope_embed.periods holds head_dim / 4 periods. Their values are not used:
+    the released files store them in bf16, and transformers and timm ignore them and compute the periods in
+    fp32 from the base (rope_theta ** (4 i / head_dim)), as vitfast does. They are checked against that
+    schedule within bf16's rounding, so that periods of another form are refused, not replaced. Meta's
+    forward returns the normalised class token (global_pool "token"). Not stored, so guessed: the LayerNorm
+    eps and the preprocessing."""
+    periods = sd.get("rope_embed.periods")
+    if periods is None:
+        raise CheckpointError("this checkpoint has DINOv3's storage_tokens but no rope_embed.periods, which Meta's DinoVisionTransformer "
+                              "saves; vitfast does not know this layout")  # fmt: skip
+    sd = meta_to_timm(sd)
+    head_dim, dim = 4 * periods.numel(), sd["patch_embed.proj.weight"].shape[0]
+    found = f"rope_embed.periods holds {periods.numel()} periods, so head_dim {head_dim}"
+    if dim % head_dim:
+        raise CheckpointError(f"{found}, which does not divide embed_dim {dim}; this is not a DINOv3 vitfast knows")
+    if num_heads is not None and num_heads * head_dim != dim:
+        raise CheckpointError(f"{found} and {dim // head_dim} heads; the {num_heads} heads asked for contradict it")
+    cfg, guesses = given, {}
+    if cfg is None:
+        cfg = ViTConfig(**(_DINOV3 | _shape_fields(sd) | _META_PREPROCESSING | dict(num_heads=dim // head_dim, global_pool="token")))
+        guesses = dict.fromkeys(("img_size", "mean", "std", "crop_pct", "crop_mode", "interpolation"),
+                                "not stored in a state dict; Meta's README eval transform assumed (resize to 256 x 256, bilinear, ImageNet's "
+                                "mean and std; its SAT-493M weights take mean (0.430, 0.411, 0.296), std (0.213, 0.156, 0.143))")  # fmt: skip
+        guesses["norm_eps"] = "not stored in a state dict; 1e-5, Meta's 'layernormbf16' in every released DINOv3 ViT, assumed"
+    if cfg.rope != "dinov3" or cfg.head_dim != head_dim:
+        raise CheckpointError(f"this is Meta's DINOv3, with rotary positions (rope 'dinov3') of head_dim {head_dim} (rope_embed.periods); "
+                              f"the config given has rope={cfg.rope!r}, head_dim {cfg.head_dim}")  # fmt: skip
+    expected = cfg.rope_theta ** (torch.arange(head_dim // 4, dtype=torch.float64) * 4 / head_dim)
+    # bf16 rounds to within 2^-9; 2^-7 leaves room for that and still refuses other bases (90 for 100) or min/max periods
+    if not torch.allclose(periods.double(), expected, rtol=2**-7, atol=0):
+        values = ", ".join(f"{p:.4g}" for p in periods.double().tolist()[:4])
+        raise CheckpointError(f"rope_embed.periods ({values}, ...) are not rope_theta ** (4 i / head_dim) for rope_theta={cfg.rope_theta:g}, "
+                              "the schedule vitfast computes; pass config= with the checkpoint's rope_theta if it has another base")  # fmt: skip
+    return sd, cfg, guesses
