@@ -266,3 +266,16 @@ def test_block_structures_vitfast_does_not_implement_are_named(tmp_path, edit, n
     torch.save(edit(vitfast.create_model(cfg).state_dict()), tmp_path / "m.pth")
     with pytest.raises(CheckpointError, match=rf"blocks have .*{named}.*does not implement"):
         vitfast.load_checkpoint(tmp_path / "m.pth", config=cfg if given else None)
+
+
+@pytest.mark.parametrize("fields", [dict(), dict(global_pool="avg")], ids=["norm", "fc-norm"])
+def test_pre_norm_towers_with_a_final_norm_are_not_taken_for_perception_encoder(tmp_path, fields):
+    """The Perception Encoder refusal keys on a pre-norm tower with no final norm at all: a CLIP-like tower whose
+    final norm follows the pooling (fc_norm) loads, to its own outputs."""
+    model = randomize(vitfast.create_model(tiny_config(pre_norm=True, norm_eps=1e-5, **fields)))
+    torch.save(model.state_dict(), tmp_path / "m.pth")
+    with pytest.warns(vitfast.GuessedConfigWarning):
+        loaded = vitfast.load_checkpoint(tmp_path / "m.pth", overrides={"num_heads": 4})
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), atol=0, rtol=0)

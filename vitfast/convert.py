@@ -110,8 +110,8 @@ _FOREIGN_STRUCTURES = (
 
 
 # timm's eva.py Perception Encoder towers (vit_pe_core_*, vit_pe_spatial_*) have a CLIP tower's keys, and add rotary positions
-# (RotaryEmbeddingCat) that no key shows. Their tells: an attention pool, or no final norm, beside the pre-norm; every
-# vision_transformer.py pre-norm (CLIP) tower of timm 1.0.31 has a final norm and no attention pool.
+# (RotaryEmbeddingCat) that no key shows. Their tells: an attention pool, or no final norm at all (neither norm nor fc_norm),
+# beside the pre-norm; every vision_transformer.py pre-norm (CLIP) tower of timm 1.0.31 has a final norm and no attention pool.
 _PE_TOWER = ("rotary position embeddings beside the learned ones (timm's eva.py Perception Encoder towers, vit_pe_*: a pre-norm "
              "tower with an attention pool or without a final norm)")  # fmt: skip
 
@@ -122,7 +122,7 @@ def foreign_structure(sd: StateDict) -> str | None:
     for pattern, what in _FOREIGN_STRUCTURES:
         if any(re.search(pattern, k) for k in sd):
             return what
-    if "norm_pre.weight" in sd and ("attn_pool.latent" in sd or "norm.weight" not in sd):
+    if "norm_pre.weight" in sd and ("attn_pool.latent" in sd or not {"norm.weight", "fc_norm.weight"} & sd.keys()):
         return _PE_TOWER
     return None
 
