@@ -118,6 +118,19 @@ def test_siglip_tower_exports_and_quantizes_with_parity(tmp_path):
     assert read_sidecar(int8)["config"]["global_pool"] == "map" and read_sidecar(int8)["parity"]["cosine"] > 0.98
 
 
+def exported_with_parity(model, path: Path) -> Path:
+    """Export `model` to fp32 `path` and an fp16 twin; each run by ONNX Runtime within 1e-4 / 2e-2 of the
+    model's largest logit. Returns the fp32 path."""
+    fp32, fp16 = to_onnx(model, path), to_onnx(model, path.with_suffix(".fp16.onnx"), precision="fp16")
+    x = torch.randn(3, 3, *model.config.img_hw)
+    with torch.no_grad():
+        ref = model(x)
+    for exported, limit in ((fp32, 1e-4), (fp16, 2e-2)):
+        got = vitfast.load_engine(exported)(x)
+        assert ((got - ref).abs().max() / ref.abs().max()).item() <= limit, exported.name
+    return fp32
+
+
 @pytest.mark.parametrize("mlp", ["mlp", "swiglu_packed"])
 def test_dinov2_classifier_exports_with_parity(tmp_path, mlp):
     """global_pool="token_avg" (class token beside the patch mean, registers excluded), with the GELU MLP
@@ -125,13 +138,7 @@ def test_dinov2_classifier_exports_with_parity(tmp_path, mlp):
     act = "silu" if mlp == "swiglu_packed" else "gelu"
     cfg = tiny_config(global_pool="token_avg", reg_tokens=2, init_values=0.5, no_embed_class=True, mlp_layer=mlp, act_layer=act)
     model = randomize(vitfast.create_model(cfg), scale=0.1)
-    fp32, fp16 = to_onnx(model, tmp_path / "d.onnx"), to_onnx(model, tmp_path / "d.fp16.onnx", precision="fp16")
-    x = torch.randn(3, 3, *cfg.img_hw)
-    with torch.no_grad():
-        ref = model(x)
-    for path, limit in ((fp32, 1e-4), (fp16, 2e-2)):
-        got = vitfast.load_engine(path)(x)
-        assert ((got - ref).abs().max() / ref.abs().max()).item() <= limit, path.name
+    exported_with_parity(model, tmp_path / "d.onnx")
 
 
 def test_aimv2_exports_with_parity_and_fp32_rms_statistics(tmp_path):
@@ -168,14 +175,8 @@ def test_dinov3_exports_with_parity_its_rotary_tables_folded(tmp_path, mlp):
     act = "silu" if mlp == "swiglu" else "gelu"
     cfg = tiny_config(abs_pos_embed=False, rope="dinov3", reg_tokens=4, init_values=0.5, norm_eps=1e-5, mlp_layer=mlp, act_layer=act)
     model = randomize(vitfast.create_model(cfg), scale=0.1)
-    fp32, fp16 = to_onnx(model, tmp_path / "d.onnx"), to_onnx(model, tmp_path / "d.fp16.onnx", precision="fp16")
+    fp32 = exported_with_parity(model, tmp_path / "d.onnx")
     assert not {"Sin", "Cos"} & {n.op_type for n in onnx.load(fp32).graph.node}
-    x = torch.randn(3, 3, *cfg.img_hw)
-    with torch.no_grad():
-        ref = model(x)
-    for path, limit in ((fp32, 1e-4), (fp16, 2e-2)):
-        got = vitfast.load_engine(path)(x)
-        assert ((got - ref).abs().max() / ref.abs().max()).item() <= limit, path.name
     int8 = quantize_int8(fp32, tmp_path / "d.int8.onnx", torch.randn(32, 3, *cfg.img_hw), samples=32, progress=False)
     assert read_sidecar(int8)["parity"]["passed"] and read_sidecar(int8)["config"]["rope"] == "dinov3"
 
