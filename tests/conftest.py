@@ -54,3 +54,28 @@ def randomize(model: torch.nn.Module, scale: float = 0.05) -> torch.nn.Module:
             is_norm_scale = p.ndim == 1 and "norm" in name and name.endswith("weight")
             p.copy_((1.0 if is_norm_scale else 0.0) + scale * torch.randn_like(p))
     return model
+
+
+def traced_vitfast_ops(fn, x: torch.Tensor, ref: torch.Tensor, device: str) -> set[str]:
+    """Trace `fn` (a function or module of one tensor): `torch._dynamo.explain` finds one graph and no break,
+    `torch.compile(fullgraph=True)` (Inductor on a GPU, aot_eager on CPU, sparing CI Inductor's C++ build) and
+    `torch.export` both give `ref`. Returns the `vitfast.*` ops in the exported graph."""
+    explained = torch._dynamo.explain(fn)(x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    torch._dynamo.reset()
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    torch.testing.assert_close(torch.compile(fn, fullgraph=True, backend=backend)(x), ref, atol=1e-4, rtol=1e-4)
+    exported = torch.export.export(fn if isinstance(fn, torch.nn.Module) else _AsModule(fn), (x,))
+    torch.testing.assert_close(exported.module()(x), ref, atol=1e-4, rtol=1e-4)
+    return {str(n.target) for n in exported.graph.nodes if str(n.target).startswith("vitfast.")}
+
+
+class _AsModule(torch.nn.Module):
+    """A function as a module, for torch.export."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)

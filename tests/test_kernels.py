@@ -14,6 +14,7 @@ pytest.importorskip("triton", reason="Triton is not installed (pip install 'vitf
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from conftest import traced_vitfast_ops  # noqa: E402
 from vitfast.kernels import _common  # noqa: E402
 from vitfast.kernels import add_layernorm as aln  # noqa: E402
 from vitfast.kernels import attention as att  # noqa: E402
@@ -397,19 +398,6 @@ def test_rmsnorm_no_bias_and_swiglu_ops_trace_as_one_graph(device):
         return ops.linear_bias_residual(ops.linear_bias_gelu(h, p["fc1"], None, "tanh"), p["fc2_gelu"], None, x, None)
 
     x = torch.randn(2, 7, C, device=device) + 1
-    ref = block(x)
-    explained = torch._dynamo.explain(block)(x)
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
-    torch._dynamo.reset()
-    backend = "inductor" if device == "cuda" else "aot_eager"
-    torch.testing.assert_close(torch.compile(block, fullgraph=True, backend=backend)(x), ref, atol=1e-4, rtol=1e-4)
-
-    class Block(torch.nn.Module):
-        def forward(self, x):
-            return block(x)
-
-    exported = torch.export.export(Block(), (x,))
-    torch.testing.assert_close(exported.module()(x), ref, atol=1e-4, rtol=1e-4)
-    ops_seen = {str(n.target) for n in exported.graph.nodes if str(n.target).startswith("vitfast.")}
+    ops_seen = traced_vitfast_ops(block, x, block(x), device)
     assert ops_seen == {f"vitfast.{op}.default" for op in ("rmsnorm", "add_rmsnorm", "swiglu", "linear_residual_rmsnorm",
                                                            "linear_residual_layernorm", "linear_bias_gelu", "linear_bias_residual")}

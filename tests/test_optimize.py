@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'vitfast[triton]')")
 
 import vitfast  # noqa: E402
-from conftest import AIMV2, DINOV3, randomize, tiny_config  # noqa: E402
+from conftest import AIMV2, DINOV3, randomize, tiny_config, traced_vitfast_ops  # noqa: E402
 from vitfast.fused import FusedBlock  # noqa: E402
 
 VARIANTS = {
@@ -233,14 +233,7 @@ def test_optimized_model_traces_as_one_graph(device, mlp, extra):
     with torch.no_grad():
         ref = model(x)
         vitfast.optimize(model, mlp=mlp)
-        explained = torch._dynamo.explain(model)(x)
-        assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
-        torch._dynamo.reset()
-        backend = "inductor" if device == "cuda" else "aot_eager"
-        torch.testing.assert_close(torch.compile(model, fullgraph=True, backend=backend)(x), ref, atol=1e-4, rtol=1e-4)
-        exported = torch.export.export(model, (x,))
-        torch.testing.assert_close(exported.module()(x), ref, atol=1e-4, rtol=1e-4)
-    ops = {str(n.target) for n in exported.graph.nodes if str(n.target).startswith("vitfast.")}
+        ops = traced_vitfast_ops(model, x, ref, device)
     assert "vitfast.fused_attention.default" in ops
     assert extra is not AIMV2 or {"vitfast.swiglu.default", "vitfast.rmsnorm.default"} <= ops
     assert extra is not DINOV3 or "vitfast.rope_qkv.default" in ops

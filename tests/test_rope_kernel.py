@@ -17,6 +17,7 @@ import test_kernels  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from test_kernel_limits import far_apart  # noqa: E402
+from conftest import traced_vitfast_ops  # noqa: E402
 from test_kernels import check_2x, poisoned  # noqa: E402
 
 from vitfast.errors import InputError  # noqa: E402
@@ -225,18 +226,4 @@ def test_rope_then_attention_trace_as_one_graph(device):
         return ops.fused_attention(ops.rope_qkv(qkv, cos, sin), D**-0.5)
 
     qkv = torch.randn(B, N, 3 * H * D, device=device).unflatten(-1, (3, H, D))
-    ref = block(qkv)
-    explained = torch._dynamo.explain(block)(qkv)
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
-    torch._dynamo.reset()
-    backend = "inductor" if device == "cuda" else "aot_eager"
-    torch.testing.assert_close(torch.compile(block, fullgraph=True, backend=backend)(qkv), ref, atol=1e-4, rtol=1e-4)
-
-    class Block(torch.nn.Module):
-        def forward(self, qkv):
-            return block(qkv)
-
-    exported = torch.export.export(Block(), (qkv,))
-    torch.testing.assert_close(exported.module()(qkv), ref, atol=1e-4, rtol=1e-4)
-    assert {str(n.target) for n in exported.graph.nodes if str(n.target).startswith("vitfast.")} == {
-        "vitfast.rope_qkv.default", "vitfast.fused_attention.default"}  # fmt: skip
+    assert traced_vitfast_ops(block, qkv, block(qkv), device) == {"vitfast.rope_qkv.default", "vitfast.fused_attention.default"}

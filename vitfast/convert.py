@@ -278,8 +278,7 @@ def read_hf_state_dict(sd: StateDict, *, num_heads: int | None = None) -> tuple[
 
 def _read_dinov3_state_dict(sd: StateDict, num_heads: int | None) -> tuple[StateDict, ViTConfig, Guesses]:
     """A DINOv3 state dict (timm names) without config.json: its config read off the shapes, as `read_hf_state_dict`."""
-    cfg, guesses = dinov3.config_from_weights(sd, num_heads)
-    fields = dinov3.dinov3_fields(cfg, sd)
+    fields, guesses = dinov3.bare_hf_config(sd, num_heads)
     pre, _ = hf_preprocessing(_default_preprocessor(dinov3.MODEL_TYPE, fields["img_size"]), fields["in_chans"], fields["img_size"])
     reason = "not stored in a Hugging Face state dict without its config.json; transformers' DINOv3ViTImageProcessor defaults assumed"
     return sd, ViTConfig(**(fields | pre)), guesses | dict.fromkeys(("mean", "std", "interpolation", "crop_pct", "crop_mode"), reason)

@@ -124,25 +124,19 @@ def dinov3_fields(cfg: dict[str, Any], sd: StateDict) -> dict[str, Any]:
     )
 
 
-def config_from_weights(sd: StateDict, num_heads: int | None = None) -> tuple[dict[str, Any], Guesses]:
-    """A DINOv3 config.json read off a timm-named state dict (`dinov3_to_timm`'s output), with what the
-    weights cannot state (head count, eps, rope base, image size) as guesses."""
-    dim = sd["patch_embed.proj.weight"].shape[0]
-    depth = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k)))
-    gated = "blocks.0.mlp.fc1_g.weight" in sd
-    hidden = sd["blocks.0.mlp.fc1_g.weight" if gated else "blocks.0.mlp.fc1.weight"].shape[0]
+def bare_hf_config(sd: StateDict, num_heads: int | None = None) -> tuple[dict[str, Any], Guesses]:
+    """ViTConfig architecture fields of a Hugging Face DINOv3 state dict without its config.json (`dinov3_to_timm`'s
+    output): its shapes (`_shape_fields`), transformers' DINOv3 defaults for what the weights cannot state (head
+    count, eps, rope base, image size), each one a guess; the class token as the features (`pooler_output`)."""
+    fields = _shape_fields(sd)
     guesses: Guesses = {}
     if num_heads is None:
-        num_heads, guesses["num_heads"] = _registered_heads(dim, depth)
-    cfg = dict(hidden_size=dim, intermediate_size=hidden, num_hidden_layers=depth, num_attention_heads=num_heads,
-               patch_size=sd["patch_embed.proj.weight"].shape[-1], num_channels=sd["patch_embed.proj.weight"].shape[1],
-               num_register_tokens=sd["reg_token"].shape[1] if "reg_token" in sd else 0, use_gated_mlp=gated,
-               hidden_act="silu" if gated else "gelu", query_bias="blocks.0.attn.qkv.bias" in sd, key_bias=False,
-               value_bias="blocks.0.attn.qkv.bias" in sd, proj_bias="blocks.0.attn.proj.bias" in sd,
-               mlp_bias="blocks.0.mlp.fc2.bias" in sd)  # fmt: skip
+        num_heads, guesses["num_heads"] = _registered_heads(fields["embed_dim"], fields["depth"])
     why = "not stored in a Hugging Face state dict without its config.json; transformers' DINOv3 default assumed"
     guesses |= dict.fromkeys(("norm_eps", "rope_theta", "img_size"), why)
-    return cfg, guesses
+    stated = dict(num_heads=num_heads, img_size=DEFAULTS["image_size"], norm_eps=DEFAULTS["layer_norm_eps"], rope_theta=DEFAULTS["rope_theta"],
+                  global_pool="token")  # fmt: skip
+    return _DINOV3 | fields | stated, guesses
 
 
 def _registered_heads(dim: int, depth: int) -> tuple[int, str]:

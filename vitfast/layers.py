@@ -82,6 +82,30 @@ def rope_dinov3(grid: tuple[int, int], head_dim: int, theta: float, dtype: torch
     return angles.cos(), angles.sin()
 
 
+class RopeTables(nn.Module):
+    """The rotary tables of a fixed patch grid, computed once: `forward()` -> (cos, sin) [gh * gw, head_dim].
+
+    Non-persistent buffers (not in the state dict), kept in at least fp32 whatever dtype the model is cast
+    to: `.half()` / `.to()` recompute them from the formula (as timm keeps its rotary periods), so a
+    float64 model gets float64 tables and an fp16 one fp32 tables that `apply_rope` casts, as transformers does.
+    """
+
+    def __init__(self, grid: tuple[int, int], head_dim: int, theta: float):
+        super().__init__()
+        self.grid, self.head_dim, self.theta = grid, head_dim, theta
+        cos, sin = rope_dinov3(grid, head_dim, theta, torch.float32)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self.cos, self.sin = rope_dinov3(self.grid, self.head_dim, self.theta, self.cos.dtype, self.cos.device)
+        return self
+
+    def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos, self.sin
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate the last cos.shape[0] tokens of x [B, H, N, D] (the patches; the class and register tokens
     before them stay): x cos + rotate_half(x) sin, rotate_half(x) = (-x[D/2:], x[:D/2]), in x's dtype."""

@@ -16,7 +16,7 @@ from torch import nn
 
 from .config import ViTConfig
 from .hybrid import HybridEmbed
-from .layers import MLP_CLASSES, NORM_CLASSES, Attention, AttentionPoolLatent, Block, PatchEmbed, rope_dinov3
+from .layers import MLP_CLASSES, NORM_CLASSES, Attention, AttentionPoolLatent, Block, PatchEmbed, RopeTables
 
 
 class VisionTransformer(nn.Module):
@@ -54,6 +54,8 @@ class VisionTransformer(nn.Module):
         embed_len = c.num_patches if c.no_embed_class else c.seq_len
         self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, dim)) if c.abs_pos_embed else None
         self.pos_drop = nn.Dropout(c.pos_drop_rate)
+        # DINOv3: rotary tables for the patch grid, computed once (not per forward), handed to every block
+        self.rope = RopeTables(c.grid_size, c.head_dim, c.rope_theta) if c.rope is not None else None
         self.norm_pre = norm_layer(dim, eps=c.norm_eps) if c.pre_norm else nn.Identity()
 
         drop_path = [c.drop_path_rate * i / max(c.depth - 1, 1) for i in range(c.depth)]  # linear decay rule
@@ -132,7 +134,7 @@ class VisionTransformer(nn.Module):
         the explicit math path.
         """
         x = self.norm_pre(self.pos_drop(self._pos_embed(self.patch_embed(x))))
-        rope = {} if self.config.rope is None else {"rope": self.rope_tables(x)}  # blocks get it only when there is one
+        rope = {} if self.rope is None else {"rope": self.rope()}  # blocks get it only when there is one
         if not return_attention:
             for block in self.blocks:
                 x = block(x, **rope)
@@ -142,11 +144,6 @@ class VisionTransformer(nn.Module):
             x, attn = block(x, return_attention=True, **rope)
             attentions.append(attn)
         return self.norm(x), attentions
-
-    def rope_tables(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rotary (cos, sin) [num_patches, head_dim] for tokens x, in at least fp32 (constants under tracing)."""
-        c = self.config
-        return rope_dinov3(c.grid_size, c.head_dim, c.rope_theta, x.dtype, x.device)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """tokens [B, T, C] -> logits [B, num_classes] (or pooled features with `pre_logits`)."""
