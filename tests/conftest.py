@@ -36,7 +36,7 @@ AIMV2 = dict(class_token=False, global_pool="avg", fc_norm=False, qkv_bias=False
 
 
 # DINOv3's block and tokens (registry._DINOV3): rotary positions instead of learned ones, 4 registers, layer scale
-DINOV3 = dict(abs_pos_embed=False, rope="dinov3", reg_tokens=4, init_values=0.1, norm_eps=1e-5)
+DINOV3 = dict(abs_pos_embed=False, rope="dinov3", rope_theta=100.0, reg_tokens=4, init_values=0.1, norm_eps=1e-5)
 
 
 def tiny_config(**overrides) -> vitfast.ViTConfig:

@@ -251,7 +251,6 @@ def _renamed(sd, old, new):
         (lambda sd: sd | {"blocks.0.in_proj.weight": torch.zeros(8, 64)}, "ParallelScalingBlock"),
         (lambda sd: sd | {"blocks.0.attn.lambda_q1": torch.zeros(16)}, "differential attention"),
         (lambda sd: sd | {"blocks.0.attn.q_norm.weight": torch.ones(16)}, "qk_norm"),
-        (lambda sd: sd | {"blocks.0.mlp.norm.weight": torch.ones(256)}, "a norm inside the attention or MLP branch"),
         (lambda sd: sd | {"blocks.0.attn.relative_position_bias_table": torch.zeros(9, 4)}, "relative position biases"),
         (lambda sd: _renamed(sd, "ls1.gamma", "gamma_1"), "gamma_1"),
         # a pre-norm tower without a final norm: timm's Perception Encoder (rotary positions no key shows), not a CLIP tower

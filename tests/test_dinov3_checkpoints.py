@@ -14,7 +14,7 @@ import vitfast
 from conftest import randomize, tiny_config
 
 # 32 px images of 8 px patches, 64 wide, 4 heads: head_dim 16, so 4 rotary periods per axis
-DINOV3 = dict(abs_pos_embed=False, rope="dinov3", reg_tokens=4, init_values=0.5, norm_eps=1e-5, global_pool="token", num_classes=0)
+DINOV3 = dict(abs_pos_embed=False, rope="dinov3", rope_theta=100.0, reg_tokens=4, init_values=0.5, norm_eps=1e-5, global_pool="token", num_classes=0)
 SWIGLU = dict(mlp_layer="swiglu", act_layer="silu", mlp_ratio=2.5)
 META_GUESSES = {"img_size", "mean", "std", "crop_pct", "crop_mode", "interpolation", "norm_eps"}
 
@@ -172,7 +172,7 @@ def test_eva_weights_of_another_rotary_form_are_refused_unless_the_config_says_d
     same shapes, and answer something else). A config that says rope 'dinov3' is the caller's word and is taken."""
     source = _source(qkv_bias=True)
     torch.save(change(_to_eva(source)), tmp_path / "model.pth")
-    with pytest.raises(vitfast.CheckpointError, match="gamma_1 .*vitfast reads DINOv3: a class token and registers, no learned position"):
+    with pytest.raises(vitfast.CheckpointError, match="gamma_1 .*of eva.py's, vitfast reads DINOv3 and EVA-02"):
         vitfast.load_checkpoint(tmp_path / "model.pth")
     with pytest.raises(vitfast.CheckpointError, match="does not fit the model"):  # renamed now, then its keys do not fit DINOv3's
         vitfast.load_checkpoint(tmp_path / "model.pth", config=source.config)

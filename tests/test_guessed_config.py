@@ -233,12 +233,11 @@ def test_every_registered_architecture_is_read_back_off_its_shapes():
     qkv and projection biases, layer scale, positions (DINOv3's rotary ones once it is said they are: its weights
     cannot); and its head count, taken from the registered model of its shapes; where two registered models of the same
     shapes differ in heads (ViT-B/16 gap has 16, SigLIP-B/16 gap 12), the guess names the other's flag."""
-    from vitfast.convert import infer_timm_config, timm_layout
-    from vitfast.dinov3 import eva_config
+    from vitfast.convert import timm_config, timm_layout
 
     arch = ("embed_dim", "depth", "num_heads", "mlp_hidden", "mlp_layer", "class_token", "distilled", "reg_tokens", "no_embed_class",
             "global_pool", "use_fc_norm", "final_norm", "pre_norm", "qkv_bias", "hybrid_layers", "representation_size",
-            "num_classes", "grid_size", "patch_size", "norm_layer", "embed_norm", "proj_bias", "abs_pos_embed", "rope")  # fmt: skip
+            "num_classes", "grid_size", "patch_size", "norm_layer", "embed_norm", "proj_bias", "abs_pos_embed", "rope", "rope_base", "rope_ref_grid", "scale_attn_norm", "scale_mlp_norm")  # fmt: skip
     wrong = {}
     for name in vitfast.list_models():
         truth = vitfast.get_config(name)
@@ -246,8 +245,8 @@ def test_every_registered_architecture_is_read_back_off_its_shapes():
             sd = vitfast.create_model(truth).state_dict()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            sd, dinov3_weights = timm_layout(sd, name, rope=truth.rope)
-            cfg, guesses = eva_config(sd) if dinov3_weights else infer_timm_config(sd)
+            sd, family = timm_layout(sd, name, rope=truth.rope)
+            cfg, guesses = timm_config(sd, family)
         got, want = ({k: getattr(c, k) for k in arch} | {"layer_scale": c.init_values is not None} for c in (cfg, truth))
         if got["num_heads"] != want["num_heads"] and f"--num-heads {want['num_heads']} " in guesses["num_heads"]:
             got["num_heads"] = want["num_heads"]

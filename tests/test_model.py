@@ -47,17 +47,26 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
     attns = []
 
     def rope(v):
-        """DINOv3's rotary embedding as complex rotations: channels d and d + D/2 of a patch token are one complex
-        number, turned by 2 pi coord / theta^(4j/D), coord = its patch centre in [-1, 1], y for j < D/4, then x."""
+        """2-D rotary embedding as complex rotations of one channel pair per frequency j, turned by coord / theta^(4j/D),
+        y's coordinate for j < D/4, then x's. DINOv3: channels d and d + D/2 are one complex number, coord its patch
+        centre in [-1, 1] times 2 pi. Axial (EVA-02): channels 2j and 2j + 1, coord its patch index, scaled to
+        rope_ref_grid when given."""
         if cfg.rope is None:
             return v
-        ys, xs = (((torch.arange(n, dtype=v.dtype) + 0.5) / n) * 2 - 1 for n in (gh, gw))
+        if cfg.rope == "dinov3":
+            ys, xs = (((torch.arange(n, dtype=v.dtype) + 0.5) / n) * 2 - 1 for n in (gh, gw))
+        else:
+            ys, xs = (torch.arange(n, dtype=v.dtype) * (r / n) for n, r in zip((gh, gw), cfg.rope_ref_grid or (gh, gw)))
         yy, xx = ys[:, None].expand(gh, gw).flatten(), xs[None, :].expand(gh, gw).flatten()
-        freq = cfg.rope_theta ** (-4 * torch.arange(D // 4, dtype=v.dtype) / D)
-        turn = torch.polar(torch.ones(gh * gw, D // 2, dtype=v.dtype), 2 * math.pi * torch.cat([yy[:, None] * freq, xx[:, None] * freq], 1))
+        freq = cfg.rope_base ** (-4 * torch.arange(D // 4, dtype=v.dtype) / D)
+        angle = torch.cat([yy[:, None] * freq, xx[:, None] * freq], 1) * (2 * math.pi if cfg.rope == "dinov3" else 1)
+        turn = torch.polar(torch.ones(gh * gw, D // 2, dtype=v.dtype), angle)
         n0 = v.shape[2] - gh * gw
-        z = torch.complex(v[:, :, n0:, : D // 2], v[:, :, n0:, D // 2 :]) * turn
-        return torch.cat([v[:, :, :n0], torch.cat([z.real, z.imag], -1)], 2)
+        if cfg.rope == "dinov3":
+            z = torch.complex(v[:, :, n0:, : D // 2], v[:, :, n0:, D // 2 :]) * turn
+            return torch.cat([v[:, :, :n0], torch.cat([z.real, z.imag], -1)], 2)
+        z = torch.complex(v[:, :, n0:, 0::2], v[:, :, n0:, 1::2]) * turn
+        return torch.cat([v[:, :, :n0], torch.stack([z.real, z.imag], -1).flatten(-2)], 2)
 
     def gelu(v):
         if cfg.act_layer == "quick_gelu":
@@ -75,7 +84,10 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
         q, k, v = (qkv[..., j * cfg.embed_dim : (j + 1) * cfg.embed_dim].reshape(B, -1, H, D).transpose(1, 2) for j in range(3))
         a = torch.softmax(rope(q) @ rope(k).transpose(-1, -2) / math.sqrt(D), -1)
         attns.append(a)
-        o = (a @ v).transpose(1, 2).reshape(B, -1, cfg.embed_dim) @ sd[b + "attn.proj.weight"].T + sd.get(b + "attn.proj.bias", 0)
+        o = (a @ v).transpose(1, 2).reshape(B, -1, cfg.embed_dim)
+        if cfg.scale_attn_norm:  # EVA-02 CLIP, BEiT-3: the heads' output normalised before the projection
+            o = ln(o, b + "attn.norm")
+        o = o @ sd[b + "attn.proj.weight"].T + sd.get(b + "attn.proj.bias", 0)
         t = t + o * sd.get(b + "ls1.gamma", 1)
         h = ln(t, b + "norm2")
         if cfg.mlp_layer == "swiglu":  # gate and value Linears apart
@@ -87,6 +99,8 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
             h = silu(h[..., : h.shape[-1] // 2]) * h[..., h.shape[-1] // 2 :]
         elif cfg.mlp_layer == "mlp":
             h = gelu(h)
+        if cfg.scale_mlp_norm:  # EVA-02 B/L, BEiT-3: the hidden activations normalised before fc2
+            h = ln(h, b + "mlp.norm")
         t = t + (h @ sd[b + "mlp.fc2.weight"].T + sd.get(b + "mlp.fc2.bias", 0)) * sd.get(b + "ls2.gamma", 1)
     if "norm.weight" in sd:
         t = ln(t, "norm")
@@ -141,6 +155,13 @@ VARIANTS = {
                                        mlp_layer="swiglu", act_layer="silu", mlp_ratio=2.5),
     "rope-and-learned-positions-odd-grid": tiny_config(rope="dinov3", img_size=(40, 24), embed_dim=48, num_heads=4, class_token=False,
                                                        global_pool="avg"),
+    "eva02-axial-rope-swiglu-mlp-norm": tiny_config(rope="axial", rope_ref_grid=(3, 5), global_pool="avg", mlp_layer="swiglu", act_layer="silu",
+                                                    mlp_ratio=8 / 3, scale_mlp_norm=True),
+    "eva02-clip-odd-grid-packed-swiglu": tiny_config(rope="axial", img_size=(40, 24), embed_dim=48, num_heads=4, mlp_layer="swiglu_packed",
+                                                     act_layer="silu", mlp_ratio=16 / 3, scale_attn_norm=True, scale_mlp_norm=True),
+    "axial-rope-own-grid-theta-registers": tiny_config(rope="axial", rope_theta=100.0, reg_tokens=2, init_values=0.5, class_token=False,
+                                                       global_pool="avg", abs_pos_embed=False),
+    "beit3-inner-norms": tiny_config(scale_attn_norm=True, scale_mlp_norm=True, global_pool="avg", norm_eps=1e-5),
     "odd-sizes": tiny_config(img_size=(40, 24), patch_size=8, embed_dim=36, num_heads=3, mlp_ratio=2.5, in_chans=2),
 }
 

@@ -23,7 +23,7 @@ from .atomic import atomic_write
 from .config import ViTConfig
 from . import dinov3
 from .convert import (
-    Guesses, StateDict, detect_format, hf_config_to_vit, hf_to_timm, infer_timm_config, read_hf_state_dict, read_timm_hub, timm_layout,
+    Guesses, StateDict, detect_format, hf_config_to_vit, hf_to_timm, read_hf_state_dict, read_timm_hub, timm_config, timm_layout,
 )  # fmt: skip
 from .errors import CheckpointError, ConfigError, GuessedConfigWarning, first_line
 from .model import VisionTransformer
@@ -141,15 +141,15 @@ def _read(path: Path, *, given: ViTConfig | None = None, num_heads: int | None =
         sd, cfg, guesses = dinov3.read_meta(sd, given=given, num_heads=num_heads)
         return cfg, sd, "timm", guesses
     fmt = detect_format(sd)
-    dinov3_weights = False
+    family = None
     if fmt == "timm":
-        sd, dinov3_weights = timm_layout(sd, path, rope=given.rope if given is not None else rope)
+        sd, family = timm_layout(sd, path, rope=given.rope if given is not None else rope)
     if given is not None:
         return given, hf_to_timm(sd) if fmt == "hf" else sd, fmt, {}
     if fmt == "hf":
         sd, cfg, guesses = read_hf_state_dict(sd, num_heads=num_heads)
         return cfg, sd, "hf", guesses
-    cfg, guesses = dinov3.eva_config(sd, num_heads) if dinov3_weights else infer_timm_config(sd, num_heads=num_heads)
+    cfg, guesses = timm_config(sd, family, num_heads)
     return cfg, sd, "timm", guesses
 
 

@@ -33,9 +33,13 @@ ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
 MLP_LAYERS = ("mlp", "swiglu_packed", "swiglu")
 # timm's names: LayerNorm, or RMSNorm (Zhang & Sennrich 2019: x / rms(x) * weight, no centring and no bias; AIMv2)
 NORM_LAYERS = ("layernorm", "rmsnorm")
-# Rotary position embeddings on the patch tokens' queries and keys (Su et al. 2021). "dinov3": DINOv3's 2-D form
-# (patch centres in [-1, 1] per axis, head_dim / 4 periods theta ** (4i / head_dim) per axis, rotate-half layout)
-ROPE_KINDS = ("dinov3",)
+# Rotary position embeddings on the patch tokens' queries and keys (Su et al. 2021), 2-D: head_dim / 4 frequencies
+# theta ** (-4i / head_dim) per image axis, y's then x's. "dinov3": DINOv3's form (patch centres in [-1, 1] per axis,
+# angles 2 pi coord freq, rotate-half layout). "axial": EVA-02's and timm's other axial RoPE ViTs' (timm's
+# RotaryEmbeddingCat: patch indices, scaled by rope_ref_grid / grid when fine-tuned at another size; angles coord freq;
+# pairs (2j, 2j + 1) rotated together, the interleaved layout)
+ROPE_KINDS = ("dinov3", "axial")
+ROPE_THETA = {"dinov3": 100.0, "axial": 10000.0}  # each kind's default base period (rope_theta=None)
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 CROP_MODES = ("center", "squash", "border")  # timm's names: crop the short side, resize both sides, pad the short side
 CROP_ROUNDINGS = ("round", "floor")  # centre-crop offset: torchvision/timm round, Hugging Face floors
@@ -68,8 +72,11 @@ class ViTConfig:
     reg_tokens: int = 0  # register tokens (Darcet et al. 2023)
     no_embed_class: bool = False  # position embeddings cover patches only (DeiT-III, reg models)
     abs_pos_embed: bool = True  # False: no learned position embeddings added to the tokens (timm's use_abs_pos_emb; DINOv3)
-    rope: str | None = None  # rotary position embeddings in every attention, one of ROPE_KINDS (DINOv3); None = none
-    rope_theta: float = 100.0  # the rotary embedding's base period (timm's rope_temperature, transformers' rope_theta)
+    rope: str | None = None  # rotary position embeddings in every attention, one of ROPE_KINDS (DINOv3, EVA-02); None = none
+    rope_theta: float | None = None  # the rotary base period (timm's rope_temperature, transformers' rope_theta); None = the kind's
+    rope_ref_grid: tuple[int, int] | None = None  # "axial": the grid positions are scaled to (EVA's ref_feat_shape); None = own grid
+    scale_attn_norm: bool = False  # a norm on the attention output before its projection (timm's name; EVA-02 CLIP's sub-LN)
+    scale_mlp_norm: bool = False  # a norm on the MLP's hidden activations before fc2 (timm's name; EVA-02 B/L)
     fc_norm: bool | None = None  # None: timm's rule, norm after pooling iff global_pool == "avg"
     final_norm: bool = True  # False: no norm after the blocks nor after pooling (timm's RADIO, InternViT-300M)
     pre_norm: bool = False  # LayerNorm before the blocks, patch projection without bias (CLIP image towers)
@@ -106,6 +113,8 @@ class ViTConfig:
             object.__setattr__(self, name, values)
         if self.hybrid_layers is not None:
             object.__setattr__(self, "hybrid_layers", tuple(int(d) for d in self.hybrid_layers))
+        if isinstance(self.rope_ref_grid, (list, tuple)):
+            object.__setattr__(self, "rope_ref_grid", tuple(self.rope_ref_grid))
         if self.labels is not None:
             object.__setattr__(self, "labels", tuple(str(label) for label in self.labels))
         self._validate()
@@ -136,6 +145,11 @@ class ViTConfig:
     @property
     def head_dim(self) -> int:
         return self.embed_dim // self.num_heads
+
+    @property
+    def rope_base(self) -> float | None:
+        """The rotary base period in use: `rope_theta`, else the kind's default (None without rotary positions)."""
+        return None if self.rope is None else self.rope_theta if self.rope_theta is not None else ROPE_THETA[self.rope]
 
     @property
     def mlp_hidden(self) -> int:
@@ -222,8 +236,13 @@ class ViTConfig:
         if self.rope is not None and self.head_dim % 4:
             bad(f"rope={self.rope!r} needs a head_dim divisible by 4 (a quarter of it per image axis for sine and cosine), "
                 f"got {self.head_dim} = {self.embed_dim} / {self.num_heads}")  # fmt: skip
-        if not self.rope_theta > 0:
-            bad(f"rope_theta must be > 0, got {self.rope_theta}")
+        if self.rope_theta is not None and not self.rope_theta > 0:
+            bad(f"rope_theta must be > 0 (or None: the kind's default), got {self.rope_theta}")
+        if self.rope_ref_grid is not None:
+            if self.rope != "axial":
+                bad(f'rope_ref_grid scales the patch indices of rope="axial" only; got rope={self.rope!r}')
+            if len(self.rope_ref_grid) != 2 or not all(isinstance(s, int) and s > 0 for s in self.rope_ref_grid):
+                bad(f"rope_ref_grid must be two positive integers (rows, columns), got {self.rope_ref_grid!r}")
         if self.interpolation not in INTERPOLATIONS:
             bad(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
         if self.crop_mode not in CROP_MODES:

@@ -8,7 +8,8 @@
 - timm (or an HF state dict without its config.json): the config is inferred from tensor shapes.
   The number of heads cannot be read from weights: it is taken from the registry variant with
   the same width/depth/tokens, else head_dim 64. Preprocessing is not stored either.
-- DINOv3 in Hugging Face's, timm eva.py's and Meta's layouts: see dinov3.py.
+- DINOv3 in Hugging Face's, timm eva.py's and Meta's layouts: see dinov3.py; timm's eva.py layout
+  (DINOv3, EVA-02): see eva.py.
 
 Whatever had to be guessed is returned as `{field: reason}` (a `Guesses` dict) so the loader can
 say so loudly and record it.
@@ -25,9 +26,9 @@ import torch
 from .config import (
     CROP_MODES, IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ViTConfig,
 )  # fmt: skip
-from . import dinov3
+from . import dinov3, eva
 from .errors import CheckpointError, ConfigError
-from .registry import _AIMV2, _REGISTRY, get_config, unsupported_reason
+from .registry import _AIMV2, _EVA02, _REGISTRY, get_config, unsupported_reason
 
 StateDict = dict[str, torch.Tensor]
 Guesses = dict[str, str]  # ViTConfig field -> why its value is a guess
@@ -101,10 +102,9 @@ _FOREIGN_STRUCTURES = (
     (r"blocks\.0\.in_proj\.", "one fused input projection for parallel attention and MLP (timm's ParallelScalingBlock: *_xp_*, vit_pwee_*)"),
     (r"blocks\.0\.attn\.lambda_q1$", "differential attention (timm's DiffAttention: vit_dwee_*, vit_dlittle_*)"),
     (r"blocks\.0\.attn\.[qk]_norm\.", "query/key normalisation (timm's qk_norm=True)"),
-    (r"blocks\.0\.(attn|mlp)\.norm\.", "a norm inside the attention or MLP branch (timm's scale_attn_norm / scale_mlp_norm: beit3_*, EVA-02)"),
     (r"relative_position_bias_table$", "relative position biases (BEiT, Swin)"),
     (r"blocks\.0\.gamma_1$", "layer scale named gamma_1 (timm's BEiT, EVA and CaiT blocks, its RoPE ViTs among them; of eva.py's, "
-                             "vitfast reads DINOv3: a class token and registers, no learned position embeddings)"),
+                             "vitfast reads DINOv3 and EVA-02)"),
     (r"blocks\.0\.attn\.(q_proj|q_bias)", "separate q/k/v projections or biases (timm's beit.py / eva.py attention)"),
 )
 
@@ -134,20 +134,39 @@ def check_structure(sd: StateDict, where: object) -> None:
                               "it cannot be loaded (vitfast models lists what can)")  # fmt: skip
 
 
-def timm_layout(sd: StateDict, where: object, *, rope: str | None = None) -> tuple[StateDict, bool]:
-    """A state dict in one of timm's layouts -> (vitfast's names, whether to read its config as a DINOv3's:
-    `dinov3.eva_config`, not `infer_timm_config`).
+def timm_layout(sd: StateDict, where: object, *, rope: str | None = None) -> tuple[StateDict, str | None]:
+    """A state dict in one of timm's layouts -> (vitfast's names, the rotary family to read its config as: "dinov3",
+    "eva02" or None, see `timm_config`).
 
-    timm's eva.py block names are renamed when its keys say DINOv3 (`dinov3.eva_is_dinov3`) or the caller's
-    config does (`rope`: a given config's, an override's, a Hub folder's registered architecture's); never
-    otherwise, since eva.py's other rotary ViTs would load and compute something else. Weights in vitfast's
+    timm's eva.py block names are renamed when its keys say DINOv3 or EVA-02 (`eva.eva_family`) or the caller's
+    config has rotary positions (`rope`: a given config's, an override's, a Hub folder's registered architecture's);
+    never otherwise, since eva.py's other rotary ViTs would load and compute something else. Weights in vitfast's
     names without position embeddings are a DINOv3's only when `rope` says so. Block structures vitfast does
     not implement are refused (`check_structure`)."""
-    eva = dinov3.is_eva(sd) and (rope == "dinov3" or dinov3.eva_is_dinov3(sd))
-    if eva:
-        sd = dinov3.eva_to_timm(sd)
+    family = eva.eva_family(sd) if eva.is_eva(sd) else None
+    if family or (rope is not None and eva.is_eva(sd)):
+        sd = eva.eva_to_timm(sd)
     check_structure(sd, where)
-    return sd, eva or (rope == "dinov3" and "pos_embed" not in sd)
+    if family is None and rope is not None:  # the caller's word: weights in vitfast's names cannot say it
+        family = "eva02" if rope == "axial" else "dinov3" if "pos_embed" not in sd else None
+    return sd, family
+
+
+def timm_config(sd: StateDict, family: str | None, num_heads: int | None = None) -> tuple[ViTConfig, Guesses]:
+    """The config of a bare timm state dict in vitfast's names, read as `family` ("dinov3", "eva02", None: a
+    vision_transformer.py ViT) says; what the weights do not state comes back as guesses."""
+    if family == "dinov3":
+        return dinov3.eva_config(sd, num_heads)
+    cfg, guesses = infer_timm_config(sd, num_heads=num_heads, family=family)
+    if family != "eva02":
+        return cfg, guesses
+    # EVA-02's rotary positions and preprocessing are not in the weights: timm's, from its EVA-02 of these shapes
+    like = next((r for n, r in _registered_like(cfg.to_dict(), "eva02") if n.startswith("eva02")), _EVA02)
+    preprocessing = {k: like.get(k, getattr(cfg, k)) for k in ("mean", "std", "crop_pct", "interpolation", "crop_mode")}
+    guesses |= dict.fromkeys(preprocessing, "preprocessing is not stored in a state dict; timm's EVA-02 defaults assumed")
+    guesses["rope_ref_grid"] = (f"EVA-02's rotary positions are not stored in weights; the {eva.EVA02_REF_GRID[0]}x{eva.EVA02_REF_GRID[1]} "
+                                "grid every timm EVA-02 was pre-trained on (ref_feat_shape) and base 10000 assumed")  # fmt: skip
+    return cfg.replace(rope="axial", rope_ref_grid=eva.EVA02_REF_GRID, **preprocessing), guesses
 
 
 # ---------------------------------------------------------------------------- Hugging Face
@@ -678,6 +697,8 @@ def infer_timm_config(
     # a norm with a weight and no bias is an RMSNorm (timm's vision_transformer.py builds no bias-free LayerNorm)
     rms = has("blocks.0.norm1.weight") and not has("blocks.0.norm1.bias")
     kind = "CLIP" if pre_norm else "AIMv2" if rms and has("patch_embed.norm.weight") else "ViT"
+    if family != "eva02" and has("blocks.0.attn.norm.weight") and has("blocks.0.mlp.norm.weight"):
+        kind = "BEiT-3"  # vision_transformer.py's only ViTs with a norm inside both branches
     fields: dict[str, Any] = dict(
         img_size=grid * patch,
         patch_size=patch,
@@ -697,15 +718,17 @@ def infer_timm_config(
         final_norm=fc_norm or has("norm.weight"),  # RADIO and InternViT-300M end on the last block
         pre_norm=pre_norm,
         embed_norm=has("patch_embed.norm.weight"),
+        scale_attn_norm=has("blocks.0.attn.norm.weight"),
+        scale_mlp_norm=has("blocks.0.mlp.norm.weight"),
         norm_layer="rmsnorm" if rms else "layernorm",
         representation_size=sd["pre_logits.fc.weight"].shape[0] if has("pre_logits.fc.weight") else None,
         num_classes=sd["head.weight"].shape[0] if has("head.weight") else 0,
         norm_eps=norm_eps if norm_eps is not None else 1e-5 if kind != "ViT" else 1e-6,
         hybrid_layers=hybrid,
-        # not stored in weights: timm's default for ViTs (broadcast to in_chans), or for CLIP towers and AIMv2
-        mean=OPENAI_CLIP_MEAN if kind != "ViT" and in_chans == 3 else INCEPTION_MEAN,
-        std=OPENAI_CLIP_STD if kind != "ViT" and in_chans == 3 else INCEPTION_STD,
-        **(dict(crop_pct=1.0) if kind == "AIMv2" else {}),
+        # not stored in weights: timm's default for ViTs (broadcast to in_chans), or for CLIP towers and AIMv2, or BEiT-3's
+        mean=_TIMM_MEAN_STD[kind][0] if in_chans == 3 else INCEPTION_MEAN,
+        std=_TIMM_MEAN_STD[kind][1] if in_chans == 3 else INCEPTION_STD,
+        **(dict(crop_pct=1.0) if kind in ("AIMv2", "BEiT-3") else {}),
     )
     known = _registered_like(fields, family)
     name, entry = known[0] if known else (None, {})
@@ -725,6 +748,10 @@ def infer_timm_config(
     else:
         raise CheckpointError(f"cannot infer num_heads for embed_dim {dim}; pass config= to load_checkpoint (CLI: --num-heads N)")
     guesses |= dict.fromkeys(PREPROCESSING_GUESSED, f"preprocessing is not stored in a state dict; timm's {kind} defaults assumed")
+    if entry.get("rope") and family is None:  # e.g. an EVA-02 saved in vitfast's names: nothing in them says rotary
+        fields |= {k: entry[k] for k in ("rope", "rope_ref_grid", "rope_theta") if k in entry}
+        guesses["rope"] = (f"rotary positions are not stored in weights; {name}, the registered model of these shapes, has rope="
+                           f"{entry['rope']!r}: pass {{\"rope\": null}} in --config FILE.json (overrides= in Python) if this one has none")
     if no_embed_class and prefix and not any(r.get("no_embed_class") for _, r in known):
         # DeiT-III and register models leave their prefix tokens out of pos_embed; a non-square grid of
         # gh x gw patches with the class token embedded can have the same length (4 x 6 + 1 = 25)
@@ -752,6 +779,10 @@ def infer_timm_config(
     return ViTConfig(**fields), guesses
 
 
+_TIMM_MEAN_STD = {"ViT": (INCEPTION_MEAN, INCEPTION_STD), "CLIP": (OPENAI_CLIP_MEAN, OPENAI_CLIP_STD), "AIMv2": (OPENAI_CLIP_MEAN, OPENAI_CLIP_STD),
+                  "BEiT-3": (IMAGENET_MEAN, IMAGENET_STD)}  # fmt: skip
+
+
 def _timm_mlp(sd: StateDict, dim: int) -> dict[str, Any]:
     """The MLP kind and width: SwiGLU's gate and value Linears apart (fc1_g, fc1_x), or packed into one
     fc1 twice as wide as fc2's input (a GELU MLP's are equal)."""
@@ -777,7 +808,7 @@ def _registered_like(fields: dict[str, Any], family: str | None) -> list[tuple[s
     `family` (such as "siglip") first, if given, then those of the same patch size, then image size.
     A "token_avg" head (no registered model has one) matches the class-token models it was trained on."""
     shape_keys = ("embed_dim", "depth", "class_token", "reg_tokens", "hybrid_layers", "pre_norm", "global_pool", "mlp_layer", "final_norm",
-                  "norm_layer", "embed_norm")
+                  "norm_layer", "embed_norm", "scale_attn_norm", "scale_mlp_norm")
     default = {k: f.default for k, f in ViTConfig.__dataclass_fields__.items()}
     if fields["global_pool"] == "token_avg":
         fields = fields | {"global_pool": "token"}
@@ -788,19 +819,19 @@ def _registered_like(fields: dict[str, Any], family: str | None) -> list[tuple[s
 
 def read_timm_hub(cfg: dict[str, Any], sd: StateDict, where: object) -> tuple[StateDict, ViTConfig, Guesses]:
     """A timm Hub folder's config.json and weights (in any of timm's layouts) -> (vitfast's names, config, guesses).
-    A registered DINOv3 architecture says its eva.py weights are a DINOv3's (`timm_layout`)."""
+    A registered rotary architecture says its weights are eva.py's (`timm_layout`)."""
     rope = _REGISTRY.get(str(cfg["architecture"]).split(".", 1)[0], {}).get("rope")
-    sd, dinov3_weights = timm_layout(sd, where, rope=rope)
-    vit_cfg, guesses = timm_hub_config(cfg, sd, dinov3_weights=dinov3_weights)
+    sd, family = timm_layout(sd, where, rope=rope)
+    vit_cfg, guesses = timm_hub_config(cfg, sd, family=family)
     return sd, vit_cfg, guesses
 
 
-def timm_hub_config(cfg: dict[str, Any], sd: StateDict, *, dinov3_weights: bool = False) -> tuple[ViTConfig, Guesses]:
+def timm_hub_config(cfg: dict[str, Any], sd: StateDict, *, family: str | None = None) -> tuple[ViTConfig, Guesses]:
     """A `ViTConfig` from a timm Hub folder's config.json (as timm's `save_for_hf` writes it):
     the architecture from `architecture` (+ `model_args`), `num_classes`, preprocessing from
     `pretrained_cfg`, class names from `label_names`. An architecture vitfast has not registered
-    is read off the weights' shapes instead (its head count then being a guess), as a DINOv3's
-    with `dinov3_weights` (see `timm_layout`)."""
+    is read off the weights' shapes instead (its head count then being a guess), as `family` says
+    (see `timm_layout`, `timm_config`)."""
     arch = str(cfg["architecture"])
     if why := unsupported_reason(arch):  # its weights can look like a plain ViT's (ResPostBlock): never read them as one
         raise CheckpointError(f"this timm Hub folder holds {arch}: {why}, which vitfast's ViT does not implement")
@@ -808,7 +839,7 @@ def timm_hub_config(cfg: dict[str, Any], sd: StateDict, *, dinov3_weights: bool 
     try:
         base, guesses = get_config(arch, **model_args), {}
     except ConfigError:
-        base, guesses = dinov3.eva_config(sd) if dinov3_weights else infer_timm_config(sd)
+        base, guesses = timm_config(sd, family)
         base = base.replace(**model_args)  # what the folder states (e.g. act_layer) is not a guess
         guesses = {k: v + f" ({arch!r} is not a registered vitfast model)" for k, v in guesses.items() if k not in model_args}
     pc = cfg.get("pretrained_cfg") or {}

@@ -1,8 +1,8 @@
 """DINOv3 checkpoints in vitfast's (= timm's vision_transformer.py) names, from the three layouts they come in:
 
 - Hugging Face (`DINOv3ViTModel`, `DINOv3ViTBackbone`): q/k/v apart, `lambda1` layer scales;
-- timm's eva.py (`vit_*_patch16_dinov3[_qkvb]`): layer scales `gamma_1` / `gamma_2`, q and v biases apart
-  from the fused qkv Linear (`q_bias`, `v_bias`; the key's is a zero buffer, not saved);
+- timm's eva.py (`vit_*_patch16_dinov3[_qkvb]`): renamed by eva.py (`eva.eva_to_timm`), configured here
+  (`eva_config`);
 - Meta's original `.pth` (facebookresearch/dinov3): registers named `storage_tokens`, a key-bias mask beside
   the qkv bias, the rotary periods saved as a buffer, SwiGLU's Linears named `w1`, `w2`, `w3`.
 
@@ -170,49 +170,6 @@ def _shape_fields(sd: StateDict) -> dict[str, Any]:
         reg_tokens=sd["reg_token"].shape[1] if "reg_token" in sd else 0,
         num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
     )
-
-
-# ---------------------------------------------------------------------------- timm's eva.py
-# timm builds its DINOv3 with eva.py's blocks: layer scales named gamma_1 / gamma_2, and (the _qkvb models) q and v
-# biases apart from the bias-free fused qkv Linear. Either key marks eva.py's layout; BEiT and CaiT share the first.
-EVA_KEYS = ("blocks.0.gamma_1", "blocks.0.attn.q_bias")
-_EVA_BLOCK = re.compile(r"blocks\.(\d+)\.(gamma_1|gamma_2|attn\.q_bias|attn\.v_bias)")
-
-
-def is_eva(sd: StateDict) -> bool:
-    return any(k in sd for k in EVA_KEYS)
-
-
-def eva_is_dinov3(sd: StateDict) -> bool:
-    """Whether an eva.py-layout state dict is a DINOv3, read off its keys: a class token and registers, no learned
-    position embeddings, no saved rotary buffer.
-
-    Among timm 1.0.31's eva.py models this holds exactly for those built with its DINOv3 rotary embedding
-    (RotaryEmbeddingDinoV3): the vit_*_patch16_dinov3* names, LingBot (DINOv3's architecture, class-token
-    pooling) and Sapiens2 (refused afterwards for its q/k/v projections apart and qk-norm). EVA and EVA-02,
-    PE and the *_rope_ape_* ViTs have learned position embeddings; the other *_rope_* ViTs lack the class token
-    (*_reg*_gap_*) or registers, and the *_rope_mixed_* ones save rope.freqs. tests/test_timm_parity.py checks
-    this over every eva.py model."""
-    return "cls_token" in sd and "reg_token" in sd and "pos_embed" not in sd and not any(k.startswith("rope.") for k in sd)
-
-
-def eva_to_timm(sd: StateDict) -> StateDict:
-    """Rename timm's eva.py block keys to vitfast's: gamma_1 / gamma_2 -> ls1.gamma / ls2.gamma; q_bias, zeros (eva.py's
-    k_bias, a zero buffer it does not save) and v_bias -> one qkv.bias [3 C], in qkv.weight's row order (q, k, v)."""
-    out: StateDict = {}
-    qv: dict[str, dict[str, torch.Tensor]] = {}
-    for key, value in sd.items():
-        if not (m := _EVA_BLOCK.fullmatch(key)):
-            out[key] = value
-        elif m.group(2).startswith("gamma"):
-            out[f"blocks.{m.group(1)}.ls{m.group(2)[-1]}.gamma"] = value
-        else:
-            qv.setdefault(m.group(1), {})[m.group(2)[-6]] = value  # "q" or "v"
-    for idx, biases in qv.items():
-        if set(biases) != {"q", "v"}:
-            raise CheckpointError(f"block {idx} has only attn.{next(iter(biases))}_bias; timm's eva.py attention has q_bias and v_bias")
-        out[f"blocks.{idx}.attn.qkv.bias"] = torch.cat([biases["q"], torch.zeros_like(biases["q"]), biases["v"]])
-    return out
 
 
 def eva_config(sd: StateDict, num_heads: int | None = None) -> tuple[ViTConfig, Guesses]:

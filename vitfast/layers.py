@@ -6,6 +6,7 @@ Shapes: B batch, N tokens, C = embed_dim, H heads, D = C // H head_dim.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -64,55 +65,79 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Ten
     return attn.to(torch.promote_types(attn.dtype, torch.float32)).softmax(dim=-1).to(q.dtype)
 
 
-def rope_dinov3(grid: tuple[int, int], head_dim: int, theta: float, dtype: torch.dtype, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """DINOv3's 2-D rotary tables (cos, sin), each [gh * gw, head_dim], patches in row-major order.
+def rope_tables(
+    kind: str, grid: tuple[int, int], head_dim: int, theta: float, dtype: torch.dtype, device=None, ref_grid: tuple[int, int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """2-D rotary tables (cos, sin), each [gh * gw, head_dim], patches in row-major order (`ViTConfig.rope`).
 
-    Patch centres are normalised to [-1, 1] per axis; head_dim / 4 periods theta ** (4i / head_dim)
-    per axis give the angles 2 pi coord / period, y's then x's, repeated for the rotate-half layout.
+    head_dim / 4 periods theta ** (4i / head_dim) per axis, y's then x's, dividing the patch coordinate:
+    "dinov3" (DINOv3): patch centres normalised to [-1, 1] per axis, angles 2 pi coord / period, repeated for the
+    rotate-half layout [a, a]. "axial" (EVA-02, timm's RotaryEmbeddingCat): patch indices, scaled by
+    ref_grid / grid when given (EVA's ref_feat_shape), angles coord / period, each repeated for its pair [a0, a0, a1, a1, ..].
     Computed in at least fp32 (as transformers and timm do), so cast to the model's dtype by the caller.
     """
     dtype = torch.promote_types(dtype, torch.float32)
-    gh, gw = grid
-    ys = (torch.arange(gh, dtype=dtype, device=device) + 0.5) / gh * 2 - 1
-    xs = (torch.arange(gw, dtype=dtype, device=device) + 0.5) / gw * 2 - 1
-    coords = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1).flatten(0, 1)  # [gh * gw, 2]: (y, x)
+    axes = [torch.arange(size, dtype=dtype, device=device) for size in grid]
+    if kind == "dinov3":
+        axes = [(t + 0.5) / size * 2 - 1 for t, size in zip(axes, grid)]
+    elif ref_grid is not None:
+        axes = [t / size * ref for t, size, ref in zip(axes, grid, ref_grid)]
+    coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).flatten(0, 1)  # [gh * gw, 2]: (y, x)
     periods = theta ** (torch.arange(head_dim // 4, dtype=dtype, device=device) * 4 / head_dim)
-    angles = (2 * math.pi * coords[:, :, None] / periods).flatten(1)  # [gh * gw, head_dim / 2]
-    angles = torch.cat([angles, angles], dim=-1)
+    # [gh * gw, head_dim / 2], in each library's order of operations (timm's DINOv3 divides, its EVA multiplies)
+    if kind == "dinov3":
+        angles = (2 * math.pi * coords[:, :, None] / periods).flatten(1)
+        angles = torch.cat([angles, angles], dim=-1)
+    else:
+        angles = (coords[:, :, None] * (1 / periods)).flatten(1).repeat_interleave(2, dim=-1)
     return angles.cos(), angles.sin()
 
 
+class Rope(NamedTuple):
+    """What a block's attention rotates the last Np tokens' queries and keys by: cos, sin [Np, D] and the layout."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    interleaved: bool  # pairs (2j, 2j + 1) ("axial"), else the halves (j, j + D/2) ("dinov3")
+
+
 class RopeTables(nn.Module):
-    """The rotary tables of a fixed patch grid, computed once: `forward()` -> (cos, sin) [gh * gw, head_dim].
+    """The rotary tables of a fixed patch grid, computed once: `forward()` -> `Rope` (cos, sin [gh * gw, head_dim]).
 
     Non-persistent buffers (not in the state dict), kept in at least fp32 whatever dtype the model is cast
     to: `.half()` / `.to()` recompute them from the formula (as timm keeps its rotary periods), so a
     float64 model gets float64 tables and an fp16 one fp32 tables that `apply_rope` casts, as transformers does.
     """
 
-    def __init__(self, grid: tuple[int, int], head_dim: int, theta: float):
+    def __init__(self, kind: str, grid: tuple[int, int], head_dim: int, theta: float, ref_grid: tuple[int, int] | None = None):
         super().__init__()
-        self.grid, self.head_dim, self.theta = grid, head_dim, theta
-        cos, sin = rope_dinov3(grid, head_dim, theta, torch.float32)
+        self.kind, self.grid, self.head_dim, self.theta, self.ref_grid = kind, grid, head_dim, theta, ref_grid
+        cos, sin = rope_tables(kind, grid, head_dim, theta, torch.float32, ref_grid=ref_grid)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
-        self.cos, self.sin = rope_dinov3(self.grid, self.head_dim, self.theta, self.cos.dtype, self.cos.device)
+        self.cos, self.sin = rope_tables(self.kind, self.grid, self.head_dim, self.theta, self.cos.dtype, self.cos.device, self.ref_grid)
         return self
 
-    def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cos, self.sin
+    def forward(self) -> Rope:
+        return Rope(self.cos, self.sin, self.kind == "axial")
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """Rotate the last cos.shape[0] tokens of x [B, H, N, D] (the patches; the class and register tokens
-    before them stay): x cos + rotate_half(x) sin, rotate_half(x) = (-x[D/2:], x[:D/2]), in x's dtype."""
+    before them stay): x cos + rot(x) sin in x's dtype, rot(x) = (-x[D/2:], x[:D/2]) (rotate-half), or with
+    `interleaved` rot(x)[2j], rot(x)[2j + 1] = -x[2j + 1], x[2j] (timm's `apply_rot_embed_cat(half=False)`)."""
     prefix, patches = x.split((x.shape[-2] - cos.shape[0], cos.shape[0]), dim=-2)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    x1, x2 = patches.chunk(2, dim=-1)
-    return torch.cat([prefix, patches * cos + torch.cat([-x2, x1], dim=-1) * sin], dim=-2)
+    if interleaved:
+        pairs = patches.unflatten(-1, (-1, 2))
+        rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
+    else:
+        x1, x2 = patches.chunk(2, dim=-1)
+        rotated = torch.cat([-x2, x1], dim=-1)
+    return torch.cat([prefix, patches * cos + rotated * sin], dim=-2)
 
 
 class Attention(nn.Module):
@@ -121,12 +146,14 @@ class Attention(nn.Module):
     Two paths with the same math: `F.scaled_dot_product_attention` (default) and an explicit
     softmax(q k^T / sqrt(D)) v that can return the attention probabilities and exports to ONNX
     as plain MatMul/Softmax. `fused_attn = False` selects the explicit path. Given `rope` tables
-    (cos, sin), the patch tokens' queries and keys are rotated first (DINOv3).
+    (`Rope`), the patch tokens' queries and keys are rotated first (DINOv3, EVA-02). `norm` (timm's
+    scale_attn_norm, EVA-02 CLIP): a norm module for the heads' output before the projection.
     """
 
     def __init__(
-        self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0, proj_bias: bool = True
-    ):
+        self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0, proj_bias: bool = True,
+        norm: nn.Module | None = None,
+    ):  # fmt: skip
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
@@ -134,12 +161,13 @@ class Attention(nn.Module):
         self.fused_attn = True
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
+        self.norm = norm if norm is not None else nn.Identity()
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False, rope: tuple[torch.Tensor, torch.Tensor] | None = None):
+    def forward(self, x: torch.Tensor, return_attention: bool = False, rope: Rope | None = None):
         """x [B, N, C] -> [B, N, C]; with `return_attention`, also probabilities [B, H, N, N]. `rope`:
-        (cos, sin) [Np, D] for the last Np tokens."""
+        the rotary tables [Np, D] of the last Np tokens."""
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each [B, H, N, D]
@@ -151,7 +179,7 @@ class Attention(nn.Module):
         else:
             attn = attention_probs(q, k, self.scale)
             x = self.attn_drop(attn) @ v
-        x = self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, C)))
+        x = self.proj_drop(self.proj(self.norm(x.transpose(1, 2).reshape(B, N, C))))
         return (x, attn) if return_attention else x
 
 
@@ -218,18 +246,20 @@ def make_act(act_layer: str) -> nn.Module:
 
 
 class Mlp(nn.Module):
-    """fc1 -> GELU (erf form, or its tanh or sigmoid approximation) -> fc2, [B, N, C] -> [B, N, C]."""
+    """fc1 -> GELU (erf form, or its tanh or sigmoid approximation) -> fc2, [B, N, C] -> [B, N, C].
+    The MLP classes take `norm`: a norm module for the hidden activations before fc2 (timm's scale_mlp_norm)."""
 
-    def __init__(self, dim: int, hidden: int, act_layer: str = "gelu", drop: float = 0.0, bias: bool = True):
+    def __init__(self, dim: int, hidden: int, act_layer: str = "gelu", drop: float = 0.0, bias: bool = True, norm: nn.Module | None = None):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden, bias=bias)
         self.act = make_act(act_layer)
         self.drop1 = nn.Dropout(drop)
+        self.norm = norm if norm is not None else nn.Identity()
         self.fc2 = nn.Linear(hidden, dim, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(self.fc1(x))))))
 
 
 class SwiGLUPacked(nn.Module):
@@ -237,34 +267,36 @@ class SwiGLUPacked(nn.Module):
     DINOv2's giant: fc1 [hidden, C] -> gate, value halves [.., hidden / 2] -> silu(gate) * value -> fc2.
     [B, N, C] -> [B, N, C]; `hidden` is fc1's (packed) width."""
 
-    def __init__(self, dim: int, hidden: int, act_layer: str = "silu", drop: float = 0.0, bias: bool = True):
+    def __init__(self, dim: int, hidden: int, act_layer: str = "silu", drop: float = 0.0, bias: bool = True, norm: nn.Module | None = None):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden, bias=bias)
         self.act = make_act(act_layer)
         self.drop1 = nn.Dropout(drop)
+        self.norm = norm if norm is not None else nn.Identity()
         self.fc2 = nn.Linear(hidden // 2, dim, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, value = self.fc1(x).chunk(2, dim=-1)
-        return self.drop2(self.fc2(self.drop1(self.act(gate) * value)))
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(gate) * value))))
 
 
 class SwiGLU(nn.Module):
     """SwiGLU with the gate and value projections apart, as timm's `SwiGLU` (AIMv2): silu(fc1_g(x)) *
     fc1_x(x) -> fc2, [B, N, C] -> [B, N, C]; `hidden` is each projection's width."""
 
-    def __init__(self, dim: int, hidden: int, act_layer: str = "silu", drop: float = 0.0, bias: bool = True):
+    def __init__(self, dim: int, hidden: int, act_layer: str = "silu", drop: float = 0.0, bias: bool = True, norm: nn.Module | None = None):
         super().__init__()
         self.fc1_g = nn.Linear(dim, hidden, bias=bias)
         self.fc1_x = nn.Linear(dim, hidden, bias=bias)
         self.act = make_act(act_layer)
         self.drop1 = nn.Dropout(drop)
+        self.norm = norm if norm is not None else nn.Identity()
         self.fc2 = nn.Linear(hidden, dim, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1_g(x)) * self.fc1_x(x))))
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(self.fc1_g(x)) * self.fc1_x(x)))))
 
 
 MLP_CLASSES = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}  # ViTConfig.mlp_layer -> module
@@ -317,20 +349,26 @@ class Block(nn.Module):
         attn_layer: type[nn.Module] = Attention,
         mlp_layer: type[nn.Module] = Mlp,
         norm_layer: type[nn.Module] = nn.LayerNorm,
+        scale_attn_norm: bool = False,
+        scale_mlp_norm: bool = False,
     ):
         super().__init__()
         self.norm1 = norm_layer(dim, eps=norm_eps)
-        # bias-free projections are asked for only when wanted, so injected layers without the argument keep working
-        no_bias = {} if proj_bias else {"proj_bias": False}
-        self.attn = attn_layer(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop, **no_bias)
+        # bias-free projections and inner norms are asked for only when wanted, so injected layers without the
+        # arguments keep working
+        attn_kw = ({} if proj_bias else {"proj_bias": False}) | ({"norm": norm_layer(dim, eps=norm_eps)} if scale_attn_norm else {})
+        self.attn = attn_layer(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop, **attn_kw)
         self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = norm_layer(dim, eps=norm_eps)
-        self.mlp = mlp_layer(dim, mlp_hidden, act_layer=act_layer, drop=proj_drop, **({} if proj_bias else {"bias": False}))
+        mlp_kw = {} if proj_bias else {"bias": False}
+        if scale_mlp_norm:  # over the width fc2 reads: half of a packed SwiGLU's fc1
+            mlp_kw["norm"] = norm_layer(mlp_hidden // 2 if mlp_layer is SwiGLUPacked else mlp_hidden, eps=norm_eps)
+        self.mlp = mlp_layer(dim, mlp_hidden, act_layer=act_layer, drop=proj_drop, **mlp_kw)
         self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False, rope: tuple[torch.Tensor, torch.Tensor] | None = None):
+    def forward(self, x: torch.Tensor, return_attention: bool = False, rope: Rope | None = None):
         """x [B, N, C] -> [B, N, C]; with `return_attention`, also [B, H, N, N] probabilities. `rope` goes to
         the attention (only when given, so injected attention layers without it keep working)."""
         attn = None

@@ -54,8 +54,8 @@ class VisionTransformer(nn.Module):
         embed_len = c.num_patches if c.no_embed_class else c.seq_len
         self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, dim)) if c.abs_pos_embed else None
         self.pos_drop = nn.Dropout(c.pos_drop_rate)
-        # DINOv3: rotary tables for the patch grid, computed once (not per forward), handed to every block
-        self.rope = RopeTables(c.grid_size, c.head_dim, c.rope_theta) if c.rope is not None else None
+        # DINOv3, EVA-02: rotary tables for the patch grid, computed once (not per forward), handed to every block
+        self.rope = RopeTables(c.rope, c.grid_size, c.head_dim, c.rope_base, c.rope_ref_grid) if c.rope is not None else None
         self.norm_pre = norm_layer(dim, eps=c.norm_eps) if c.pre_norm else nn.Identity()
 
         drop_path = [c.drop_path_rate * i / max(c.depth - 1, 1) for i in range(c.depth)]  # linear decay rule
@@ -76,6 +76,7 @@ class VisionTransformer(nn.Module):
                     attn_layer=attn_layer,
                     mlp_layer=mlp_layer,
                     norm_layer=norm_layer,
+                    **{k: True for k in ("scale_attn_norm", "scale_mlp_norm") if getattr(c, k)},  # only when wanted (injected blocks)
                 )
                 for i in range(c.depth)
             ]

@@ -102,6 +102,29 @@ _DINOV3 = dict(img_size=256, patch_size=16, abs_pos_embed=False, rope="dinov3", 
                global_pool="avg", fc_norm=False, norm_eps=1e-5, num_classes=0, crop_pct=1.0, mean=IMAGENET_MEAN, std=IMAGENET_STD)  # fmt: skip
 
 
+# EVA-02 (Fang et al. 2023; timm's eva.py): learned position embeddings and 2-D axial rotary ones (patch indices scaled to
+# the 16x16 grid of its 224 px pre-training, base 10000, pairs rotated together), SwiGLU of width int(8C / 3) (packed
+# for Ti/S; B/L with the gate and value Linears apart and a LayerNorm before fc2), average pooling, CLIP's mean/std.
+# The CLIP towers pool the class token into a projection and add a LayerNorm before the attention's output projection.
+_EVA02 = dict(patch_size=14, rope="axial", rope_ref_grid=(16, 16), global_pool="avg", mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD)
+
+
+def _eva02(size: str, img: int, num_classes: int, **kw: Any) -> dict[str, Any]:
+    dim, depth, heads = SIZES[size]
+    hidden = int(dim * 8 / 3)
+    if size in ("tiny", "small"):  # timm's GluMlp gating with the first half: vitfast's swiglu_packed
+        mlp = dict(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=2 * hidden / dim)
+    else:
+        mlp = dict(mlp_layer="swiglu", act_layer="silu", mlp_ratio=hidden / dim, scale_mlp_norm=True)
+    crop = dict(crop_pct=0.9) if img == 224 else dict(crop_pct=1.0, crop_mode="squash" if img == 448 else "center")
+    return _EVA02 | dict(img_size=img, embed_dim=dim, depth=depth, num_heads=heads, num_classes=num_classes) | mlp | crop | kw
+
+
+_EVA02_CLIP = dict(global_pool="token", scale_attn_norm=True)
+# BEiT-3's image tower (Wang et al. 2022) as timm remaps it: a ViT with a LayerNorm inside each branch (eps 1e-5)
+_BEIT3 = dict(scale_attn_norm=True, scale_mlp_norm=True, global_pool="avg", norm_eps=1e-5, crop_pct=1.0, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+
+
 def _dinov3(size: str, qkv_bias: bool) -> dict[str, Any]:
     dim, depth, heads, ratio, swiglu = _DINOV3_SIZES[size]
     mlp = dict(mlp_layer="swiglu", act_layer="silu") if swiglu else {}
@@ -269,6 +292,18 @@ _REGISTRY: dict[str, dict[str, Any]] = {
        for size, (dim, heads, ratio) in _AIMV2_SIZES.items() for img in (224, 336, 448)},
     **{f"vit_{size}_patch16_dinov3{tag}": _dinov3(size, qkv_bias=bool(tag))
        for size in _DINOV3_SIZES for tag in ("", "_qkvb") if (size, tag) not in (("tiny", ""), ("7b", "_qkvb"))},
+    **{f"eva02_{size}_patch14_224": _eva02(size, 224, 0) for size in ("tiny", "small", "base", "large")},  # MIM pre-trained
+    "eva02_tiny_patch14_336": _eva02("tiny", 336, 1000),
+    "eva02_small_patch14_336": _eva02("small", 336, 1000),
+    "eva02_base_patch14_448": _eva02("base", 448, 1000),
+    "eva02_large_patch14_448": _eva02("large", 448, 1000),
+    "eva02_base_patch16_clip_224": _eva02("base", 224, 512, patch_size=16, **_EVA02_CLIP),
+    "eva02_large_patch14_clip_224": _eva02("large", 224, 768, **_EVA02_CLIP),
+    "eva02_large_patch14_clip_336": _eva02("large", 336, 768, **_EVA02_CLIP),
+    "beit3_base_patch16_224": _vit("base", 16, 224, **_BEIT3),
+    "beit3_large_patch16_224": _vit("large", 16, 224, **_BEIT3),
+    "beit3_giant_patch14_224": _vit("giant", 14, 224, **_BEIT3),
+    "beit3_giant_patch14_336": _vit("giant", 14, 336, **_BEIT3),
     # CIFAR-sized model for tests, demos and quick experiments (not a timm name)
     "vit_cifar_patch4_32": dict(
         img_size=32, patch_size=4, embed_dim=48, depth=4, num_heads=4, mlp_ratio=4.0, num_classes=10,
@@ -285,7 +320,6 @@ _UNSUPPORTED = (
                    "(timm's ParallelScalingBlock)"),
     ("vit_*pwee_*", "its blocks run attention and MLP in parallel from one fused projection (timm's ParallelScalingBlock)"),
     ("vit_d*_reg1_gap_*", "it uses differential attention (timm's DiffAttention)"),
-    ("beit3_*", "its attention and MLP branches have norms inside them (timm's scale_attn_norm / scale_mlp_norm)"),
 )  # fmt: skip
 
 
