@@ -46,6 +46,10 @@ VARIANTS = {
     "intern300m-no-final-norm": ("vit_intern300m_patch14_448", dict(img_size=56, depth=1, num_classes=5)),
     "aimv2-rmsnorm-swiglu": ("aimv2_large_patch14_224", dict(img_size=56, depth=2, num_classes=0, embed_dim=128, num_heads=2)),
     "aimv2-classifier": ("aimv2_huge_patch14_336", dict(img_size=42, depth=1, num_classes=5, embed_dim=96, num_heads=3)),
+    "eva02-tiny-packed-swiglu": ("eva02_tiny_patch14_336", dict(img_size=56, depth=2, num_classes=5)),
+    "eva02-base-mlp-norm": ("eva02_base_patch14_448", dict(img_size=70, depth=2, num_classes=5)),
+    "eva02-clip-attn-norm": ("eva02_base_patch16_clip_224", dict(img_size=64, depth=2, num_classes=7)),
+    "beit3-inner-norms": ("beit3_base_patch16_224", dict(img_size=64, depth=2, num_classes=5)),
 }
 
 
@@ -63,13 +67,15 @@ def test_timm_state_dict_matches(tmp_path, variant):
     x = torch.randn(2, 3, kw["img_size"], kw["img_size"])
     with torch.no_grad():
         torch.testing.assert_close(ours(x), ref(x), atol=ATOL, rtol=0)
-    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
+    key_bias = sum(p.numel() for n, p in ref.named_parameters() if n.endswith(("attn.q_bias", "attn.q_proj.bias")))  # eva.py has none
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters()) + key_bias
 
 
 @pytest.mark.parametrize(
     "variant",
     ["plain", "deit-distilled", "hybrid-r26", "clip", "dinov2-reg4", "siglip-gap", "sbb-gap-no-qkv-bias", "so150m2-reg-in-pos-embed",
-     "eva-avg-with-class-token", "radio-no-final-norm", "intern300m-no-final-norm", "aimv2-rmsnorm-swiglu"],
+     "eva-avg-with-class-token", "radio-no-final-norm", "intern300m-no-final-norm", "aimv2-rmsnorm-swiglu", "eva02-tiny-packed-swiglu",
+     "eva02-base-mlp-norm", "eva02-clip-attn-norm", "beit3-inner-norms"],
 )  # fmt: skip
 def test_timm_config_inferred_from_shapes(tmp_path, variant):
     name, kw = VARIANTS[variant]
@@ -177,6 +183,9 @@ def test_pos_embed_resize_matches_timm(tmp_path, variant):
         ("dinov2-reg4", 56, None, True),
         ("siglip-map", 64, None, True),
         ("radio-no-final-norm", 64, None, True),
+        ("eva02-base-mlp-norm", 98, None, True),
+        ("eva02-clip-attn-norm", 64, None, True),
+        ("beit3-inner-norms", 64, None, True),
     ],
 )
 def test_save_for_hf_folder_loads_as_timm_loads_it(tmp_path, variant, img_size, data_config, safe):
@@ -220,9 +229,11 @@ def test_registry_matches_timm_architectures():
         assert our_shapes == ref_shapes, name
         c = ours.config
         rope = getattr(ref, "rope", None)  # eva.py's; vision_transformer.py has none
-        assert (c.abs_pos_embed, c.rope) == (ref.pos_embed is not None, _DINOV3_ROPE.get(type(rope).__name__)), name
+        assert (c.abs_pos_embed, c.rope) == (ref.pos_embed is not None, _TIMM_ROPE.get(type(rope).__name__)), name
         if rope is not None:
-            assert _rope_settings(rope) == (c.rope_theta, *DINOV3_ROPE_SETTINGS), name
+            assert _rope_settings(rope) == _our_rope_settings(c), name
+        inner = [getattr(ref.blocks[0].attn, "norm", None), getattr(ref.blocks[0].mlp, "norm", None)]
+        assert [type(m).__name__ not in ("Identity", "NoneType") for m in inner] == [c.scale_attn_norm, c.scale_mlp_norm], name
         assert (ref.global_pool, type(ref.fc_norm).__name__ != "Identity") == (c.global_pool, c.use_fc_norm), name
         ref_act = ref.blocks[0].mlp.act
         assert acts.get(type(ref_act).__name__) == c.act_layer or (type(ref_act).__name__ == "GELU" and ref_act.approximate == "tanh"
@@ -325,15 +336,28 @@ def test_pretrained_cfg_preprocessing_matches_timm(tag, overrides):
 
 
 # ---------------------------------------------------------------------------- DINOv3 (timm's eva.py, Meta's layout)
-_DINOV3_ROPE = {"RotaryEmbeddingDinoV3": "dinov3", "NoneType": None}  # timm's rotary class -> vitfast's rope
+_TIMM_ROPE = {"RotaryEmbeddingDinoV3": "dinov3", "RotaryEmbeddingCat": "axial", "NoneType": None}  # timm's rotary class -> vitfast's rope
 # what vitfast's rope="dinov3" computes, in RotaryEmbeddingDinoV3's terms after the base (rope_theta): periods from the base,
 # not min/max; coordinates normalised per axis, not offset, row-major ('ij'); the rotate-half layout
 DINOV3_ROPE_SETTINGS = (None, None, "separate", 0.0, "ij", True)
+# and rope="axial", in RotaryEmbeddingCat's terms after the base and the reference grid: inverse-frequency bands (not
+# pixel ones), integer patch indices not offset, row-major, the interleaved layout
+AXIAL_ROPE_SETTINGS = (False, "index", 0.0, "ij", False)
 DINOV3_SIZES = ["vit_tiny_patch16_dinov3_qkvb", "vit_small_patch16_dinov3", "vit_small_plus_patch16_dinov3_qkvb", "vit_base_patch16_dinov3"]
 
 
 def _rope_settings(rope) -> tuple:
+    if type(rope).__name__ == "RotaryEmbeddingCat":
+        ref = tuple(rope.ref_feat_shape) if rope.ref_feat_shape is not None else None
+        return (rope.temperature, ref, rope.in_pixels, rope.grid_type, rope.grid_offset, rope.grid_indexing, rope.rotate_half)
     return (rope.temperature, rope.min_period, rope.max_period, rope.normalize_coords, rope.grid_offset, rope.grid_indexing, rope.rotate_half)
+
+
+def _our_rope_settings(c: vitfast.ViTConfig) -> tuple:
+    """A config's rotary positions in `_rope_settings`'s terms."""
+    if c.rope == "axial":
+        return (c.rope_base, c.rope_ref_grid, *AXIAL_ROPE_SETTINGS)
+    return (c.rope_base, *DINOV3_ROPE_SETTINGS)
 
 
 @pytest.mark.parametrize("global_pool", ["avg", "token"])
@@ -378,29 +402,40 @@ def test_bare_timm_dinov3_state_dict_is_read_off_its_keys_and_says_what_it_assum
             assert (guessed(x) - ref(x)).abs().max() > 100 * ATOL  # the guess is another pooling, and says so
 
 
-def test_eva_models_load_as_dinov3_exactly_when_timm_gives_them_dinov3s_rotary_positions():
-    """The rule that reads a bare eva.py state dict as a DINOv3 (a class token and registers, no learned positions, no
-    saved rotary buffer), over every eva.py model timm has: whatever loads has DINOv3's rotary embedding with the settings
-    vitfast computes (so no other rotary form ever loads as DINOv3), every vit_*_dinov3* name loads, and the only other
-    names that do are LingBot's (DINOv3's architecture); the rest (EVA, EVA-02, PE, the *_rope_* ViTs, Sapiens2) are refused."""
+def test_eva_models_load_exactly_when_timm_gives_them_the_rotary_positions_vitfast_reads_them_with():
+    """The rule that reads a bare eva.py state dict as a DINOv3 (a class token and registers, no learned positions) or
+    an EVA-02 (a class token and learned positions, no registers, no layer scale, no norm before the blocks, a SwiGLU
+    MLP), over every eva.py model timm has: whatever loads gets the rotary embedding timm builds it with, its settings
+    included (so no other rotary form ever loads as one of them), every vit_*_dinov3* and eva02_* name but the
+    post-norm enormous one loads, and the only other names that do are LingBot's (DINOv3's architecture); the rest
+    (EVA-01, PE, the *_rope_* ViTs, Sapiens2, the enormous EVA-02) are refused."""
+    from vitfast.convert import timm_config
+
     loaded, refused = set(), {}
     for name in timm.list_models(module="eva"):
         with torch.device("meta"):
             ref = timm.create_model(name, pretrained=False)
         try:
-            _, dinov3_weights = timm_layout(ref.state_dict(), name)
+            sd, family = timm_layout(ref.state_dict(), name)
         except vitfast.CheckpointError as exc:
             refused[name] = str(exc)
             continue
-        assert dinov3_weights, name  # nothing from eva.py reads as a plain ViT
-        assert type(ref.rope).__name__ == "RotaryEmbeddingDinoV3" and _rope_settings(ref.rope) == (100.0, *DINOV3_ROPE_SETTINGS), name
-        assert ref.blocks[0].norm1.eps == 1e-5 and type(ref.blocks[0].attn).__name__ == "EvaAttention", name  # eva_config's defaults
+        assert family is not None, name  # nothing from eva.py reads as a plain ViT
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg, _ = timm_config(sd, family)
+        assert _TIMM_ROPE[type(ref.rope).__name__] == cfg.rope and _rope_settings(ref.rope) == _our_rope_settings(cfg), name
+        assert ref.blocks[0].norm1.eps == cfg.norm_eps and type(ref.blocks[0].attn).__name__ == "EvaAttention", name
+        assert type(ref.blocks[0]).__name__ == "EvaBlock", name  # pre-norm
         loaded.add(name)
     dinov3_names = set(timm.list_models("*_dinov3*", module="eva"))
     assert dinov3_names == {n for n in vitfast.list_models() if "dinov3" in n} and len(dinov3_names) == 12
-    assert loaded == dinov3_names | set(timm.list_models("*_lingbot", module="eva"))
-    assert len(refused) > 40 and all("does not implement" in why for why in refused.values())
+    eva02_names = set(timm.list_models("eva02_*", module="eva")) - {"eva02_enormous_patch14_clip_224"}
+    assert eva02_names == {n for n in vitfast.list_models() if n.startswith("eva02")} and len(eva02_names) == 11
+    assert loaded == dinov3_names | eva02_names | set(timm.list_models("*_lingbot", module="eva"))
+    assert len(refused) > 30 and all("does not implement" in why for why in refused.values())
     assert {n for n, why in refused.items() if "gamma_1" in why} >= {"vit_medium_patch16_rope_reg1_gap_256", "vit_base_patch16_rope_224"}
+    assert {n for n, why in refused.items() if "separate q/k/v" in why} >= {"eva02_enormous_patch14_clip_224", "eva_giant_patch14_224"}
     # the Perception Encoder towers without layer scale have a CLIP tower's keys: refused by their attention pool / no final norm
     assert {n for n, why in refused.items() if "Perception Encoder" in why} == {n for n in timm.list_models("vit_pe_*", module="eva")
                                                                                 if "lang" not in n and "spatial_gigantic" not in n}  # fmt: skip
@@ -462,8 +497,8 @@ def test_meta_checkpoint_loads_as_timm_converts_it(tmp_path, name, kw):
         ("vit_base_patch16_xp_224", "ParallelScalingBlock"),
         ("vit_pwee_patch16_reg1_gap_256", "ParallelScalingBlock"),
         ("vit_dwee_patch16_reg1_gap_256", "differential attention"),
-        ("beit3_base_patch16_224", "a norm inside the attention or MLP branch"),
-        ("eva02_tiny_patch14_224", "separate q/k/v projections"),
+        ("eva02_enormous_patch14_clip_224", "separate q/k/v projections"),  # post-norm: its keys are EVA-01's
+        ("eva_giant_patch14_224", "separate q/k/v projections"),
         ("beitv2_base_patch16_224", "relative position biases"),
         ("vit_medium_patch16_rope_reg1_gap_256", "gamma_1"),
         ("vit_pe_core_tiny_patch16_384", "Perception Encoder"),  # a CLIP tower's keys, rotary positions beside

@@ -58,7 +58,7 @@ def eva_family(sd: StateDict) -> str | None:
 def eva_to_timm(sd: StateDict) -> StateDict:
     """Rename timm's eva.py block keys to vitfast's: gamma_1 / gamma_2 -> ls1.gamma / ls2.gamma; q_bias, zeros (eva.py's
     k_bias, a zero buffer it does not save) and v_bias -> one qkv.bias [3 C], in qkv.weight's row order (q, k, v);
-    q_proj / k_proj / v_proj -> one qkv Linear, its bias [q, zeros, v] (k_proj has none)."""
+    q_proj / k_proj / v_proj -> one qkv Linear, its bias [q, k or zeros, v] (EVA-02's k_proj has none)."""
     out: StateDict = {}
     parts: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in sd.items():
@@ -70,15 +70,14 @@ def eva_to_timm(sd: StateDict) -> StateDict:
             parts.setdefault(m.group(1), {})[m.group(2).removeprefix("attn.")] = value
     for idx, p in parts.items():
         if "q_proj.weight" in p:
-            if {"q_proj.weight", "k_proj.weight", "v_proj.weight"} - p.keys() or "k_proj.bias" in p:
-                raise CheckpointError(f"block {idx} has attention projections {sorted(p)}; timm's eva.py has q_proj, k_proj and v_proj, "
-                                      "a bias on q_proj and v_proj or on neither")  # fmt: skip
+            if {"q_proj.weight", "k_proj.weight", "v_proj.weight"} - p.keys():
+                raise CheckpointError(f"block {idx} has attention projections {sorted(p)}; timm's eva.py has q_proj, k_proj and v_proj")
             out[f"blocks.{idx}.attn.qkv.weight"] = torch.cat([p["q_proj.weight"], p["k_proj.weight"], p["v_proj.weight"]])
-            q, v = p.get("q_proj.bias"), p.get("v_proj.bias")
+            q, k, v = p.get("q_proj.bias"), p.get("k_proj.bias"), p.get("v_proj.bias")
         else:
-            q, v = p.get("q_bias"), p.get("v_bias")
+            q, k, v = p.get("q_bias"), None, p.get("v_bias")
         if (q is None) != (v is None):
             raise CheckpointError(f"block {idx} has a bias on only one of q and v; timm's eva.py attention has both or neither")
         if q is not None:
-            out[f"blocks.{idx}.attn.qkv.bias"] = torch.cat([q, torch.zeros_like(q), v])
+            out[f"blocks.{idx}.attn.qkv.bias"] = torch.cat([q, k if k is not None else torch.zeros_like(q), v])
     return out

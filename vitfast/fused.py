@@ -23,9 +23,10 @@ DINOv2 giant's SwiGLU MLP (`SwiGLUPacked`) runs fc1 on cuBLAS without its bias, 
 bias + silu(gate) * value kernel (kernels/bias_swiglu.py) whatever the path; AIMv2's (`SwiGLU`, gate
 and value Linears apart) runs both on cuBLAS, then silu(gate) * value in the same kernel. Their fc2
 and the attention half take the paths above. RMSNorm blocks (AIMv2) take the same kernels in their
-RMS form, and Linears without a bias the same kernels without one. DINOv3's rotary positions take one
-more kernel between the qkv GEMM and the attention (kernels/rope.py: q and k of the patch tokens rotated
-into a new packed qkv), so 9 launches per block on the cuBLAS path, 6 on the epilogue path.
+RMS form, and Linears without a bias the same kernels without one. Rotary positions (DINOv3, EVA-02) take
+one more kernel between the qkv GEMM and the attention (kernels/rope.py: q and k of the patch tokens rotated
+into a new packed qkv), so 9 launches per block on the cuBLAS path, 6 on the epilogue path. A norm inside a
+branch (EVA-02, BEiT-3: before the attention's output projection, before fc2) is one LayerNorm kernel more each.
 
 The forward has no Python-side state or caches to trace through: `torch.compile(fullgraph=True)`
 and `torch.export` see one graph of `torch.ops.vitfast.*` calls (see kernels/_common.py,
@@ -45,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitfast.kernels._common import next_pow2  # triton-free: the launchers' own bucketing
-from .layers import Attention, Block, LayerScale, Mlp, SwiGLU, SwiGLUPacked
+from .layers import Attention, Block, LayerScale, Mlp, Rope, SwiGLU, SwiGLUPacked
 
 MLP_PATHS = ("auto", "cublas", "epilogue")
 DEFAULT_MLP_PATHS = ("cublas", "cublas")  # (fc1, fc2) where no measurement exists
@@ -123,6 +124,7 @@ def can_fuse(block: nn.Module) -> bool:
         and type(block.attn) is Attention
         and type(block.mlp) in (Mlp, SwiGLUPacked, SwiGLU)
         and all(_fusable_norm(norm) for norm in (block.norm1, block.norm2))
+        and all(type(norm) is nn.Identity or _fusable_norm(norm) for norm in (block.attn.norm, block.mlp.norm))  # inside the branches
         and type(block.ls1) in (nn.Identity, LayerScale)  # what the branch-end epilogues compute
         and type(block.ls2) in (nn.Identity, LayerScale)
     )
@@ -177,9 +179,9 @@ class FusedBlock(nn.Module):
             return self.mlp_path, self.mlp_path
         return nearest_paths(self.measured.get(dtype, ()), rows)
 
-    def forward(self, x, return_attention: bool = False, rope: tuple[torch.Tensor, torch.Tensor] | None = None):
+    def forward(self, x, return_attention: bool = False, rope: Rope | None = None):
         """x [B, N, C] or (x, norm1(x)) -> x, or (x, next_norm(x)) when `next_norm` is set. `rope`: the rotary
-        (cos, sin) [Np, D] of the last Np tokens (DINOv3), as the reference block takes it."""
+        tables [Np, D] of the last Np tokens (DINOv3, EVA-02), as the reference block takes them."""
         x, h = x if isinstance(x, tuple) else (x, None)
         if return_attention or self.training:
             return self.reference(x, return_attention=return_attention, **({} if rope is None else {"rope": rope}))
@@ -191,8 +193,10 @@ class FusedBlock(nn.Module):
             h = _norm(x, self.norm1)
         qkv = F.linear(h, attn.qkv.weight, attn.qkv.bias).view(B, N, 3, attn.num_heads, attn.head_dim)
         if rope is not None:
-            qkv = ops.rope_qkv(qkv, *rope)
+            qkv = ops.rope_qkv(qkv, rope.cos, rope.sin, rope.interleaved)
         o = ops.fused_attention(qkv, attn.scale)
+        if type(attn.norm) is not nn.Identity:
+            o = _norm(o, attn.norm)
         x, h = self._branch_end(fc2, o, attn.proj, x, self.ls1, self.norm2)
         if isinstance(mlp, SwiGLU):  # gate and value GEMMs on cuBLAS (biases included), then silu(gate) * value
             m = ops.swiglu(F.linear(h, mlp.fc1_g.weight, mlp.fc1_g.bias), F.linear(h, mlp.fc1_x.weight, mlp.fc1_x.bias))
@@ -205,6 +209,8 @@ class FusedBlock(nn.Module):
             m = mlp.act(F.linear(h, mlp.fc1.weight))
         else:
             m = ops.bias_gelu(F.linear(h, mlp.fc1.weight), mlp.fc1.bias, mlp.act.approximate)
+        if type(mlp.norm) is not nn.Identity:
+            m = _norm(m, mlp.norm)
         return self._branch_end(fc2, m, mlp.fc2, x, self.ls2, nxt) if nxt is not None else self._last_end(fc2, m, x)
 
     @staticmethod
