@@ -11,7 +11,10 @@ Triton kernel against what it replaces, timed side by side.
    backend that refuses the shape is a row with its reason.
 3. add+LayerNorm GB/s vs PyTorch (x + y, then F.layer_norm) and as a fraction of the copy bandwidth;
    likewise the MLP's activations after a bias-free cuBLAS fc1: bias+GELU (ViT-B/16's 3072 wide) vs
-   F.gelu(x + b), and bias+SwiGLU (the DINOv2 giant's packed 2 x 4096) vs silu(gate) * value of x + b.
+   F.gelu(x + b), and bias+SwiGLU (the DINOv2 giant's packed 2 x 4096) vs silu(gate) * value of x + b;
+   and DINOv3's 2-D RoPE of q and k in the packed qkv (`vitfast::rope_qkv`, ViT-S/B/L at 256 px: N = 1
+   + 4 registers + 256 patches, fp16 and bf16, batch 64 and 256) vs the reference model's
+   `layers.apply_rope` on the q and k views, checked against float64 with the 2x rule first.
 4. Where one ViT-B/16 forward's time goes (batch 256): torch.profiler per kernel and per category,
    eager vs optimize() on each MLP path (`forward_profile`).
 5. The GEMMs with epilogues vs cuBLAS + the separate kernels, ViT-S/B/L widths, M = batch x 197:
@@ -50,8 +53,10 @@ from vitfast.kernels import bias_gelu as bg
 from vitfast.kernels import bias_swiglu as bs
 from vitfast.kernels import linear_epilogue as le
 from vitfast.kernels import linear_layernorm as ll
+from vitfast.kernels import rope
 from vitfast.kernels._common import describe_config
 from vitfast.kernels.precompile import precompile
+from vitfast.layers import RopeTables, apply_rope
 
 DISPATCH_TABLE = Path(__file__).resolve().parents[1] / "kernels" / "mlp_dispatch.json"
 NOT_REACHED = {"status": "not reached", "reason": "the part's time box ran out before this row"}
@@ -72,6 +77,8 @@ class Shapes:
     mlp: dict  # model -> (C, hidden)
     mlp_batches: tuple[int, ...]
     profile: tuple[str, dict, int]  # (model, overrides, batch) of the per-kernel forward profile
+    rope: tuple[tuple[str, dict], ...]  # (DINOv3 model, overrides) whose packed qkv the RoPE rows rotate
+    rope_batches: tuple[int, ...]
     tokens: int = 197
     iters: int = 100
 
@@ -84,12 +91,14 @@ GPU = Shapes(
     activations=(("bias+gelu", 256 * 197, 3072), ("bias+swiglu", 16 * 1370, 4096)),  # ViT-B/16 batch 256; giant/14 518 px batch 16
     mlp={"vit_small": (384, 1536), "vit_base": (768, 3072), "vit_large": (1024, 4096)}, mlp_batches=(1, 8, 64, 256),
     profile=("vit_base_patch16_224", {}, 256),
+    rope=tuple((f"vit_{size}_patch16_dinov3", {}) for size in ("small", "base", "large")), rope_batches=(64, 256),
 )  # fmt: skip
 DRY_RUN = Shapes(
     device="cpu", dtypes=(torch.float32,), copy_elems=1 << 16, matmul_n=128,
     attention=((2, 13, 2, 32), (1, 9, 1, 80)), attention_fp32=((1, 9, 1, 32),), layernorm=((10, 96),),
     activations=(("bias+gelu", 10, 96), ("bias+swiglu", 7, 48)), mlp={"tiny": (32, 128)}, mlp_batches=(1, 2),
-    profile=("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 8, "depth": 2}, 2), tokens=5, iters=3,
+    profile=("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 8, "depth": 2}, 2),
+    rope=(("vit_small_patch16_dinov3", {"img_size": 48, "embed_dim": 48, "num_heads": 3}),), rope_batches=(1, 2), tokens=5, iters=3,
 )  # fmt: skip
 
 
@@ -188,6 +197,32 @@ def warm_mlp(s: Shapes) -> dict:
                 lambda: aln.add_layernorm(e(M, C), e(M, C), e(C), e(C), 1e-6, e(C)))  # fmt: skip
 
     return precompile(*(c for dtype, _, C, hidden, _, M in mlp_shapes(s) for c in calls(dtype, C, hidden, M)))
+
+
+@best_effort
+def warm_rope(s: Shapes) -> dict:
+    def call(dtype, cfg, B):
+        qkv = torch.empty(B, cfg.seq_len, 3, cfg.num_heads, cfg.head_dim, device=s.device, dtype=dtype)
+        rope.rope_qkv(qkv, *rope_tables(cfg, s.device))
+
+    return precompile(*(lambda d=dtype, c=cfg, B=B: call(d, c, B) for dtype, _, cfg, B in rope_cases(s)))
+
+
+def rope_cases(s: Shapes):
+    """(dtype, model, config, batch) of every RoPE row."""
+    import vitfast
+
+    for dtype in s.dtypes:
+        for model, overrides in s.rope:
+            cfg = vitfast.get_config(model, **overrides)
+            for B in s.rope_batches:
+                yield dtype, model, cfg, B
+
+
+def rope_tables(cfg, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (cos, sin) [patches, D] a DINOv3 model hands its blocks: RopeTables' fp32 tables, which an fp16
+    or bf16 model keeps in fp32 (the kernel rotates in fp32; apply_rope casts them to q's dtype)."""
+    return RopeTables(cfg.grid_size, cfg.head_dim, cfg.rope_theta).to(device)()
 
 
 def mlp_shapes(s: Shapes):
@@ -292,6 +327,38 @@ def activation_speed(s: Shapes, copy_GBps: float, deadline: float, rows: list) -
         nbytes = (width + 1) * M * H * sets[0][0].element_size()  # read fc1's output, write the activation
         timed = bandwidth(s, sets, nbytes, copy_GBps, lambda x: ours_fn(x, b), lambda x: torch_fn(x, b))
         rows.append(row | timed | dict(speedup=timed["torch_ms"] / timed["vitfast_ms"]))
+    return rows
+
+
+def rope_speed(s: Shapes, copy_GBps: float, deadline: float, rows: list) -> list[dict]:
+    """DINOv3's RoPE: the kernel (packed qkv in, a new packed qkv out) vs what the reference Attention runs
+    between its qkv GEMM and SDPA (`apply_rope` on the q and k views), in GB/s and as a fraction of copy
+    bandwidth. The kernel is first checked on the timed inputs against float64, next to the eager path's
+    error (the 2x rule, as `gemm_row`), so a wrong kernel is not reported as a fast one."""
+    for dtype, model, cfg, B in rope_cases(s):
+        N, H, D = cfg.seq_len, cfg.num_heads, cfg.head_dim
+        row = dict(model=model, B=B, N=N, H=H, D=D, dtype=dtype_name(dtype))
+        if time.monotonic() > deadline:
+            rows.append(row | NOT_REACHED)
+            continue
+        cos, sin = rope_tables(cfg, s.device)
+
+        def eager(qkv):  # Attention.forward with rope: q, k, v views of the packed qkv, then q and k rotated
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+            return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+        sets = [(torch.randn(B, N, 3, H, D, device=s.device, dtype=dtype),) for _ in range(3)]
+        qkv = sets[0][0]
+        exact = rope.rope_reference(qkv.double(), cos.double(), sin.double())
+        # into a NaN-filled output, so an element the kernel leaves unwritten fails the check
+        vitfast_err = rel_err(rope.rope_qkv_launch(qkv, cos, sin, torch.full_like(qkv, float("nan"))), exact)
+        torch_err = rel_err(torch.stack(eager(qkv)).permute(1, 3, 0, 2, 4), exact)  # [3, B, H, N, D] -> [B, N, 3, H, D]
+        del exact
+        nbytes = 2 * qkv.nbytes + cos.nbytes + sin.nbytes  # read qkv, write the new one; the tables once (cached after)
+        timed = bandwidth(s, sets, nbytes, copy_GBps, lambda x: rope.rope_qkv(x, cos, sin), eager)
+        rows.append(row | timed | dict(speedup=timed["torch_ms"] / timed["vitfast_ms"], torch_rel_err=torch_err,
+                                       vitfast_rel_err=vitfast_err, passes_2x_rule=vitfast_err <= 2 * torch_err + 1e-3))  # fmt: skip
+        del sets, qkv
     return rows
 
 

@@ -8,7 +8,8 @@
   bf16 at batch 1 and 64 (both MLP paths), and torch.compile over an optimized model and CUDA
   graphs at batch 1 and 64.
 - kernels: copy bandwidth and matmul ceilings; fused attention vs SDPA flash / efficient / cuDNN;
-  add+LayerNorm vs PyTorch and vs the copy bandwidth; a per-kernel profile of one ViT-B/16 forward
+  add+LayerNorm, bias+GELU / SwiGLU and DINOv3's 2-D RoPE (ViT-S/B/L at 256 px, checked against
+  float64 first) vs PyTorch and vs the copy bandwidth; a per-kernel profile of one ViT-B/16 forward
   (eager vs optimize()); the GEMMs with epilogues vs cuBLAS + separate
   kernels (benchmarks/gpu_kernels.py), and from these the MLP dispatch table, written as
   DIR/mlp_dispatch.json (kernels/mlp_dispatch.json merged with this GPU's entries: copy it there
@@ -289,6 +290,8 @@ def part_kernels(result: dict, args: argparse.Namespace, deadline: float) -> Non
     section(result, "attention", lambda: gk.attention_speed(s, left(0.6), result.setdefault("attention", [])))
     section(result, "add_layernorm", lambda: gk.layernorm_speed(s, copy_GBps, left(0.7), result.setdefault("add_layernorm", [])))
     section(result, "activations", lambda: gk.activation_speed(s, copy_GBps, left(0.7), result.setdefault("activations", [])))
+    warm.append({"section": "rope"} | gk.warm_rope(s))
+    section(result, "rope", lambda: gk.rope_speed(s, copy_GBps, left(0.7), result.setdefault("rope", [])))
     name, overrides, batch = s.profile
     warm.append({"section": "profile"} | gk.warm_model(vitfast.get_config(name, **overrides), s.dtypes[0], s.device, (batch,)))
     section(result, "profile", lambda: gk.forward_profile(s, left(0.6)))
@@ -302,7 +305,7 @@ def part_kernels(result: dict, args: argparse.Namespace, deadline: float) -> Non
     dispatch_env = {"compute_capability": gpu.get("compute_capability") or "cpu (dry run)", "gpu": gpu.get("name") or "cpu (dry run)",
                     "git_sha": env["git"]["sha"], "command": env["command"]}  # fmt: skip
     result["mlp_dispatch"] = gk.write_dispatch(rows, dispatch_env, table)
-    result["failed"] = bool(result.get("errors")) or any(r.get("passes_2x_rule") is False for r in rows)
+    result["failed"] = bool(result.get("errors")) or any(r.get("passes_2x_rule") is False for r in rows + result.get("rope", []))
 
 
 def section(result: dict, key: str, run) -> None:
@@ -447,6 +450,9 @@ def markdown(part: str, result: dict) -> str:
         lines += ["", "## bias + activation after a bias-free fc1", ""]
         lines += md_table(result.get("activations", []), ["op", "rows", "H", "dtype", "status", "vitfast_GBps", "torch_GBps", "speedup",
                                                           "fraction_of_copy"])  # fmt: skip
+        lines += ["", "## DINOv3's 2-D RoPE on the packed qkv vs eager apply_rope (GB/s: qkv read + written, tables once)", ""]
+        lines += md_table(result.get("rope", []), ["model", "B", "N", "H", "D", "dtype", "status", "vitfast_GBps", "torch_GBps", "speedup",
+                                                   "fraction_of_copy", "passes_2x_rule"])  # fmt: skip
         lines += profile_markdown(result.get("profile"))
         lines += ["", "## GEMMs with epilogues vs cuBLAS + separate kernels", ""]
         lines += md_table(result.get("mlp", []), ["op", "model", "dtype", "batch", "status", "cublas_TFLOPs", "epilogue_TFLOPs", "speedup",
@@ -497,18 +503,26 @@ def save_png(part: str, result: dict, path: Path) -> Path | None:
         return path
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(15, 4.5), layout="constrained")
-    ax_att, ax_ln, ax_mlp = fig.subplots(1, 3)
+    fig = Figure(figsize=(20, 4.5), layout="constrained")
+    ax_att, ax_ln, ax_rope, ax_mlp = fig.subplots(1, 4)
     att = [r for r in result.get("attention", []) if r.get("speedup_vs_best_sdpa")]
     ax_att.bar([f"N{r['N']} D{r['D']}{' fp32' if r['dtype'] == 'float32' else ''}" for r in att], [r["speedup_vs_best_sdpa"] for r in att])
     ax_att.set(title="attention: speedup vs best SDPA backend", ylabel="x")
     ln = [r for r in result.get("add_layernorm", []) if r.get("status") == "ok"]
     ax_ln.bar([f"C{r['C']}" for r in ln], [100 * r["fraction_of_copy"] for r in ln])
     ax_ln.set(title="add+LayerNorm: % of copy bandwidth", ylabel="%")
+    rope = [r for r in result.get("rope", []) if r.get("status") == "ok"]
+    copy_GBps = result.get("ceilings", {}).get("copy_GBps", float("nan"))
+    at = range(len(rope))
+    ax_rope.bar([i - 0.2 for i in at], [100 * r["vitfast_GBps"] / copy_GBps for r in rope], 0.4, label="vitfast")
+    ax_rope.bar([i + 0.2 for i in at], [100 * r["torch_GBps"] / copy_GBps for r in rope], 0.4, label="eager apply_rope")
+    ax_rope.set_xticks(list(at), [f"{r['model'].split('_')[1]} {r['dtype'][:4]} b{r['B']}" for r in rope])
+    ax_rope.set(title="DINOv3 RoPE: % of copy bandwidth", ylabel="%")
+    ax_rope.legend(fontsize=7)
     mlp = [r for r in result.get("mlp", []) if r.get("status") == "ok"]
     ax_mlp.bar([f"{r['op'].split('+')[0]} {r['model']} {r['dtype'][:4]} b{r['batch']}" for r in mlp], [r["speedup"] for r in mlp])
     ax_mlp.set(title="epilogue GEMM: speedup vs cuBLAS + kernels", ylabel="x")
-    for ax in (ax_att, ax_ln, ax_mlp):
+    for ax in (ax_att, ax_ln, ax_rope, ax_mlp):
         ax.tick_params(axis="x", labelrotation=90, labelsize=6)
         ax.grid(True, axis="y", alpha=0.3)
     fig.savefig(path, format="png", dpi=100)

@@ -78,6 +78,10 @@ def test_kernels_part_schema(dry_run):
     assert [r["op"] for r in result["activations"]] == ["bias+gelu", "bias+swiglu"]
     assert all(r["status"] == "ok" and r["speedup"] > 0 and 0 < r["fraction_of_copy"] for r in result["activations"])
     assert "## bias + activation after a bias-free fc1" in (dry_run / "proof-kernels.md").read_text()
+    rope = result["rope"]  # DRY_RUN's DINOv3: 48 px, 3 heads of 16: class + 4 registers + 3 x 3 patches
+    assert [(r["model"], r["B"], r["N"], r["H"], r["D"]) for r in rope] == [("vit_small_patch16_dinov3", B, 14, 3, 16) for B in (1, 2)]
+    assert all(r["status"] == "ok" and r["passes_2x_rule"] and r["speedup"] > 0 and 0 < r["fraction_of_copy"] for r in rope)
+    assert "## DINOv3's 2-D RoPE on the packed qkv" in (dry_run / "proof-kernels.md").read_text()
     ops = {r["op"].split("+")[0] for r in result["mlp"]}
     assert ops == {"fc1", "fc2", "proj"} and all(r["passes_2x_rule"] for r in result["mlp"])
     assert all(r["tuning"]["picked"] for r in result["attention"] + result["mlp"])  # one config under the interpreter
@@ -90,6 +94,26 @@ def test_kernels_part_schema(dry_run):
     table = load(dry_run, "mlp_dispatch.json")
     assert len(table["entries"]) == len(result["mlp_dispatch"]) == 2  # one per measured batch bucket
     assert {"compute_capability", "dtype", "C", "hidden", "m_bucket", "fc1", "fc2"} <= table["entries"][0].keys()
+
+
+@pytest.mark.parametrize("broken", ["rotates nothing", "leaves v unwritten"])
+def test_a_wrong_rope_kernel_fails_its_row(monkeypatch, broken):
+    """The RoPE section times the kernel only next to its check against float64: a kernel that is fast
+    because it skips work must come out as failing the 2x rule, not as fast."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_kernels
+
+    from vitfast.kernels import rope
+
+    def wrong(qkv, cos, sin, out):
+        if broken == "rotates nothing":
+            return out.copy_(qkv)
+        out[:, :, :2] = rope.rope_reference(qkv, cos, sin)[:, :, :2]
+        return out
+
+    monkeypatch.setattr(rope, "rope_qkv_launch", wrong)
+    rows = gpu_kernels.rope_speed(gpu_kernels.DRY_RUN, 1.0, float("inf"), [])
+    assert rows and all(r["status"] == "ok" and r["passes_2x_rule"] is False for r in rows)
 
 
 def test_kernel_categories():
