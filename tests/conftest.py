@@ -37,6 +37,8 @@ AIMV2 = dict(class_token=False, global_pool="avg", fc_norm=False, qkv_bias=False
 
 # DINOv3's block and tokens (registry._DINOV3): rotary positions instead of learned ones, 4 registers, layer scale
 DINOV3 = dict(abs_pos_embed=False, rope="dinov3", rope_theta=100.0, reg_tokens=4, init_values=0.1, norm_eps=1e-5)
+# EVA-02 B/L's structure at a tiny size: learned and axial rotary positions (interleaved pairs), SwiGLU with a norm before fc2
+EVA02 = dict(rope="axial", rope_ref_grid=(16, 16), global_pool="avg", mlp_layer="swiglu", act_layer="silu", mlp_ratio=8 / 3, scale_mlp_norm=True)
 
 
 def tiny_config(**overrides) -> vitfast.ViTConfig:

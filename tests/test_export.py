@@ -15,7 +15,7 @@ onnx = pytest.importorskip("onnx", reason="export tests need onnx (pip install '
 pytest.importorskip("onnxruntime", reason="export tests need onnxruntime (pip install 'vitfast[export]')")
 
 import vitfast  # noqa: E402
-from conftest import AIMV2, randomize, tiny_config  # noqa: E402
+from conftest import AIMV2, EVA02, randomize, tiny_config  # noqa: E402
 from vitfast.export import quantize_int8, read_sidecar, to_onnx  # noqa: E402
 from vitfast.export.artifacts import write_sidecar  # noqa: E402
 
@@ -179,6 +179,21 @@ def test_dinov3_exports_with_parity_its_rotary_tables_folded(tmp_path, mlp):
     assert not {"Sin", "Cos"} & {n.op_type for n in onnx.load(fp32).graph.node}
     int8 = quantize_int8(fp32, tmp_path / "d.int8.onnx", torch.randn(32, 3, *cfg.img_hw), samples=32, progress=False)
     assert read_sidecar(int8)["parity"]["passed"] and read_sidecar(int8)["config"]["rope"] == "dinov3"
+
+
+@pytest.mark.parametrize("extra", [{}, dict(mlp_layer="swiglu_packed", mlp_ratio=6, scale_attn_norm=True, global_pool="token")],
+                         ids=["eva02-mlp-norm", "eva02-clip-attn-norm"])  # fmt: skip
+def test_eva02_exports_with_parity_its_interleaved_rotation_included(tmp_path, extra):
+    """EVA-02's block (learned and axial rotary positions, pairs of channels rotated together, norms inside the
+    branches) through ONNX fp32, fp16 and int8; the rotary tables are constants in the graph, as DINOv3's."""
+    import onnx
+
+    cfg = tiny_config(**EVA02 | extra)
+    model = randomize(vitfast.create_model(cfg), scale=0.1)
+    fp32 = exported_with_parity(model, tmp_path / "e.onnx")
+    assert not {"Sin", "Cos"} & {n.op_type for n in onnx.load(fp32).graph.node}
+    int8 = quantize_int8(fp32, tmp_path / "e.int8.onnx", torch.randn(32, 3, *cfg.img_hw), samples=32, progress=False)
+    assert read_sidecar(int8)["parity"]["passed"] and read_sidecar(int8)["config"]["rope"] == "axial"
 
 
 def test_dynamic_image_size_is_refused_clearly(tmp_path):

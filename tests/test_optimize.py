@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'vitfast[triton]')")
 
 import vitfast  # noqa: E402
-from conftest import AIMV2, DINOV3, randomize, tiny_config, traced_vitfast_ops  # noqa: E402
+from conftest import AIMV2, DINOV3, EVA02, randomize, tiny_config, traced_vitfast_ops  # noqa: E402
 from vitfast.fused import FusedBlock  # noqa: E402
 
 VARIANTS = {
@@ -29,6 +29,10 @@ VARIANTS = {
     "dinov3-rope-registers-layer-scale": tiny_config(**DINOV3),
     "dinov3-swiglu-rope-avg-pool": tiny_config(**DINOV3 | dict(mlp_layer="swiglu", act_layer="silu", mlp_ratio=2.5, class_token=False,
                                                                global_pool="avg", reg_tokens=1)),
+    "eva02-axial-rope-swiglu-mlp-norm": tiny_config(**EVA02),
+    "eva02-clip-packed-attn-norm-odd-grid": tiny_config(**EVA02 | dict(img_size=(40, 24), embed_dim=48, num_heads=4, global_pool="token",
+                                                                        mlp_layer="swiglu_packed", mlp_ratio=16 / 3, scale_attn_norm=True)),
+    "beit3-inner-norms-gelu": tiny_config(scale_attn_norm=True, scale_mlp_norm=True, global_pool="avg", norm_eps=1e-5, init_values=0.1),
     "hybrid": vitfast.get_config("vit_small_r26_s32_224", img_size=32, depth=1, embed_dim=64, num_heads=2, num_classes=5),
 }
 
@@ -198,6 +202,21 @@ def test_dinov3_launches_per_block(device, mlp, most):
     assert sum("rope_qkv" in op for op in per_block[1]) == 1
 
 
+@pytest.mark.parametrize("mlp, most", [("epilogue", 9), ("cublas", 11)])
+def test_eva02_clip_launches_per_block(device, mlp, most):
+    """EVA-02 CLIP's block (packed SwiGLU): qkv, rotation (the same kernel as DINOv3's, interleaved), attention, proj,
+    (add+LN), fc1 (cuBLAS), bias+SwiGLU, fc2, (add+LN): 7 on the epilogue path, 9 on cuBLAS, plus one LayerNorm kernel
+    for each norm inside a branch (before the attention's output projection, before fc2); no torch norm."""
+    model = randomize(vitfast.create_model(tiny_config(depth=3, **EVA02 | dict(mlp_layer="swiglu_packed", mlp_ratio=6,
+                                                                                 scale_attn_norm=True)))).to(device)  # fmt: skip
+    x = torch.randn(2, 3, 32, 32, device=device)
+    vitfast.optimize(model, mlp=mlp)
+    per_block = launches_per_block(model, x)
+    assert [len(ops) for ops in per_block][:2] == [most + 1, most], per_block
+    assert sum("rope_qkv" in op for op in per_block[1]) == 1 and sum(op == "vitfast.layernorm.default" for op in per_block[1]) == 2, per_block[1]
+    assert not any("layer_norm" in op for op in per_block[1])
+
+
 @pytest.mark.parametrize("mlp", ["cublas", "epilogue"])
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_whole_model_parity_2x_rule(device, name, mlp):
@@ -218,7 +237,7 @@ def test_whole_model_parity_2x_rule(device, name, mlp):
 
 
 @pytest.mark.parametrize("mlp", ["cublas", "epilogue"])
-@pytest.mark.parametrize("extra", [{}, AIMV2, DINOV3], ids=["layernorm-gelu", "aimv2", "dinov3"])
+@pytest.mark.parametrize("extra", [{}, AIMV2, DINOV3, EVA02 | dict(scale_attn_norm=True)], ids=["layernorm-gelu", "aimv2", "dinov3", "eva02"])
 def test_optimized_model_traces_as_one_graph(device, mlp, extra):
     """torch._dynamo.explain: one graph, no break; torch.compile(fullgraph=True) and torch.export
     run and match, the graph holding the vitfast ops. On CPU the traced ops take their reference
@@ -236,7 +255,8 @@ def test_optimized_model_traces_as_one_graph(device, mlp, extra):
         ops = traced_vitfast_ops(model, x, ref, device)
     assert "vitfast.fused_attention.default" in ops
     assert extra is not AIMV2 or {"vitfast.swiglu.default", "vitfast.rmsnorm.default"} <= ops
-    assert extra is not DINOV3 or "vitfast.rope_qkv.default" in ops
+    assert not extra.get("rope") or "vitfast.rope_qkv.default" in ops
+    assert not extra.get("scale_attn_norm") or "vitfast.layernorm.default" in ops
 
 
 def test_committed_mlp_dispatch_table_is_well_formed():
@@ -311,7 +331,7 @@ def _require_cuda(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mlp", ["auto", "epilogue"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name", ["vit_small_patch16_224", "aimv2_large_patch14_224", "vit_base_patch16_dinov3"])
+@pytest.mark.parametrize("name", ["vit_small_patch16_224", "aimv2_large_patch14_224", "vit_base_patch16_dinov3", "eva02_base_patch14_448"])
 def test_gpu_low_precision_model_parity(device, dtype, mlp, name):
     """The optimized model in fp16/bf16 errs at most 2x the eager model in the same dtype vs fp32."""
     _require_cuda(device)
