@@ -111,13 +111,14 @@ def _swiglu(rows, H, stacked):
     return call
 
 
-def _rope(B, N, Np, H, D, fp32_tables):
-    """qkv as the qkv Linear's output view; cos / sin in fp32, or (`fp32_tables=False`) in qkv's dtype."""
+def _rope(B, N, Np, H, D, fp32_tables, interleaved=False):
+    """qkv as the qkv Linear's output view; cos / sin in fp32, or (`fp32_tables=False`) in qkv's dtype;
+    DINOv3's rotate-half layout, or timm's `interleaved` one."""
 
     def call(dtype):
         qkv = torch.empty(B, N, 3 * H * D, dtype=dtype).unflatten(-1, (3, H, D))
         cos, sin = (torch.empty(Np, D, dtype=torch.float32 if fp32_tables else dtype) for _ in "cs")
-        rope.rope_qkv_launch(qkv, cos, sin, torch.empty(qkv.shape, dtype=dtype))
+        rope.rope_qkv_launch(qkv, cos, sin, torch.empty(qkv.shape, dtype=dtype), interleaved)
 
     return call
 
@@ -148,7 +149,8 @@ def _launches() -> list[Launch]:
     head_dims 32 and 128 (DESIGN.md's range), 256 (the launcher's limit, outside the range). AIMv2-L/14
     at 224 px (256 tokens, C 1024, SwiGLU hidden 2816; RMSNorm, no linear biases): one launch per new
     variant, the GEMMs' at their real shape. DINOv3's RoPE at 224 px (201 tokens: 1 class + 4 registers
-    + 196 patches) with ViT-B's and ViT-7B's heads, and an odd small shape."""
+    + 196 patches) with ViT-B's and ViT-7B's heads, and an odd small shape; the interleaved RoPE of
+    EVA-02 / timm at ViT-B/16 224 px and an odd small shape."""
     out = []
     for dt in DTYPES:
         every = dt == "fp16"  # bf16 tiles take fp16's shared memory; fp32 is not a speed path: sampled
@@ -187,6 +189,9 @@ def _launches() -> list[Launch]:
             Launch(f"rope_qkv B8 N201 H12 D64 {dt}", dt, _rope(8, 201, 196, 12, 64, fp32_tables=True)),
             Launch(f"rope_qkv B2 N201 H32 D128 {dt}", dt, _rope(2, 201, 196, 32, 128, fp32_tables=True)),  # ViT-7B
             Launch(f"rope_qkv B3 N13 H3 D80 {dt}", dt, _rope(3, 13, 9, 3, 80, fp32_tables=False)),
+            # EVA-02 / timm's axial RoPE: interleaved pairs; ViT-B/16 at 224 px (1 class + 196 patches), an odd small shape
+            Launch(f"rope_qkv interleaved B8 N197 H12 D64 {dt}", dt, _rope(8, 197, 196, 12, 64, fp32_tables=True, interleaved=True)),
+            Launch(f"rope_qkv interleaved B3 N13 H3 D72 {dt}", dt, _rope(3, 13, 9, 3, 72, fp32_tables=False, interleaved=True)),
         ]
     return out
 

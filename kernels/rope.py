@@ -1,13 +1,23 @@
-"""2-D rotary position embedding (RoPE, DINOv3's form) of q and k, straight from the packed qkv.
+"""2-D rotary position embedding (RoPE) of q and k, straight from the packed qkv, in two layouts.
 
-Between the qkv GEMM and the fused attention of a RoPE ViT (DINOv3): qkv [B, N, 3, H, D] (any
-strides) -> a new contiguous [B, N, 3, H, D] in qkv's dtype where q and k (index 0 and 1 on dim
-2) of the last Np tokens, the patch tokens, are rotated; each head, with t = n - (N - Np):
+Between the qkv GEMM and the fused attention of a RoPE ViT: qkv [B, N, 3, H, D] (any strides) ->
+a new contiguous [B, N, 3, H, D] in qkv's dtype where q and k (index 0 and 1 on dim 2) of the last
+Np tokens, the patch tokens, are rotated; each head, with t = n - (N - Np):
 
-    x_rot = x * cos[t] + rotate_half(x) * sin[t],    rotate_half(x) = cat(-x[D/2:], x[:D/2])
+    x_rot = x * cos[t] + rot(x) * sin[t]
 
-computed in fp32 and rounded once (transformers' DINOv3 `apply_rotary_pos_emb`). v and the
-prefix tokens (class, registers) are copied bit for bit. cos, sin [Np, D]: fp32 or qkv's dtype.
+rotate-half (the default; DINOv3, transformers' `apply_rotary_pos_emb`): columns d and d + D/2 pair up,
+
+    rot(x) = cat(-x[D/2:], x[:D/2])
+
+interleaved (`interleaved=True`; EVA-02 and timm's other axial-RoPE ViTs, timm's
+`apply_rot_embed_cat(x, emb, half=False)`): columns 2j and 2j + 1 pair up,
+
+    rot(x) = stack([-x[1::2], x[::2]], -1).reshape(D):  rot(x)[2j] = -x[2j + 1], rot(x)[2j + 1] = x[2j]
+
+Both are computed in fp32 and rounded once. v and the prefix tokens (class, registers) are copied bit for
+bit. cos, sin [Np, D]: fp32 or qkv's dtype, one value per column, so each pair's angle appears in
+both of its columns ([f0, ..., f(D/2-1)] twice for rotate-half, [f0, f0, f1, f1, ...] interleaved).
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ def _rope_qkv_kernel(
     stride_b, stride_n, stride_3, stride_h, stride_d,  # qkv [B, N, 3, H, D]
     stride_om, stride_o3, stride_oh,  # out viewed as [B*N, 3, H, D], unit last stride
     N, H, PREFIX,  # tokens per image, heads, tokens before the rotated ones
-    HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr,
 ):  # fmt: skip
     HALF: tl.constexpr = HEAD_DIM // 2
     # -- one (image, token) row per program; int64: b * stride_b passes 2^31 elements at large
@@ -46,9 +56,13 @@ def _rope_qkv_kernel(
     offs_h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
     mask_d = d < HEAD_DIM
-    # rotate_half(x)[d] = -x[d + D/2] for d < D/2, +x[d - D/2] after: each column's partner and sign
-    partner = tl.where(d < HALF, d + HALF, d - HALF)
-    sign = tl.where(d < HALF, -1.0, 1.0)
+    # rot(x)[d] = sign[d] * x[partner[d]]; partners stay below HEAD_DIM (even) for unmasked columns
+    if INTERLEAVED:  # -x[d + 1] on even d, +x[d - 1] on odd d
+        partner = d ^ 1
+        sign = tl.where(d % 2 == 0, -1.0, 1.0)
+    else:  # -x[d + D/2] for d < D/2, +x[d - D/2] after
+        partner = tl.where(d < HALF, d + HALF, d - HALF)
+        sign = tl.where(d < HALF, -1.0, 1.0)
     for p in tl.static_range(3):  # q, k, v
         for h0 in range(0, H, BLOCK_H):
             h = h0 + offs_h
@@ -56,7 +70,7 @@ def _rope_qkv_kernel(
             heads = src + p * stride_3 + h[:, None] * stride_h
             x = tl.load(heads + d[None, :] * stride_d, mask=mask)
             if p < 2:
-                if t >= 0:  # -- q, k of a patch token: x cos + rotate_half(x) sin in fp32, rounded once
+                if t >= 0:  # -- q, k of a patch token: x cos + rot(x) sin in fp32, rounded once
                     # (cos / sin: one [BLOCK_D] row per token, re-read per tile from L1; loaded here, not
                     # hoisted under a `mask_d & (t >= 0)` mask, which Triton 3.9's interpreter mis-types)
                     cos = tl.load(Cos + t * HEAD_DIM + d, mask=mask_d, other=0.0).to(tl.float32)
@@ -73,15 +87,17 @@ def check_shapes(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Non
         raise ValueError(f"RoPE expects qkv of shape [B, N, 3, H, D], got {tuple(qkv.shape)}")
     N, D = qkv.shape[1], qkv.shape[-1]
     if D % 2:
-        raise ValueError(f"RoPE rotates the two halves of each head, so head_dim must be even, got {D} (qkv {tuple(qkv.shape)})")
+        raise ValueError(f"RoPE rotates pairs of columns in each head (halves or neighbours), so head_dim must be even, "
+                         f"got {D} (qkv {tuple(qkv.shape)})")  # fmt: skip
     if cos.ndim != 2 or cos.shape != sin.shape or cos.shape[1] != D or cos.shape[0] > N:
         raise ValueError(f"cos and sin must both be [Np, {D}] with Np <= N = {N} for qkv {tuple(qkv.shape)}, "
                          f"got cos {tuple(cos.shape)} and sin {tuple(sin.shape)}")  # fmt: skip
 
 
-def rope_qkv_launch(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def rope_qkv_launch(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """Run the kernel: qkv [B, N, 3, H, D] (any strides), cos, sin [Np, D] -> out [B, N, 3, H, D]
-    (contiguous, written in place): q and k of the last Np tokens rotated, the rest copied."""
+    (contiguous, written in place): q and k of the last Np tokens rotated (rotate-half layout, or
+    `interleaved`), the rest copied."""
     check_shapes(qkv, cos, sin)
     B, N, _, H, D = qkv.shape
     if qkv.dtype not in DTYPES:
@@ -106,30 +122,35 @@ def rope_qkv_launch(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out
         qkv, cos, sin, out4,
         *qkv.stride(), *out4.stride()[:3],
         N, H, N - cos.shape[0],
-        HEAD_DIM=D, BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, num_warps=num_warps,
+        HEAD_DIM=D, BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, INTERLEAVED=bool(interleaved), num_warps=num_warps,
     )  # fmt: skip
     return out
 
 
 @triton_op("vitfast::rope_qkv", mutates_args=())
-def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """qkv [B, N, 3, H, D] -> a new contiguous [B, N, 3, H, D]: q and k of the last Np tokens
-    rotated by cos, sin [Np, D]; a torch op, so it composes with torch.compile."""
+    rotated by cos, sin [Np, D] in the rotate-half layout (DINOv3) or `interleaved` (EVA-02, timm);
+    a torch op, so it composes with torch.compile."""
     check_shapes(qkv, cos, sin)
     if runs_reference(qkv):
-        return rope_reference(qkv, cos, sin)
+        return rope_reference(qkv, cos, sin, interleaved)
     out = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
-    return rope_qkv_launch(qkv, cos, sin, out)
+    return rope_qkv_launch(qkv, cos, sin, out, interleaved)
 
 
-def rope_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Plain PyTorch, transformers' DINOv3 `apply_rotary_pos_emb` on q and k of qkv [B, N, 3, H, D]
-    (the same operations in the same order): in qkv's dtype, or in fp32 with fp32 cos / sin,
-    then rounded to qkv's dtype. A new contiguous tensor."""
+def rope_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """Plain PyTorch on q and k of qkv [B, N, 3, H, D], the same operations in the same order as
+    transformers' DINOv3 `apply_rotary_pos_emb` or (`interleaved`) timm's `apply_rot_embed_cat(x, emb,
+    half=False)`: in qkv's dtype, or in fp32 with fp32 cos / sin, then rounded to qkv's dtype. A new
+    contiguous tensor."""
     N, Np, D = qkv.shape[1], cos.shape[0], qkv.shape[-1]
     qk, v = qkv[:, :, :2], qkv[:, :, 2:]
     prefix, patches = qk[:, : N - Np], qk[:, N - Np :]
     cos, sin = cos[:, None, None, :], sin[:, None, None, :]  # [Np, 1, 1, D]: over q / k and the heads
-    rotated = torch.cat((-patches[..., D // 2 :], patches[..., : D // 2]), dim=-1)
+    if interleaved:  # timm's rot(x)
+        rotated = torch.stack((-patches[..., 1::2], patches[..., ::2]), dim=-1).reshape(patches.shape)
+    else:  # transformers' rotate_half(x)
+        rotated = torch.cat((-patches[..., D // 2 :], patches[..., : D // 2]), dim=-1)
     patches = ((patches * cos) + (rotated * sin)).to(qkv.dtype)
     return torch.cat((torch.cat((prefix, patches), dim=1), v), dim=2)

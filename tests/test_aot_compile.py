@@ -59,6 +59,17 @@ def test_every_kernel_dtype_and_target_was_compiled(report):
     assert not missing
 
 
+def test_both_rope_layouts_compile_for_every_dtype_and_target(report):
+    """The interleaved layout (EVA-02, timm) is its own specialisation of the RoPE kernel (a constexpr):
+    compiled, like DINOv3's rotate-half one, for each dtype and target. The layout is read off the
+    recorded launch, not its name."""
+    from vitfast.kernels import aot
+
+    layout = {launch.name: aot.record(launch).kwargs["INTERLEAVED"] for launch in aot.LAUNCHES if launch.name.startswith("rope_qkv")}
+    seen = {(layout[r["launch"]], r["launch"].split()[-1], r["target"]) for r in report["rows"] if r["launch"] in layout and "shared" in r}
+    assert seen == {(i, d, t) for i in (False, True) for d in ("fp16", "bf16", "fp32") for t in TARGETS}
+
+
 @pytest.mark.parametrize("dtype", ["fp16"])  # bf16 and fp32 are sampled (see aot.LAUNCHES)
 def test_every_autotune_config_that_fits_was_compiled_on_every_target(report, monkeypatch, dtype):
     """The tightest launches (attention at head_dim 128, the GEMMs) compile every config that
