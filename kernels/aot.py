@@ -165,6 +165,8 @@ def _launches() -> list[Launch]:
             Launch(f"layernorm 394x384 {dt}", dt, _add_layernorm(394, 384, False)),
             Launch(f"add_layernorm 50x1280 {dt}", dt, _add_layernorm(50, 1280, True)),
             Launch(f"add_layernorm 7x37 {dt}", dt, _add_layernorm(7, 37, True)),
+            Launch(f"layernorm 66x2730 {dt}", dt, _add_layernorm(66, 2730, False)),  # EVA-02 L's norm before fc2 (4096-wide tile)
+            Launch(f"layernorm 5x6144 {dt}", dt, _add_layernorm(5, 6144, False)),  # BEiT-3 giant's (8192-wide, 16 warps)
             Launch(f"bias_gelu 394x3072 erf {dt}", dt, _bias_gelu(394, 3072, "none")),
             Launch(f"bias_gelu 13x1000 tanh {dt}", dt, _bias_gelu(13, 1000, "tanh")),
             Launch(f"bias_gelu 50x3072 sigmoid {dt}", dt, _bias_gelu(50, 3072, "sigmoid")),

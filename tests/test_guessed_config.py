@@ -11,6 +11,7 @@ import torch
 
 import vitfast
 from vitfast.cli import main
+from conftest import randomize
 
 # 4 heads of width 32; the weights alone suggest head_dim 64, i.e. 2 heads (no registered model has this shape)
 TRUE = vitfast.ViTConfig(img_size=32, patch_size=8, embed_dim=128, depth=2, num_heads=4, num_classes=5,
@@ -253,3 +254,18 @@ def test_every_registered_architecture_is_read_back_off_its_shapes():
         if got != want:
             wrong[name] = {k: (got[k], want[k]) for k in got if got[k] != want[k]}
     assert not wrong
+
+
+def test_an_eva02_saved_in_vitfast_names_takes_its_rotary_positions_from_the_registered_eva02_and_says_so(tmp_path):
+    """vitfast's names hold nothing eva.py-specific: an EVA-02's bare state dict in them looks like a ViT with learned
+    positions only. The registered model of its shapes has rotary ones too, so they are taken from it, said loudly (a
+    plain ViT of those shapes would answer something else, silently)."""
+    truth = vitfast.get_config("eva02_tiny_patch14_336", img_size=56, num_classes=5)  # its 12 blocks: matched by shapes
+    source = randomize(vitfast.create_model(truth))
+    torch.save(source.state_dict(), tmp_path / "w.pth")
+    with pytest.warns(vitfast.GuessedConfigWarning, match=r"rope='axial' \(rotary positions are not stored in weights; eva02_tiny_patch14_"):
+        loaded = vitfast.load_checkpoint(tmp_path / "w.pth")
+    assert (loaded.config.rope, loaded.config.rope_ref_grid, loaded.config.rope_base) == ("axial", (16, 16), 10000.0)
+    x = torch.randn(2, 3, 56, 56)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), source(x))
