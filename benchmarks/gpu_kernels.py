@@ -222,7 +222,8 @@ def rope_cases(s: Shapes):
 def rope_tables(cfg, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The (cos, sin) [patches, D] a DINOv3 model hands its blocks: RopeTables' fp32 tables, which an fp16
     or bf16 model keeps in fp32 (the kernel rotates in fp32; apply_rope casts them to q's dtype)."""
-    return RopeTables(cfg.grid_size, cfg.head_dim, cfg.rope_theta).to(device)()
+    cos, sin, _ = RopeTables(cfg.rope, cfg.grid_size, cfg.head_dim, cfg.rope_base, cfg.rope_ref_grid).to(device)()
+    return cos, sin
 
 
 def mlp_shapes(s: Shapes):

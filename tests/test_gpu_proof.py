@@ -105,10 +105,10 @@ def test_a_wrong_rope_kernel_fails_its_row(monkeypatch, broken):
 
     from vitfast.kernels import rope
 
-    def wrong(qkv, cos, sin, out):
+    def wrong(qkv, cos, sin, out, interleaved=False):
         if broken == "rotates nothing":
             return out.copy_(qkv)
-        out[:, :, :2] = rope.rope_reference(qkv, cos, sin)[:, :, :2]
+        out[:, :, :2] = rope.rope_reference(qkv, cos, sin, interleaved)[:, :, :2]
         return out
 
     monkeypatch.setattr(rope, "rope_qkv_launch", wrong)

@@ -258,10 +258,10 @@ def read_meta(sd: StateDict, *, given: ViTConfig | None = None, num_heads: int |
     if cfg.rope != "dinov3" or cfg.head_dim != head_dim:
         raise CheckpointError(f"this is Meta's DINOv3, with rotary positions (rope 'dinov3') of head_dim {head_dim} (rope_embed.periods); "
                               f"the config given has rope={cfg.rope!r}, head_dim {cfg.head_dim}")  # fmt: skip
-    expected = cfg.rope_theta ** (torch.arange(head_dim // 4, dtype=torch.float64) * 4 / head_dim)
+    expected = cfg.rope_base ** (torch.arange(head_dim // 4, dtype=torch.float64) * 4 / head_dim)
     # bf16 rounds to within 2^-9; 2^-7 leaves room for that and still refuses other bases (90 for 100) or min/max periods
     if not torch.allclose(periods.double(), expected, rtol=2**-7, atol=0):
         values = ", ".join(f"{p:.4g}" for p in periods.double().tolist()[:4])
-        raise CheckpointError(f"rope_embed.periods ({values}, ...) are not rope_theta ** (4 i / head_dim) for rope_theta={cfg.rope_theta:g}, "
+        raise CheckpointError(f"rope_embed.periods ({values}, ...) are not rope_theta ** (4 i / head_dim) for rope_theta={cfg.rope_base:g}, "
                               "the schedule vitfast computes; pass config= with the checkpoint's rope_theta if it has another base")  # fmt: skip
     return sd, cfg, guesses
