@@ -56,7 +56,8 @@ from vitfast.kernels import linear_layernorm as ll
 from vitfast.kernels import rope
 from vitfast.kernels._common import describe_config
 from vitfast.kernels.precompile import precompile
-from vitfast.layers import RopeTables, apply_rope
+from vitfast.layers import apply_rope
+from vitfast.layers import rope_tables as layer_rope_tables
 
 DISPATCH_TABLE = Path(__file__).resolve().parents[1] / "kernels" / "mlp_dispatch.json"
 NOT_REACHED = {"status": "not reached", "reason": "the part's time box ran out before this row"}
@@ -220,10 +221,9 @@ def rope_cases(s: Shapes):
 
 
 def rope_tables(cfg, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (cos, sin) [patches, D] a DINOv3 model hands its blocks: RopeTables' fp32 tables, which an fp16
-    or bf16 model keeps in fp32 (the kernel rotates in fp32; apply_rope casts them to q's dtype)."""
-    cos, sin, _ = RopeTables(cfg.rope, cfg.grid_size, cfg.head_dim, cfg.rope_base, cfg.rope_ref_grid).to(device)()
-    return cos, sin
+    """The (cos, sin) [patches, D] a DINOv3 model hands its blocks: fp32 tables, which an fp16 or bf16 model
+    keeps in fp32 (RopeTables; the kernel rotates in fp32, apply_rope casts them to q's dtype)."""
+    return layer_rope_tables(cfg.rope, cfg.grid_size, cfg.head_dim, cfg.rope_base, torch.float32, device, cfg.rope_ref_grid)
 
 
 def mlp_shapes(s: Shapes):

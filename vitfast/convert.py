@@ -143,8 +143,9 @@ def timm_layout(sd: StateDict, where: object, *, rope: str | None = None) -> tup
     never otherwise, since eva.py's other rotary ViTs would load and compute something else. Weights in vitfast's
     names without position embeddings are a DINOv3's only when `rope` says so. Block structures vitfast does
     not implement are refused (`check_structure`)."""
-    family = eva.eva_family(sd) if eva.is_eva(sd) else None
-    if family or (rope is not None and eva.is_eva(sd)):
+    eva_layout = eva.is_eva(sd)
+    family = eva.eva_family(sd) if eva_layout else None
+    if eva_layout and (family or rope is not None):
         sd = eva.eva_to_timm(sd)
     check_structure(sd, where)
     if family is None and rope is not None:  # the caller's word: weights in vitfast's names cannot say it
@@ -164,9 +165,10 @@ def timm_config(sd: StateDict, family: str | None, num_heads: int | None = None)
     like = next((r for n, r in _registered_like(cfg.to_dict(), "eva02") if n.startswith("eva02")), _EVA02)
     preprocessing = {k: like.get(k, getattr(cfg, k)) for k in ("mean", "std", "crop_pct", "interpolation", "crop_mode")}
     guesses |= dict.fromkeys(preprocessing, "preprocessing is not stored in a state dict; timm's EVA-02 defaults assumed")
-    guesses["rope_ref_grid"] = (f"EVA-02's rotary positions are not stored in weights; the {eva.EVA02_REF_GRID[0]}x{eva.EVA02_REF_GRID[1]} "
-                                "grid every timm EVA-02 was pre-trained on (ref_feat_shape) and base 10000 assumed")  # fmt: skip
-    return cfg.replace(rope="axial", rope_ref_grid=eva.EVA02_REF_GRID, **preprocessing), guesses
+    rows, cols = _EVA02["rope_ref_grid"]
+    guesses["rope_ref_grid"] = (f"EVA-02's rotary positions are not stored in weights; the {rows}x{cols} grid every timm EVA-02 was "
+                                "pre-trained on (ref_feat_shape) and base 10000 assumed")  # fmt: skip
+    return cfg.replace(rope=_EVA02["rope"], rope_ref_grid=_EVA02["rope_ref_grid"], **preprocessing), guesses
 
 
 # ---------------------------------------------------------------------------- Hugging Face

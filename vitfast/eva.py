@@ -26,7 +26,6 @@ StateDict = dict[str, torch.Tensor]
 # Any of these marks eva.py's layout (BEiT and CaiT share the first)
 EVA_KEYS = ("blocks.0.gamma_1", "blocks.0.attn.q_bias", "blocks.0.attn.q_proj.weight")
 _EVA_BLOCK = re.compile(r"blocks\.(\d+)\.(gamma_1|gamma_2|attn\.q_bias|attn\.v_bias|attn\.[qkv]_proj\.(?:weight|bias))")
-EVA02_REF_GRID = (16, 16)  # every timm EVA-02 (ref_feat_shape): pre-trained at 224 px in 14 px patches
 
 
 def is_eva(sd: StateDict) -> bool:
