@@ -158,24 +158,37 @@ def test_bare_timm_eva_dinov3_loads_the_weights_it_came_from_and_names_its_guess
 
 
 @pytest.mark.parametrize(
-    "change",
-    [
-        lambda sd: {k: v for k, v in sd.items() if k != "cls_token"},  # timm's vit_*_rope_reg*_gap_*: registers, no class token
-        lambda sd: {k: v for k, v in sd.items() if k != "reg_token"},  # vit_*_rope_224: a class token, no registers
-        lambda sd: sd | {"pos_embed": torch.zeros(1, 16, 64)},  # EVA-02, PE, *_rope_ape_*: learned positions too
-        lambda sd: sd | {"rope.freqs": torch.zeros(2, 4, 8)},  # *_rope_mixed_*: learned rotary frequencies
+    "change, refusal, with_config",
+    [  # PE: learned positions too. Given a DINOv3 config the keys are renamed, then do not fit it
+        (lambda sd: sd | {"pos_embed": torch.zeros(1, 16, 64)}, "gamma_1 .*of eva.py's, vitfast reads DINOv3, EVA-02", "does not fit the model"),
+        (lambda sd: sd | {"rope.freqs": torch.zeros(2, 4, 8)}, "learned rotary frequencies", "learned rotary frequencies"),  # *_rope_mixed_*
     ],
-    ids=["no-class-token", "no-registers", "learned-positions", "saved-rope-freqs"],
+    ids=["learned-positions", "saved-rope-freqs"],
 )
-def test_eva_weights_of_another_rotary_form_are_refused_unless_the_config_says_dinov3(tmp_path, change):
+def test_eva_weights_of_another_rotary_form_are_refused_even_when_the_config_says_dinov3(tmp_path, change, refusal, with_config):
     """eva.py's other rotary ViTs compute other positions: their keys never load as a DINOv3's (they would, with the
-    same shapes, and answer something else). A config that says rope 'dinov3' is the caller's word and is taken."""
+    same shapes, and answer something else), not even when the caller's config says rope 'dinov3'."""
     source = _source(qkv_bias=True)
     torch.save(change(_to_eva(source)), tmp_path / "model.pth")
-    with pytest.raises(vitfast.CheckpointError, match="gamma_1 .*of eva.py's, vitfast reads DINOv3 and EVA-02"):
+    with pytest.raises(vitfast.CheckpointError, match=refusal):
         vitfast.load_checkpoint(tmp_path / "model.pth")
-    with pytest.raises(vitfast.CheckpointError, match="does not fit the model"):  # renamed now, then its keys do not fit DINOv3's
+    with pytest.raises(vitfast.CheckpointError, match=with_config):
         vitfast.load_checkpoint(tmp_path / "model.pth", config=source.config)
+
+
+@pytest.mark.parametrize(
+    "drop, family",
+    [("cls_token", "axial, base 10000, patch indices scaled to a 16x16 grid, y's"), ("reg_token", "axial, base 100, patch indices unscaled, x's")],
+    ids=["no-class-token-is-sbb-rope", "no-registers-is-naver-rope-vit"],
+)
+def test_eva_weights_without_a_class_token_or_registers_read_as_the_axial_rope_vits_not_dinov3(tmp_path, drop, family):
+    """A DINOv3's eva.py keys less its class token are timm's sbb RoPE ViT's, less its registers Naver's RoPE-ViT's: they
+    load as those (their rotary form said), never as a DINOv3, whose rotary positions differ."""
+    source = _source(qkv_bias=True)
+    torch.save({k: v for k, v in _to_eva(source).items() if k != drop}, tmp_path / "model.pth")
+    with pytest.warns(vitfast.GuessedConfigWarning, match=rf"assumed: {family}"):
+        loaded = vitfast.load_checkpoint(tmp_path / "model.pth", img_size=32)
+    assert (loaded.config.rope, loaded.config.class_token, loaded.config.reg_tokens > 0) == ("axial", drop != "cls_token", drop != "reg_token")
 
 
 def test_dinov3_weights_in_vitfast_names_need_the_rope_said(tmp_path):
@@ -183,7 +196,7 @@ def test_dinov3_weights_in_vitfast_names_need_the_rope_said(tmp_path):
     and {"rope": "dinov3"} (what --config FILE.json passes) reads it as one."""
     source = _source(qkv_bias=True)
     torch.save(source.state_dict(), tmp_path / "model.pth")
-    with pytest.raises(vitfast.CheckpointError, match=r'no learned position embeddings .*\{"rope": "dinov3"\} in --config'):
+    with pytest.raises(vitfast.CheckpointError, match=r'no learned position embeddings .*\{"rope": "dinov3"\} \(a DINOv3\) .*in --config'):
         vitfast.load_checkpoint(tmp_path / "model.pth")
     with pytest.warns(vitfast.GuessedConfigWarning, match="rope_theta=100.0"):
         loaded = vitfast.load_checkpoint(tmp_path / "model.pth", img_size=32, overrides={"rope": "dinov3", "num_heads": 4, "global_pool": "token"})

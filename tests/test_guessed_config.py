@@ -238,7 +238,7 @@ def test_every_registered_architecture_is_read_back_off_its_shapes():
 
     arch = ("embed_dim", "depth", "num_heads", "mlp_hidden", "mlp_layer", "class_token", "distilled", "reg_tokens", "no_embed_class",
             "global_pool", "use_fc_norm", "final_norm", "pre_norm", "qkv_bias", "hybrid_layers", "representation_size",
-            "num_classes", "grid_size", "patch_size", "norm_layer", "embed_norm", "proj_bias", "abs_pos_embed", "rope", "rope_base", "rope_ref_grid", "scale_attn_norm", "scale_mlp_norm")  # fmt: skip
+            "num_classes", "grid_size", "patch_size", "norm_layer", "embed_norm", "proj_bias", "abs_pos_embed", "rope", "rope_base", "rope_ref_grid", "rope_grid_indexing", "scale_attn_norm", "scale_mlp_norm")  # fmt: skip
     wrong = {}
     for name in vitfast.list_models():
         truth = vitfast.get_config(name)
@@ -267,5 +267,43 @@ def test_an_eva02_saved_in_vitfast_names_takes_its_rotary_positions_from_the_reg
         loaded = vitfast.load_checkpoint(tmp_path / "w.pth")
     assert (loaded.config.rope, loaded.config.rope_ref_grid, loaded.config.rope_base) == ("axial", (16, 16), 10000.0)
     x = torch.randn(2, 3, 56, 56)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), source(x))
+    with pytest.warns(vitfast.GuessedConfigWarning):  # what the guess says to pass if it has none: the rotary settings go too
+        plain = vitfast.load_checkpoint(tmp_path / "w.pth", overrides={"rope": None})
+    assert (plain.config.rope, plain.config.rope_ref_grid, plain.config.rope_theta, plain.rope) == (None, None, None, None)
+
+
+def test_a_rope_vit_with_learned_positions_in_vitfast_names_says_it_could_be_one_and_loads_as_one_when_told(tmp_path):
+    """Naver's RoPE-ViT with learned positions (_ape) has DeiT-III's shapes, and vitfast's names hold nothing rotary: read
+    as the plain ViT the registered model of its shapes is, the load says that a RoPE-ViT has them too and how to say it
+    is one; {"rope": "axial"} then gives Naver's whole rotary form (base 100, x's frequencies first), read off the keys."""
+    truth = vitfast.get_config("vit_small_patch16_rope_ape_224", img_size=48, num_classes=5)  # its 12 blocks: matched by shapes
+    source = randomize(vitfast.create_model(truth))
+    torch.save(source.state_dict(), tmp_path / "w.pth")
+    with pytest.warns(vitfast.GuessedConfigWarning, match=r"rope=None \(.*none assumed.*vit_small_patch16_rope_ape_224, of the same shapes, has them"):
+        plain = vitfast.load_checkpoint(tmp_path / "w.pth")
+    with pytest.warns(vitfast.GuessedConfigWarning, match=r"rope_theta=100.0, rope_ref_grid=None, rope_grid_indexing='xy' \(.*vit_small_patch16_rope_ape_224's assumed: axial, base 100, .*x's"):
+        told = vitfast.load_checkpoint(tmp_path / "w.pth", overrides={"rope": "axial"})
+    assert (told.config.rope_base, told.config.rope_grid_indexing, told.config.rope_ref_grid) == (100.0, "xy", None)
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        assert torch.equal(told(x), source(x))
+        assert (plain(x) - source(x)).abs().max() > 1e-3
+
+
+def test_an_sbb_rope_vit_in_vitfast_names_needs_its_rotary_positions_named_and_then_takes_its_family_s(tmp_path):
+    """No learned positions and nothing rotary in vitfast's names: the load stops and says which fields to pass; with
+    {"rope": "axial"}, the keys (registers, no class token, layer scale, a GELU MLP) say timm's sbb RoPE ViT, whose
+    reference grid and base it then takes, said, with the image size (rotary positions fit any)."""
+    truth = vitfast.get_config("vit_medium_patch16_rope_reg1_gap_256", num_classes=5)
+    source = randomize(vitfast.create_model(truth))
+    torch.save(source.state_dict(), tmp_path / "w.pth")
+    with pytest.raises(vitfast.CheckpointError, match=r'no learned position embeddings.*\{"rope": "axial"\}'):
+        vitfast.load_checkpoint(tmp_path / "w.pth")
+    with pytest.warns(vitfast.GuessedConfigWarning, match=r"img_size=256 .*rope_theta=None, rope_ref_grid=\[16, 16\], rope_grid_indexing='ij' \(.*16x16 grid, y's"):
+        loaded = vitfast.load_checkpoint(tmp_path / "w.pth", overrides={"rope": "axial"})
+    assert (loaded.config.rope_base, loaded.config.rope_ref_grid, loaded.config.reg_tokens) == (10000.0, (16, 16), 1)
+    x = torch.randn(1, 3, 256, 256)
     with torch.no_grad():
         assert torch.equal(loaded(x), source(x))

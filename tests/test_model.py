@@ -48,9 +48,9 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
 
     def rope(v):
         """2-D rotary embedding as complex rotations of one channel pair per frequency j, turned by coord / theta^(4j/D),
-        y's coordinate for j < D/4, then x's. DINOv3: channels d and d + D/2 are one complex number, coord its patch
-        centre in [-1, 1] times 2 pi. Axial (EVA-02): channels 2j and 2j + 1, coord its patch index, scaled to
-        rope_ref_grid when given."""
+        y's coordinate for j < D/4, then x's (x's first for rope_grid_indexing "xy"). DINOv3: channels d and d + D/2 are one
+        complex number, coord its patch centre in [-1, 1] times 2 pi. Axial (EVA-02): channels 2j and 2j + 1, coord its
+        patch index, scaled to rope_ref_grid when given."""
         if cfg.rope is None:
             return v
         if cfg.rope == "dinov3":
@@ -59,7 +59,8 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
             ys, xs = (torch.arange(n, dtype=v.dtype) * (r / n) for n, r in zip((gh, gw), cfg.rope_ref_grid or (gh, gw)))
         yy, xx = ys[:, None].expand(gh, gw).flatten(), xs[None, :].expand(gh, gw).flatten()
         freq = cfg.rope_base ** (-4 * torch.arange(D // 4, dtype=v.dtype) / D)
-        angle = torch.cat([yy[:, None] * freq, xx[:, None] * freq], 1) * (2 * math.pi if cfg.rope == "dinov3" else 1)
+        first, second = (xx, yy) if cfg.rope_grid_indexing == "xy" else (yy, xx)
+        angle = torch.cat([first[:, None] * freq, second[:, None] * freq], 1) * (2 * math.pi if cfg.rope == "dinov3" else 1)
         turn = torch.polar(torch.ones(gh * gw, D // 2, dtype=v.dtype), angle)
         n0 = v.shape[2] - gh * gw
         if cfg.rope == "dinov3":
@@ -162,6 +163,9 @@ VARIANTS = {
     "axial-rope-own-grid-theta-registers": tiny_config(rope="axial", rope_theta=100.0, reg_tokens=2, init_values=0.5, class_token=False,
                                                        global_pool="avg", abs_pos_embed=False),
     "beit3-inner-norms": tiny_config(scale_attn_norm=True, scale_mlp_norm=True, global_pool="avg", norm_eps=1e-5),
+    "rope-vit-xy-odd-grid-layer-scale": tiny_config(rope="axial", rope_theta=100.0, rope_grid_indexing="xy", img_size=(40, 24), embed_dim=48,
+                                                    num_heads=4, init_values=0.5, abs_pos_embed=False),
+    "rope-vit-ape-xy-ref-grid": tiny_config(rope="axial", rope_grid_indexing="xy", rope_ref_grid=(5, 3), init_values=0.5, no_embed_class=True),
     "odd-sizes": tiny_config(img_size=(40, 24), patch_size=8, embed_dim=36, num_heads=3, mlp_ratio=2.5, in_chans=2),
 }
 

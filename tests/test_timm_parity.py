@@ -50,6 +50,10 @@ VARIANTS = {
     "eva02-base-mlp-norm": ("eva02_base_patch14_448", dict(img_size=70, depth=2, num_classes=5)),
     "eva02-clip-attn-norm": ("eva02_base_patch16_clip_224", dict(img_size=64, depth=2, num_classes=7)),
     "beit3-inner-norms": ("beit3_base_patch16_224", dict(img_size=64, depth=2, num_classes=5)),
+    "sbb-rope-reg1": ("vit_medium_patch16_rope_reg1_gap_256", dict(img_size=64, depth=2, num_classes=5)),
+    "sbb-rope-reg4-no-qkv-bias": ("vit_mediumd_patch16_rope_reg1_gap_256", dict(img_size=80, depth=2, num_classes=5)),
+    "rope-vit-xy": ("vit_small_patch16_rope_224", dict(img_size=64, depth=2, num_classes=5)),
+    "rope-vit-ape": ("vit_base_patch16_rope_ape_224", dict(img_size=48, depth=2, num_classes=5)),
 }
 
 
@@ -186,6 +190,9 @@ def test_pos_embed_resize_matches_timm(tmp_path, variant):
         ("eva02-base-mlp-norm", 98, None, True),
         ("eva02-clip-attn-norm", 64, None, True),
         ("beit3-inner-norms", 64, None, True),
+        ("sbb-rope-reg1", (48, 80), None, True),
+        ("rope-vit-xy", (80, 48), None, True),
+        ("rope-vit-ape", 64, None, False),
     ],
 )
 def test_save_for_hf_folder_loads_as_timm_loads_it(tmp_path, variant, img_size, data_config, safe):
@@ -338,11 +345,11 @@ def test_pretrained_cfg_preprocessing_matches_timm(tag, overrides):
 # ---------------------------------------------------------------------------- DINOv3 (timm's eva.py, Meta's layout)
 _TIMM_ROPE = {"RotaryEmbeddingDinoV3": "dinov3", "RotaryEmbeddingCat": "axial", "NoneType": None}  # timm's rotary class -> vitfast's rope
 # what vitfast's rope="dinov3" computes, in RotaryEmbeddingDinoV3's terms after the base (rope_theta): periods from the base,
-# not min/max; coordinates normalised per axis, not offset, row-major ('ij'); the rotate-half layout
-DINOV3_ROPE_SETTINGS = (None, None, "separate", 0.0, "ij", True)
+# not min/max; coordinates normalised per axis, not offset; then the axis order (rope_grid_indexing), the rotate-half layout
+DINOV3_ROPE_SETTINGS = (None, None, "separate", 0.0)
 # and rope="axial", in RotaryEmbeddingCat's terms after the base and the reference grid: inverse-frequency bands (not
-# pixel ones), integer patch indices not offset, row-major, the interleaved layout
-AXIAL_ROPE_SETTINGS = (False, "index", 0.0, "ij", False)
+# pixel ones), integer patch indices not offset; then the axis order (rope_grid_indexing), the interleaved layout
+AXIAL_ROPE_SETTINGS = (False, "index", 0.0)
 DINOV3_SIZES = ["vit_tiny_patch16_dinov3_qkvb", "vit_small_patch16_dinov3", "vit_small_plus_patch16_dinov3_qkvb", "vit_base_patch16_dinov3"]
 
 
@@ -356,8 +363,8 @@ def _rope_settings(rope) -> tuple:
 def _our_rope_settings(c: vitfast.ViTConfig) -> tuple:
     """A config's rotary positions in `_rope_settings`'s terms."""
     if c.rope == "axial":
-        return (c.rope_base, c.rope_ref_grid, *AXIAL_ROPE_SETTINGS)
-    return (c.rope_base, *DINOV3_ROPE_SETTINGS)
+        return (c.rope_base, c.rope_ref_grid, *AXIAL_ROPE_SETTINGS, c.rope_grid_indexing, False)
+    return (c.rope_base, *DINOV3_ROPE_SETTINGS, c.rope_grid_indexing, True)
 
 
 @pytest.mark.parametrize("global_pool", ["avg", "token"])
@@ -403,12 +410,14 @@ def test_bare_timm_dinov3_state_dict_is_read_off_its_keys_and_says_what_it_assum
 
 
 def test_eva_models_load_exactly_when_timm_gives_them_the_rotary_positions_vitfast_reads_them_with():
-    """The rule that reads a bare eva.py state dict as a DINOv3 (a class token and registers, no learned positions) or
-    an EVA-02 (a class token and learned positions, no registers, no layer scale, no norm before the blocks, a SwiGLU
-    MLP), over every eva.py model timm has: whatever loads gets the rotary embedding timm builds it with, its settings
-    included (so no other rotary form ever loads as one of them), every vit_*_dinov3* and eva02_* name but the
-    post-norm enormous one loads, and the only other names that do are LingBot's (DINOv3's architecture); the rest
-    (EVA-01, PE, the *_rope_* ViTs, Sapiens2, the enormous EVA-02) are refused."""
+    """The rule that reads a bare eva.py state dict as a DINOv3 (a class token and registers, no learned positions), an
+    EVA-02 (a class token and learned positions, no registers, no layer scale, no norm before the blocks, a SwiGLU
+    MLP), an sbb RoPE ViT (registers, no class token, no learned positions, layer scale, a GELU MLP) or a Naver
+    RoPE-ViT (a class token, learned positions for the patches or none, layer scale, a GELU MLP), over every eva.py
+    model timm has: whatever loads gets the rotary embedding timm builds it with, its settings included (so no other
+    rotary form ever loads as one of them); every vit_*_dinov3*, eva02_* (but the post-norm enormous one),
+    vit_*_rope_reg*_gap_256 and vit_*_patch16_rope[_ape]_224 name loads, and the only other names that do are LingBot's
+    (DINOv3's architecture); the rest (EVA-01, PE, RoPE-Mixed, Sapiens2, the enormous EVA-02) are refused."""
     from vitfast.convert import timm_config
 
     loaded, refused = set(), {}
@@ -425,20 +434,56 @@ def test_eva_models_load_exactly_when_timm_gives_them_the_rotary_positions_vitfa
             warnings.simplefilter("ignore")
             cfg, _ = timm_config(sd, family)
         assert _TIMM_ROPE[type(ref.rope).__name__] == cfg.rope and _rope_settings(ref.rope) == _our_rope_settings(cfg), name
-        assert ref.blocks[0].norm1.eps == cfg.norm_eps and type(ref.blocks[0].attn).__name__ == "EvaAttention", name
+        attn = ref.blocks[0].attn  # Naver's RoPE-ViT has timm's AttentionRope: the same math, ungated, no qk-norm
+        assert ref.blocks[0].norm1.eps == cfg.norm_eps and type(attn).__name__ in ("EvaAttention", "AttentionRope"), name
+        assert getattr(attn, "gate", None) is None and type(attn.q_norm).__name__ == "Identity", name
         assert type(ref.blocks[0]).__name__ == "EvaBlock", name  # pre-norm
         loaded.add(name)
     dinov3_names = set(timm.list_models("*_dinov3*", module="eva"))
     assert dinov3_names == {n for n in vitfast.list_models() if "dinov3" in n} and len(dinov3_names) == 12
     eva02_names = set(timm.list_models("eva02_*", module="eva")) - {"eva02_enormous_patch14_clip_224"}
     assert eva02_names == {n for n in vitfast.list_models() if n.startswith("eva02")} and len(eva02_names) == 11
-    assert loaded == dinov3_names | eva02_names | set(timm.list_models("*_lingbot", module="eva"))
-    assert len(refused) > 30 and all("does not implement" in why for why in refused.values())
-    assert {n for n, why in refused.items() if "gamma_1" in why} >= {"vit_medium_patch16_rope_reg1_gap_256", "vit_base_patch16_rope_224"}
+    rope_names = set(timm.list_models("vit_*_rope_reg*_gap_256", module="eva")) | set(timm.list_models("vit_*_patch16_rope_*224", module="eva"))
+    rope_names -= set(timm.list_models("*_rope_mixed_*", module="eva"))
+    assert rope_names == {n for n in vitfast.list_models() if "_rope_" in n} and len(rope_names) == 10
+    assert loaded == dinov3_names | eva02_names | rope_names | set(timm.list_models("*_lingbot", module="eva"))
+    assert len(refused) > 25 and all("does not implement" in why for why in refused.values())
+    assert {n for n, why in refused.items() if "learned rotary frequencies" in why} == set(timm.list_models("*_rope_mixed_*", module="eva"))
+    assert {n for n, why in refused.items() if "gamma_1" in why} >= {"vit_pe_lang_large_patch14_448", "vit_pe_spatial_gigantic_patch14_448"}
     assert {n for n, why in refused.items() if "separate q/k/v" in why} >= {"eva02_enormous_patch14_clip_224", "eva_giant_patch14_224"}
     # the Perception Encoder towers without layer scale have a CLIP tower's keys: refused by their attention pool / no final norm
     assert {n for n, why in refused.items() if "Perception Encoder" in why} == {n for n in timm.list_models("vit_pe_*", module="eva")
                                                                                 if "lang" not in n and "spatial_gigantic" not in n}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name, hw, assumed",
+    [
+        ("vit_base_patch16_rope_reg1_gap_256", (48, 80), "base 10000, patch indices scaled to a 16x16 grid, y's"),
+        ("vit_betwixt_patch16_rope_reg4_gap_256", (64, 64), "base 10000, patch indices scaled to a 16x16 grid, y's"),
+        ("vit_small_patch16_rope_224", (80, 48), "base 100, patch indices unscaled, x's"),
+        ("vit_small_patch16_rope_ape_224", (64, 64), "base 100, patch indices unscaled, x's"),
+    ],
+)
+def test_bare_timm_rope_vit_state_dict_is_read_off_its_keys_and_says_what_it_assumed(tmp_path, name, hw, assumed):
+    """A bare state dict of timm's sbb RoPE ViTs (registers, no class token) or Naver's RoPE-ViT (a class token, patch-only
+    learned positions or none; x's frequencies first, which a non-square grid shows) at full depth: its rotary positions
+    and preprocessing come from the registered model of its family and shapes, said; at another image size, rectangular
+    too, the model equals timm's, token for token. Naver's with y's frequencies first would be another model."""
+    ref = _timm_model(name, img_size=hw)
+    torch.save(ref.state_dict(), tmp_path / "model.pth")
+    with pytest.warns(vitfast.GuessedConfigWarning, match=rf"rope='axial', rope_theta=.* \(rotary positions are not stored in weights; {name}'s assumed: axial, {assumed}"):
+        ours = vitfast.load_checkpoint(tmp_path / "model.pth", img_size=hw)
+    fields = ("rope", "rope_base", "rope_ref_grid", "rope_grid_indexing", "abs_pos_embed", "no_embed_class", "class_token", "reg_tokens",
+              "global_pool", "use_fc_norm", "num_heads", "qkv_bias", "mean", "std", "crop_pct", "interpolation")  # fmt: skip
+    assert [getattr(ours.config, k) for k in fields] == [getattr(vitfast.get_config(name), k) for k in fields]
+    x = torch.randn(2, 3, *hw)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.forward_features(x), ref.forward_features(x), atol=ATOL, rtol=0)
+        torch.testing.assert_close(ours(x), ref(x), atol=ATOL, rtol=0)
+        if ours.config.rope_grid_indexing == "xy":
+            other = vitfast.load_checkpoint(tmp_path / "model.pth", img_size=hw, overrides={"rope_grid_indexing": "ij"})
+            assert (other(x) - ref(x)).abs().max() > 100 * ATOL
 
 
 def _meta_state_dict(ref) -> dict[str, torch.Tensor]:
@@ -500,7 +545,8 @@ def test_meta_checkpoint_loads_as_timm_converts_it(tmp_path, name, kw):
         ("eva02_enormous_patch14_clip_224", "separate q/k/v projections"),  # post-norm: its keys are EVA-01's
         ("eva_giant_patch14_224", "separate q/k/v projections"),
         ("beitv2_base_patch16_224", "relative position biases"),
-        ("vit_medium_patch16_rope_reg1_gap_256", "gamma_1"),
+        ("vit_small_patch16_rope_mixed_224", "learned rotary frequencies"),
+        ("cait_xxs24_224", "gamma_1"),  # a class token, patch-only positions, layer scale, a GELU MLP: and class-attention blocks
         ("vit_pe_core_tiny_patch16_384", "Perception Encoder"),  # a CLIP tower's keys, rotary positions beside
         ("vit_pe_spatial_tiny_patch16_512", "Perception Encoder"),
     ],

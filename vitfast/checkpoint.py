@@ -86,6 +86,8 @@ def load_checkpoint(
     else:
         cfg = source_cfg
     if overrides:
+        if "rope" in overrides and overrides["rope"] is None:  # no rotary positions, so none of their settings either
+            overrides = dict(rope_theta=None, rope_ref_grid=None, rope_grid_indexing="ij") | overrides
         cfg = cfg.replace(**overrides)
         guesses = {k: v for k, v in guesses.items() if k not in overrides}
     if img_size is not None:

@@ -40,6 +40,9 @@ NORM_LAYERS = ("layernorm", "rmsnorm")
 # pairs (2j, 2j + 1) rotated together, the interleaved layout)
 ROPE_KINDS = ("dinov3", "axial")
 ROPE_THETA = {"dinov3": 100.0, "axial": 10000.0}  # each kind's default base period (rope_theta=None)
+# Which image axis the first half of each head's rotary frequencies turns by (timm's rope_grid_indexing): "ij" y then x
+# (DINOv3, EVA-02, timm's sbb RoPE ViTs), "xy" x then y (Naver's RoPE-ViT)
+ROPE_GRID_INDEXINGS = ("ij", "xy")
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 CROP_MODES = ("center", "squash", "border")  # timm's names: crop the short side, resize both sides, pad the short side
 CROP_ROUNDINGS = ("round", "floor")  # centre-crop offset: torchvision/timm round, Hugging Face floors
@@ -75,6 +78,7 @@ class ViTConfig:
     rope: str | None = None  # rotary position embeddings in every attention, one of ROPE_KINDS (DINOv3, EVA-02); None = none
     rope_theta: float | None = None  # the rotary base period (timm's rope_temperature, transformers' rope_theta); None = the kind's
     rope_ref_grid: tuple[int, int] | None = None  # "axial": the grid positions are scaled to (EVA's ref_feat_shape); None = own grid
+    rope_grid_indexing: str = "ij"  # one of ROPE_GRID_INDEXINGS: "xy" turns the first frequencies by x (Naver's RoPE-ViT)
     scale_attn_norm: bool = False  # a norm on the attention output before its projection (timm's name; EVA-02 CLIP's sub-LN)
     scale_mlp_norm: bool = False  # a norm on the MLP's hidden activations before fc2 (timm's name; EVA-02 B/L)
     fc_norm: bool | None = None  # None: timm's rule, norm after pooling iff global_pool == "avg"
@@ -243,6 +247,10 @@ class ViTConfig:
                 bad(f'rope_ref_grid scales the patch indices of rope="axial" only; got rope={self.rope!r}')
             if len(self.rope_ref_grid) != 2 or not all(isinstance(s, int) and s > 0 for s in self.rope_ref_grid):
                 bad(f"rope_ref_grid must be two positive integers (rows, columns), got {self.rope_ref_grid!r}")
+        if self.rope_grid_indexing not in ROPE_GRID_INDEXINGS:
+            bad(f"rope_grid_indexing must be one of {ROPE_GRID_INDEXINGS}, got {self.rope_grid_indexing!r}")
+        if self.rope_grid_indexing != "ij" and self.rope is None:
+            bad(f"rope_grid_indexing={self.rope_grid_indexing!r} orders rotary frequencies; this config has no rotary positions (rope=None)")
         if self.interpolation not in INTERPOLATIONS:
             bad(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
         if self.crop_mode not in CROP_MODES:

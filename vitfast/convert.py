@@ -17,6 +17,7 @@ say so loudly and record it.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import re
 from typing import Any
@@ -24,11 +25,12 @@ from typing import Any
 import torch
 
 from .config import (
-    CROP_MODES, IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ViTConfig,
+    CROP_MODES, IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ROPE_THETA,
+    ViTConfig,
 )  # fmt: skip
 from . import dinov3, eva
 from .errors import CheckpointError, ConfigError
-from .registry import _AIMV2, _EVA02, _REGISTRY, get_config, unsupported_reason
+from .registry import _AIMV2, _EVA02, _REGISTRY, _ROPE_VIT, _SBB_ROPE, get_config, unsupported_reason
 
 StateDict = dict[str, torch.Tensor]
 Guesses = dict[str, str]  # ViTConfig field -> why its value is a guess
@@ -103,8 +105,9 @@ _FOREIGN_STRUCTURES = (
     (r"blocks\.0\.attn\.lambda_q1$", "differential attention (timm's DiffAttention: vit_dwee_*, vit_dlittle_*)"),
     (r"blocks\.0\.attn\.[qk]_norm\.", "query/key normalisation (timm's qk_norm=True)"),
     (r"relative_position_bias_table$", "relative position biases (BEiT, Swin)"),
-    (r"blocks\.0\.gamma_1$", "layer scale named gamma_1 (timm's BEiT, EVA and CaiT blocks, its RoPE ViTs among them; of eva.py's, "
-                             "vitfast reads DINOv3 and EVA-02)"),
+    (r"^rope\.freqs$", "learned rotary frequencies (Naver's RoPE-Mixed, timm's RotaryEmbeddingMixed: vit_*_rope_mixed_*)"),
+    (r"blocks\.0\.gamma_1$", "layer scale named gamma_1 (timm's BEiT, EVA and CaiT blocks; of eva.py's, vitfast reads DINOv3, EVA-02, "
+                             "timm's sbb RoPE ViTs and Naver's RoPE-ViT)"),
     (r"blocks\.0\.attn\.(q_proj|q_bias)", "separate q/k/v projections or biases (timm's beit.py / eva.py attention)"),
 )
 
@@ -148,27 +151,43 @@ def timm_layout(sd: StateDict, where: object, *, rope: str | None = None) -> tup
     if eva_layout and (family or rope is not None):
         sd = eva.eva_to_timm(sd)
     check_structure(sd, where)
-    if family is None and rope is not None:  # the caller's word: weights in vitfast's names cannot say it
-        family = "eva02" if rope == "axial" else "dinov3" if "pos_embed" not in sd else None
+    if family is None and rope == "axial":  # the caller's word: weights in vitfast's names cannot say it, their shapes which one
+        family = axial if (axial := eva.eva_family(sd)) in AXIAL_FAMILIES else "eva02"
+    elif family is None and rope is not None:
+        family = "dinov3" if "pos_embed" not in sd else None
     return sd, family
 
 
+# eva.py's families with axial rotary positions (`eva.eva_family`), which their weights do not hold: (the registered
+# names of the family, timm's defaults for one of other shapes, what to call it)
+AXIAL_FAMILIES = {"eva02": ("eva02_*", _EVA02, "EVA-02"), "sbb_rope": ("vit_*_rope_reg*_gap_*", _SBB_ROPE, "sbb RoPE ViT"),
+                  "rope_vit": ("vit_*_patch16_rope_*224", _ROPE_VIT, "Naver RoPE-ViT")}  # fmt: skip
+_AXIAL_FIELDS = ("rope", "rope_theta", "rope_ref_grid", "rope_grid_indexing")
+
+
 def timm_config(sd: StateDict, family: str | None, num_heads: int | None = None) -> tuple[ViTConfig, Guesses]:
-    """The config of a bare timm state dict in vitfast's names, read as `family` ("dinov3", "eva02", None: a
-    vision_transformer.py ViT) says; what the weights do not state comes back as guesses."""
+    """The config of a bare timm state dict in vitfast's names, read as `family` ("dinov3", one of AXIAL_FAMILIES, None:
+    a vision_transformer.py ViT) says; what the weights do not state comes back as guesses."""
     if family == "dinov3":
         return dinov3.eva_config(sd, num_heads)
     cfg, guesses = infer_timm_config(sd, num_heads=num_heads, family=family)
-    if family != "eva02":
+    if family not in AXIAL_FAMILIES:
         return cfg, guesses
-    # EVA-02's rotary positions and preprocessing are not in the weights: timm's, from its EVA-02 of these shapes
-    like = next((r for n, r in _registered_like(cfg.to_dict(), "eva02") if n.startswith("eva02")), _EVA02)
+    # the rotary positions and preprocessing are not in the weights: timm's, from its model of the family and these shapes
+    pattern, defaults, label = AXIAL_FAMILIES[family]
+    name, like = next(((n, r) for n, r in _registered_like(cfg.to_dict(), family) if fnmatch.fnmatch(n, pattern)), (None, defaults))
+    source = f"{name}'s" if name else f"timm's {label} defaults"
     preprocessing = {k: like.get(k, getattr(cfg, k)) for k in ("mean", "std", "crop_pct", "interpolation", "crop_mode")}
-    guesses |= dict.fromkeys(preprocessing, "preprocessing is not stored in a state dict; timm's EVA-02 defaults assumed")
-    rows, cols = _EVA02["rope_ref_grid"]
-    guesses["rope_ref_grid"] = (f"EVA-02's rotary positions are not stored in weights; the {rows}x{cols} grid every timm EVA-02 was "
-                                "pre-trained on (ref_feat_shape) and base 10000 assumed")  # fmt: skip
-    return cfg.replace(rope=_EVA02["rope"], rope_ref_grid=_EVA02["rope_ref_grid"], **preprocessing), guesses
+    guesses |= dict.fromkeys(preprocessing, f"preprocessing is not stored in a state dict; {source} assumed")
+    field = ViTConfig.__dataclass_fields__
+    rotary = {k: like.get(k, field[k].default) for k in _AXIAL_FIELDS}
+    ref = rotary["rope_ref_grid"]
+    indices = f"patch indices scaled to a {ref[0]}x{ref[1]} grid" if ref else "patch indices unscaled"
+    # keyed by every rotary field: a caller who states rope="axial" alone still hears which base and grid were assumed
+    first = "x" if rotary["rope_grid_indexing"] == "xy" else "y"
+    why = f"rotary positions are not stored in weights; {source} assumed: axial, base {rotary['rope_theta'] or ROPE_THETA['axial']:g}, {indices}"
+    guesses |= dict.fromkeys(_AXIAL_FIELDS, f"{why}, {first}'s frequencies first")
+    return cfg.replace(**rotary, **preprocessing), guesses
 
 
 # ---------------------------------------------------------------------------- Hugging Face
@@ -681,12 +700,15 @@ def infer_timm_config(
     class_token, distilled = has("cls_token"), has("dist_token")
     reg_tokens = sd["reg_token"].shape[1] if has("reg_token") else 0
     prefix = int(class_token) + int(distilled) + reg_tokens
-    if not has("pos_embed"):
+    n_pos = sd["pos_embed"].shape[1] if has("pos_embed") else None
+    if n_pos is None and family in ("sbb_rope", "rope_vit"):
+        no_embed_class, grid = False, None  # rotary positions only: the image size comes from the registered model below
+    elif n_pos is None:
         raise CheckpointError("this timm state dict has no learned position embeddings (pos_embed): its positions are rotary (a DINOv3 "
-                              "saved in vitfast's names) or none at all, which its keys cannot tell; for a DINOv3 pass "
-                              '{"rope": "dinov3"} in --config FILE.json (overrides= in Python), or config= a DINOv3 config')  # fmt: skip
-    n_pos = sd["pos_embed"].shape[1]
-    if _is_square(n_pos - prefix):
+                              "or a RoPE ViT saved in vitfast's names) or none at all, which its keys cannot tell; pass "
+                              '{"rope": "dinov3"} (a DINOv3) or {"rope": "axial"} (a RoPE ViT) in --config FILE.json (overrides= in '
+                              "Python), or config= the model's config")  # fmt: skip
+    elif _is_square(n_pos - prefix):
         no_embed_class, grid = False, math.isqrt(n_pos - prefix)
     elif _is_square(n_pos):
         no_embed_class, grid = True, math.isqrt(n_pos)
@@ -702,7 +724,8 @@ def infer_timm_config(
     if family != "eva02" and has("blocks.0.attn.norm.weight") and has("blocks.0.mlp.norm.weight"):
         kind = "BEiT-3"  # vision_transformer.py's only ViTs with a norm inside both branches
     fields: dict[str, Any] = dict(
-        img_size=grid * patch,
+        img_size=grid * patch if grid else None,
+        abs_pos_embed=n_pos is not None,
         patch_size=patch,
         in_chans=in_chans,
         embed_dim=dim,
@@ -735,6 +758,10 @@ def infer_timm_config(
     known = _registered_like(fields, family)
     name, entry = known[0] if known else (None, {})
     guesses: Guesses = {}
+    if grid is None:
+        fields["img_size"] = entry.get("img_size") or AXIAL_FAMILIES[family][1].get("img_size", 224)
+        guesses["img_size"] = (f"rotary positions fit any image size and nothing in the weights states one; {fields['img_size']} px "
+                               f"assumed, as {name or 'timm'} takes: pass --img-size N for another")  # fmt: skip
     if num_heads is not None:  # the caller knows it
         fields["num_heads"] = num_heads
     elif known:
@@ -751,9 +778,13 @@ def infer_timm_config(
         raise CheckpointError(f"cannot infer num_heads for embed_dim {dim}; pass config= to load_checkpoint (CLI: --num-heads N)")
     guesses |= dict.fromkeys(PREPROCESSING_GUESSED, f"preprocessing is not stored in a state dict; timm's {kind} defaults assumed")
     if entry.get("rope") and family is None:  # e.g. an EVA-02 saved in vitfast's names: nothing in them says rotary
-        fields |= {k: entry[k] for k in ("rope", "rope_ref_grid", "rope_theta") if k in entry}
+        fields |= {k: entry[k] for k in _AXIAL_FIELDS if k in entry}
         guesses["rope"] = (f"rotary positions are not stored in weights; {name}, the registered model of these shapes, has rope="
                            f"{entry['rope']!r}: pass {{\"rope\": null}} in --config FILE.json (overrides= in Python) if this one has none")
+    elif family is None and (rotary := next((n for n, r in known if r.get("rope")), None)):  # e.g. DeiT-III beside Naver's RoPE-ViT
+        guesses["rope"] = (f"rotary positions are not stored in weights; none assumed, as {name}, the registered model of these shapes, "
+                           f"has none. {rotary}, of the same shapes, has them: pass {{\"rope\": \"axial\"}} in --config FILE.json "
+                           "(overrides= in Python) if this is one of those")  # fmt: skip
     if no_embed_class and prefix and not any(r.get("no_embed_class") for _, r in known):
         # DeiT-III and register models leave their prefix tokens out of pos_embed; a non-square grid of
         # gh x gw patches with the class token embedded can have the same length (4 x 6 + 1 = 25)
@@ -806,17 +837,19 @@ def _timm_pool(sd: StateDict, class_token: bool, fc_norm: bool, dim: int) -> str
 
 
 def _registered_like(fields: dict[str, Any], family: str | None) -> list[tuple[str, dict[str, Any]]]:
-    """Registry entries with the shapes of `fields` (width, depth, tokens, stem, pooling): named with
-    `family` (such as "siglip") first, if given, then those of the same patch size, then image size.
+    """Registry entries with the shapes of `fields` (width, depth, tokens, stem, pooling, learned positions): named with
+    `family` (such as "siglip"; for AXIAL_FAMILIES, its names) first, if given, then those of the same patch size,
+    then image size.
     A "token_avg" head (no registered model has one) matches the class-token models it was trained on."""
     shape_keys = ("embed_dim", "depth", "class_token", "reg_tokens", "hybrid_layers", "pre_norm", "global_pool", "mlp_layer", "final_norm",
-                  "norm_layer", "embed_norm", "scale_attn_norm", "scale_mlp_norm")
+                  "norm_layer", "embed_norm", "scale_attn_norm", "scale_mlp_norm", "abs_pos_embed")
     default = {k: f.default for k, f in ViTConfig.__dataclass_fields__.items()}
     if fields["global_pool"] == "token_avg":
         fields = fields | {"global_pool": "token"}
     same = [(n, r) for n, r in _REGISTRY.items() if all(r.get(k, default[k]) == fields.get(k, default[k]) for k in shape_keys)]
-    return sorted(same, key=lambda item: (family is not None and family not in item[0], item[1]["patch_size"] != fields["patch_size"],
-                                          item[1]["img_size"] != fields["img_size"]))  # fmt: skip
+    pattern = AXIAL_FAMILIES[family][0] if family in AXIAL_FAMILIES else f"*{family}*"
+    return sorted(same, key=lambda item: (family is not None and not fnmatch.fnmatch(item[0], pattern),
+                                          item[1]["patch_size"] != fields["patch_size"], item[1]["img_size"] != fields["img_size"]))  # fmt: skip
 
 
 def read_timm_hub(cfg: dict[str, Any], sd: StateDict, where: object) -> tuple[StateDict, ViTConfig, Guesses]:

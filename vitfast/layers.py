@@ -66,11 +66,12 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Ten
 
 
 def rope_tables(
-    kind: str, grid: tuple[int, int], head_dim: int, theta: float, dtype: torch.dtype, device=None, ref_grid: tuple[int, int] | None = None
+    kind: str, grid: tuple[int, int], head_dim: int, theta: float, dtype: torch.dtype, device=None, ref_grid: tuple[int, int] | None = None,
+    indexing: str = "ij",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """2-D rotary tables (cos, sin), each [gh * gw, head_dim], patches in row-major order (`ViTConfig.rope`).
 
-    head_dim / 4 periods theta ** (4i / head_dim) per axis, y's then x's, dividing the patch coordinate:
+    head_dim / 4 periods theta ** (4i / head_dim) per axis, y's then x's (x's first for `indexing` "xy"), dividing the patch coordinate:
     "dinov3" (DINOv3): patch centres normalised to [-1, 1] per axis, angles 2 pi coord / period, repeated for the
     rotate-half layout [a, a]. "axial" (EVA-02, timm's RotaryEmbeddingCat): patch indices, scaled by
     ref_grid / grid when given (EVA's ref_feat_shape), angles coord / period, each repeated for its pair [a0, a0, a1, a1, ..].
@@ -83,6 +84,8 @@ def rope_tables(
     elif ref_grid is not None:
         axes = [t / size * ref for t, size, ref in zip(axes, grid, ref_grid)]
     coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).flatten(0, 1)  # [gh * gw, 2]: (y, x)
+    if indexing == "xy":
+        coords = coords.flip(-1)
     periods = theta ** (torch.arange(head_dim // 4, dtype=dtype, device=device) * 4 / head_dim)
     # [gh * gw, head_dim / 2], in each library's order of operations (timm's DINOv3 divides, its EVA multiplies)
     if kind == "dinov3":
@@ -109,16 +112,18 @@ class RopeTables(nn.Module):
     float64 model gets float64 tables and an fp16 one fp32 tables that `apply_rope` casts, as transformers does.
     """
 
-    def __init__(self, kind: str, grid: tuple[int, int], head_dim: int, theta: float, ref_grid: tuple[int, int] | None = None):
+    def __init__(self, kind: str, grid: tuple[int, int], head_dim: int, theta: float, ref_grid: tuple[int, int] | None = None,
+                 indexing: str = "ij"):  # fmt: skip
         super().__init__()
-        self.kind, self.grid, self.head_dim, self.theta, self.ref_grid = kind, grid, head_dim, theta, ref_grid
-        cos, sin = rope_tables(kind, grid, head_dim, theta, torch.float32, ref_grid=ref_grid)
+        self.kind, self.grid, self.head_dim, self.theta, self.ref_grid, self.indexing = kind, grid, head_dim, theta, ref_grid, indexing
+        cos, sin = rope_tables(kind, grid, head_dim, theta, torch.float32, ref_grid=ref_grid, indexing=indexing)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
-        self.cos, self.sin = rope_tables(self.kind, self.grid, self.head_dim, self.theta, self.cos.dtype, self.cos.device, self.ref_grid)
+        self.cos, self.sin = rope_tables(self.kind, self.grid, self.head_dim, self.theta, self.cos.dtype, self.cos.device, self.ref_grid,
+                                         self.indexing)  # fmt: skip
         return self
 
     def forward(self) -> Rope:

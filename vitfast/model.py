@@ -55,7 +55,7 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, dim)) if c.abs_pos_embed else None
         self.pos_drop = nn.Dropout(c.pos_drop_rate)
         # DINOv3, EVA-02: rotary tables for the patch grid, computed once (not per forward), handed to every block
-        self.rope = RopeTables(c.rope, c.grid_size, c.head_dim, c.rope_base, c.rope_ref_grid) if c.rope is not None else None
+        self.rope = RopeTables(c.rope, c.grid_size, c.head_dim, c.rope_base, c.rope_ref_grid, c.rope_grid_indexing) if c.rope is not None else None
         self.norm_pre = norm_layer(dim, eps=c.norm_eps) if c.pre_norm else nn.Identity()
 
         drop_path = [c.drop_path_rate * i / max(c.depth - 1, 1) for i in range(c.depth)]  # linear decay rule

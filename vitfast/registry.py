@@ -121,6 +121,12 @@ def _eva02(size: str, img: int, num_classes: int, **kw: Any) -> dict[str, Any]:
 
 
 _EVA02_CLIP = dict(global_pool="token", scale_attn_norm=True)
+# timm's sbb ViTs with EVA-02's axial rotary positions in place of learned ones (eva.py: *_rope_reg*_gap_256)
+_SBB_ROPE = dict(_SBB_REG, no_embed_class=False, abs_pos_embed=False, rope="axial", rope_ref_grid=(16, 16))
+# Naver's RoPE-ViT (Heo et al. 2024; timm's eva.py vit_*_patch16_rope[_ape]_224): DeiT-III's ViT with axial rotary
+# positions on the patch indices (no reference grid), base 100, x's frequencies first; "_ape" keeps DeiT-III's learned
+# position embeddings beside them (patches only)
+_ROPE_VIT = dict(init_values=1e-5, abs_pos_embed=False, rope="axial", rope_theta=100.0, rope_grid_indexing="xy", **_DEIT)
 # BEiT-3's image tower (Wang et al. 2022) as timm remaps it: a ViT with a LayerNorm inside each branch (eps 1e-5)
 _BEIT3 = dict(scale_attn_norm=True, scale_mlp_norm=True, global_pool="avg", norm_eps=1e-5, crop_pct=1.0, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
@@ -300,6 +306,12 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     "eva02_base_patch16_clip_224": _eva02("base", 224, 512, patch_size=16, **_EVA02_CLIP),
     "eva02_large_patch14_clip_224": _eva02("large", 224, 768, **_EVA02_CLIP),
     "eva02_large_patch14_clip_336": _eva02("large", 336, 768, **_EVA02_CLIP),
+    **{f"vit_{size}_patch16_rope_reg{regs}_gap_256": _vit(size, 16, 256, reg_tokens=regs, qkv_bias=size != "mediumd", **_SBB_ROPE, **mean)
+       for size, regs, mean in (("medium", 1, {}), ("mediumd", 1, {}), ("betwixt", 4, dict(mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD)),
+                                ("base", 1, {}))},  # timm gives the betwixt one eva.py's default (CLIP's) mean/std
+    **{f"vit_{size}_patch16_rope_224": _vit(size, 16, 224, **_ROPE_VIT) for size in ("small", "base", "large")},
+    **{f"vit_{size}_patch16_rope_ape_224": _vit(size, 16, 224, **dict(_ROPE_VIT, abs_pos_embed=True, no_embed_class=True))
+       for size in ("small", "base", "large")},
     "beit3_base_patch16_224": _vit("base", 16, 224, **_BEIT3),
     "beit3_large_patch16_224": _vit("large", 16, 224, **_BEIT3),
     "beit3_giant_patch14_224": _vit("giant", 14, 224, **_BEIT3),
@@ -320,6 +332,7 @@ _UNSUPPORTED = (
                    "(timm's ParallelScalingBlock)"),
     ("vit_*pwee_*", "its blocks run attention and MLP in parallel from one fused projection (timm's ParallelScalingBlock)"),
     ("vit_d*_reg1_gap_*", "it uses differential attention (timm's DiffAttention)"),
+    ("vit_*_rope_mixed_*", "it has learned rotary frequencies, per block and head (Naver's RoPE-Mixed, timm's RotaryEmbeddingMixed)"),
 )  # fmt: skip
 
 
