@@ -50,13 +50,13 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
         """2-D rotary embedding as complex rotations of one channel pair per frequency j, turned by coord / theta^(4j/D),
         y's coordinate for j < D/4, then x's (x's first for rope_grid_indexing "xy"). DINOv3: channels d and d + D/2 are one
         complex number, coord its patch centre in [-1, 1] times 2 pi. Axial (EVA-02): channels 2j and 2j + 1, coord its
-        patch index, scaled to rope_ref_grid when given."""
+        patch index plus rope_grid_offset, scaled to rope_ref_grid when given."""
         if cfg.rope is None:
             return v
         if cfg.rope == "dinov3":
             ys, xs = (((torch.arange(n, dtype=v.dtype) + 0.5) / n) * 2 - 1 for n in (gh, gw))
         else:
-            ys, xs = (torch.arange(n, dtype=v.dtype) * (r / n) for n, r in zip((gh, gw), cfg.rope_ref_grid or (gh, gw)))
+            ys, xs = ((torch.arange(n, dtype=v.dtype) + cfg.rope_grid_offset) * (r / n) for n, r in zip((gh, gw), cfg.rope_ref_grid or (gh, gw)))
         yy, xx = ys[:, None].expand(gh, gw).flatten(), xs[None, :].expand(gh, gw).flatten()
         freq = cfg.rope_base ** (-4 * torch.arange(D // 4, dtype=v.dtype) / D)
         first, second = (xx, yy) if cfg.rope_grid_indexing == "xy" else (yy, xx)
@@ -108,12 +108,14 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
     if cfg.distilled:
         head = lambda v, n: v @ sd[n + ".weight"].T + sd[n + ".bias"]  # noqa: E731
         return (head(t[:, 0], "head") + head(t[:, 1], "head_dist")) / 2, attns
-    if cfg.global_pool == "map":  # one learned query attends over the patch tokens, then a residual MLP
+    if cfg.global_pool == "map":  # one learned query attends over the patch tokens (all, for PE), then a residual MLP
         lin = lambda v, n: v @ sd[f"attn_pool.{n}.weight"].T + sd[f"attn_pool.{n}.bias"]  # noqa: E731
-        q = lin(sd["attn_pool.latent"], "q").reshape(1, H, 1, D)
-        kv = lin(t[:, cfg.num_prefix_tokens :], "kv")
-        k, v = (kv[..., j * cfg.embed_dim : (j + 1) * cfg.embed_dim].reshape(B, -1, H, D).transpose(1, 2) for j in range(2))
-        pooled = lin((torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D), -1) @ v).reshape(B, -1), "proj")
+        Hp = cfg.attn_pool_num_heads or H
+        Dp = cfg.embed_dim // Hp
+        q = lin(sd["attn_pool.latent"], "q").reshape(1, Hp, 1, Dp)
+        kv = lin(t if cfg.pool_include_prefix else t[:, cfg.num_prefix_tokens :], "kv")
+        k, v = (kv[..., j * cfg.embed_dim : (j + 1) * cfg.embed_dim].reshape(B, -1, Hp, Dp).transpose(1, 2) for j in range(2))
+        pooled = lin((torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(Dp), -1) @ v).reshape(B, -1), "proj")
         hidden = gelu(lin(ln(pooled, "attn_pool.norm"), "mlp.fc1"))
         pooled = pooled + lin(hidden, "mlp.fc2")
     elif cfg.global_pool == "avg":
@@ -166,6 +168,9 @@ VARIANTS = {
     "rope-vit-xy-odd-grid-layer-scale": tiny_config(rope="axial", rope_theta=100.0, rope_grid_indexing="xy", img_size=(40, 24), embed_dim=48,
                                                     num_heads=4, init_values=0.5, abs_pos_embed=False),
     "rope-vit-ape-xy-ref-grid": tiny_config(rope="axial", rope_grid_indexing="xy", rope_ref_grid=(5, 3), init_values=0.5, no_embed_class=True),
+    "pe-core-offset-pool-heads-reads-class-token": tiny_config(pre_norm=True, rope="axial", rope_grid_offset=1.0, rope_grid_indexing="xy",
+                                                               rope_ref_grid=(6, 5), global_pool="map", pool_include_prefix=True,
+                                                               attn_pool_num_heads=2, attn_pool_mlp_ratio=2.0, norm_eps=1e-5),
     "odd-sizes": tiny_config(img_size=(40, 24), patch_size=8, embed_dim=36, num_heads=3, mlp_ratio=2.5, in_chans=2),
 }
 

@@ -54,6 +54,9 @@ VARIANTS = {
     "sbb-rope-reg4-no-qkv-bias": ("vit_mediumd_patch16_rope_reg1_gap_256", dict(img_size=80, depth=2, num_classes=5)),
     "rope-vit-xy": ("vit_small_patch16_rope_224", dict(img_size=64, depth=2, num_classes=5)),
     "rope-vit-ape": ("vit_base_patch16_rope_ape_224", dict(img_size=48, depth=2, num_classes=5)),
+    "pe-core-pool-reads-class-token": ("vit_pe_core_tiny_patch16_384", dict(img_size=64, depth=2, num_classes=5)),
+    "pe-core-gigantic-narrow-pool-mlp": ("vit_pe_core_gigantic_patch14_448", dict(img_size=56, depth=1, num_classes=5, embed_dim=128,
+                                                                                  num_heads=2, mlp_ratio=6.0)),
 }
 
 
@@ -193,6 +196,7 @@ def test_pos_embed_resize_matches_timm(tmp_path, variant):
         ("sbb-rope-reg1", (48, 80), None, True),
         ("rope-vit-xy", (80, 48), None, True),
         ("rope-vit-ape", 64, None, False),
+        ("pe-core-pool-reads-class-token", (48, 80), None, True),
     ],
 )
 def test_save_for_hf_folder_loads_as_timm_loads_it(tmp_path, variant, img_size, data_config, safe):
@@ -242,6 +246,8 @@ def test_registry_matches_timm_architectures():
         inner = [getattr(ref.blocks[0].attn, "norm", None), getattr(ref.blocks[0].mlp, "norm", None)]
         assert [type(m).__name__ not in ("Identity", "NoneType") for m in inner] == [c.scale_attn_norm, c.scale_mlp_norm], name
         assert (ref.global_pool, type(ref.fc_norm).__name__ != "Identity") == (c.global_pool, c.use_fc_norm), name
+        if getattr(ref, "attn_pool", None) is not None:  # eva.py's attention pool reads the prefix tokens too
+            assert (ours.attn_pool.num_heads, c.pool_include_prefix) == (ref.attn_pool.num_heads, getattr(ref, "pool_include_prefix", True)), name
         ref_act = ref.blocks[0].mlp.act
         assert acts.get(type(ref_act).__name__) == c.act_layer or (type(ref_act).__name__ == "GELU" and ref_act.approximate == "tanh"
                                                                      and c.act_layer == "gelu_tanh"), name  # fmt: skip
@@ -348,8 +354,8 @@ _TIMM_ROPE = {"RotaryEmbeddingDinoV3": "dinov3", "RotaryEmbeddingCat": "axial", 
 # not min/max; coordinates normalised per axis, not offset; then the axis order (rope_grid_indexing), the rotate-half layout
 DINOV3_ROPE_SETTINGS = (None, None, "separate", 0.0)
 # and rope="axial", in RotaryEmbeddingCat's terms after the base and the reference grid: inverse-frequency bands (not
-# pixel ones), integer patch indices not offset; then the axis order (rope_grid_indexing), the interleaved layout
-AXIAL_ROPE_SETTINGS = (False, "index", 0.0)
+# pixel ones), integer patch indices; then their offset (rope_grid_offset), the axis order (rope_grid_indexing), the interleaved layout
+AXIAL_ROPE_SETTINGS = (False, "index")
 DINOV3_SIZES = ["vit_tiny_patch16_dinov3_qkvb", "vit_small_patch16_dinov3", "vit_small_plus_patch16_dinov3_qkvb", "vit_base_patch16_dinov3"]
 
 
@@ -363,7 +369,7 @@ def _rope_settings(rope) -> tuple:
 def _our_rope_settings(c: vitfast.ViTConfig) -> tuple:
     """A config's rotary positions in `_rope_settings`'s terms."""
     if c.rope == "axial":
-        return (c.rope_base, c.rope_ref_grid, *AXIAL_ROPE_SETTINGS, c.rope_grid_indexing, False)
+        return (c.rope_base, c.rope_ref_grid, *AXIAL_ROPE_SETTINGS, c.rope_grid_offset, c.rope_grid_indexing, False)
     return (c.rope_base, *DINOV3_ROPE_SETTINGS, c.rope_grid_indexing, True)
 
 
@@ -443,17 +449,19 @@ def test_eva_models_load_exactly_when_timm_gives_them_the_rotary_positions_vitfa
     assert dinov3_names == {n for n in vitfast.list_models() if "dinov3" in n} and len(dinov3_names) == 12
     eva02_names = set(timm.list_models("eva02_*", module="eva")) - {"eva02_enormous_patch14_clip_224"}
     assert eva02_names == {n for n in vitfast.list_models() if n.startswith("eva02")} and len(eva02_names) == 11
+    pe_core_names = set(timm.list_models("vit_pe_core_*", module="eva"))
+    assert pe_core_names == {n for n in vitfast.list_models() if n.startswith("vit_pe_core")} and len(pe_core_names) == 5
     rope_names = set(timm.list_models("vit_*_rope_reg*_gap_256", module="eva")) | set(timm.list_models("vit_*_patch16_rope_*224", module="eva"))
     rope_names -= set(timm.list_models("*_rope_mixed_*", module="eva"))
     assert rope_names == {n for n in vitfast.list_models() if "_rope_" in n} and len(rope_names) == 10
-    assert loaded == dinov3_names | eva02_names | rope_names | set(timm.list_models("*_lingbot", module="eva"))
-    assert len(refused) > 25 and all("does not implement" in why for why in refused.values())
+    assert loaded == dinov3_names | eva02_names | rope_names | pe_core_names | set(timm.list_models("*_lingbot", module="eva"))
+    assert len(refused) > 20 and all("does not implement" in why for why in refused.values())
     assert {n for n, why in refused.items() if "learned rotary frequencies" in why} == set(timm.list_models("*_rope_mixed_*", module="eva"))
     assert {n for n, why in refused.items() if "gamma_1" in why} >= {"vit_pe_lang_large_patch14_448", "vit_pe_spatial_gigantic_patch14_448"}
     assert {n for n, why in refused.items() if "separate q/k/v" in why} >= {"eva02_enormous_patch14_clip_224", "eva_giant_patch14_224"}
-    # the Perception Encoder towers without layer scale have a CLIP tower's keys: refused by their attention pool / no final norm
-    assert {n for n, why in refused.items() if "Perception Encoder" in why} == {n for n in timm.list_models("vit_pe_*", module="eva")
-                                                                                if "lang" not in n and "spatial_gigantic" not in n}  # fmt: skip
+    # the spatial Perception Encoder towers without layer scale have a CLIP tower's keys: refused as they have no final norm
+    assert {n for n, why in refused.items() if "Perception Encoder" in why} == set(timm.list_models("vit_pe_spatial_*", module="eva")) - {
+        "vit_pe_spatial_gigantic_patch14_448"}
 
 
 @pytest.mark.parametrize(
@@ -484,6 +492,26 @@ def test_bare_timm_rope_vit_state_dict_is_read_off_its_keys_and_says_what_it_ass
         if ours.config.rope_grid_indexing == "xy":
             other = vitfast.load_checkpoint(tmp_path / "model.pth", img_size=hw, overrides={"rope_grid_indexing": "ij"})
             assert (other(x) - ref(x)).abs().max() > 100 * ATOL
+
+
+def test_bare_timm_pe_core_state_dict_is_read_off_its_keys_and_says_what_it_assumed(tmp_path):
+    """Meta's Perception Encoder core tower (a pre-norm, an attention pool and a final norm: a CLIP tower's keys, none of
+    eva.py's) at full depth: its rotary positions (index + 1 scaled to the 24x24 reference grid, x's first) and its pool's
+    8 heads reading the class token come from the registered model of its shapes, said; then it equals timm's. With
+    the pool on the patches only (vision_transformer.py's way) it would be another model."""
+    name = "vit_pe_core_tiny_patch16_384"
+    ref = _timm_model(name, img_size=64)
+    torch.save(ref.state_dict(), tmp_path / "model.pth")
+    with pytest.warns(vitfast.GuessedConfigWarning, match=rf"{name}'s assumed: axial, base 10000, patch indices \+ 1 scaled to a 24x24 grid, x's.*"
+                                                           rf"pool_include_prefix=True, attn_pool_num_heads=8 \(.*{name}'s assumed"):  # fmt: skip
+        ours = vitfast.load_checkpoint(tmp_path / "model.pth", img_size=64)
+    assert (ours.config.rope_grid_offset, ours.config.num_classes, ours.attn_pool.num_heads) == (1.0, 512, 8)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.forward_features(x), ref.forward_features(x), atol=ATOL, rtol=0)
+        torch.testing.assert_close(ours(x), ref(x), atol=ATOL, rtol=0)
+        other = vitfast.load_checkpoint(tmp_path / "model.pth", img_size=64, overrides={"pool_include_prefix": False})
+        assert (other(x) - ref(x)).abs().max() > 100 * ATOL
 
 
 def _meta_state_dict(ref) -> dict[str, torch.Tensor]:
@@ -547,8 +575,7 @@ def test_meta_checkpoint_loads_as_timm_converts_it(tmp_path, name, kw):
         ("beitv2_base_patch16_224", "relative position biases"),
         ("vit_small_patch16_rope_mixed_224", "learned rotary frequencies"),
         ("cait_xxs24_224", "gamma_1"),  # a class token, patch-only positions, layer scale, a GELU MLP: and class-attention blocks
-        ("vit_pe_core_tiny_patch16_384", "Perception Encoder"),  # a CLIP tower's keys, rotary positions beside
-        ("vit_pe_spatial_tiny_patch16_512", "Perception Encoder"),
+        ("vit_pe_spatial_tiny_patch16_512", "Perception Encoder"),  # a CLIP tower's keys, rotary positions beside
     ],
 )
 def test_timm_models_vitfast_cannot_build_are_named_from_their_weights(tmp_path, name, named):

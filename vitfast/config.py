@@ -79,9 +79,13 @@ class ViTConfig:
     rope_theta: float | None = None  # the rotary base period (timm's rope_temperature, transformers' rope_theta); None = the kind's
     rope_ref_grid: tuple[int, int] | None = None  # "axial": the grid positions are scaled to (EVA's ref_feat_shape); None = own grid
     rope_grid_indexing: str = "ij"  # one of ROPE_GRID_INDEXINGS: "xy" turns the first frequencies by x (Naver's RoPE-ViT)
+    rope_grid_offset: float = 0.0  # "axial": added to each patch index before the reference-grid scaling (timm's name; PE: 1)
     scale_attn_norm: bool = False  # a norm on the attention output before its projection (timm's name; EVA-02 CLIP's sub-LN)
     scale_mlp_norm: bool = False  # a norm on the MLP's hidden activations before fc2 (timm's name; EVA-02 B/L)
     fc_norm: bool | None = None  # None: timm's rule, norm after pooling iff global_pool == "avg"
+    pool_include_prefix: bool = False  # "map": the attention pool reads the class/register tokens too (timm's name; PE)
+    attn_pool_num_heads: int | None = None  # "map": the attention pool's heads; None = num_heads (PE: 8)
+    attn_pool_mlp_ratio: float | None = None  # "map": the attention pool's MLP width / embed_dim; None = mlp_ratio
     final_norm: bool = True  # False: no norm after the blocks nor after pooling (timm's RADIO, InternViT-300M)
     pre_norm: bool = False  # LayerNorm before the blocks, patch projection without bias (CLIP image towers)
     embed_norm: bool = False  # a norm on the patch tokens before the position embeddings (timm's embed_norm_layer; AIMv2)
@@ -247,6 +251,16 @@ class ViTConfig:
                 bad(f'rope_ref_grid scales the patch indices of rope="axial" only; got rope={self.rope!r}')
             if len(self.rope_ref_grid) != 2 or not all(isinstance(s, int) and s > 0 for s in self.rope_ref_grid):
                 bad(f"rope_ref_grid must be two positive integers (rows, columns), got {self.rope_ref_grid!r}")
+        if self.rope_grid_offset and self.rope != "axial":
+            bad(f'rope_grid_offset shifts the patch indices of rope="axial" only; got rope={self.rope!r}')
+        map_only = {k: v for k, v in (("pool_include_prefix", self.pool_include_prefix), ("attn_pool_num_heads", self.attn_pool_num_heads),
+                                      ("attn_pool_mlp_ratio", self.attn_pool_mlp_ratio)) if v not in (None, False)}  # fmt: skip
+        if map_only and self.global_pool != "map":
+            bad(f'{", ".join(map_only)} configure the attention pool (global_pool="map"); got global_pool={self.global_pool!r}')
+        if self.attn_pool_num_heads is not None and (self.attn_pool_num_heads < 1 or self.embed_dim % self.attn_pool_num_heads):
+            bad(f"attn_pool_num_heads must divide embed_dim {self.embed_dim}, got {self.attn_pool_num_heads}")
+        if self.attn_pool_mlp_ratio is not None and not self.attn_pool_mlp_ratio > 0:
+            bad(f"attn_pool_mlp_ratio must be > 0 (or None: mlp_ratio), got {self.attn_pool_mlp_ratio}")
         if self.rope_grid_indexing not in ROPE_GRID_INDEXINGS:
             bad(f"rope_grid_indexing must be one of {ROPE_GRID_INDEXINGS}, got {self.rope_grid_indexing!r}")
         if self.rope_grid_indexing != "ij" and self.rope is None:

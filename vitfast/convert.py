@@ -30,7 +30,7 @@ from .config import (
 )  # fmt: skip
 from . import dinov3, eva
 from .errors import CheckpointError, ConfigError
-from .registry import _AIMV2, _EVA02, _REGISTRY, _ROPE_VIT, _SBB_ROPE, get_config, unsupported_reason
+from .registry import _AIMV2, _EVA02, _PE_CORE, _REGISTRY, _ROPE_VIT, _SBB_ROPE, get_config, unsupported_reason
 
 StateDict = dict[str, torch.Tensor]
 Guesses = dict[str, str]  # ViTConfig field -> why its value is a guess
@@ -113,20 +113,26 @@ _FOREIGN_STRUCTURES = (
 
 
 # timm's eva.py Perception Encoder towers (vit_pe_core_*, vit_pe_spatial_*) have a CLIP tower's keys, and add rotary positions
-# (RotaryEmbeddingCat) that no key shows. Their tells: an attention pool, or no final norm at all (neither norm nor fc_norm),
-# beside the pre-norm; every vision_transformer.py pre-norm (CLIP) tower of timm 1.0.31 has a final norm and no attention pool.
-_PE_TOWER = ("rotary position embeddings beside the learned ones (timm's eva.py Perception Encoder towers, vit_pe_*: a pre-norm "
-             "tower with an attention pool or without a final norm)")  # fmt: skip
+# (RotaryEmbeddingCat) that no key shows. Their tells beside the pre-norm: an attention pool (the core towers, which vitfast
+# reads: `is_pe_core`), or no final norm at all (neither norm nor fc_norm: the spatial ones, refused). Every
+# vision_transformer.py pre-norm (CLIP) tower of timm 1.0.31 has a final norm and no attention pool.
+_PE_SPATIAL = ("rotary position embeddings beside the learned ones (timm's eva.py Perception Encoder spatial towers, vit_pe_spatial_*: "
+               "a pre-norm tower without a final norm)")  # fmt: skip
+
+
+def is_pe_core(sd: StateDict) -> bool:
+    """A Perception Encoder core tower's keys (in timm's names): a pre-norm, an attention pool and a final norm."""
+    return all(k in sd for k in ("norm_pre.weight", "attn_pool.latent", "norm.weight"))
 
 
 def foreign_structure(sd: StateDict) -> str | None:
     """What in a timm-named state dict vitfast's blocks cannot hold (None when nothing is): parallel blocks,
-    differential attention, qk-norm, norms inside the branches, BEiT/EVA layers, Perception Encoder towers."""
+    differential attention, qk-norm, norms inside the branches, BEiT/EVA layers, Perception Encoder spatial towers."""
     for pattern, what in _FOREIGN_STRUCTURES:
         if any(re.search(pattern, k) for k in sd):
             return what
-    if "norm_pre.weight" in sd and ("attn_pool.latent" in sd or not {"norm.weight", "fc_norm.weight"} & sd.keys()):
-        return _PE_TOWER
+    if "norm_pre.weight" in sd and not {"norm.weight", "fc_norm.weight"} & sd.keys():
+        return _PE_SPATIAL
     return None
 
 
@@ -151,18 +157,22 @@ def timm_layout(sd: StateDict, where: object, *, rope: str | None = None) -> tup
     if eva_layout and (family or rope is not None):
         sd = eva.eva_to_timm(sd)
     check_structure(sd, where)
-    if family is None and rope == "axial":  # the caller's word: weights in vitfast's names cannot say it, their shapes which one
+    if family is None and is_pe_core(sd):
+        family = "pe_core"
+    elif family is None and rope == "axial":  # the caller's word: weights in vitfast's names cannot say it, their shapes which one
         family = axial if (axial := eva.eva_family(sd)) in AXIAL_FAMILIES else "eva02"
     elif family is None and rope is not None:
         family = "dinov3" if "pos_embed" not in sd else None
     return sd, family
 
 
-# eva.py's families with axial rotary positions (`eva.eva_family`), which their weights do not hold: (the registered
-# names of the family, timm's defaults for one of other shapes, what to call it)
+# eva.py's families with axial rotary positions (`eva.eva_family`, `is_pe_core`), which their weights do not hold: (the
+# registered names of the family, timm's defaults for one of other shapes, what to call it)
 AXIAL_FAMILIES = {"eva02": ("eva02_*", _EVA02, "EVA-02"), "sbb_rope": ("vit_*_rope_reg*_gap_*", _SBB_ROPE, "sbb RoPE ViT"),
-                  "rope_vit": ("vit_*_patch16_rope_*224", _ROPE_VIT, "Naver RoPE-ViT")}  # fmt: skip
-_AXIAL_FIELDS = ("rope", "rope_theta", "rope_ref_grid", "rope_grid_indexing")
+                  "rope_vit": ("vit_*_patch16_rope_*224", _ROPE_VIT, "Naver RoPE-ViT"),
+                  "pe_core": ("vit_pe_core_*", _PE_CORE, "Perception Encoder core")}  # fmt: skip
+_AXIAL_FIELDS = ("rope", "rope_theta", "rope_ref_grid", "rope_grid_indexing", "rope_grid_offset")
+_POOL_FIELDS = ("pool_include_prefix", "attn_pool_num_heads")  # an attention pool's, not in its weights either
 
 
 def timm_config(sd: StateDict, family: str | None, num_heads: int | None = None) -> tuple[ViTConfig, Guesses]:
@@ -181,13 +191,19 @@ def timm_config(sd: StateDict, family: str | None, num_heads: int | None = None)
     guesses |= dict.fromkeys(preprocessing, f"preprocessing is not stored in a state dict; {source} assumed")
     field = ViTConfig.__dataclass_fields__
     rotary = {k: like.get(k, field[k].default) for k in _AXIAL_FIELDS}
-    ref = rotary["rope_ref_grid"]
-    indices = f"patch indices scaled to a {ref[0]}x{ref[1]} grid" if ref else "patch indices unscaled"
-    # keyed by every rotary field: a caller who states rope="axial" alone still hears which base and grid were assumed
+    if family == "pe_core" and name is None:  # Meta's PE: reference grid = the one its learned positions have; index + 1 beside a class token
+        rotary |= dict(rope_ref_grid=cfg.grid_size, rope_grid_offset=float(cfg.class_token))
+    ref, shift = rotary["rope_ref_grid"], rotary["rope_grid_offset"]
+    indices = f"patch indices{f' + {shift:g}' if shift else ''} " + (f"scaled to a {ref[0]}x{ref[1]} grid" if ref else "unscaled")
     first = "x" if rotary["rope_grid_indexing"] == "xy" else "y"
     why = f"rotary positions are not stored in weights; {source} assumed: axial, base {rotary['rope_theta'] or ROPE_THETA['axial']:g}, {indices}"
-    guesses |= dict.fromkeys(_AXIAL_FIELDS, f"{why}, {first}'s frequencies first")
-    return cfg.replace(**rotary, **preprocessing), guesses
+    # keyed by each rotary field (the offset when there is one): a caller who states rope="axial" alone still hears the rest
+    guesses |= dict.fromkeys((k for k in _AXIAL_FIELDS if k != "rope_grid_offset" or shift), f"{why}, {first}'s frequencies first")
+    pool = {k: like.get(k, field[k].default) for k in _POOL_FIELDS} if cfg.global_pool == "map" else {}
+    guesses |= dict.fromkeys(pool, f"the attention pool's heads and whether it reads the class token are not stored in weights; {source} assumed")
+    if family == "pe_core":
+        guesses.pop("act_layer", None)  # the CLIP-tower caveat (QuickGELU) is not PE's: GELU, as every PE tower
+    return cfg.replace(**rotary, **pool, **preprocessing), guesses
 
 
 # ---------------------------------------------------------------------------- Hugging Face
@@ -755,6 +771,9 @@ def infer_timm_config(
         std=_TIMM_MEAN_STD[kind][1] if in_chans == 3 else INCEPTION_STD,
         **(dict(crop_pct=1.0) if kind in ("AIMv2", "BEiT-3") else {}),
     )
+    pool_fc1 = sd.get("attn_pool.mlp.fc1.weight")
+    if pool_fc1 is not None and pool_fc1.shape[0] != round(dim * fields["mlp_ratio"]):  # PE gigantic's pool MLP is narrower
+        fields["attn_pool_mlp_ratio"] = pool_fc1.shape[0] / dim
     known = _registered_like(fields, family)
     name, entry = known[0] if known else (None, {})
     guesses: Guesses = {}

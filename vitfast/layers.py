@@ -67,13 +67,13 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Ten
 
 def rope_tables(
     kind: str, grid: tuple[int, int], head_dim: int, theta: float, dtype: torch.dtype, device=None, ref_grid: tuple[int, int] | None = None,
-    indexing: str = "ij",
+    indexing: str = "ij", offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """2-D rotary tables (cos, sin), each [gh * gw, head_dim], patches in row-major order (`ViTConfig.rope`).
 
     head_dim / 4 periods theta ** (4i / head_dim) per axis, y's then x's (x's first for `indexing` "xy"), dividing the patch coordinate:
     "dinov3" (DINOv3): patch centres normalised to [-1, 1] per axis, angles 2 pi coord / period, repeated for the
-    rotate-half layout [a, a]. "axial" (EVA-02, timm's RotaryEmbeddingCat): patch indices, scaled by
+    rotate-half layout [a, a]. "axial" (EVA-02, timm's RotaryEmbeddingCat): patch indices plus `offset`, scaled by
     ref_grid / grid when given (EVA's ref_feat_shape), angles coord / period, each repeated for its pair [a0, a0, a1, a1, ..].
     Computed in at least fp32 (as transformers and timm do), so cast to the model's dtype by the caller.
     """
@@ -81,8 +81,10 @@ def rope_tables(
     axes = [torch.arange(size, dtype=dtype, device=device) for size in grid]
     if kind == "dinov3":
         axes = [(t + 0.5) / size * 2 - 1 for t, size in zip(axes, grid)]
-    elif ref_grid is not None:
-        axes = [t / size * ref for t, size, ref in zip(axes, grid, ref_grid)]
+    else:
+        axes = [t + offset for t in axes]
+        if ref_grid is not None:
+            axes = [t / size * ref for t, size, ref in zip(axes, grid, ref_grid)]
     coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).flatten(0, 1)  # [gh * gw, 2]: (y, x)
     if indexing == "xy":
         coords = coords.flip(-1)
@@ -113,17 +115,18 @@ class RopeTables(nn.Module):
     """
 
     def __init__(self, kind: str, grid: tuple[int, int], head_dim: int, theta: float, ref_grid: tuple[int, int] | None = None,
-                 indexing: str = "ij"):  # fmt: skip
+                 indexing: str = "ij", offset: float = 0.0):  # fmt: skip
         super().__init__()
-        self.kind, self.grid, self.head_dim, self.theta, self.ref_grid, self.indexing = kind, grid, head_dim, theta, ref_grid, indexing
-        cos, sin = rope_tables(kind, grid, head_dim, theta, torch.float32, ref_grid=ref_grid, indexing=indexing)
+        self.kind, self.grid, self.head_dim, self.theta = kind, grid, head_dim, theta
+        self.ref_grid, self.indexing, self.offset = ref_grid, indexing, offset
+        cos, sin = rope_tables(kind, grid, head_dim, theta, torch.float32, ref_grid=ref_grid, indexing=indexing, offset=offset)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         self.cos, self.sin = rope_tables(self.kind, self.grid, self.head_dim, self.theta, self.cos.dtype, self.cos.device, self.ref_grid,
-                                         self.indexing)  # fmt: skip
+                                         self.indexing, self.offset)  # fmt: skip
         return self
 
     def forward(self) -> Rope:

@@ -55,7 +55,8 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, dim)) if c.abs_pos_embed else None
         self.pos_drop = nn.Dropout(c.pos_drop_rate)
         # DINOv3, EVA-02: rotary tables for the patch grid, computed once (not per forward), handed to every block
-        self.rope = RopeTables(c.rope, c.grid_size, c.head_dim, c.rope_base, c.rope_ref_grid, c.rope_grid_indexing) if c.rope is not None else None
+        rope_grid = (c.rope_ref_grid, c.rope_grid_indexing, c.rope_grid_offset)
+        self.rope = RopeTables(c.rope, c.grid_size, c.head_dim, c.rope_base, *rope_grid) if c.rope is not None else None
         self.norm_pre = norm_layer(dim, eps=c.norm_eps) if c.pre_norm else nn.Identity()
 
         drop_path = [c.drop_path_rate * i / max(c.depth - 1, 1) for i in range(c.depth)]  # linear decay rule
@@ -84,8 +85,9 @@ class VisionTransformer(nn.Module):
         # timm's rule: with average pooling the final norm moves after the pooling (fc_norm).
         self.norm = norm_layer(dim, eps=c.norm_eps) if c.final_norm and not c.use_fc_norm else nn.Identity()
         if c.global_pool == "map":
+            pool_hidden = c.mlp_hidden if c.attn_pool_mlp_ratio is None else round(dim * c.attn_pool_mlp_ratio)
             self.attn_pool = AttentionPoolLatent(
-                dim, c.num_heads, c.mlp_hidden, norm_eps=c.norm_eps, act_layer=c.act_layer, norm_layer=norm_layer
+                dim, c.attn_pool_num_heads or c.num_heads, pool_hidden, norm_eps=c.norm_eps, act_layer=c.act_layer, norm_layer=norm_layer
             )
         self.fc_norm = norm_layer(dim, eps=c.norm_eps) if c.final_norm and c.use_fc_norm else nn.Identity()
         if c.representation_size:
@@ -163,7 +165,7 @@ class VisionTransformer(nn.Module):
         ("token_avg", [B, 2C])."""
         pool, patches = self.config.global_pool, x[:, self.num_prefix_tokens :]
         if pool == "map":
-            return self.attn_pool(patches)
+            return self.attn_pool(x if self.config.pool_include_prefix else patches)
         if pool == "avg":
             return patches.mean(dim=1)
         return torch.cat([x[:, 0], patches.mean(dim=1)], dim=-1) if pool == "token_avg" else x[:, 0]

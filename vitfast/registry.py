@@ -127,6 +127,16 @@ _SBB_ROPE = dict(_SBB_REG, no_embed_class=False, abs_pos_embed=False, rope="axia
 # positions on the patch indices (no reference grid), base 100, x's frequencies first; "_ape" keeps DeiT-III's learned
 # position embeddings beside them (patches only)
 _ROPE_VIT = dict(init_values=1e-5, abs_pos_embed=False, rope="axial", rope_theta=100.0, rope_grid_indexing="xy", **_DEIT)
+# Meta's Perception Encoder core towers (Bolya et al. 2025; timm's eva.py vit_pe_core_*): a CLIP tower (pre-norm, eps 1e-5)
+# with axial rotary positions beside its learned ones (patch index + 1 scaled to the reference grid, x's frequencies first:
+# the class token, not rotated, sees every patch at an absolute angle) and an 8-head attention pool that reads the class
+# token too, into the image embedding (the head); crop 1.0, [-1, 1] pixels
+_PE_CORE = dict(pre_norm=True, norm_eps=1e-5, rope="axial", rope_grid_offset=1.0, rope_grid_indexing="xy", global_pool="map",
+                pool_include_prefix=True, attn_pool_num_heads=8, crop_pct=1.0, mean=INCEPTION_MEAN, std=INCEPTION_STD)  # fmt: skip
+
+
+def _pe_core(size: str, patch: int, img: int, ref: int, embed: int, **kw: Any) -> dict[str, Any]:
+    return _vit(size, patch, img, **_PE_CORE, rope_ref_grid=(ref, ref), num_classes=embed) | kw
 # BEiT-3's image tower (Wang et al. 2022) as timm remaps it: a ViT with a LayerNorm inside each branch (eps 1e-5)
 _BEIT3 = dict(scale_attn_norm=True, scale_mlp_norm=True, global_pool="avg", norm_eps=1e-5, crop_pct=1.0, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
@@ -312,6 +322,12 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     **{f"vit_{size}_patch16_rope_224": _vit(size, 16, 224, **_ROPE_VIT) for size in ("small", "base", "large")},
     **{f"vit_{size}_patch16_rope_ape_224": _vit(size, 16, 224, **dict(_ROPE_VIT, abs_pos_embed=True, no_embed_class=True))
        for size in ("small", "base", "large")},
+    "vit_pe_core_tiny_patch16_384": _pe_core("tiny", 16, 384, 24, 512),
+    "vit_pe_core_small_patch16_384": _pe_core("small", 16, 384, 24, 512),
+    "vit_pe_core_base_patch16_224": _pe_core("base", 16, 224, 14, 1024),
+    "vit_pe_core_large_patch14_336": _pe_core("large", 14, 336, 24, 1024),
+    "vit_pe_core_gigantic_patch14_448": _pe_core("base", 14, 448, 32, 1280, embed_dim=1536, depth=50, num_heads=16, mlp_ratio=8960 / 1536,
+                                                 attn_pool_mlp_ratio=4.0, class_token=False, rope_grid_offset=0.0),
     "beit3_base_patch16_224": _vit("base", 16, 224, **_BEIT3),
     "beit3_large_patch16_224": _vit("large", 16, 224, **_BEIT3),
     "beit3_giant_patch14_224": _vit("giant", 14, 224, **_BEIT3),
