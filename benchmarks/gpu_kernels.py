@@ -12,9 +12,10 @@ Triton kernel against what it replaces, timed side by side.
 3. add+LayerNorm GB/s vs PyTorch (x + y, then F.layer_norm) and as a fraction of the copy bandwidth;
    likewise the MLP's activations after a bias-free cuBLAS fc1: bias+GELU (ViT-B/16's 3072 wide) vs
    F.gelu(x + b), and bias+SwiGLU (the DINOv2 giant's packed 2 x 4096) vs silu(gate) * value of x + b;
-   and DINOv3's 2-D RoPE of q and k in the packed qkv (`vitfast::rope_qkv`, ViT-S/B/L at 256 px: N = 1
-   + 4 registers + 256 patches, fp16 and bf16, batch 64 and 256) vs the reference model's
-   `layers.apply_rope` on the q and k views, checked against float64 with the 2x rule first.
+   and the 2-D RoPE of q and k in the packed qkv (`vitfast::rope_qkv`) in both layouts: rotate-half
+   (DINOv3 S/B/L at 256 px: N = 1 + 4 registers + 256 patches) and interleaved (EVA-02 B/L at 448 px:
+   N = 1 + 1024 patches), fp16 and bf16, batch 64 and 256, vs the reference model's `layers.apply_rope`
+   on the q and k views, checked against float64 with the 2x rule first.
 4. Where one ViT-B/16 forward's time goes (batch 256): torch.profiler per kernel and per category,
    eager vs optimize() on each MLP path (`forward_profile`).
 5. The GEMMs with epilogues vs cuBLAS + the separate kernels, ViT-S/B/L widths, M = batch x 197:
@@ -78,7 +79,7 @@ class Shapes:
     mlp: dict  # model -> (C, hidden)
     mlp_batches: tuple[int, ...]
     profile: tuple[str, dict, int]  # (model, overrides, batch) of the per-kernel forward profile
-    rope: tuple[tuple[str, dict], ...]  # (DINOv3 model, overrides) whose packed qkv the RoPE rows rotate
+    rope: tuple[tuple[str, dict], ...]  # (DINOv3 or EVA-02 model, overrides) whose packed qkv the RoPE rows rotate
     rope_batches: tuple[int, ...]
     tokens: int = 197
     iters: int = 100
@@ -92,14 +93,18 @@ GPU = Shapes(
     activations=(("bias+gelu", 256 * 197, 3072), ("bias+swiglu", 16 * 1370, 4096)),  # ViT-B/16 batch 256; giant/14 518 px batch 16
     mlp={"vit_small": (384, 1536), "vit_base": (768, 3072), "vit_large": (1024, 4096)}, mlp_batches=(1, 8, 64, 256),
     profile=("vit_base_patch16_224", {}, 256),
-    rope=tuple((f"vit_{size}_patch16_dinov3", {}) for size in ("small", "base", "large")), rope_batches=(64, 256),
+    # rotate-half, then interleaved at EVA-02's fine-tune size: EVA-02 L 448 px's qkv is 1.6 GB at batch 256, its
+    # float64 check peaks near 30 GB (measured on CPU at batch 8, scaled)
+    rope=tuple((f"vit_{size}_patch16_dinov3", {}) for size in ("small", "base", "large"))
+    + tuple((f"eva02_{size}_patch14_448", {}) for size in ("base", "large")), rope_batches=(64, 256),
 )  # fmt: skip
 DRY_RUN = Shapes(
     device="cpu", dtypes=(torch.float32,), copy_elems=1 << 16, matmul_n=128,
     attention=((2, 13, 2, 32), (1, 9, 1, 80)), attention_fp32=((1, 9, 1, 32),), layernorm=((10, 96),),
     activations=(("bias+gelu", 10, 96), ("bias+swiglu", 7, 48)), mlp={"tiny": (32, 128)}, mlp_batches=(1, 2),
     profile=("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 8, "depth": 2}, 2),
-    rope=(("vit_small_patch16_dinov3", {"img_size": 48, "embed_dim": 48, "num_heads": 3}),), rope_batches=(1, 2), tokens=5, iters=3,
+    rope=(("vit_small_patch16_dinov3", {"img_size": 48, "embed_dim": 48, "num_heads": 3}),
+          ("eva02_tiny_patch14_224", {"img_size": 42, "embed_dim": 48, "num_heads": 2})), rope_batches=(1, 2), tokens=5, iters=3,
 )  # fmt: skip
 
 
@@ -204,7 +209,7 @@ def warm_mlp(s: Shapes) -> dict:
 def warm_rope(s: Shapes) -> dict:
     def call(dtype, cfg, B):
         qkv = torch.empty(B, cfg.seq_len, 3, cfg.num_heads, cfg.head_dim, device=s.device, dtype=dtype)
-        rope.rope_qkv(qkv, *rope_tables(cfg, s.device))
+        rope.rope_qkv(qkv, *rope_tables(cfg, s.device), interleaved(cfg))
 
     return precompile(*(lambda d=dtype, c=cfg, B=B: call(d, c, B) for dtype, _, cfg, B in rope_cases(s)))
 
@@ -220,8 +225,13 @@ def rope_cases(s: Shapes):
                 yield dtype, model, cfg, B
 
 
+def interleaved(cfg) -> bool:
+    """The model's RoPE layout: EVA-02's axial tables rotate pairs (2j, 2j + 1), DINOv3's the halves."""
+    return cfg.rope == "axial"
+
+
 def rope_tables(cfg, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (cos, sin) [patches, D] a DINOv3 model hands its blocks: fp32 tables, which an fp16 or bf16 model
+    """The (cos, sin) [patches, D] a RoPE model hands its blocks: fp32 tables, which an fp16 or bf16 model
     keeps in fp32 (RopeTables; the kernel rotates in fp32, apply_rope casts them to q's dtype)."""
     return layer_rope_tables(cfg.rope, cfg.grid_size, cfg.head_dim, cfg.rope_base, torch.float32, device, cfg.rope_ref_grid)
 
@@ -332,13 +342,15 @@ def activation_speed(s: Shapes, copy_GBps: float, deadline: float, rows: list) -
 
 
 def rope_speed(s: Shapes, copy_GBps: float, deadline: float, rows: list) -> list[dict]:
-    """DINOv3's RoPE: the kernel (packed qkv in, a new packed qkv out) vs what the reference Attention runs
-    between its qkv GEMM and SDPA (`apply_rope` on the q and k views), in GB/s and as a fraction of copy
-    bandwidth. The kernel is first checked on the timed inputs against float64, next to the eager path's
-    error (the 2x rule, as `gemm_row`), so a wrong kernel is not reported as a fast one."""
+    """RoPE in each model's layout (`layout`: DINOv3's rotate-half, EVA-02's interleaved): the kernel (packed
+    qkv in, a new packed qkv out) vs what the reference Attention runs between its qkv GEMM and SDPA
+    (`apply_rope` on the q and k views), in GB/s and as a fraction of copy bandwidth. The kernel is first
+    checked on the timed inputs against float64 in the same layout, next to the eager path's error (the 2x
+    rule, as `gemm_row`), so a wrong kernel is not reported as a fast one."""
     for dtype, model, cfg, B in rope_cases(s):
         N, H, D = cfg.seq_len, cfg.num_heads, cfg.head_dim
-        row = dict(model=model, B=B, N=N, H=H, D=D, dtype=dtype_name(dtype))
+        ilv = interleaved(cfg)
+        row = dict(model=model, layout="interleaved" if ilv else "rotate_half", B=B, N=N, H=H, D=D, dtype=dtype_name(dtype))
         if time.monotonic() > deadline:
             rows.append(row | NOT_REACHED)
             continue
@@ -346,17 +358,17 @@ def rope_speed(s: Shapes, copy_GBps: float, deadline: float, rows: list) -> list
 
         def eager(qkv):  # Attention.forward with rope: q, k, v views of the packed qkv, then q and k rotated
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-            return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+            return apply_rope(q, cos, sin, ilv), apply_rope(k, cos, sin, ilv), v
 
         sets = [(torch.randn(B, N, 3, H, D, device=s.device, dtype=dtype),) for _ in range(3)]
         qkv = sets[0][0]
-        exact = rope.rope_reference(qkv.double(), cos.double(), sin.double())
+        exact = rope.rope_reference(qkv.double(), cos.double(), sin.double(), ilv)
         # into a NaN-filled output, so an element the kernel leaves unwritten fails the check
-        vitfast_err = rel_err(rope.rope_qkv_launch(qkv, cos, sin, torch.full_like(qkv, float("nan"))), exact)
+        vitfast_err = rel_err(rope.rope_qkv_launch(qkv, cos, sin, torch.full_like(qkv, float("nan")), ilv), exact)
         torch_err = rel_err(torch.stack(eager(qkv)).permute(1, 3, 0, 2, 4), exact)  # [3, B, H, N, D] -> [B, N, 3, H, D]
         del exact
         nbytes = 2 * qkv.nbytes + cos.nbytes + sin.nbytes  # read qkv, write the new one; the tables once (cached after)
-        timed = bandwidth(s, sets, nbytes, copy_GBps, lambda x: rope.rope_qkv(x, cos, sin), eager)
+        timed = bandwidth(s, sets, nbytes, copy_GBps, lambda x: rope.rope_qkv(x, cos, sin, ilv), eager)
         rows.append(row | timed | dict(speedup=timed["torch_ms"] / timed["vitfast_ms"], torch_rel_err=torch_err,
                                        vitfast_rel_err=vitfast_err, passes_2x_rule=vitfast_err <= 2 * torch_err + 1e-3))  # fmt: skip
         del sets, qkv

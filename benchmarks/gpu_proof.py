@@ -8,12 +8,12 @@
   bf16 at batch 1 and 64 (both MLP paths), and torch.compile over an optimized model and CUDA
   graphs at batch 1 and 64.
 - kernels: copy bandwidth and matmul ceilings; fused attention vs SDPA flash / efficient / cuDNN;
-  add+LayerNorm, bias+GELU / SwiGLU and DINOv3's 2-D RoPE (ViT-S/B/L at 256 px, checked against
-  float64 first) vs PyTorch and vs the copy bandwidth; a per-kernel profile of one ViT-B/16 forward
-  (eager vs optimize()); the GEMMs with epilogues vs cuBLAS + separate
-  kernels (benchmarks/gpu_kernels.py), and from these the MLP dispatch table, written as
-  DIR/mlp_dispatch.json (kernels/mlp_dispatch.json merged with this GPU's entries: copy it there
-  to commit it).
+  add+LayerNorm, bias+GELU / SwiGLU and the 2-D RoPE in both layouts (rotate-half: DINOv3 S/B/L at
+  256 px; interleaved: EVA-02 B/L at 448 px; checked against float64 first) vs PyTorch and vs the
+  copy bandwidth; a per-kernel profile of one ViT-B/16 forward (eager vs optimize()); the GEMMs
+  with epilogues vs cuBLAS + separate kernels (benchmarks/gpu_kernels.py), and from these the MLP
+  dispatch table, written as DIR/mlp_dispatch.json (kernels/mlp_dispatch.json merged with this
+  GPU's entries: copy it there to commit it).
 - e2e: ViT-B/16, S/16, L/16 at 224 px, fp16 then bf16, batch 1/8/64/256: eager (SDPA),
   torch.compile default and max-autotune, optimize(), optimize() + CUDA graphs, optimize() +
   torch.compile, through the `vitfast bench` harness (img/s, p50/p99, peak memory, % of the
@@ -450,9 +450,10 @@ def markdown(part: str, result: dict) -> str:
         lines += ["", "## bias + activation after a bias-free fc1", ""]
         lines += md_table(result.get("activations", []), ["op", "rows", "H", "dtype", "status", "vitfast_GBps", "torch_GBps", "speedup",
                                                           "fraction_of_copy"])  # fmt: skip
-        lines += ["", "## DINOv3's 2-D RoPE on the packed qkv vs eager apply_rope (GB/s: qkv read + written, tables once)", ""]
-        lines += md_table(result.get("rope", []), ["model", "B", "N", "H", "D", "dtype", "status", "vitfast_GBps", "torch_GBps", "speedup",
-                                                   "fraction_of_copy", "passes_2x_rule"])  # fmt: skip
+        lines += ["", "## 2-D RoPE on the packed qkv vs eager apply_rope, rotate-half (DINOv3) and interleaved (EVA-02) "
+                  "(GB/s: qkv read + written, tables once)", ""]  # fmt: skip
+        lines += md_table(result.get("rope", []), ["model", "layout", "B", "N", "H", "D", "dtype", "status", "vitfast_GBps", "torch_GBps",
+                                                   "speedup", "fraction_of_copy", "passes_2x_rule"])  # fmt: skip
         lines += profile_markdown(result.get("profile"))
         lines += ["", "## GEMMs with epilogues vs cuBLAS + separate kernels", ""]
         lines += md_table(result.get("mlp", []), ["op", "model", "dtype", "batch", "status", "cublas_TFLOPs", "epilogue_TFLOPs", "speedup",
@@ -516,8 +517,8 @@ def save_png(part: str, result: dict, path: Path) -> Path | None:
     at = range(len(rope))
     ax_rope.bar([i - 0.2 for i in at], [100 * r["vitfast_GBps"] / copy_GBps for r in rope], 0.4, label="vitfast")
     ax_rope.bar([i + 0.2 for i in at], [100 * r["torch_GBps"] / copy_GBps for r in rope], 0.4, label="eager apply_rope")
-    ax_rope.set_xticks(list(at), [f"{r['model'].split('_')[1]} {r['dtype'][:4]} b{r['B']}" for r in rope])
-    ax_rope.set(title="DINOv3 RoPE: % of copy bandwidth", ylabel="%")
+    ax_rope.set_xticks(list(at), [f"{r['model'].split('_patch')[0]} {r['layout']} {r['dtype'][:4]} b{r['B']}" for r in rope])
+    ax_rope.set(title="RoPE: % of copy bandwidth", ylabel="%")
     ax_rope.legend(fontsize=7)
     mlp = [r for r in result.get("mlp", []) if r.get("status") == "ok"]
     ax_mlp.bar([f"{r['op'].split('+')[0]} {r['model']} {r['dtype'][:4]} b{r['batch']}" for r in mlp], [r["speedup"] for r in mlp])

@@ -78,10 +78,15 @@ def test_kernels_part_schema(dry_run):
     assert [r["op"] for r in result["activations"]] == ["bias+gelu", "bias+swiglu"]
     assert all(r["status"] == "ok" and r["speedup"] > 0 and 0 < r["fraction_of_copy"] for r in result["activations"])
     assert "## bias + activation after a bias-free fc1" in (dry_run / "proof-kernels.md").read_text()
-    rope = result["rope"]  # DRY_RUN's DINOv3: 48 px, 3 heads of 16: class + 4 registers + 3 x 3 patches
-    assert [(r["model"], r["B"], r["N"], r["H"], r["D"]) for r in rope] == [("vit_small_patch16_dinov3", B, 14, 3, 16) for B in (1, 2)]
+    # DRY_RUN's DINOv3: 48 px, 3 heads of 16: class + 4 registers + 3 x 3 patches; its EVA-02: 42 px, 2 heads of 24: class + 3 x 3 patches
+    rope = result["rope"]
+    assert [(r["model"], r["layout"], r["B"], r["N"], r["H"], r["D"]) for r in rope] == [
+        *(("vit_small_patch16_dinov3", "rotate_half", B, 14, 3, 16) for B in (1, 2)),
+        *(("eva02_tiny_patch14_224", "interleaved", B, 10, 2, 24) for B in (1, 2))]  # fmt: skip
     assert all(r["status"] == "ok" and r["passes_2x_rule"] and r["speedup"] > 0 and 0 < r["fraction_of_copy"] for r in rope)
-    assert "## DINOv3's 2-D RoPE on the packed qkv" in (dry_run / "proof-kernels.md").read_text()
+    assert all(r["torch_rel_err"] < 1e-6 for r in rope)  # eager in the row's layout too, else the 2x rule would pass anything
+    md = (dry_run / "proof-kernels.md").read_text()
+    assert "## 2-D RoPE on the packed qkv" in md and "| eva02_tiny_patch14_224 | interleaved |" in md
     ops = {r["op"].split("+")[0] for r in result["mlp"]}
     assert ops == {"fc1", "fc2", "proj"} and all(r["passes_2x_rule"] for r in result["mlp"])
     assert all(r["tuning"]["picked"] for r in result["attention"] + result["mlp"])  # one config under the interpreter
@@ -96,10 +101,11 @@ def test_kernels_part_schema(dry_run):
     assert {"compute_capability", "dtype", "C", "hidden", "m_bucket", "fc1", "fc2"} <= table["entries"][0].keys()
 
 
-@pytest.mark.parametrize("broken", ["rotates nothing", "leaves v unwritten"])
+@pytest.mark.parametrize("broken", ["rotates nothing", "leaves v unwritten", "ignores the layout"])
 def test_a_wrong_rope_kernel_fails_its_row(monkeypatch, broken):
-    """The RoPE section times the kernel only next to its check against float64: a kernel that is fast
-    because it skips work must come out as failing the 2x rule, not as fast."""
+    """The RoPE section times the kernel only next to its check against float64 in the row's layout: a
+    kernel that is fast because it skips work, or rotates the wrong pairs, must come out as failing the
+    2x rule, not as fast."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import gpu_kernels
 
@@ -108,12 +114,33 @@ def test_a_wrong_rope_kernel_fails_its_row(monkeypatch, broken):
     def wrong(qkv, cos, sin, out, interleaved=False):
         if broken == "rotates nothing":
             return out.copy_(qkv)
+        if broken == "ignores the layout":  # rotate-half whatever it is asked: right for DINOv3's rows only
+            return out.copy_(rope.rope_reference(qkv, cos, sin))
         out[:, :, :2] = rope.rope_reference(qkv, cos, sin, interleaved)[:, :, :2]
         return out
 
     monkeypatch.setattr(rope, "rope_qkv_launch", wrong)
     rows = gpu_kernels.rope_speed(gpu_kernels.DRY_RUN, 1.0, float("inf"), [])
-    assert rows and all(r["status"] == "ok" and r["passes_2x_rule"] is False for r in rows)
+    assert {r["layout"] for r in rows} == {"rotate_half", "interleaved"} and all(r["status"] == "ok" for r in rows)
+    assert [r["passes_2x_rule"] for r in rows] == [broken == "ignores the layout" and r["layout"] == "rotate_half" for r in rows]
+
+
+def test_rope_compiles_ahead_in_both_layouts(monkeypatch):
+    """warm_rope records the launches the RoPE rows make: the interleaved ones are a kernel of their own."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_kernels
+
+    from vitfast.kernels.precompile import recording
+
+    def record(*fns):
+        with recording(cpu=True) as calls:
+            for fn in fns:
+                fn()
+        return {"interleaved": [c.kwargs["INTERLEAVED"] for c in calls]}
+
+    monkeypatch.setattr(gpu_kernels, "precompile", record)
+    rows = gpu_kernels.rope_speed(gpu_kernels.DRY_RUN, 1.0, float("-inf"), [])  # not reached: the rows' models, nothing timed
+    assert gpu_kernels.warm_rope(gpu_kernels.DRY_RUN)["interleaved"] == [r["layout"] == "interleaved" for r in rows]
 
 
 def test_kernel_categories():

@@ -315,9 +315,9 @@ commit the JSON and regenerate this file with
 
 `benchmarks/gpu_proof.py` is everything a lent GPU must show (GPU tests and optimize() parity;
 kernels vs SDPA backends, PyTorch, copy bandwidth and cuBLAS: attention, add+LayerNorm,
-bias+GELU / SwiGLU, DINOv3's 2-D RoPE on the packed qkv (ViT-S/B/L at 256 px, vs eager
-`apply_rope`), the epilogue GEMMs, and the MLP dispatch table from that
-measurement, with each autotuned kernel's timings per config and a per-kernel profile of one
+bias+GELU / SwiGLU, the 2-D RoPE on the packed qkv in both layouts (rotate-half: DINOv3
+S/B/L at 256 px; interleaved: EVA-02 B/L at 448 px; vs eager `apply_rope`), the epilogue GEMMs,
+and the MLP dispatch table from that measurement, with each autotuned kernel's timings per config and a per-kernel profile of one
 ViT-B/16 forward, eager vs optimize(); end to end ViT-S/B/L fp16 + bf16 at batch 1-256 across eager, torch.compile default
 and max-autotune, optimize, optimize + CUDA graphs, optimize + torch.compile), written as JSON +
 markdown + PNG into one folder. Offline, no TensorRT; each part is time-boxed (9 minutes by
