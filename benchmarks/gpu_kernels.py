@@ -233,7 +233,8 @@ def interleaved(cfg) -> bool:
 def rope_tables(cfg, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The (cos, sin) [patches, D] a RoPE model hands its blocks: fp32 tables, which an fp16 or bf16 model
     keeps in fp32 (RopeTables; the kernel rotates in fp32, apply_rope casts them to q's dtype)."""
-    return layer_rope_tables(cfg.rope, cfg.grid_size, cfg.head_dim, cfg.rope_base, torch.float32, device, cfg.rope_ref_grid)
+    grid = (cfg.rope_ref_grid, cfg.rope_grid_indexing, cfg.rope_grid_offset)
+    return layer_rope_tables(cfg.rope, cfg.grid_size, cfg.head_dim, cfg.rope_base, torch.float32, device, *grid)
 
 
 def mlp_shapes(s: Shapes):
