@@ -284,13 +284,15 @@ VARIANTS = {
     "dinov2-classifier": dict(global_pool="token_avg", reg_tokens=2),
     "hybrid": dict(hybrid_layers=(1,)),
     "dinov3-rotary": dict(abs_pos_embed=False, rope="dinov3", reg_tokens=4, init_values=0.5),
+    "pe-pool-reads-class-token": dict(pre_norm=True, rope="axial", rope_grid_indexing="xy", rope_grid_offset=1.0, rope_ref_grid=(6, 6),
+                                      global_pool="map", pool_include_prefix=True, attn_pool_num_heads=2),
 }
 SOURCES = {"token": "class token", "avg": "mean of patch tokens", "map": "attention-pool query",
            "token_avg": "class token (the head also reads the mean patch token)"}
 
 
 def numpy_pool_attention(sd: dict, tokens: np.ndarray, heads: int) -> np.ndarray:
-    """The attention pool's query over the patch tokens [B, N, C] -> probabilities [B, H, N]."""
+    """The attention pool's query over the tokens it reads [B, N, C] -> probabilities [B, H, N]."""
     C = tokens.shape[-1]
     w = {k: v.double().numpy() for k, v in sd.items() if k.startswith("attn_pool.")}
     q = (w["attn_pool.latent"][0, 0] @ w["attn_pool.q.weight"].T + w["attn_pool.q.bias"]).reshape(heads, -1)
@@ -314,9 +316,11 @@ def test_cli_json_end_to_end_for_every_model_kind(variant, tmp_path, capsys):
     assert keys <= set(report)
     cfg = model.config
     assert report["grid_size"] == [4, 4] and report["num_prefix_tokens"] == cfg.num_prefix_tokens
-    assert report["source"] == SOURCES[cfg.global_pool]
+    drawn_apart = " (its share on the class token not drawn)" if cfg.pool_include_prefix else ""
+    assert report["source"] == SOURCES[cfg.global_pool] + drawn_apart
     learned = cfg.abs_pos_embed  # rotary positions are computed: no similarity, no figure
-    assert np.shape(report["head_attention"]) == (4, 4, 4)
+    heads = cfg.attn_pool_num_heads or cfg.num_heads  # the last layer's, or the attention pool's
+    assert np.shape(report["head_attention"]) == (heads, 4, 4)
     assert np.shape(report["pos_embed_similarity"]) == (16, 16) if learned else report["pos_embed_similarity"] is None
     assert set(report["files"]) == set(PNG_SIZES) - (set() if learned else {"pos_embed"})
     assert np.shape(report["mean_attention_distance"]) == (2, 4)
@@ -325,10 +329,11 @@ def test_cli_json_end_to_end_for_every_model_kind(variant, tmp_path, capsys):
         tokens, attns = model.forward_features(vitfast.preprocess(Image.open(img), cfg), return_attention=True)
     joint = numpy_rollout(attns)[0]
     P = cfg.num_prefix_tokens
-    if cfg.global_pool == "map":  # the pool's query reads the patch tokens: one more (head-averaged) attention row
-        pool = numpy_pool_attention(model.state_dict(), tokens[:, P:].double().numpy(), cfg.num_heads)[0]
-        expected = pool.mean(0) @ joint[P:, P:]
-        np.testing.assert_allclose(np.reshape(report["head_attention"], (cfg.num_heads, -1)), pool, atol=2e-6)
+    if cfg.global_pool == "map":  # the pool's query reads the patch tokens (all, for PE): one more (head-averaged) attention row
+        read = 0 if cfg.pool_include_prefix else P
+        pool = numpy_pool_attention(model.state_dict(), tokens[:, read:].double().numpy(), heads)[0]
+        expected = pool.mean(0) @ joint[read:, P:]
+        np.testing.assert_allclose(np.reshape(report["head_attention"], (heads, -1)), pool[:, P - read :], atol=2e-6)
     else:
         expected = joint[0, P:] if cfg.global_pool in ("token", "token_avg") else joint[P:, P:].mean(axis=0)
     np.testing.assert_allclose(np.ravel(report["rollout"]), expected, atol=2e-6)

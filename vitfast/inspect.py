@@ -203,13 +203,15 @@ def inspect_model(model: torch.nn.Module, images: torch.Tensor) -> Inspection:
         with torch.no_grad():
             tokens, attentions = model.forward_features(images.to(device), return_attention=True)
             P, grid = cfg.num_prefix_tokens, cfg.grid_size
-            pool_attention = model.attn_pool(tokens[:, P:], return_attention=True)[1] if cfg.global_pool == "map" else None
+            read = 0 if cfg.pool_include_prefix else P  # PE's pool reads the class token too
+            pool_attention = model.attn_pool(tokens[:, read:], return_attention=True)[1] if cfg.global_pool == "map" else None
     finally:
         model.train(was_training)
     if pool_attention is not None:  # the head reads the attention pool's query: one more attention layer
-        pool_attention = pool_attention.detach().to("cpu", torch.float64)  # [B, H, N]
-        rollout = (pool_attention.mean(1).unsqueeze(1) @ rollout_matrix(attentions)[:, P:]).squeeze(1)[:, P:]
-        heads, source = pool_attention, "attention-pool query"
+        pool_attention = pool_attention.detach().to("cpu", torch.float64)  # [B, H, N - read]
+        rollout = (pool_attention.mean(1).unsqueeze(1) @ rollout_matrix(attentions)[:, read:]).squeeze(1)[:, P:]
+        heads = pool_attention[..., P - read :]  # its attention to the patches (to the prefix tokens left out of the maps)
+        source = "attention-pool query" + (" (its share on the class token not drawn)" if read == 0 and P else "")
     else:
         from_token = cfg.global_pool in ("token", "token_avg")  # else the head pools the mean patch token
         rollout = attention_rollout(attentions, P, class_token=from_token)
