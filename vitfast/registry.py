@@ -316,9 +316,9 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     "eva02_base_patch16_clip_224": _eva02("base", 224, 512, patch_size=16, **_EVA02_CLIP),
     "eva02_large_patch14_clip_224": _eva02("large", 224, 768, **_EVA02_CLIP),
     "eva02_large_patch14_clip_336": _eva02("large", 336, 768, **_EVA02_CLIP),
-    **{f"vit_{size}_patch16_rope_reg{regs}_gap_256": _vit(size, 16, 256, reg_tokens=regs, qkv_bias=size != "mediumd", **_SBB_ROPE, **mean)
-       for size, regs, mean in (("medium", 1, {}), ("mediumd", 1, {}), ("betwixt", 4, dict(mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD)),
-                                ("base", 1, {}))},  # timm gives the betwixt one eva.py's default (CLIP's) mean/std
+    **{f"vit_{size}_patch16_rope_reg{regs}_gap_256": _vit(size, 16, 256, reg_tokens=regs, qkv_bias=size != "mediumd", **_SBB_ROPE, **pixels)
+       for size, regs, pixels in (("medium", 1, {}), ("mediumd", 1, {}), ("betwixt", 4, dict(mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD)),
+                                  ("base", 1, {}))},  # timm gives the betwixt one eva.py's default (CLIP's) mean/std
     **{f"vit_{size}_patch16_rope_224": _vit(size, 16, 224, **_ROPE_VIT) for size in ("small", "base", "large")},
     **{f"vit_{size}_patch16_rope_ape_224": _vit(size, 16, 224, **dict(_ROPE_VIT, abs_pos_embed=True, no_embed_class=True))
        for size in ("small", "base", "large")},
@@ -326,8 +326,9 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     "vit_pe_core_small_patch16_384": _pe_core("small", 16, 384, 24, 512),
     "vit_pe_core_base_patch16_224": _pe_core("base", 16, 224, 14, 1024),
     "vit_pe_core_large_patch14_336": _pe_core("large", 14, 336, 24, 1024),
-    "vit_pe_core_gigantic_patch14_448": _pe_core("base", 14, 448, 32, 1280, embed_dim=1536, depth=50, num_heads=16, mlp_ratio=8960 / 1536,
-                                                 attn_pool_mlp_ratio=4.0, class_token=False, rope_grid_offset=0.0),
+    "vit_pe_core_gigantic_patch14_448": dict(_PE_CORE, img_size=448, patch_size=14, embed_dim=1536, depth=50, num_heads=16,
+                                             mlp_ratio=8960 / 1536, attn_pool_mlp_ratio=4.0, class_token=False, rope_grid_offset=0.0,
+                                             rope_ref_grid=(32, 32), num_classes=1280),  # its pool MLP narrower than its blocks'  # fmt: skip
     "beit3_base_patch16_224": _vit("base", 16, 224, **_BEIT3),
     "beit3_large_patch16_224": _vit("large", 16, 224, **_BEIT3),
     "beit3_giant_patch14_224": _vit("giant", 14, 224, **_BEIT3),
