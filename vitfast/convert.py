@@ -201,8 +201,6 @@ def timm_config(sd: StateDict, family: str | None, num_heads: int | None = None)
     guesses |= dict.fromkeys((k for k in _AXIAL_FIELDS if k != "rope_grid_offset" or shift), f"{why}, {first}'s frequencies first")
     pool = {k: like.get(k, field[k].default) for k in _POOL_FIELDS} if cfg.global_pool == "map" else {}
     guesses |= dict.fromkeys(pool, f"the attention pool's heads and whether it reads the class token are not stored in weights; {source} assumed")
-    if family == "pe_core":
-        guesses.pop("act_layer", None)  # the CLIP-tower caveat (QuickGELU) is not PE's: GELU, as every PE tower
     return cfg.replace(**rotary, **pool, **preprocessing), guesses
 
 
@@ -820,7 +818,7 @@ def infer_timm_config(
     elif rms and norm_eps is None:
         source = "timm's AIMv2 (RMSNorm on the patch embeddings too)" if kind == "AIMv2" else "timm's RmsNorm default (AIMv2 has 1e-5)"
         guesses["norm_eps"] = f"RMSNorm eps is not stored in weights; {fields['norm_eps']:g}, as in {source}, assumed"
-    if pre_norm:
+    if pre_norm and family != "pe_core":  # a CLIP tower's caveat; every Perception Encoder tower has GELU
         guesses["act_layer"] = ("not stored in weights; GELU as in timm's *_clip_* models assumed. OpenAI's original "
                                 "weights and others trained with QuickGELU (timm's *_clip_quickgelu_*) need act_layer='quick_gelu'")
     elif fields["global_pool"] == "map":

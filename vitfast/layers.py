@@ -5,6 +5,7 @@ Shapes: B batch, N tokens, C = embed_dim, H heads, D = C // H head_dim.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -117,20 +118,19 @@ class RopeTables(nn.Module):
     def __init__(self, kind: str, grid: tuple[int, int], head_dim: int, theta: float, ref_grid: tuple[int, int] | None = None,
                  indexing: str = "ij", offset: float = 0.0):  # fmt: skip
         super().__init__()
-        self.kind, self.grid, self.head_dim, self.theta = kind, grid, head_dim, theta
-        self.ref_grid, self.indexing, self.offset = ref_grid, indexing, offset
-        cos, sin = rope_tables(kind, grid, head_dim, theta, torch.float32, ref_grid=ref_grid, indexing=indexing, offset=offset)
+        self.interleaved = kind == "axial"
+        self._tables = functools.partial(rope_tables, kind, grid, head_dim, theta, ref_grid=ref_grid, indexing=indexing, offset=offset)
+        cos, sin = self._tables(dtype=torch.float32)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
-        self.cos, self.sin = rope_tables(self.kind, self.grid, self.head_dim, self.theta, self.cos.dtype, self.cos.device, self.ref_grid,
-                                         self.indexing, self.offset)  # fmt: skip
+        self.cos, self.sin = self._tables(dtype=self.cos.dtype, device=self.cos.device)
         return self
 
     def forward(self) -> Rope:
-        return Rope(self.cos, self.sin, self.kind == "axial")
+        return Rope(self.cos, self.sin, self.interleaved)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
