@@ -307,3 +307,15 @@ def test_an_sbb_rope_vit_in_vitfast_names_needs_its_rotary_positions_named_and_t
     x = torch.randn(1, 3, 256, 256)
     with torch.no_grad():
         assert torch.equal(loaded(x), source(x))
+
+
+def test_dropping_rotary_positions_by_override_drops_all_their_settings(tmp_path):
+    """overrides={"rope": None} on a model with every rotary setting set (a PE core's offset, axis order, grid and base)
+    loads it without rotary positions, not with settings that no longer mean anything (which the config refuses)."""
+    cfg = vitfast.get_config("vit_pe_core_tiny_patch16_384", img_size=32, depth=1)
+    source = vitfast.create_model(cfg.replace(rope_theta=50.0))
+    vitfast.save_checkpoint(source, tmp_path / "pe.safetensors")
+    plain = vitfast.load_checkpoint(tmp_path / "pe.safetensors", overrides={"rope": None})
+    defaults = vitfast.ViTConfig()
+    assert plain.rope is None
+    assert [getattr(plain.config, k) for k in ("rope", *vitfast.config.ROPE_SETTINGS)] == [None] + [getattr(defaults, k) for k in vitfast.config.ROPE_SETTINGS]

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from ._version import __version__
 from .atomic import atomic_write
-from .config import ViTConfig
+from .config import ROPE_SETTINGS, ViTConfig
 from . import dinov3
 from .convert import (
     Guesses, StateDict, detect_format, hf_config_to_vit, hf_to_timm, read_hf_state_dict, read_timm_hub, timm_config, timm_layout,
@@ -87,7 +87,7 @@ def load_checkpoint(
         cfg = source_cfg
     if overrides:
         if "rope" in overrides and overrides["rope"] is None:  # no rotary positions, so none of their settings either
-            overrides = dict(rope_theta=None, rope_ref_grid=None, rope_grid_indexing="ij") | overrides
+            overrides = {k: ViTConfig.__dataclass_fields__[k].default for k in ROPE_SETTINGS} | overrides
         cfg = cfg.replace(**overrides)
         guesses = {k: v for k, v in guesses.items() if k not in overrides}
     if img_size is not None:

@@ -43,6 +43,7 @@ ROPE_THETA = {"dinov3": 100.0, "axial": 10000.0}  # each kind's default base per
 # Which image axis the first half of each head's rotary frequencies turns by (timm's rope_grid_indexing): "ij" y then x
 # (DINOv3, EVA-02, timm's sbb RoPE ViTs), "xy" x then y (Naver's RoPE-ViT)
 ROPE_GRID_INDEXINGS = ("ij", "xy")
+ROPE_SETTINGS = ("rope_theta", "rope_ref_grid", "rope_grid_indexing", "rope_grid_offset")  # meaningful only with `rope`
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 CROP_MODES = ("center", "squash", "border")  # timm's names: crop the short side, resize both sides, pad the short side
 CROP_ROUNDINGS = ("round", "floor")  # centre-crop offset: torchvision/timm round, Hugging Face floors

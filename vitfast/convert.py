@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from .config import (
-    CROP_MODES, IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ROPE_THETA,
-    ViTConfig,
+    CROP_MODES, IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ROPE_SETTINGS,
+    ROPE_THETA, ViTConfig,
 )  # fmt: skip
 from . import dinov3, eva
 from .errors import CheckpointError, ConfigError
@@ -171,7 +171,7 @@ def timm_layout(sd: StateDict, where: object, *, rope: str | None = None) -> tup
 AXIAL_FAMILIES = {"eva02": ("eva02_*", _EVA02, "EVA-02"), "sbb_rope": ("vit_*_rope_reg*_gap_*", _SBB_ROPE, "sbb RoPE ViT"),
                   "rope_vit": ("vit_*_patch16_rope_*224", _ROPE_VIT, "Naver RoPE-ViT"),
                   "pe_core": ("vit_pe_core_*", _PE_CORE, "Perception Encoder core")}  # fmt: skip
-_AXIAL_FIELDS = ("rope", "rope_theta", "rope_ref_grid", "rope_grid_indexing", "rope_grid_offset")
+_AXIAL_FIELDS = ("rope", *ROPE_SETTINGS)
 _POOL_FIELDS = ("pool_include_prefix", "attn_pool_num_heads")  # an attention pool's, not in its weights either
 
 
