@@ -141,6 +141,16 @@ def test_dinov2_classifier_exports_with_parity(tmp_path, mlp):
     exported_with_parity(model, tmp_path / "d.onnx")
 
 
+@pytest.mark.parametrize("head", [dict(global_pool="token_avg"), dict(representation_size=24)], ids=["token_avg", "pre_logits"])
+def test_headless_outputs_wider_or_narrower_than_embed_dim_export_and_load(tmp_path, head):
+    """Without a classifier, forward returns 2 x embed_dim ("token_avg") or the pre-logits width: the sidecar
+    records that width and the runtime's graph check accepts it (it used to assume embed_dim and refuse)."""
+    model = randomize(vitfast.create_model(tiny_config(num_classes=0, **head)), scale=0.1)
+    fp32 = exported_with_parity(model, tmp_path / "headless.onnx")
+    width = 2 * 64 if "global_pool" in head else 24
+    assert read_sidecar(fp32)["output"]["shape"] == ["batch", width]
+
+
 def test_aimv2_exports_with_parity_and_fp32_rms_statistics(tmp_path):
     """AIMv2's block (RMSNorm, SwiGLU apart, no projection biases, normalised patch tokens) through ONNX fp32, fp16
     and int8; the fp16 graph squares the activations in fp32 (x^2 passes fp16's 65504 from |x| > 256), so inputs that

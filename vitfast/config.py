@@ -170,6 +170,11 @@ class ViTConfig:
         return 2 * self.embed_dim if self.global_pool == "token_avg" else self.embed_dim
 
     @property
+    def out_features(self) -> int:
+        """Width of `forward`'s output: the classes, else the pre-logits width, else the pooled features."""
+        return self.num_classes or self.representation_size or self.num_features
+
+    @property
     def use_fc_norm(self) -> bool:
         return self.global_pool == "avg" if self.fc_norm is None else self.fc_norm
 

@@ -300,7 +300,7 @@ def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int, labe
 
     cfg = engine.config
     h, w = cfg.img_hw
-    classes = cfg.num_classes or cfg.embed_dim
+    classes = cfg.out_features
     k = min(k, classes)
     outputs = [Tensor(name="logits", dtype=np.float32, shape=(classes,)),
                Tensor(name="topk_indices", dtype=np.int64, shape=(k,)),

@@ -124,7 +124,7 @@ def check_graph_matches(path: Path, meta: dict[str, Any], inputs: list[tuple], o
     for got, want, axis in zip(inputs[0][1][1:], (config.in_chans, h, w), "CHW"):
         if isinstance(got, int) and got != want:
             raise wrong(f"input axis {axis} is {got} in the graph and {want} in the sidecar")
-    classes = config.num_classes or config.embed_dim
+    classes = config.out_features
     if not outputs or not outputs[0][1] or (isinstance(outputs[0][1][-1], int) and outputs[0][1][-1] != classes):
         raise wrong(f"the graph outputs {[(n, list(s)) for n, s in outputs]}, the sidecar says [B, {classes}]")
     graph_batch, spec = inputs[0][1][0], meta.get("input") or {}
