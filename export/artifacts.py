@@ -70,7 +70,7 @@ def base_metadata(kind: str, config: ViTConfig, precision: str, *, batch: tuple[
             "batch": list(batch) if batch else None,
             "layout": "NCHW, normalised",
         },
-        "output": {"name": "logits", "shape": ["batch", config.out_features], "dtype": "float32"},
+        "output": {"name": "logits", "shape": ["batch", *config.output_shape], "dtype": "float32"},
         "preprocessing": {k: getattr(config, k) for k in PREPROCESSING_FIELDS} | {"img_size": [h, w]},
         "source": {"path": str(source), "sha256": sha256_file(source)} if source and Path(source).is_file() else None,
         "tools": tool_versions(),

@@ -85,7 +85,7 @@ def triton_repository(
     spec = PreprocessSpec.from_config(config)
     out = Path(out_dir)
     names = model_names(name)
-    labels = config.labels
+    labels = config.labels if config.global_pool != "" else None  # Triton classifies pooled outputs, not per-token ones
     configs = {
         names["model"]: model_config(names["model"], platform, meta, max_batch, instance_count, max_queue_delay_us, labels=bool(labels)),
         names["preprocess"]: preprocess_config(names["preprocess"], spec, meta, max_batch, instance_count, max_queue_delay_us),

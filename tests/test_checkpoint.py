@@ -278,3 +278,47 @@ def test_pre_norm_towers_with_a_final_norm_are_not_taken_for_perception_encoder(
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), model(x), atol=0, rtol=0)
+
+
+# ---------------------------------------------------------------------------- heads changed by overrides
+@pytest.mark.parametrize(
+    "cfg, overrides, expected",
+    [
+        (tiny_config(), {"num_classes": 0}, lambda m, t: t[:, 0]),
+        (tiny_config(distilled=True), {"num_classes": 0}, lambda m, t: (t[:, 0] + t[:, 1]) / 2),
+        (tiny_config(reg_tokens=2), {"global_pool": ""}, lambda m, t: m.head(t)),  # the trained head on every token
+        (tiny_config(), {"num_classes": 0, "global_pool": "avg"}, lambda m, t: t[:, 1:].mean(1)),  # norm stays before the pool
+        (tiny_config(class_token=False, global_pool="avg"), {"num_classes": 0, "global_pool": ""}, lambda m, t: m.fc_norm(t)),
+        (tiny_config(class_token=False, global_pool="map"), {"num_classes": 0, "global_pool": ""}, lambda m, t: t),
+        (tiny_config(global_pool="token_avg"), {"num_classes": 0, "global_pool": "token"}, lambda m, t: t[:, 0]),
+    ],
+    ids=["drop-head", "drop-both-distilled-heads", "per-token-head", "avg-keeps-final-norm", "fc-norm-kept-per-token",
+         "map-pool-dropped", "token-avg-to-token"],
+)  # fmt: skip
+def test_overrides_reset_the_head_as_timms_reset_classifier(tmp_path, cfg, overrides, expected):
+    """num_classes=0 drops the classifier(s), a pool other than "map" drops the attention pool, and the final
+    norm stays where the checkpoint has it (before pooling, or per token as fc_norm); the output is then the
+    original model's tokens read that way, exactly."""
+    model = randomize(vitfast.create_model(cfg)).eval()
+    path = vitfast.save_checkpoint(model, tmp_path / "m.safetensors")
+    loaded = vitfast.load_checkpoint(path, overrides=overrides)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        tokens = model.norm(model.blocks(model.norm_pre(model._pos_embed(model.patch_embed(x)))))
+        want = expected(model, tokens)
+        assert torch.equal(loaded(x), want)
+    assert loaded.config.output_shape == want.shape[1:]
+
+
+@pytest.mark.parametrize(
+    "cfg, overrides, message",
+    [
+        (tiny_config(), {"num_classes": 3}, "7-class classifier; num_classes=3 would need a new, untrained one"),
+        (tiny_config(), {"global_pool": "token_avg"}, r"reads 64 features \(global_pool='token'\); global_pool='token_avg' gives 128"),
+        (tiny_config(global_pool="token_avg"), {"global_pool": ""}, "Pass num_classes=0 as well"),
+    ],
+)  # fmt: skip
+def test_a_head_without_trained_weights_is_refused(tmp_path, cfg, overrides, message):
+    path = vitfast.save_checkpoint(randomize(vitfast.create_model(cfg)), tmp_path / "m.safetensors")
+    with pytest.raises(vitfast.ConfigError, match=message):
+        vitfast.load_checkpoint(path, overrides=overrides)

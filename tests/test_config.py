@@ -7,6 +7,7 @@ import json
 import pytest
 
 import vitfast
+from conftest import tiny_config
 from vitfast import ConfigError, ViTConfig
 
 
@@ -129,3 +130,21 @@ def test_registry_covers_the_required_families():
         32, 4, 48, 4, 4, 192
     ) and cifar.act_layer == "gelu_tanh"
     assert vitfast.list_models("deit*") == sorted(n for n in names if n.startswith("deit"))
+
+
+def test_replace_resets_the_settings_of_what_an_override_removes():
+    """A pool other than "map" drops the attention pool's settings, rope=None the rotary ones, a new
+    num_classes the labels; given alongside, they are kept (and validated)."""
+    pe = vitfast.get_config("vit_pe_core_tiny_patch16_384")
+    assert (pe.pool_include_prefix, pe.attn_pool_num_heads, pe.rope_grid_offset) == (True, 8, 1.0)
+    for pool in ("", "token", "avg"):
+        cfg = pe.replace(global_pool=pool)
+        assert (cfg.pool_include_prefix, cfg.attn_pool_num_heads, cfg.attn_pool_mlp_ratio, cfg.global_pool) == (False, None, None, pool)
+    assert vitfast.get_config("vit_pe_core_tiny_patch16_384", global_pool="").output_shape == (pe.seq_len, pe.num_classes)
+    no_rope = pe.replace(rope=None)
+    assert (no_rope.rope_grid_offset, no_rope.rope_grid_indexing, no_rope.attn_pool_num_heads) == (0.0, "ij", 8)
+    assert pe.replace(attn_pool_num_heads=4).attn_pool_num_heads == 4
+    with pytest.raises(ConfigError, match="configure the attention pool"):
+        pe.replace(global_pool="avg", attn_pool_num_heads=4)
+    labelled = tiny_config(labels=tuple("abcdefg"))
+    assert labelled.replace(global_pool="").labels == labelled.labels and labelled.replace(num_classes=0).labels is None

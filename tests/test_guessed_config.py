@@ -109,7 +109,7 @@ def test_num_classes_override_that_does_not_fit_the_head_is_named(truth, tmp_pat
     code = main(["inspect", "--checkpoint", str(truth[1]), "--image", str(tmp_path / "img.png"), "--num-classes", "7",
                  "--num-heads", "4", "--out", str(tmp_path / "figs")])  # fmt: skip
     err = capsys.readouterr().err
-    assert code == 2 and "head.weight (checkpoint [5, 128] vs model [7, 128])" in err
+    assert code == 2 and "has a 5-class classifier; num_classes=7 would need a new, untrained one. Pass num_classes=0" in err
 
 
 def test_clip_state_dict_guesses_eps_activation_and_clip_preprocessing_and_flags_fix_them(tmp_path, capsys):

@@ -550,6 +550,31 @@ def test_hf_aimv2_model_is_refused_its_image_embeds_project_the_head(tmp_path, u
         vitfast.load_checkpoint(tmp_path)
 
 
+# ---------------------------------------------------------------------------- unpooled: every token out
+@pytest.mark.parametrize("kind", ["vit-classifier", "dinov2", "dinov2-registers", "siglip"])
+def test_unpooled_tokens_match_last_hidden_state(tmp_path, kind):
+    """global_pool="" (with num_classes=0 for a classifier) returns transformers' last_hidden_state: every
+    token after the final norm; a classifier's head and SigLIP's attention pool are dropped."""
+    x = torch.randn(2, 3, 28 if kind.startswith("dinov2") else 32, 28 if kind.startswith("dinov2") else 32)
+    if kind == "vit-classifier":
+        hf = _hf_vit(**HF_CONFIGS["base-like"])
+        tokens = lambda: hf.vit(pixel_values=x).last_hidden_state  # noqa: E731
+    elif kind == "siglip":
+        hf = _perturbed(transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**SIGLIP_VISION)))
+        tokens = lambda: hf(pixel_values=x).last_hidden_state  # noqa: E731
+    else:
+        hf = _perturbed(_hf_dinov2(4 if kind.endswith("registers") else 0))
+        tokens = lambda: hf(pixel_values=x).last_hidden_state  # noqa: E731
+    hf.save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", vitfast.GuessedConfigWarning)  # the preprocessing, not what is compared
+        model = vitfast.load_checkpoint(tmp_path, overrides={"num_classes": 0, "global_pool": ""})
+    with torch.no_grad():
+        expected = tokens()
+        torch.testing.assert_close(model(x), expected, atol=ATOL, rtol=0)
+    assert model.config.output_shape == expected.shape[1:]
+
+
 def test_transformers_aimv2_vision_defaults_are_the_installed_ones():
     from vitfast.convert import AIMV2_DEFAULTS
 

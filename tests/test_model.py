@@ -122,6 +122,8 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
         pooled = t[:, cfg.num_prefix_tokens :].mean(1)
     elif cfg.global_pool == "token_avg":  # DINOv2's linear classifier: class token beside the patch mean
         pooled = torch.cat([t[:, 0], t[:, cfg.num_prefix_tokens :].mean(1)], -1)
+    elif cfg.global_pool == "":  # unpooled: whatever follows runs on every token
+        pooled = t
     else:
         pooled = t[:, 0]
     if "fc_norm.weight" in sd:
@@ -171,6 +173,9 @@ VARIANTS = {
     "pe-core-offset-pool-heads-reads-class-token": tiny_config(pre_norm=True, rope="axial", rope_grid_offset=1.0, rope_grid_indexing="xy",
                                                                rope_ref_grid=(6, 5), global_pool="map", pool_include_prefix=True,
                                                                attn_pool_num_heads=2, attn_pool_mlp_ratio=2.0, norm_eps=1e-5),
+    "unpooled-tokens-per-token-head": tiny_config(global_pool="", reg_tokens=2),
+    "unpooled-features-fc-norm-pre-logits": tiny_config(global_pool="", num_classes=0, fc_norm=True, representation_size=40, class_token=False),
+    "unpooled-no-final-norm-rope": tiny_config(global_pool="", num_classes=0, final_norm=False, rope="axial", img_size=(40, 24), embed_dim=48),
     "odd-sizes": tiny_config(img_size=(40, 24), patch_size=8, embed_dim=36, num_heads=3, mlp_ratio=2.5, in_chans=2),
 }
 
@@ -246,6 +251,20 @@ def test_features_only_model():
     model = vitfast.create_model(tiny_config(num_classes=0))
     with torch.no_grad():
         assert model(torch.randn(2, 3, 32, 32)).shape == (2, 64)
+
+
+@pytest.mark.parametrize("cfg", [tiny_config(global_pool="", num_classes=0, reg_tokens=2), tiny_config(global_pool="", img_size=(40, 24)),
+                                 tiny_config(global_pool="", num_classes=0, class_token=False, representation_size=24)],
+                         ids=["features-registers", "per-token-head-rectangular", "pre-logits-no-class-token"])
+def test_unpooled_output_is_every_token_and_its_shape_is_output_shape(cfg):
+    """global_pool="" returns [B, T, out_features]; without a head, the tokens forward_features gives."""
+    model = randomize(vitfast.create_model(cfg)).eval()
+    x = torch.randn(2, 3, *cfg.img_hw)
+    with torch.no_grad():
+        out = model(x)
+        assert out.shape == (2, *cfg.output_shape) == (2, cfg.seq_len, cfg.num_classes or cfg.representation_size or 64)
+        if not (cfg.num_classes or cfg.representation_size):
+            torch.testing.assert_close(out, model.forward_features(x), atol=0, rtol=0)
 
 
 def test_wrong_channel_count_is_a_clear_error():

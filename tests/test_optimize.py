@@ -33,6 +33,7 @@ VARIANTS = {
     "eva02-clip-packed-attn-norm-odd-grid": tiny_config(**EVA02 | dict(img_size=(40, 24), embed_dim=48, num_heads=4, global_pool="token",
                                                                         mlp_layer="swiglu_packed", mlp_ratio=16 / 3, scale_attn_norm=True)),
     "beit3-inner-norms-gelu": tiny_config(scale_attn_norm=True, scale_mlp_norm=True, global_pool="avg", norm_eps=1e-5, init_values=0.1),
+    "unpooled-per-token-head-registers": tiny_config(global_pool="", reg_tokens=2),
     "hybrid": vitfast.get_config("vit_small_r26_s32_224", img_size=32, depth=1, embed_dim=64, num_heads=2, num_classes=5),
 }
 

@@ -78,6 +78,37 @@ def test_timm_state_dict_matches(tmp_path, variant):
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters()) + key_bias
 
 
+UNPOOLED = ["plain", "reg4-gap", "hybrid-r26", "clip", "dinov2-reg4", "siglip-map", "so150m-reg4-map", "radio-no-final-norm",
+            "aimv2-classifier", "eva02-base-mlp-norm", "rope-vit-xy", "pe-core-pool-reads-class-token"]  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", UNPOOLED)
+def test_unpooled_features_match_timms_reset_classifier(tmp_path, variant):
+    """A classifier loaded with num_classes=0, global_pool="" equals timm's `reset_classifier(0, "")`: every
+    token, the final norm where the model has it (fc_norm applied per token), attention pools dropped."""
+    name, kw = VARIANTS[variant]
+    ref = _timm_model(name, **kw)
+    torch.save(ref.state_dict(), tmp_path / "model.pth")
+    ours = vitfast.load_checkpoint(tmp_path / "model.pth", config=vitfast.get_config(name, **kw), overrides={"num_classes": 0, "global_pool": ""})
+    ref.reset_classifier(0, "")
+    x = torch.randn(2, 3, kw["img_size"], kw["img_size"])
+    with torch.no_grad():
+        expected = ref(x)
+        torch.testing.assert_close(ours(x), expected, atol=ATOL, rtol=0)
+    assert expected.shape[1:] == ours.config.output_shape
+
+
+@pytest.mark.parametrize("variant", ["plain", "clip", "rope-vit-xy"])
+def test_unpooled_classifier_runs_its_head_on_every_token_as_timm_does(tmp_path, variant):
+    name, kw = VARIANTS[variant]
+    ref = _timm_model(name, **kw, global_pool="")
+    torch.save(ref.state_dict(), tmp_path / "model.pth")
+    ours = vitfast.load_checkpoint(tmp_path / "model.pth", config=vitfast.get_config(name, **kw, global_pool=""))
+    x = torch.randn(2, 3, kw["img_size"], kw["img_size"])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x), atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize(
     "variant",
     ["plain", "deit-distilled", "hybrid-r26", "clip", "dinov2-reg4", "siglip-gap", "sbb-gap-no-qkv-bias", "so150m2-reg-in-pos-embed",

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from ._version import __version__
 from .atomic import atomic_write
-from .config import ROPE_SETTINGS, ViTConfig
+from .config import ViTConfig
 from . import dinov3
 from .convert import (
     Guesses, StateDict, detect_format, hf_config_to_vit, hf_to_timm, read_hf_state_dict, read_timm_hub, timm_config, timm_layout,
@@ -86,9 +86,8 @@ def load_checkpoint(
     else:
         cfg = source_cfg
     if overrides:
-        if "rope" in overrides and overrides["rope"] is None:  # no rotary positions, so none of their settings either
-            overrides = {k: ViTConfig.__dataclass_fields__[k].default for k in ROPE_SETTINGS} | overrides
-        cfg = cfg.replace(**overrides)
+        before, cfg = cfg, cfg.replace(**_keep_norm_placement(cfg, overrides))
+        sd = _reset_classifier(sd, before, cfg, overrides, path)
         guesses = {k: v for k, v in guesses.items() if k not in overrides}
     if img_size is not None:
         cfg = cfg.replace(img_size=img_size)
@@ -104,6 +103,29 @@ def load_checkpoint(
     if guesses:
         warnings.warn(GuessedConfigWarning(describe_guesses(path, cfg, guesses)), stacklevel=2)
     return model.eval()
+
+
+def _keep_norm_placement(cfg: ViTConfig, overrides: dict[str, Any]) -> dict[str, Any]:
+    """A new global_pool keeps the final norm where the checkpoint has it (before pooling, or after it as
+    fc_norm), as timm's `reset_classifier` does; by default its placement follows the pool."""
+    if "global_pool" in overrides and "fc_norm" not in overrides and cfg.fc_norm is None and cfg.final_norm:
+        return {"fc_norm": cfg.use_fc_norm} | overrides
+    return overrides
+
+
+def _reset_classifier(sd: StateDict, before: ViTConfig, after: ViTConfig, overrides: dict[str, Any], path: Path) -> StateDict:
+    """The checkpoint's weights for a head changed by `overrides` (timm's `reset_classifier` for inference):
+    num_classes=0 drops the classifier, a pool other than "map" drops the attention pool. A classifier of
+    another size, or one that would read features of another width, has no trained weights: refused."""
+    if "num_classes" in overrides and after.num_classes not in (0, before.num_classes):
+        raise ConfigError(f"{path} has a {before.num_classes}-class classifier; num_classes={after.num_classes} would need a new, "
+                          f"untrained one. Pass num_classes=0 (features, no classifier) or {before.num_classes}")  # fmt: skip
+    if after.num_classes and after.num_features != before.num_features:
+        raise ConfigError(f"{path}'s classifier reads {before.num_features} features (global_pool={before.global_pool!r}); "
+                          f"global_pool={after.global_pool!r} gives {after.num_features}. Pass num_classes=0 as well (features, no classifier)")  # fmt: skip
+    dropped = ("head.", "head_dist.") if before.num_classes and not after.num_classes else ()
+    dropped += ("attn_pool.",) if before.global_pool == "map" and after.global_pool != "map" else ()
+    return {k: v for k, v in sd.items() if not k.startswith(dropped)} if dropped else sd
 
 
 def describe_guesses(path: str | os.PathLike, cfg: ViTConfig, guesses: Guesses) -> str:

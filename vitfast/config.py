@@ -23,8 +23,8 @@ OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # the normalisation CLIP
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 # class token, mean of patch tokens, attention pool (SigLIP), class token and mean patch token side by side
-# (DINOv2's linear classifiers: Dinov2ForImageClassification)
-GLOBAL_POOLS = ("token", "avg", "map", "token_avg")
+# (DINOv2's linear classifiers: Dinov2ForImageClassification), or "" (timm's name): no pooling, every token out
+GLOBAL_POOLS = ("token", "avg", "map", "token_avg", "")
 # timm's names: erf GELU, its tanh and sigmoid approximations; SiLU only as SwiGLU's gate
 ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
 # "mlp": fc1 -> act -> fc2. "swiglu_packed": timm's SwiGLUPacked (DINOv2 giant): fc1 [2H, C] holds the gate and
@@ -44,6 +44,7 @@ ROPE_THETA = {"dinov3": 100.0, "axial": 10000.0}  # each kind's default base per
 # (DINOv3, EVA-02, timm's sbb RoPE ViTs), "xy" x then y (Naver's RoPE-ViT)
 ROPE_GRID_INDEXINGS = ("ij", "xy")
 ROPE_SETTINGS = ("rope_theta", "rope_ref_grid", "rope_grid_indexing", "rope_grid_offset")  # meaningful only with `rope`
+MAP_POOL_SETTINGS = ("pool_include_prefix", "attn_pool_num_heads", "attn_pool_mlp_ratio")  # only with global_pool="map"
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 CROP_MODES = ("center", "squash", "border")  # timm's names: crop the short side, resize both sides, pad the short side
 CROP_ROUNDINGS = ("round", "floor")  # centre-crop offset: torchvision/timm round, Hugging Face floors
@@ -175,6 +176,11 @@ class ViTConfig:
         return self.num_classes or self.representation_size or self.num_features
 
     @property
+    def output_shape(self) -> tuple[int, ...]:
+        """`forward`'s output per image: (out_features,), or (seq_len, out_features) per token with global_pool=""."""
+        return (self.seq_len, self.out_features) if self.global_pool == "" else (self.out_features,)
+
+    @property
     def use_fc_norm(self) -> bool:
         return self.global_pool == "avg" if self.fc_norm is None else self.fc_norm
 
@@ -259,8 +265,7 @@ class ViTConfig:
                 bad(f"rope_ref_grid must be two positive integers (rows, columns), got {self.rope_ref_grid!r}")
         if self.rope_grid_offset and self.rope != "axial":
             bad(f'rope_grid_offset shifts the patch indices of rope="axial" only; got rope={self.rope!r}')
-        map_only = {k: v for k, v in (("pool_include_prefix", self.pool_include_prefix), ("attn_pool_num_heads", self.attn_pool_num_heads),
-                                      ("attn_pool_mlp_ratio", self.attn_pool_mlp_ratio)) if v not in (None, False)}  # fmt: skip
+        map_only = [k for k in MAP_POOL_SETTINGS if getattr(self, k) not in (None, False)]
         if map_only and self.global_pool != "map":
             bad(f'{", ".join(map_only)} configure the attention pool (global_pool="map"); got global_pool={self.global_pool!r}')
         if self.attn_pool_num_heads is not None and (self.attn_pool_num_heads < 1 or self.embed_dim % self.attn_pool_num_heads):
@@ -313,12 +318,16 @@ class ViTConfig:
 
     # ---------------------------------------------------------------- (de)serialisation
     def replace(self, **overrides: Any) -> "ViTConfig":
-        """A copy with some fields changed (unknown field names raise `ConfigError`). A new
-        `num_classes` drops labels that no longer fit unless new `labels` are given."""
+        """A copy with some fields changed (unknown field names raise `ConfigError`). Settings of what an
+        override removes go back to their defaults unless given too: labels that no longer fit a new
+        `num_classes`, the rotary settings with `rope=None`, the attention pool's with a pool other than "map"."""
         check_field_names(overrides)
         if "labels" not in overrides and self.labels and overrides.get("num_classes", self.num_classes) != len(self.labels):
             overrides = {**overrides, "labels": None}
-        return dataclasses.replace(self, **overrides)
+        removed = (ROPE_SETTINGS if "rope" in overrides and overrides["rope"] is None else ()) + (
+            MAP_POOL_SETTINGS if overrides.get("global_pool", "map") != "map" else ())
+        defaults = {k: self.__dataclass_fields__[k].default for k in removed}
+        return dataclasses.replace(self, **(defaults | overrides))
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

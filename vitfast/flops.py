@@ -41,11 +41,11 @@ def count_macs(config: ViTConfig) -> int:
     if c.global_pool == "map":  # one learned query over the patch tokens, then an MLP on it
         n = c.num_patches
         macs += dim * dim + n * dim * 2 * dim + 2 * n * dim + dim * dim + 2 * dim * c.mlp_hidden
-    head_in = c.num_features
+    head_in, head_rows = c.num_features, c.seq_len if c.global_pool == "" else 1  # unpooled: the head runs on every token
     if c.representation_size:
-        macs += head_in * c.representation_size
+        macs += head_rows * head_in * c.representation_size
         head_in = c.representation_size
-    macs += head_in * c.num_classes * (2 if c.distilled else 1)
+    macs += head_rows * head_in * c.num_classes * (2 if c.distilled else 1)
     return macs
 
 

@@ -52,8 +52,9 @@ def _dims(value_info) -> list[int | None] | None:
     return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in t.shape.dim]
 
 
-def read_graph_io(path: str | os.PathLike) -> GraphIO:
-    """Input name/layout/dtype/shape and the logits output of the ONNX file at `path`."""
+def read_graph_io(path: str | os.PathLike, output_rank: int | None = 2) -> GraphIO:
+    """Input name/layout/dtype/shape and the logits output of the ONNX file at `path`: [batch, classes], or
+    of any rank with `output_rank=None` (a graph with a vitfast sidecar, which says the shape)."""
     import onnx
 
     try:
@@ -75,7 +76,7 @@ def read_graph_io(path: str | os.PathLike) -> GraphIO:
     if dims is None or len(dims) != 4:
         raise ArtifactError(f"{path}: input {inp.name!r} has shape {dims}; expected images [batch, 3, H, W] or [batch, H, W, 3]")
     layout, chans, hw = _layout(dims, path, inp.name)
-    out_name, classes, note = _pick_logits(graph.output, path)
+    out_name, classes, note = _pick_logits(graph.output, path, output_rank)
     return GraphIO(inp.name, layout, dtype, dims[0], hw, chans, out_name, classes, _precision(graph, dtype), note)
 
 
@@ -88,20 +89,22 @@ def _layout(dims: list[int | None], path, name: str) -> tuple[str, int, tuple[in
                         "re-export it with a static channel dimension")  # fmt: skip
 
 
-def _pick_logits(outputs, path) -> tuple[str, int | None, str]:
-    """The output holding [batch, classes] logits: named `logits` (Optimum), else the only 2-D one."""
+def _pick_logits(outputs, path, rank: int | None = 2) -> tuple[str, int | None, str]:
+    """The output holding [batch, classes] logits (`rank` None: of any rank, e.g. [batch, tokens, features]):
+    named `logits` (Optimum), else the only one of that rank."""
     described = [(o.name, _dims(o)) for o in outputs]
-    two_d = [(n, d) for n, d in described if d is not None and len(d) == 2]
-    named = [(n, d) for n, d in two_d if n == "logits"] or [(n, d) for n, d in two_d if "logit" in n.lower()]
-    chosen = named[0] if named else (two_d[0] if len(two_d) == 1 else None)
+    fitting = [(n, d) for n, d in described if d is not None and (len(d) == rank if rank else len(d) >= 2)]
+    named = [(n, d) for n, d in fitting if n == "logits"] or [(n, d) for n, d in fitting if "logit" in n.lower()]
+    chosen = named[0] if named else (fitting[0] if len(fitting) == 1 else None)
     listing = ", ".join(f"{n} [{', '.join('?' if v is None else str(v) for v in d) if d is not None else '?'}]" for n, d in described)
     if chosen is None:
-        why = "none is 2-D [batch, classes]" if not two_d else "several are 2-D and none is named 'logits'"
+        form = "2-D [batch, classes]" if rank == 2 else "[batch, ...]"
+        why = f"none is {form}" if not fitting else f"several are {form.split()[0] if rank == 2 else 'outputs'} and none is named 'logits'"
         raise ArtifactError(f"{path}: cannot tell which output holds the logits ({why}: {listing}); "
                             "export the classifier with its logits as an output named 'logits'")  # fmt: skip
     name, dims = chosen
     note = f"logits from output {name!r}" + (f" (of {listing})" if len(described) > 1 else "")
-    return name, dims[1], note
+    return name, dims[-1], note
 
 
 def _precision(graph, input_dtype: str) -> str:

@@ -213,11 +213,13 @@ def inspect_model(model: torch.nn.Module, images: torch.Tensor) -> Inspection:
         heads = pool_attention[..., P - read :]  # its attention to the patches (to the prefix tokens left out of the maps)
         source = "attention-pool query" + (" (its share on the class token not drawn)" if read == 0 and P else "")
     else:
-        from_token = cfg.global_pool in ("token", "token_avg")  # else the head pools the mean patch token
+        # the head's readout: the class token, else the mean patch token; unpooled (""), the class token if there is one
+        from_token = cfg.global_pool in ("token", "token_avg") or (cfg.global_pool == "" and cfg.class_token)
         rollout = attention_rollout(attentions, P, class_token=from_token)
         heads = head_attention(attentions, P, class_token=from_token)
         source = {"token": "class token", "token_avg": "class token (the head also reads the mean patch token)"}.get(
-            cfg.global_pool, "mean of patch tokens")
+            cfg.global_pool, "class token" if from_token else "mean of patch tokens")
+        source += " (the model pools nothing: every token is an output)" if cfg.global_pool == "" else ""
     return Inspection(
         config=cfg,
         pixels=display_pixels(images, cfg),

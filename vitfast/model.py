@@ -22,7 +22,8 @@ from .layers import MLP_CLASSES, NORM_CLASSES, Attention, AttentionPoolLatent, B
 class VisionTransformer(nn.Module):
     """images [B, in_chans, H, W] (normalised float) -> logits [B, num_classes].
 
-    With `num_classes=0` the head is the identity and `forward` returns pooled features [B, C].
+    With `num_classes=0` the head is the identity and `forward` returns pooled features [B, C]; with
+    `global_pool=""` nothing is pooled and `forward` returns every token [B, T, num_classes or C] (timm's rule).
     `mlp_layer` and `norm_layer` default to the config's (`Mlp`, `SwiGLUPacked` or `SwiGLU`;
     `nn.LayerNorm` or `nn.RMSNorm`).
     """
@@ -149,7 +150,7 @@ class VisionTransformer(nn.Module):
         return self.norm(x), attentions
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """tokens [B, T, C] -> logits [B, num_classes] (or pooled features with `pre_logits`)."""
+        """tokens [B, T, C] -> logits [B, num_classes] (or pooled features with `pre_logits`; [B, T, ...] unpooled)."""
         if self.config.distilled:
             cls, dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])
             if pre_logits:
@@ -162,8 +163,10 @@ class VisionTransformer(nn.Module):
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """tokens [B, T, C] -> [B, num_features]: the class token, the mean of the patch tokens ("avg"),
         the attention pool over them ("map") or the class token and the patch mean side by side
-        ("token_avg", [B, 2C])."""
+        ("token_avg", [B, 2C]); with "" every token, unpooled [B, T, C]."""
         pool, patches = self.config.global_pool, x[:, self.num_prefix_tokens :]
+        if pool == "":
+            return x
         if pool == "map":
             return self.attn_pool(x if self.config.pool_include_prefix else patches)
         if pool == "avg":

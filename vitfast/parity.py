@@ -23,7 +23,8 @@ def tolerance(precision: str, ref_scale: float, atol: float | None = None, rtol:
 
 def compare(out: torch.Tensor, ref: torch.Tensor, precision: str = "fp32", *, atol: float | None = None,
             rtol: float | None = None) -> dict:  # fmt: skip
-    """out, ref [B, classes] -> max/mean abs error, max relative error, cosine, top-1 agreement, passed."""
+    """out, ref [B, classes] (or [B, tokens, features]) -> max/mean abs error, max relative error, cosine, top-1
+    agreement (per row, per token when unpooled: the worst cosine, the mean agreement), passed."""
     out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
     if out.shape != ref.shape:
         raise ValueError(f"logits shapes differ: {tuple(out.shape)} vs reference {tuple(ref.shape)}")

@@ -121,8 +121,11 @@ def check_artifact(engine: Engine, artifact: str | os.PathLike, *, checkpoint: s
         guessed = getattr(reference, "config_guesses", None) if checkpoint else (engine.metadata.get("source") or {}).get("guessed")
         if guessed and not checkpoint:  # the export warned once; the artifact still carries the guesses
             warnings.warn(GuessedConfigWarning(describe_guesses(artifact, engine.config, guessed)), stacklevel=2)
-    if reference.config.img_hw != engine.config.img_hw or reference.config.num_classes != engine.config.num_classes:
-        raise ArtifactError("the reference model does not match the artifact's config (image size / classes); pass the right --checkpoint")
+    ours, theirs = engine.config, reference.config
+    if (theirs.img_hw, theirs.num_classes, theirs.output_shape) != (ours.img_hw, ours.num_classes, ours.output_shape):
+        raise ArtifactError(f"the reference model does not match the artifact's config (image size {list(theirs.img_hw)} vs {list(ours.img_hw)}, "
+                            f"output [B, {', '.join(map(str, theirs.output_shape))}] vs [B, {', '.join(map(str, ours.output_shape))}]); "
+                            "pass the right --checkpoint and the artifact's --num-classes / --global-pool")  # fmt: skip
     x = check_inputs(engine.config, engine, samples, data)
     reference.eval()
     outs, refs = [], []
@@ -197,6 +200,9 @@ def evaluate(engine: Engine, data: str | os.PathLike, *, labels: Sequence[str] |
     checkpoint) evaluated on the same images, reported under "against" with the accuracy difference
     and top-1 agreement. `progress`: told the images evaluated so far.
     Returns artifact, backend, precision, top1, top5, k, n, classes (and against)."""
+    if engine.config.global_pool == "":
+        raise ArtifactError(f"{engine.path} returns every token (global_pool none), not one prediction per image; eval needs a pooled "
+                            "classifier: export the checkpoint without --global-pool none")  # fmt: skip
     files, folder_targets, classes = labeled_images(data)
     labels = tuple(labels) if labels is not None else engine.config.labels
     targets = torch.tensor(class_indices(engine.config.num_classes, labels, classes, folder_targets, data))

@@ -92,7 +92,8 @@ class Predictor:
     Requests whose images have the same shape run as one engine batch (the dynamic batcher only
     groups same-shape requests, so normally the whole list); each request gets its own rows back.
     The engine is shared by both models and called under a lock: TensorRT execution contexts are
-    not thread-safe. Preprocessing happens outside the lock.
+    not thread-safe. Preprocessing happens outside the lock. With `k=0` (no classifier over pooled features)
+    the responses hold the logits alone.
     """
 
     def __init__(self, engine, k: int, lock: threading.Lock, labels: tuple[str, ...] | None = None):
@@ -114,15 +115,17 @@ class Predictor:
             start = 0
             for i in members:
                 rows = logits[start : start + len(images[i])]
-                indices, scores = top_k(rows, self.k)
-                responses[i] = {"logits": rows, "topk_indices": indices, "topk_scores": scores}
-                if self.labels is not None:
-                    responses[i]["topk_labels"] = self.labels[indices]
+                responses[i] = {"logits": rows}
+                if self.k:
+                    indices, scores = top_k(rows, self.k)
+                    responses[i] |= {"topk_indices": indices, "topk_scores": scores}
+                    if self.labels is not None:
+                        responses[i]["topk_labels"] = self.labels[indices]
                 start += len(images[i])
         return responses
 
     def logits(self, images: np.ndarray) -> np.ndarray:
-        """float32 [B, C, H, W] or uint8 [B, H, W, C] -> float32 logits [B, classes]."""
+        """float32 [B, C, H, W] or uint8 [B, H, W, C] -> float32 logits [B, classes] ([B, tokens, ...] unpooled)."""
         profile = self.engine.batch
         pad = profile[0] - len(images) if profile and len(images) < profile[0] else 0
         if pad:  # an engine whose profile starts above 1: fill with copies, drop their rows after
@@ -300,12 +303,11 @@ def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int, labe
 
     cfg = engine.config
     h, w = cfg.img_hw
-    classes = cfg.out_features
-    k = min(k, classes)
-    outputs = [Tensor(name="logits", dtype=np.float32, shape=(classes,)),
-               Tensor(name="topk_indices", dtype=np.int64, shape=(k,)),
-               Tensor(name="topk_scores", dtype=np.float32, shape=(k,))]  # fmt: skip
-    if labels:
+    k = min(k, cfg.num_classes) if cfg.num_classes and cfg.global_pool != "" else 0  # top-k of classes, not of features or tokens
+    outputs = [Tensor(name="logits", dtype=np.float32, shape=cfg.output_shape)]
+    if k:
+        outputs += [Tensor(name="topk_indices", dtype=np.int64, shape=(k,)), Tensor(name="topk_scores", dtype=np.float32, shape=(k,))]
+    if k and labels:
         outputs.append(Tensor(name="topk_labels", dtype=np.bytes_, shape=(k,)))
     model_config = ModelConfig(max_batch_size=max_batch, batcher=DynamicBatcher(max_queue_delay_microseconds=delay_us))
     lock = threading.Lock()

@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vitfast.config import ACT_LAYERS, CROP_MODES, INTERPOLATIONS, check_field_names
+from vitfast.config import ACT_LAYERS, CROP_MODES, GLOBAL_POOLS, INTERPOLATIONS, check_field_names
 from vitfast.errors import ConfigError, InputError
 from vitfast.foreign import config_file_fields
 
 # flag -> ViTConfig field
 _FLAGS = {"num_heads": "--num-heads", "act_layer": "--act-layer", "norm_eps": "--norm-eps", "num_classes": "--num-classes",
+          "global_pool": "--global-pool",
           "mean": "--mean", "std": "--std", "crop_pct": "--crop-pct", "crop_mode": "--crop-mode", "interpolation": "--interpolation"}  # fmt: skip
 
 
@@ -31,7 +32,10 @@ def add_config_args(parser: argparse.ArgumentParser, labels: bool = True) -> Non
     group.add_argument("--num-heads", type=int, metavar="N", help="attention heads (not stored in timm weights)")
     group.add_argument("--act-layer", choices=ACT_LAYERS, help="MLP activation: gelu (erf), gelu_tanh, quick_gelu (OpenAI CLIP), silu (SwiGLU's gate only); not stored in weights")
     group.add_argument("--norm-eps", type=float, metavar="E", help="LayerNorm epsilon (not stored in weights)")
-    group.add_argument("--num-classes", type=int, metavar="N", help="classifier outputs (0: no head)")
+    group.add_argument("--num-classes", type=int, metavar="N", help="classifier outputs (0: drop the classifier, output features)")
+    group.add_argument("--global-pool", type=_pool, choices=GLOBAL_POOLS, metavar="{" + ",".join(p or "none" for p in GLOBAL_POOLS) + "}",
+                       help="what the head reads: the class token, the mean patch token (avg), the attention pool (map), both (token_avg), "
+                            "or none: every token out, [B, tokens, features] (with --num-classes 0: the final norm's tokens)")  # fmt: skip
     group.add_argument("--mean", type=float, nargs="+", metavar="M", help="normalisation mean per channel, e.g. 0.485 0.456 0.406")
     group.add_argument("--std", type=float, nargs="+", metavar="S", help="normalisation std per channel, e.g. 0.229 0.224 0.225")
     group.add_argument("--crop-pct", type=float, metavar="P", help="centre-crop fraction (resize to img_size / P first)")
@@ -39,6 +43,10 @@ def add_config_args(parser: argparse.ArgumentParser, labels: bool = True) -> Non
     group.add_argument("--interpolation", choices=INTERPOLATIONS, help="resize filter")
     if labels:
         group.add_argument("--labels", metavar="FILE", help="class names: a text file (one per line) or a JSON list / {index: name}")
+
+
+def _pool(value: str) -> str:
+    return "" if value == "none" else value  # timm's name for no pooling is the empty string
 
 
 def config_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -31,13 +31,14 @@ class OnnxEngine(Engine):
         except ImportError:
             raise BackendUnavailable("running ONNX files needs onnxruntime: pip install 'vitfast[onnx]'") from None
         path = foreign.resolve_onnx_path(path)
-        self.io = foreign.read_graph_io(path)
         if sidecar_path(path).exists():
             meta = read_sidecar(path)
             stated = {k: v for k, v in (overrides or {}).items() if k in PREPROCESSING_FIELDS and v is not None}
             config, missing = ViTConfig.from_dict(meta["config"]).replace(**stated), []
+            self.io = foreign.read_graph_io(path, output_rank=None)  # the sidecar's shape is checked below
             batch = meta.get("input", {}).get("batch")
         else:
+            self.io = foreign.read_graph_io(path)
             config, missing, assumed = foreign.foreign_config(path, self.io, overrides)
             batch = (self.io.batch,) * 3 if self.io.batch else None
             meta = {"foreign": True, "graph": self.io.describe(), "precision": self.io.precision, "assumed": assumed}

@@ -80,7 +80,7 @@ class OpenVinoEngine(Engine):
                          batch=tuple(batch) if batch else None, metadata=meta, path=path)  # fmt: skip
         self.properties = compile_properties(threads=threads, streams=streams, hint=hint, properties=properties)
         if path.suffix.lower() == ".onnx":  # refused before OpenVINO's parser logs protobuf errors on stderr
-            read_graph_io(path)  # (an OpenVINO IR .xml with a sidecar loads too)
+            read_graph_io(path, output_rank=None)  # (an OpenVINO IR .xml with a sidecar loads too)
         core = ov.Core()
         try:
             self.compiled = core.compile_model(core.read_model(str(path)), device.upper(), self.properties)

@@ -124,9 +124,10 @@ def check_graph_matches(path: Path, meta: dict[str, Any], inputs: list[tuple], o
     for got, want, axis in zip(inputs[0][1][1:], (config.in_chans, h, w), "CHW"):
         if isinstance(got, int) and got != want:
             raise wrong(f"input axis {axis} is {got} in the graph and {want} in the sidecar")
-    classes = config.out_features
-    if not outputs or not outputs[0][1] or (isinstance(outputs[0][1][-1], int) and outputs[0][1][-1] != classes):
-        raise wrong(f"the graph outputs {[(n, list(s)) for n, s in outputs]}, the sidecar says [B, {classes}]")
+    want = config.output_shape
+    got = list(outputs[0][1]) if outputs else []
+    if len(got) != 1 + len(want) or any(isinstance(g, int) and g != w for g, w in zip(got[1:], want)):
+        raise wrong(f"the graph outputs {[(n, list(s)) for n, s in outputs]}, the sidecar says [B, {', '.join(map(str, want))}]")
     graph_batch, spec = inputs[0][1][0], meta.get("input") or {}
     batch = spec.get("batch")
     if isinstance(graph_batch, int) and (spec.get("shape") or ["batch"])[0] == "batch":
