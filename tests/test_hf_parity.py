@@ -551,20 +551,23 @@ def test_hf_aimv2_model_is_refused_its_image_embeds_project_the_head(tmp_path, u
 
 
 # ---------------------------------------------------------------------------- unpooled: every token out
-@pytest.mark.parametrize("kind", ["vit-classifier", "dinov2", "dinov2-registers", "siglip"])
+@pytest.mark.parametrize("kind", ["vit-classifier", "dinov2", "dinov2-registers", "siglip", "siglip-headless", "ijepa", "aimv2"])
 def test_unpooled_tokens_match_last_hidden_state(tmp_path, kind):
     """global_pool="" (with num_classes=0 for a classifier) returns transformers' last_hidden_state: every
-    token after the final norm; a classifier's head and SigLIP's attention pool are dropped."""
-    x = torch.randn(2, 3, 28 if kind.startswith("dinov2") else 32, 28 if kind.startswith("dinov2") else 32)
-    if kind == "vit-classifier":
-        hf = _hf_vit(**HF_CONFIGS["base-like"])
-        tokens = lambda: hf.vit(pixel_values=x).last_hidden_state  # noqa: E731
-    elif kind == "siglip":
-        hf = _perturbed(transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**SIGLIP_VISION)))
-        tokens = lambda: hf(pixel_values=x).last_hidden_state  # noqa: E731
-    else:
-        hf = _perturbed(_hf_dinov2(4 if kind.endswith("registers") else 0))
-        tokens = lambda: hf(pixel_values=x).last_hidden_state  # noqa: E731
+    token after the final norm; a classifier's head and SigLIP's attention pool are dropped, and the towers
+    whose pooled output vitfast had to choose (the mean token) give their tokens as they are."""
+    towers = {
+        "siglip": lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**SIGLIP_VISION)),
+        "siglip-headless": lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**SIGLIP_VISION, vision_use_head=False)),
+        "ijepa": lambda: transformers.IJepaModel(transformers.IJepaConfig(**SMALL_VIT)),
+        "aimv2": lambda: transformers.Aimv2VisionModel(transformers.Aimv2VisionConfig(**AIMV2_VISION)),
+        "dinov2": lambda: _hf_dinov2(0),
+        "dinov2-registers": lambda: _hf_dinov2(4),
+    }  # fmt: skip
+    hf = _hf_vit(**HF_CONFIGS["base-like"]) if kind == "vit-classifier" else _perturbed(towers[kind]())
+    size = hf.config.image_size
+    x = torch.randn(2, 3, size, size)
+    tokens = lambda: (hf.vit if kind == "vit-classifier" else hf)(pixel_values=x).last_hidden_state  # noqa: E731
     hf.save_pretrained(tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", vitfast.GuessedConfigWarning)  # the preprocessing, not what is compared

@@ -49,11 +49,11 @@ CLIP_CLASS_KEY = "embeddings.class_embedding"  # CLIP has a class token, SigLIP 
 CLIP_MODEL_TYPES = ("clip", "clip_vision_model")
 SIGLIP_MODEL_TYPES = ("siglip", "siglip_vision_model")
 HEADLESS_SIGLIP = ("this SigLIP tower has no attention pool (vision_use_head=False), so transformers returns no pooled output; "
-                   "vitfast returns the mean of its tokens, as timm's *_siglip_gap_* models do")  # fmt: skip
+                   "vitfast returns the mean of its tokens, as timm's *_siglip_gap_* models do (--global-pool none: every token, its last_hidden_state)")  # fmt: skip
 HEADLESS_IJEPA = ("I-JEPA has no class token and IJepaModel returns no pooled output; vitfast returns the mean of its normalised "
-                  "tokens, the features IJepaForImageClassification classifies")  # fmt: skip
+                  "tokens, the features IJepaForImageClassification classifies (--global-pool none: every token, its last_hidden_state)")  # fmt: skip
 HEADLESS_AIMV2 = ("transformers' AIMv2 tower without its attention-pooling head (use_head=False) returns no pooled output; "
-                  "vitfast returns the mean of its normalised tokens, as timm's aimv2_* models do")  # fmt: skip
+                  "vitfast returns the mean of its normalised tokens, as timm's aimv2_* models do (--global-pool none: every token, its last_hidden_state)")  # fmt: skip
 AIMV2_MODEL_TYPE = "aimv2_vision_model"  # Aimv2VisionModel; Aimv2Model ("aimv2") is refused by its weights (tower_to_timm)
 # transformers' Aimv2VisionConfig defaults, for what a config.json leaves out (AIMv2-large/14 at 224 px)
 AIMV2_DEFAULTS = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=24, num_attention_heads=8, image_size=224, patch_size=14,

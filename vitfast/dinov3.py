@@ -182,8 +182,8 @@ def eva_config(sd: StateDict, num_heads: int | None = None) -> tuple[ViTConfig, 
     why = "not stored in a state dict; as in every timm vit_*_patch16_dinov3 model"
     guesses |= dict.fromkeys(("norm_eps", "rope_theta", "img_size", "mean", "std", "crop_pct", "interpolation"), why)
     guesses["global_pool"] = ("not stored in a state dict; the mean patch token, as timm's vit_*_patch16_dinov3 models pool. DINOv3's own "
-                              "features (Meta's, transformers') and timm's LingBot are the class token: {\"global_pool\": \"token\"} in "
-                              "--config FILE.json, or overrides= in Python")  # fmt: skip
+                              "features (Meta's, transformers') and timm's LingBot are the class token: --global-pool token, "
+                              "or overrides= in Python")  # fmt: skip
     return ViTConfig(**(_DINOV3 | fields | dict(num_heads=num_heads))), guesses
 
 
