@@ -77,7 +77,7 @@ def test_int8_and_openvino_run_unpooled_graphs(exported, tmp_path):
 
 def test_a_sidecar_that_disagrees_with_the_graphs_rank_is_refused(exported, tmp_path):
     """A pooled sidecar beside an unpooled graph (and the other way round) names both shapes."""
-    for name, other in (("features", "per_token_head"), ("per_token_head", "features")):
+    for name in ("features", "per_token_head"):
         graph = tmp_path / f"{name}.onnx"
         graph.write_bytes(exported[name][1].read_bytes())
         meta = read_sidecar(exported[name][1])
@@ -85,6 +85,12 @@ def test_a_sidecar_that_disagrees_with_the_graphs_rank_is_refused(exported, tmp_
         write_sidecar(graph, meta | {"config": pooled.to_dict()})
         with pytest.raises(ArtifactError, match=r"does not match its sidecar.*the sidecar says \[B, (64|7)\]"):
             vitfast.load_engine(graph, backend="onnxruntime")
+    # a pooled graph of 17 classes and an unpooled sidecar of 17 tokens x 17: the axes that exist agree, the count does not
+    pooled = to_onnx(vitfast.create_model(tiny_config(num_classes=17)), tmp_path / "pooled.onnx")
+    meta = read_sidecar(pooled)
+    write_sidecar(pooled, meta | {"config": vitfast.ViTConfig.from_dict(meta["config"]).replace(global_pool="").to_dict()})
+    with pytest.raises(ArtifactError, match=r"the graph outputs \[\('logits', \['batch', 17\]\)\], the sidecar says \[B, 17, 17\]"):
+        vitfast.load_engine(pooled, backend="onnxruntime")
 
 
 def test_cli_export_check_and_eval_of_features(tmp_path):
