@@ -724,6 +724,23 @@ def test_engine_loads_a_compatible_build(rec, gpu, onnx_file, tmp_path):
     assert engine.config == vitfast.create_model("vit_cifar_patch4_32").config
 
 
+@pytest.fixture(scope="module")
+def unpooled_onnx(tmp_path_factory) -> Path:
+    """vit_cifar_patch4_32 with global_pool="" and no head, exported (before `gpu` fakes a CUDA device)."""
+    pytest.importorskip("onnxruntime", reason="the ONNX export checks parity in ONNX Runtime: pip install 'vitfast[onnx]'")
+    from vitfast.export import to_onnx
+
+    model = vitfast.create_model("vit_cifar_patch4_32", global_pool="", num_classes=0)
+    return to_onnx(model, tmp_path_factory.mktemp("tokens") / "tokens.onnx")
+
+
+def test_an_unpooled_model_builds_an_engine_that_says_its_token_shape(unpooled_onnx, rec, gpu, tmp_path):
+    """global_pool="": the engine's sidecar (what serve and triton-repo read) has [batch, tokens, features]."""
+    path = build(unpooled_onnx, tmp_path / "tokens.engine")
+    assert read_sidecar(path)["output"]["shape"] == ["batch", 65, 48]
+    assert trt_export.TensorRTEngine(path).config.output_shape == (65, 48)
+
+
 def test_engine_from_another_tensorrt_is_refused(rec, gpu, monkeypatch, onnx_file, tmp_path):
     path = build(onnx_file, tmp_path / "vit.engine")
     monkeypatch.setattr(sys.modules["tensorrt"], "__version__", "10.8.0")
