@@ -171,6 +171,9 @@ VARIANTS = {
     "pe-core-offset-pool-heads-reads-class-token": tiny_config(pre_norm=True, rope="axial", rope_grid_offset=1.0, rope_grid_indexing="xy",
                                                                rope_ref_grid=(6, 5), global_pool="map", pool_include_prefix=True,
                                                                attn_pool_num_heads=2, attn_pool_mlp_ratio=2.0, norm_eps=1e-5),
+    "pe-spatial-offset-layer-scale-no-final-norm": tiny_config(pre_norm=True, rope="axial", rope_grid_offset=1.0, rope_grid_indexing="xy",
+                                                               rope_ref_grid=(6, 5), global_pool="avg", fc_norm=False, final_norm=False,
+                                                               init_values=0.5, norm_eps=1e-5),
     "odd-sizes": tiny_config(img_size=(40, 24), patch_size=8, embed_dim=36, num_heads=3, mlp_ratio=2.5, in_chans=2),
 }
 
