@@ -319,3 +319,13 @@ def test_dropping_rotary_positions_by_override_drops_all_their_settings(tmp_path
     settings, defaults = ("rope", *vitfast.config.ROPE_SETTINGS), vitfast.ViTConfig()
     assert plain.rope is None
     assert [getattr(plain.config, k) for k in settings] == [getattr(defaults, k) for k in settings]
+
+
+def test_a_pre_norm_tower_with_an_attention_pool_and_no_final_norm_is_refused(tmp_path):
+    """A pre-norm tower is read as a Perception Encoder by what follows its blocks (an attention pool and a final norm: core;
+    nothing: spatial), as its rotary positions do not show in its keys; a pool without a final norm is neither, so it is
+    refused, not guessed."""
+    cfg = vitfast.get_config("vit_pe_core_tiny_patch16_384", img_size=32, depth=1, final_norm=False)
+    torch.save(vitfast.create_model(cfg).state_dict(), tmp_path / "w.pth")
+    with pytest.raises(vitfast.CheckpointError, match="attention pool without a final norm"):
+        vitfast.load_checkpoint(tmp_path / "w.pth")

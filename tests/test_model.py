@@ -176,6 +176,9 @@ VARIANTS = {
     "unpooled-tokens-per-token-head": tiny_config(global_pool="", reg_tokens=2),
     "unpooled-features-fc-norm-pre-logits": tiny_config(global_pool="", num_classes=0, fc_norm=True, representation_size=40, class_token=False),
     "unpooled-no-final-norm-rope": tiny_config(global_pool="", num_classes=0, final_norm=False, rope="axial", img_size=(40, 24), embed_dim=48),
+    "pe-spatial-offset-layer-scale-no-final-norm": tiny_config(pre_norm=True, rope="axial", rope_grid_offset=1.0, rope_grid_indexing="xy",
+                                                               rope_ref_grid=(6, 5), global_pool="avg", fc_norm=False, final_norm=False,
+                                                               init_values=0.5, norm_eps=1e-5),
     "odd-sizes": tiny_config(img_size=(40, 24), patch_size=8, embed_dim=36, num_heads=3, mlp_ratio=2.5, in_chans=2),
 }
 

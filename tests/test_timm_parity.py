@@ -57,6 +57,9 @@ VARIANTS = {
     "pe-core-pool-reads-class-token": ("vit_pe_core_tiny_patch16_384", dict(img_size=64, depth=2, num_classes=5)),
     "pe-core-gigantic-narrow-pool-mlp": ("vit_pe_core_gigantic_patch14_448", dict(img_size=56, depth=1, num_classes=5, embed_dim=128,
                                                                                   num_heads=2, mlp_ratio=6.0)),
+    "pe-spatial-no-final-norm": ("vit_pe_spatial_tiny_patch16_512", dict(img_size=64, depth=2, num_classes=5)),
+    "pe-spatial-gigantic-layer-scale": ("vit_pe_spatial_gigantic_patch14_448", dict(img_size=56, depth=2, num_classes=0, embed_dim=128,
+                                                                                    num_heads=2, mlp_ratio=6.0)),
 }
 
 
@@ -228,6 +231,8 @@ def test_pos_embed_resize_matches_timm(tmp_path, variant):
         ("rope-vit-xy", (80, 48), None, True),
         ("rope-vit-ape", 64, None, False),
         ("pe-core-pool-reads-class-token", (48, 80), None, True),
+        ("pe-spatial-no-final-norm", (80, 48), None, True),
+        ("pe-spatial-gigantic-layer-scale", 42, None, False),
     ],
 )
 def test_save_for_hf_folder_loads_as_timm_loads_it(tmp_path, variant, img_size, data_config, safe):
@@ -450,11 +455,13 @@ def test_eva_models_load_exactly_when_timm_gives_them_the_rotary_positions_vitfa
     """The rule that reads a bare eva.py state dict as a DINOv3 (a class token and registers, no learned positions), an
     EVA-02 (a class token and learned positions, no registers, no layer scale, no norm before the blocks, a SwiGLU
     MLP), an sbb RoPE ViT (registers, no class token, no learned positions, layer scale, a GELU MLP) or a Naver
-    RoPE-ViT (a class token, learned positions for the patches or none, layer scale, a GELU MLP), over every eva.py
+    RoPE-ViT (a class token, learned positions for the patches or none, layer scale, a GELU MLP), or a Perception Encoder
+    (a pre-norm, then an attention pool and a final norm: core; nothing after the blocks: spatial), over every eva.py
     model timm has: whatever loads gets the rotary embedding timm builds it with, its settings included (so no other
     rotary form ever loads as one of them); every vit_*_dinov3*, eva02_* (but the post-norm enormous one),
-    vit_*_rope_reg*_gap_256 and vit_*_patch16_rope[_ape]_224 name loads, and the only other names that do are LingBot's
-    (DINOv3's architecture); the rest (EVA-01, PE, RoPE-Mixed, Sapiens2, the enormous EVA-02) are refused."""
+    vit_*_rope_reg*_gap_256, vit_*_patch16_rope[_ape]_224 and vit_pe_{core,spatial}_* name loads, and the only other names
+    that do are LingBot's (DINOv3's architecture) and PE's language towers (the spatial ones' architecture); the rest
+    (EVA-01, RoPE-Mixed, Sapiens2, the enormous EVA-02) are refused."""
     from vitfast.convert import timm_config
 
     loaded, refused = set(), {}
@@ -482,17 +489,21 @@ def test_eva_models_load_exactly_when_timm_gives_them_the_rotary_positions_vitfa
     assert eva02_names == {n for n in vitfast.list_models() if n.startswith("eva02")} and len(eva02_names) == 11
     pe_core_names = set(timm.list_models("vit_pe_core_*", module="eva"))
     assert pe_core_names == {n for n in vitfast.list_models() if n.startswith("vit_pe_core")} and len(pe_core_names) == 5
+    pe_spatial_names = set(timm.list_models("vit_pe_spatial_*", module="eva"))
+    assert pe_spatial_names == {n for n in vitfast.list_models() if n.startswith("vit_pe_spatial")} and len(pe_spatial_names) == 5
     rope_names = set(timm.list_models("vit_*_rope_reg*_gap_256", module="eva")) | set(timm.list_models("vit_*_patch16_rope_*224", module="eva"))
     rope_names -= set(timm.list_models("*_rope_mixed_*", module="eva"))
     assert rope_names == {n for n in vitfast.list_models() if "_rope_" in n} and len(rope_names) == 10
-    assert loaded == dinov3_names | eva02_names | rope_names | pe_core_names | set(timm.list_models("*_lingbot", module="eva"))
-    assert len(refused) > 20 and all("does not implement" in why for why in refused.values())
+    # PE's language towers are built as its spatial ones (the large one with layer scale): they load as one, unregistered
+    pe_lang_names = set(timm.list_models("vit_pe_lang_*", module="eva"))
+    assert len(pe_lang_names) == 2
+    assert loaded == (dinov3_names | eva02_names | rope_names | pe_core_names | pe_spatial_names | pe_lang_names
+                      | set(timm.list_models("*_lingbot", module="eva")))  # fmt: skip
+    assert len(refused) == 16 and all("does not implement" in why for why in refused.values())
     assert {n for n, why in refused.items() if "learned rotary frequencies" in why} == set(timm.list_models("*_rope_mixed_*", module="eva"))
-    assert {n for n, why in refused.items() if "gamma_1" in why} >= {"vit_pe_lang_large_patch14_448", "vit_pe_spatial_gigantic_patch14_448"}
-    assert {n for n, why in refused.items() if "separate q/k/v" in why} >= {"eva02_enormous_patch14_clip_224", "eva_giant_patch14_224"}
-    # the spatial Perception Encoder towers without layer scale have a CLIP tower's keys: refused as they have no final norm
-    assert {n for n, why in refused.items() if "Perception Encoder" in why} == set(timm.list_models("vit_pe_spatial_*", module="eva")) - {
-        "vit_pe_spatial_gigantic_patch14_448"}
+    assert {n for n, why in refused.items() if "query/key normalisation" in why} == set(timm.list_models("*_sapiens2", module="eva"))
+    assert {n for n, why in refused.items() if "separate q/k/v" in why} == {"eva02_enormous_patch14_clip_224"} | set(timm.list_models(
+        "eva_giant_*", module="eva"))
 
 
 @pytest.mark.parametrize(
@@ -543,6 +554,39 @@ def test_bare_timm_pe_core_state_dict_is_read_off_its_keys_and_says_what_it_assu
         torch.testing.assert_close(ours(x), ref(x), atol=ATOL, rtol=0)
         other = vitfast.load_checkpoint(tmp_path / "model.pth", img_size=64, overrides={"pool_include_prefix": False})
         assert (other(x) - ref(x)).abs().max() > 100 * ATOL
+
+
+@pytest.mark.parametrize(
+    "name, kw, img_size, assumed",
+    [
+        ("vit_pe_spatial_tiny_patch16_512", {}, 64, "vit_pe_spatial_tiny_patch16_512's assumed: axial, base 10000, patch indices \\+ 1 scaled "
+                                                    "to a 32x32 grid, x's"),
+        # unregistered shapes, eva.py's layer scale names, no class token: Meta's reference grid (its learned positions'), no offset
+        ("vit_pe_spatial_gigantic_patch14_448", dict(depth=2, embed_dim=128, num_heads=2, mlp_ratio=6.0), 448,
+         "timm's Perception Encoder spatial defaults assumed: axial, base 10000, patch indices scaled to a 32x32 grid, x's"),
+    ],
+    ids=["tiny", "gigantic-narrow"],
+)  # fmt: skip
+def test_bare_timm_pe_spatial_state_dict_is_read_off_its_keys_and_says_what_it_assumed(tmp_path, name, kw, img_size, assumed):
+    """Meta's Perception Encoder spatial tower (a pre-norm and nothing after the blocks: no final norm, no pool; a CLIP
+    tower's keys, none of eva.py's but the layer scale) at full depth, or narrow and unregistered: its rotary positions
+    and timm's pooling (the plain mean of the patch tokens) are read as the registered model of its shapes has them, or as
+    Meta builds them, said; then its tokens and pooled output equal timm's. Without the index offset its class token would
+    see the patches at other angles: another model."""
+    ref = _timm_model(name, img_size=img_size, **kw)
+    torch.save(ref.state_dict(), tmp_path / "model.pth")
+    with pytest.warns(vitfast.GuessedConfigWarning, match=rf"global_pool='avg' \(.*Perception Encoder spatial.*{assumed}"):
+        ours = vitfast.load_checkpoint(tmp_path / "model.pth", img_size=img_size)
+    c = ours.config
+    assert (c.final_norm, c.use_fc_norm, c.pre_norm, c.num_classes, c.num_heads) == (False, False, True, 0, ref.blocks[0].attn.num_heads)
+    assert (c.rope_grid_offset, c.init_values is not None) == (float(c.class_token), "blocks.0.gamma_1" in ref.state_dict())
+    x = torch.randn(2, 3, img_size, img_size)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.forward_features(x), ref.forward_features(x), atol=ATOL, rtol=0)
+        torch.testing.assert_close(ours(x), ref(x), atol=ATOL, rtol=0)
+        if c.class_token:
+            other = vitfast.load_checkpoint(tmp_path / "model.pth", img_size=img_size, overrides={"rope_grid_offset": 0.0})
+            assert (other.forward_features(x) - ref.forward_features(x)).abs().max() > 100 * ATOL
 
 
 def _meta_state_dict(ref) -> dict[str, torch.Tensor]:
@@ -606,7 +650,6 @@ def test_meta_checkpoint_loads_as_timm_converts_it(tmp_path, name, kw):
         ("beitv2_base_patch16_224", "relative position biases"),
         ("vit_small_patch16_rope_mixed_224", "learned rotary frequencies"),
         ("cait_xxs24_224", "gamma_1"),  # a class token, patch-only positions, layer scale, a GELU MLP: and class-attention blocks
-        ("vit_pe_spatial_tiny_patch16_512", "Perception Encoder"),  # a CLIP tower's keys, rotary positions beside
     ],
 )
 def test_timm_models_vitfast_cannot_build_are_named_from_their_weights(tmp_path, name, named):

@@ -30,7 +30,7 @@ from .config import (
 )  # fmt: skip
 from . import dinov3, eva
 from .errors import CheckpointError, ConfigError
-from .registry import _AIMV2, _EVA02, _PE_CORE, _REGISTRY, _ROPE_VIT, _SBB_ROPE, get_config, unsupported_reason
+from .registry import _AIMV2, _EVA02, _PE_CORE, _PE_SPATIAL, _REGISTRY, _ROPE_VIT, _SBB_ROPE, get_config, unsupported_reason
 
 StateDict = dict[str, torch.Tensor]
 Guesses = dict[str, str]  # ViTConfig field -> why its value is a guess
@@ -112,27 +112,34 @@ _FOREIGN_STRUCTURES = (
 )
 
 
-# timm's eva.py Perception Encoder towers (vit_pe_core_*, vit_pe_spatial_*) have a CLIP tower's keys, and add rotary positions
-# (RotaryEmbeddingCat) that no key shows. Their tells beside the pre-norm: an attention pool (the core towers, which vitfast
-# reads: `is_pe_core`), or no final norm at all (neither norm nor fc_norm: the spatial ones, refused). Every
-# vision_transformer.py pre-norm (CLIP) tower of timm 1.0.31 has a final norm and no attention pool.
-_PE_SPATIAL = ("rotary position embeddings beside the learned ones (timm's eva.py Perception Encoder spatial towers, vit_pe_spatial_*: "
-               "a pre-norm tower without a final norm)")  # fmt: skip
+# timm's eva.py Perception Encoder towers (vit_pe_*) have a CLIP tower's keys (eva.py's layer scale names aside), and add
+# rotary positions (RotaryEmbeddingCat) that no key shows. Their tell is what follows the blocks, beside the pre-norm: an
+# attention pool and a final norm (the core towers), or nothing at all (neither norm nor fc_norm nor a pool: the spatial
+# towers, and the language ones, which are built alike). Every vision_transformer.py pre-norm (CLIP) tower of timm 1.0.31
+# has a final norm and no attention pool; RADIO and InternViT-300M, without a final norm, have no pre-norm.
+_PE_LIKE = ("a pre-norm and an attention pool without a final norm (no registered timm model has them: not a Perception Encoder core "
+            "tower, which has a final norm, nor a spatial one, which has no pool; rotary positions would not show in its keys)")  # fmt: skip
 
 
-def is_pe_core(sd: StateDict) -> bool:
-    """A Perception Encoder core tower's keys (in timm's names): a pre-norm, an attention pool and a final norm."""
-    return all(k in sd for k in ("norm_pre.weight", "attn_pool.latent", "norm.weight"))
+def pe_family(sd: StateDict) -> str | None:
+    """"pe_core", "pe_spatial" or None: which Perception Encoder tower a timm state dict (eva.py's names or vitfast's) is, read
+    off its keys: a pre-norm, an attention pool and a final norm (core); a pre-norm and nothing after the blocks (spatial)."""
+    if "norm_pre.weight" not in sd:
+        return None
+    if "attn_pool.latent" in sd and "norm.weight" in sd:
+        return "pe_core"
+    return "pe_spatial" if not {"norm.weight", "fc_norm.weight", "attn_pool.latent"} & sd.keys() else None
 
 
 def foreign_structure(sd: StateDict) -> str | None:
     """What in a timm-named state dict vitfast's blocks cannot hold (None when nothing is): parallel blocks,
-    differential attention, qk-norm, norms inside the branches, BEiT/EVA layers, Perception Encoder spatial towers."""
+    differential attention, qk-norm, norms inside the branches, BEiT/EVA layers, an attention pool after a pre-norm tower
+    without a final norm."""
     for pattern, what in _FOREIGN_STRUCTURES:
         if any(re.search(pattern, k) for k in sd):
             return what
-    if "norm_pre.weight" in sd and not {"norm.weight", "fc_norm.weight"} & sd.keys():
-        return _PE_SPATIAL
+    if {"norm_pre.weight", "attn_pool.latent"} <= sd.keys() and not {"norm.weight", "fc_norm.weight"} & sd.keys():
+        return _PE_LIKE
     return None
 
 
@@ -145,32 +152,33 @@ def check_structure(sd: StateDict, where: object) -> None:
 
 def timm_layout(sd: StateDict, where: object, *, rope: str | None = None) -> tuple[StateDict, str | None]:
     """A state dict in one of timm's layouts -> (vitfast's names, the rotary family to read its config as: "dinov3",
-    "eva02" or None, see `timm_config`).
+    one of AXIAL_FAMILIES or None, see `timm_config`).
 
-    timm's eva.py block names are renamed when its keys say DINOv3 or EVA-02 (`eva.eva_family`) or the caller's
+    timm's eva.py block names are renamed when its keys say DINOv3, EVA-02, a RoPE ViT (`eva.eva_family`) or a
+    Perception Encoder (`pe_family`: its keys say it in either layout), or the caller's
     config has rotary positions (`rope`: a given config's, an override's, a Hub folder's registered architecture's);
     never otherwise, since eva.py's other rotary ViTs would load and compute something else. Weights in vitfast's
     names without position embeddings are a DINOv3's only when `rope` says so. Block structures vitfast does
     not implement are refused (`check_structure`)."""
     eva_layout = eva.is_eva(sd)
-    family = eva.eva_family(sd) if eva_layout else None
+    family = (eva.eva_family(sd) if eva_layout else None) or pe_family(sd)
     if eva_layout and (family or rope is not None):
         sd = eva.eva_to_timm(sd)
     check_structure(sd, where)
-    if family is None and is_pe_core(sd):
-        family = "pe_core"
-    elif family is None and rope == "axial":  # the caller's word: weights in vitfast's names cannot say it, their shapes which one
+    if family is None and rope == "axial":  # the caller's word: weights in vitfast's names cannot say it, their shapes which one
         family = axial if (axial := eva.eva_family(sd)) in AXIAL_FAMILIES else "eva02"
     elif family is None and rope is not None:
         family = "dinov3" if "pos_embed" not in sd else None
     return sd, family
 
 
-# eva.py's families with axial rotary positions (`eva.eva_family`, `is_pe_core`), which their weights do not hold: (the
+# eva.py's families with axial rotary positions (`eva.eva_family`, `pe_family`), which their weights do not hold: (the
 # registered names of the family, timm's defaults for one of other shapes, what to call it)
 AXIAL_FAMILIES = {"eva02": ("eva02_*", _EVA02, "EVA-02"), "sbb_rope": ("vit_*_rope_reg*_gap_*", _SBB_ROPE, "sbb RoPE ViT"),
                   "rope_vit": ("vit_*_patch16_rope_*224", _ROPE_VIT, "Naver RoPE-ViT"),
-                  "pe_core": ("vit_pe_core_*", _PE_CORE, "Perception Encoder core")}  # fmt: skip
+                  "pe_core": ("vit_pe_core_*", _PE_CORE, "Perception Encoder core"),
+                  "pe_spatial": ("vit_pe_spatial_*", _PE_SPATIAL, "Perception Encoder spatial")}  # fmt: skip
+_PE_FAMILIES = ("pe_core", "pe_spatial")
 _AXIAL_FIELDS = ("rope", *ROPE_SETTINGS)
 _POOL_FIELDS = ("pool_include_prefix", "attn_pool_num_heads")  # an attention pool's, not in its weights either
 
@@ -191,7 +199,7 @@ def timm_config(sd: StateDict, family: str | None, num_heads: int | None = None)
     guesses |= dict.fromkeys(preprocessing, f"preprocessing is not stored in a state dict; {source} assumed")
     field = ViTConfig.__dataclass_fields__
     rotary = {k: like.get(k, field[k].default) for k in _AXIAL_FIELDS}
-    if family == "pe_core" and name is None:  # Meta's PE: reference grid = the one its learned positions have; index + 1 beside a class token
+    if family in _PE_FAMILIES and name is None:  # Meta's PE: reference grid = the one its learned positions have; index + 1 beside a class token
         rotary |= dict(rope_ref_grid=cfg.grid_size, rope_grid_offset=float(cfg.class_token))
     ref, shift = rotary["rope_ref_grid"], rotary["rope_grid_offset"]
     indices = f"patch indices{f' + {shift:g}' if shift else ''} " + (f"scaled to a {ref[0]}x{ref[1]} grid" if ref else "unscaled")
@@ -752,7 +760,7 @@ def infer_timm_config(
         distilled=distilled,
         reg_tokens=reg_tokens,
         no_embed_class=no_embed_class,
-        global_pool=_timm_pool(sd, class_token, fc_norm, dim),
+        global_pool="avg" if family == "pe_spatial" else _timm_pool(sd, class_token, fc_norm, dim),  # no pool in PE's keys: timm's, said below
         fc_norm=fc_norm,
         final_norm=fc_norm or has("norm.weight"),  # RADIO and InternViT-300M end on the last block
         pre_norm=pre_norm,
@@ -818,7 +826,10 @@ def infer_timm_config(
     elif rms and norm_eps is None:
         source = "timm's AIMv2 (RMSNorm on the patch embeddings too)" if kind == "AIMv2" else "timm's RmsNorm default (AIMv2 has 1e-5)"
         guesses["norm_eps"] = f"RMSNorm eps is not stored in weights; {fields['norm_eps']:g}, as in {source}, assumed"
-    if pre_norm and family != "pe_core":  # a CLIP tower's caveat; every Perception Encoder tower has GELU
+    if family == "pe_spatial":
+        guesses["global_pool"] = ("not stored in weights, and this tower has no pool of its own: the mean of the patch tokens, unnormalised, "
+                                  "as timm pools a Perception Encoder spatial tower, assumed (its features are its tokens)")  # fmt: skip
+    if pre_norm and family not in _PE_FAMILIES:  # a CLIP tower's caveat; every Perception Encoder tower has GELU
         guesses["act_layer"] = ("not stored in weights; GELU as in timm's *_clip_* models assumed. OpenAI's original "
                                 "weights and others trained with QuickGELU (timm's *_clip_quickgelu_*) need act_layer='quick_gelu'")
     elif fields["global_pool"] == "map":

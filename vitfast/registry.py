@@ -127,12 +127,18 @@ _SBB_ROPE = dict(_SBB_REG, no_embed_class=False, abs_pos_embed=False, rope="axia
 # positions on the patch indices (no reference grid), base 100, x's frequencies first; "_ape" keeps DeiT-III's learned
 # position embeddings beside them (patches only)
 _ROPE_VIT = dict(init_values=1e-5, abs_pos_embed=False, rope="axial", rope_theta=100.0, rope_grid_indexing="xy", **_DEIT)
-# Meta's Perception Encoder core towers (Bolya et al. 2025; timm's eva.py vit_pe_core_*): a CLIP tower (pre-norm, eps 1e-5)
-# with axial rotary positions beside its learned ones (patch index + 1 scaled to the reference grid, x's frequencies first:
-# the class token, not rotated, sees every patch at an absolute angle) and an 8-head attention pool that reads the class
-# token too, into the image embedding (the head); crop 1.0, [-1, 1] pixels
-_PE_CORE = dict(pre_norm=True, norm_eps=1e-5, rope="axial", rope_grid_offset=1.0, rope_grid_indexing="xy", global_pool="map",
-                pool_include_prefix=True, attn_pool_num_heads=8, crop_pct=1.0, mean=INCEPTION_MEAN, std=INCEPTION_STD)  # fmt: skip
+# Meta's Perception Encoder towers (Bolya et al. 2025; timm's eva.py vit_pe_*): a CLIP tower (pre-norm, eps 1e-5) with axial
+# rotary positions beside its learned ones (patch index + 1 scaled to the reference grid, x's frequencies first: the class
+# token, not rotated, sees every patch at an absolute angle); crop 1.0, [-1, 1] pixels
+_PE = dict(pre_norm=True, norm_eps=1e-5, rope="axial", rope_grid_offset=1.0, rope_grid_indexing="xy", crop_pct=1.0, mean=INCEPTION_MEAN,
+           std=INCEPTION_STD)  # fmt: skip
+# The core towers (vit_pe_core_*) end on a final norm and an 8-head attention pool that reads the class token too, into the
+# image embedding (the head)
+_PE_CORE = dict(_PE, global_pool="map", pool_include_prefix=True, attn_pool_num_heads=8)
+# The spatial towers (vit_pe_spatial_*) end on their last block: no final norm, no pool of their own, their tokens the
+# features (for dense prediction). timm pools the plain mean of the patch tokens (eva.py's default "avg", no fc_norm);
+# reference grid 32x32 (512 px of 16, 448 px of 14); features only
+_PE_SPATIAL = dict(_PE, rope_ref_grid=(32, 32), global_pool="avg", fc_norm=False, final_norm=False, num_classes=0)
 
 
 def _pe_core(size: str, patch: int, img: int, ref: int, embed: int, **kw: Any) -> dict[str, Any]:
@@ -329,6 +335,10 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     "vit_pe_core_gigantic_patch14_448": dict(_PE_CORE, img_size=448, patch_size=14, embed_dim=1536, depth=50, num_heads=16,
                                              mlp_ratio=8960 / 1536, attn_pool_mlp_ratio=4.0, class_token=False, rope_grid_offset=0.0,
                                              rope_ref_grid=(32, 32), num_classes=1280),  # its pool MLP narrower than its blocks'  # fmt: skip
+    **{f"vit_pe_spatial_{size}_patch{patch}_{img}": _vit(size, patch, img, **_PE_SPATIAL)
+       for size, patch, img in (("tiny", 16, 512), ("small", 16, 512), ("base", 16, 512), ("large", 14, 448))},
+    "vit_pe_spatial_gigantic_patch14_448": dict(_PE_SPATIAL, img_size=448, patch_size=14, embed_dim=1536, depth=50, num_heads=16,
+                                                mlp_ratio=8960 / 1536, class_token=False, rope_grid_offset=0.0, init_values=0.1),
     "beit3_base_patch16_224": _vit("base", 16, 224, **_BEIT3),
     "beit3_large_patch16_224": _vit("large", 16, 224, **_BEIT3),
     "beit3_giant_patch14_224": _vit("giant", 14, 224, **_BEIT3),
