@@ -460,7 +460,7 @@ def test_eva_models_load_exactly_when_timm_gives_them_the_rotary_positions_vitfa
     model timm has: whatever loads gets the rotary embedding timm builds it with, its settings included (so no other
     rotary form ever loads as one of them); every vit_*_dinov3*, eva02_* (but the post-norm enormous one),
     vit_*_rope_reg*_gap_256, vit_*_patch16_rope[_ape]_224 and vit_pe_{core,spatial}_* name loads, and the only other names
-    that do are LingBot's (DINOv3's architecture) and PE's language towers (the spatial ones' architecture); the rest
+    that do are LingBot's (DINOv3's architecture) and PE's language towers (the spatial ones' architecture, registered); the rest
     (EVA-01, RoPE-Mixed, Sapiens2, the enormous EVA-02) are refused."""
     from vitfast.convert import timm_config
 
@@ -494,9 +494,9 @@ def test_eva_models_load_exactly_when_timm_gives_them_the_rotary_positions_vitfa
     rope_names = set(timm.list_models("vit_*_rope_reg*_gap_256", module="eva")) | set(timm.list_models("vit_*_patch16_rope_*224", module="eva"))
     rope_names -= set(timm.list_models("*_rope_mixed_*", module="eva"))
     assert rope_names == {n for n in vitfast.list_models() if "_rope_" in n} and len(rope_names) == 10
-    # PE's language towers are built as its spatial ones (the large one with layer scale): they load as one, unregistered
+    # PE's language towers are built as its spatial ones, with layer scale: they load as one, registered by their own names
     pe_lang_names = set(timm.list_models("vit_pe_lang_*", module="eva"))
-    assert len(pe_lang_names) == 2
+    assert pe_lang_names == {n for n in vitfast.list_models() if n.startswith("vit_pe_lang")} and len(pe_lang_names) == 2
     assert loaded == (dinov3_names | eva02_names | rope_names | pe_core_names | pe_spatial_names | pe_lang_names
                       | set(timm.list_models("*_lingbot", module="eva")))  # fmt: skip
     assert len(refused) == 16 and all("does not implement" in why for why in refused.values())

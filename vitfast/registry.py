@@ -339,6 +339,10 @@ _REGISTRY: dict[str, dict[str, Any]] = {
        for size, patch, img in (("tiny", 16, 512), ("small", 16, 512), ("base", 16, 512), ("large", 14, 448))},
     "vit_pe_spatial_gigantic_patch14_448": dict(_PE_SPATIAL, img_size=448, patch_size=14, embed_dim=1536, depth=50, num_heads=16,
                                                 mlp_ratio=8960 / 1536, class_token=False, rope_grid_offset=0.0, init_values=0.1),
+    # the language towers (the image side of PE's language-model alignment) are built alike, with layer scale
+    "vit_pe_lang_large_patch14_448": _vit("large", 14, 448, **_PE_SPATIAL) | dict(depth=23, init_values=0.1),
+    "vit_pe_lang_gigantic_patch14_448": dict(_PE_SPATIAL, img_size=448, patch_size=14, embed_dim=1536, depth=47, num_heads=16,
+                                             mlp_ratio=8960 / 1536, class_token=False, rope_grid_offset=0.0, init_values=0.1),
     "beit3_base_patch16_224": _vit("base", 16, 224, **_BEIT3),
     "beit3_large_patch16_224": _vit("large", 16, 224, **_BEIT3),
     "beit3_giant_patch14_224": _vit("giant", 14, 224, **_BEIT3),
