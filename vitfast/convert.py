@@ -828,7 +828,7 @@ def infer_timm_config(
         guesses["norm_eps"] = f"RMSNorm eps is not stored in weights; {fields['norm_eps']:g}, as in {source}, assumed"
     if family == "pe_spatial":
         guesses["global_pool"] = ("not stored in weights, and this tower has no pool of its own: the mean of the patch tokens, unnormalised, "
-                                  "as timm pools a Perception Encoder spatial tower, assumed (its features are its tokens)")  # fmt: skip
+                                  "as timm pools a Perception Encoder spatial tower, assumed (its features are its tokens: --global-pool none)")  # fmt: skip
     if pre_norm and family not in _PE_FAMILIES:  # a CLIP tower's caveat; every Perception Encoder tower has GELU
         guesses["act_layer"] = ("not stored in weights; GELU as in timm's *_clip_* models assumed. OpenAI's original "
                                 "weights and others trained with QuickGELU (timm's *_clip_quickgelu_*) need act_layer='quick_gelu'")
