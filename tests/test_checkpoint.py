@@ -253,8 +253,9 @@ def _renamed(sd, old, new):
         (lambda sd: sd | {"blocks.0.attn.q_norm.weight": torch.ones(16)}, "qk_norm"),
         (lambda sd: sd | {"blocks.0.attn.relative_position_bias_table": torch.zeros(9, 4)}, "relative position biases"),
         (lambda sd: _renamed(sd, "ls1.gamma", "gamma_1"), "gamma_1"),
-        # a pre-norm tower without a final norm: timm's Perception Encoder (rotary positions no key shows), not a CLIP tower
-        (lambda sd: _renamed(sd, "norm.", "norm_pre."), "Perception Encoder"),
+        # a pre-norm tower with an attention pool and no final norm: like no Perception Encoder tower (core has a final norm,
+        # spatial no pool), whose rotary positions no key would show
+        (lambda sd: _renamed(sd, "norm.", "norm_pre.") | {"attn_pool.latent": torch.zeros(1, 1, 64)}, "an attention pool without a final norm"),
     ],
 )
 @pytest.mark.parametrize("given", [False, True])
