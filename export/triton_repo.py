@@ -85,7 +85,7 @@ def triton_repository(
     spec = PreprocessSpec.from_config(config)
     out = Path(out_dir)
     names = model_names(name)
-    labels = config.labels if config.global_pool != "" else None  # Triton classifies pooled outputs, not per-token ones
+    labels = config.labels if config.classifies else None  # Triton's classification reads one score per class and image
     configs = {
         names["model"]: model_config(names["model"], platform, meta, max_batch, instance_count, max_queue_delay_us, labels=bool(labels)),
         names["preprocess"]: preprocess_config(names["preprocess"], spec, meta, max_batch, instance_count, max_queue_delay_us),

@@ -87,7 +87,7 @@ def load_checkpoint(
         cfg = source_cfg
     if overrides:
         before, cfg = cfg, cfg.replace(**_keep_norm_placement(cfg, overrides))
-        sd = _reset_classifier(sd, before, cfg, overrides, path)
+        sd = _reset_classifier(sd, before, cfg, path)
         guesses = {k: v for k, v in guesses.items() if k not in overrides}
     if img_size is not None:
         cfg = cfg.replace(img_size=img_size)
@@ -113,11 +113,11 @@ def _keep_norm_placement(cfg: ViTConfig, overrides: dict[str, Any]) -> dict[str,
     return overrides
 
 
-def _reset_classifier(sd: StateDict, before: ViTConfig, after: ViTConfig, overrides: dict[str, Any], path: Path) -> StateDict:
-    """The checkpoint's weights for a head changed by `overrides` (timm's `reset_classifier` for inference):
+def _reset_classifier(sd: StateDict, before: ViTConfig, after: ViTConfig, path: Path) -> StateDict:
+    """The checkpoint's weights for the head of `after`, `before` changed by overrides (timm's `reset_classifier` for inference):
     num_classes=0 drops the classifier, a pool other than "map" drops the attention pool. A classifier of
     another size, or one that would read features of another width, has no trained weights: refused."""
-    if "num_classes" in overrides and after.num_classes not in (0, before.num_classes):
+    if after.num_classes not in (0, before.num_classes):
         raise ConfigError(f"{path} has a {before.num_classes}-class classifier; num_classes={after.num_classes} would need a new, "
                           f"untrained one. Pass num_classes=0 (features, no classifier) or {before.num_classes}")  # fmt: skip
     if after.num_classes and after.num_features != before.num_features:

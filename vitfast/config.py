@@ -181,6 +181,11 @@ class ViTConfig:
         return (self.seq_len, self.out_features) if self.global_pool == "" else (self.out_features,)
 
     @property
+    def classifies(self) -> bool:
+        """One set of class scores per image: a classifier over pooled features (not features, not per-token logits)."""
+        return bool(self.num_classes) and self.global_pool != ""
+
+    @property
     def use_fc_norm(self) -> bool:
         return self.global_pool == "avg" if self.fc_norm is None else self.fc_norm
 

@@ -98,8 +98,10 @@ def _pick_logits(outputs, path, rank: int | None = 2) -> tuple[str, int | None, 
     chosen = named[0] if named else (fitting[0] if len(fitting) == 1 else None)
     listing = ", ".join(f"{n} [{', '.join('?' if v is None else str(v) for v in d) if d is not None else '?'}]" for n, d in described)
     if chosen is None:
-        form = "2-D [batch, classes]" if rank == 2 else "[batch, ...]"
-        why = f"none is {form}" if not fitting else f"several are {form.split()[0] if rank == 2 else 'outputs'} and none is named 'logits'"
+        if fitting:
+            why = f"several are {'2-D' if rank == 2 else 'outputs'} and none is named 'logits'"
+        else:
+            why = f"none is {'2-D [batch, classes]' if rank == 2 else '[batch, ...]'}"
         raise ArtifactError(f"{path}: cannot tell which output holds the logits ({why}: {listing}); "
                             "export the classifier with its logits as an output named 'logits'")  # fmt: skip
     name, dims = chosen

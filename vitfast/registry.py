@@ -139,6 +139,9 @@ _PE_CORE = dict(_PE, global_pool="map", pool_include_prefix=True, attn_pool_num_
 # features (for dense prediction). timm pools the plain mean of the patch tokens (eva.py's default "avg", no fc_norm);
 # reference grid 32x32 (512 px of 16, 448 px of 14); features only
 _PE_SPATIAL = dict(_PE, rope_ref_grid=(32, 32), global_pool="avg", fc_norm=False, final_norm=False, num_classes=0)
+# The gigantic towers' shapes (core, spatial, language): /14 at 448 px, 1536 wide, no class token (so no index offset)
+_PE_GIGANTIC = dict(img_size=448, patch_size=14, embed_dim=1536, depth=50, num_heads=16, mlp_ratio=8960 / 1536, class_token=False,
+                    rope_grid_offset=0.0, rope_ref_grid=(32, 32))  # fmt: skip
 
 
 def _pe_core(size: str, patch: int, img: int, ref: int, embed: int, **kw: Any) -> dict[str, Any]:
@@ -332,17 +335,14 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     "vit_pe_core_small_patch16_384": _pe_core("small", 16, 384, 24, 512),
     "vit_pe_core_base_patch16_224": _pe_core("base", 16, 224, 14, 1024),
     "vit_pe_core_large_patch14_336": _pe_core("large", 14, 336, 24, 1024),
-    "vit_pe_core_gigantic_patch14_448": dict(_PE_CORE, img_size=448, patch_size=14, embed_dim=1536, depth=50, num_heads=16,
-                                             mlp_ratio=8960 / 1536, attn_pool_mlp_ratio=4.0, class_token=False, rope_grid_offset=0.0,
-                                             rope_ref_grid=(32, 32), num_classes=1280),  # its pool MLP narrower than its blocks'  # fmt: skip
+    # its pool MLP narrower than its blocks'
+    "vit_pe_core_gigantic_patch14_448": dict(_PE_CORE, **_PE_GIGANTIC, attn_pool_mlp_ratio=4.0, num_classes=1280),
     **{f"vit_pe_spatial_{size}_patch{patch}_{img}": _vit(size, patch, img, **_PE_SPATIAL)
        for size, patch, img in (("tiny", 16, 512), ("small", 16, 512), ("base", 16, 512), ("large", 14, 448))},
-    "vit_pe_spatial_gigantic_patch14_448": dict(_PE_SPATIAL, img_size=448, patch_size=14, embed_dim=1536, depth=50, num_heads=16,
-                                                mlp_ratio=8960 / 1536, class_token=False, rope_grid_offset=0.0, init_values=0.1),
+    "vit_pe_spatial_gigantic_patch14_448": dict(_PE_SPATIAL, **_PE_GIGANTIC, init_values=0.1),
     # the language towers (the image side of PE's language-model alignment) are built alike, with layer scale
     "vit_pe_lang_large_patch14_448": _vit("large", 14, 448, **_PE_SPATIAL) | dict(depth=23, init_values=0.1),
-    "vit_pe_lang_gigantic_patch14_448": dict(_PE_SPATIAL, img_size=448, patch_size=14, embed_dim=1536, depth=47, num_heads=16,
-                                             mlp_ratio=8960 / 1536, class_token=False, rope_grid_offset=0.0, init_values=0.1),
+    "vit_pe_lang_gigantic_patch14_448": dict(_PE_SPATIAL, **_PE_GIGANTIC | dict(depth=47), init_values=0.1),
     "beit3_base_patch16_224": _vit("base", 16, 224, **_BEIT3),
     "beit3_large_patch16_224": _vit("large", 16, 224, **_BEIT3),
     "beit3_giant_patch14_224": _vit("giant", 14, 224, **_BEIT3),

@@ -303,7 +303,7 @@ def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int, labe
 
     cfg = engine.config
     h, w = cfg.img_hw
-    k = min(k, cfg.num_classes) if cfg.num_classes and cfg.global_pool != "" else 0  # top-k of classes, not of features or tokens
+    k = min(k, cfg.num_classes) if cfg.classifies else 0  # top-k of classes, not of features or tokens
     outputs = [Tensor(name="logits", dtype=np.float32, shape=cfg.output_shape)]
     if k:
         outputs += [Tensor(name="topk_indices", dtype=np.int64, shape=(k,)), Tensor(name="topk_scores", dtype=np.float32, shape=(k,))]
