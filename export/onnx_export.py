@@ -176,4 +176,4 @@ def onnx_parity(path: Path, reference: torch.nn.Module, precision: str, batch_si
     (out,) = session.run(None, {session.get_inputs()[0].name: images.numpy()})
     with torch.no_grad():
         expected = reference(images)
-    return compare(torch.from_numpy(out), expected, precision) | {"inputs": f"{batch_size} seeded random-pixel images", "runtime": "onnxruntime CPU"}
+    return compare(torch.from_numpy(out), expected, precision, channel_axis=reference.config.channel_axis) | {"inputs": f"{batch_size} seeded random-pixel images", "runtime": "onnxruntime CPU"}

@@ -224,13 +224,13 @@ def quantize_int8(
                   "shape_inference": shape_inference,
                   "calibration": str(calibration) if isinstance(calibration, (str, os.PathLike)) else "tensors"}
                  | ({"split_qkv_blocks": split_blocks} if target == "openvino" else {}),
-            parity=_int8_parity(tmp, onnx_path, held_out),
+            parity=_int8_parity(tmp, onnx_path, held_out, config.channel_axis),
         )  # fmt: skip
         write_sidecar(tmp, new_meta)
     return Path(out_path)
 
 
-def _int8_parity(int8_path: Path, fp32_path: Path, images: np.ndarray) -> dict:
+def _int8_parity(int8_path: Path, fp32_path: Path, images: np.ndarray, channel_axis: int) -> dict:
     """int8 vs fp32 ONNX logits on the held-out images (none of them calibrated on)."""
     import onnxruntime as ort
 
@@ -238,5 +238,5 @@ def _int8_parity(int8_path: Path, fp32_path: Path, images: np.ndarray) -> dict:
     for path in (int8_path, fp32_path):
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         outs.append(torch.from_numpy(session.run(None, {session.get_inputs()[0].name: images})[0]))
-    return compare(outs[0], outs[1], "int8") | {"inputs": f"{len(images)} held-out images (not used for calibration)",
+    return compare(outs[0], outs[1], "int8", channel_axis=channel_axis) | {"inputs": f"{len(images)} held-out images (not used for calibration)",
                                                 "reference": "fp32 ONNX"}  # fmt: skip

@@ -34,6 +34,8 @@ VARIANTS = {
                                                                         mlp_layer="swiglu_packed", mlp_ratio=16 / 3, scale_attn_norm=True)),
     "beit3-inner-norms-gelu": tiny_config(scale_attn_norm=True, scale_mlp_norm=True, global_pool="avg", norm_eps=1e-5, init_values=0.1),
     "unpooled-per-token-head-registers": tiny_config(global_pool="", reg_tokens=2),
+    # the first map is taken between fused blocks, which hand on (x, next norm1(x)); the norm is the final one
+    "feature-maps-normed-registers": tiny_config(depth=3, features_only=True, out_indices=(0, 1), feature_norm=True, reg_tokens=2),
     "hybrid": vitfast.get_config("vit_small_r26_s32_224", img_size=32, depth=1, embed_dim=64, num_heads=2, num_classes=5),
 }
 
@@ -238,7 +240,8 @@ def test_whole_model_parity_2x_rule(device, name, mlp):
 
 
 @pytest.mark.parametrize("mlp", ["cublas", "epilogue"])
-@pytest.mark.parametrize("extra", [{}, AIMV2, DINOV3, EVA02 | dict(scale_attn_norm=True)], ids=["layernorm-gelu", "aimv2", "dinov3", "eva02"])
+@pytest.mark.parametrize("extra", [{}, AIMV2, DINOV3, EVA02 | dict(scale_attn_norm=True), dict(features_only=True, out_indices=(0, 2))],
+                         ids=["layernorm-gelu", "aimv2", "dinov3", "eva02", "feature-maps"])
 def test_optimized_model_traces_as_one_graph(device, mlp, extra):
     """torch._dynamo.explain: one graph, no break; torch.compile(fullgraph=True) and torch.export
     run and match, the graph holding the vitfast ops. On CPU the traced ops take their reference

@@ -3,6 +3,7 @@ tests skip unless timm imports (`make test-timm` builds a venv where it does, se
 
 from __future__ import annotations
 
+import copy
 import warnings
 import zlib
 
@@ -99,6 +100,49 @@ def test_unpooled_features_match_timms_reset_classifier(tmp_path, variant):
         expected = ref(x)
         torch.testing.assert_close(ours(x), expected, atol=ATOL, rtol=0)
     assert expected.shape[1:] == ours.config.output_shape
+
+
+FEATURES = ["plain", "deit-distilled", "reg4-gap", "hybrid-r26", "clip", "dinov2-reg4", "siglip-map", "eva02-base-mlp-norm",
+            "rope-vit-xy", "pe-core-pool-reads-class-token", "radio-no-final-norm", "aimv2-classifier"]  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", FEATURES)
+@pytest.mark.parametrize("fmt", ["NCHW", "NLC"])
+def test_feature_maps_match_timms_feature_getter(tmp_path, variant, fmt):
+    """features_only equals timm's FeatureGetterNet (what `create_model(..., features_only=True)` builds for ViTs), with
+    the final norm (norm=True) where the model has one before pooling, and the same parameters after pruning."""
+    from timm.models._features import FeatureGetterNet
+
+    name, kw = VARIANTS[variant]
+    kw = kw | dict(depth=4)
+    ref = _timm_model(name, **kw)
+    torch.save(ref.state_dict(), tmp_path / "model.pth")
+    cfg = vitfast.get_config(name, **kw)
+    norm = cfg.final_norm and not cfg.use_fc_norm
+    x = torch.randn(2, 3, kw["img_size"], kw["img_size"])
+    for indices in ((1, -2), 3):
+        feats = FeatureGetterNet(copy.deepcopy(ref), out_indices=indices, output_fmt=fmt, norm=norm).eval()
+        ours = vitfast.load_checkpoint(tmp_path / "model.pth", config=cfg,
+                                       overrides=dict(features_only=True, out_indices=indices, output_fmt=fmt, feature_norm=norm))  # fmt: skip
+        with torch.no_grad():
+            torch.testing.assert_close(ours(x), torch.stack(feats(x), dim=1), atol=ATOL, rtol=0)
+        key_bias = sum(p.numel() for n, p in feats.named_parameters() if n.endswith(("attn.q_bias", "attn.q_proj.bias")))
+        assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in feats.parameters()) + key_bias
+
+
+@pytest.mark.parametrize("variant", ["deit-distilled", "dinov2-reg4", "eva02-base-mlp-norm"])
+def test_forward_intermediates_matches_timms(tmp_path, variant):
+    """The whole signature: final tokens beside the maps, prefix tokens paired, stop_early, NLC."""
+    name, kw = VARIANTS[variant]
+    ref = _timm_model(name, **kw | dict(depth=3))
+    torch.save(ref.state_dict(), tmp_path / "model.pth")
+    ours = vitfast.load_checkpoint(tmp_path / "model.pth", config=vitfast.get_config(name, **kw | dict(depth=3)))
+    x = torch.randn(2, 3, kw["img_size"], kw["img_size"])
+    calls = [dict(indices=[0, 2]), dict(indices=2, norm=True, output_fmt="NLC", return_prefix_tokens=True),
+             dict(indices=[1], stop_early=True), dict(indices=None, intermediates_only=True)]  # fmt: skip
+    with torch.no_grad():
+        for kwargs in calls:
+            torch.testing.assert_close(ours.forward_intermediates(x, **kwargs), ref.forward_intermediates(x, **kwargs), atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("variant", ["plain", "clip", "rope-vit-xy"])

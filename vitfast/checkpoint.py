@@ -97,6 +97,7 @@ def load_checkpoint(
         antialias = fmt != "hf" or source_cfg.reg_tokens > 0
         sd["pos_embed"] = _fit_pos_embed(sd["pos_embed"], source_cfg, cfg, antialias=antialias)
     model = VisionTransformer(cfg)
+    sd = _drop_pruned(sd, cfg)
     _check_keys(sd, model.state_dict(), path, cfg)
     model.load_state_dict(sd, strict=True)
     model.config_guesses = guesses
@@ -126,6 +127,17 @@ def _reset_classifier(sd: StateDict, before: ViTConfig, after: ViTConfig, path: 
     dropped = ("head.", "head_dist.") if before.num_classes and not after.num_classes else ()
     dropped += ("attn_pool.",) if before.global_pool == "map" and after.global_pool != "map" else ()
     return {k: v for k, v in sd.items() if not k.startswith(dropped)} if dropped else sd
+
+
+def _drop_pruned(sd: StateDict, cfg: ViTConfig) -> StateDict:
+    """features_only builds no head and no blocks after the last feature map (timm's FeatureGetterNet prunes them
+    too): the checkpoint's weights for those are left out. Anything else that does not fit is still reported."""
+    if not cfg.features_only:
+        return sd
+    with torch.device("meta"):
+        whole = VisionTransformer(cfg.replace(features_only=False)).state_dict()
+        kept = VisionTransformer(cfg).state_dict()
+    return {k: v for k, v in sd.items() if k in kept or k not in whole}
 
 
 def describe_guesses(path: str | os.PathLike, cfg: ViTConfig, guesses: Guesses) -> str:

@@ -45,6 +45,9 @@ ROPE_THETA = {"dinov3": 100.0, "axial": 10000.0}  # each kind's default base per
 ROPE_GRID_INDEXINGS = ("ij", "xy")
 ROPE_SETTINGS = ("rope_theta", "rope_ref_grid", "rope_grid_indexing", "rope_grid_offset")  # meaningful only with `rope`
 MAP_POOL_SETTINGS = ("pool_include_prefix", "attn_pool_num_heads", "attn_pool_mlp_ratio")  # only with global_pool="map"
+FEATURE_SETTINGS = ("out_indices", "output_fmt", "feature_norm")  # only with features_only=True
+# Feature maps per image: channels first over the patch grid [C, gh, gw] (timm's default), or tokens [gh * gw, C]
+OUTPUT_FMTS = ("NCHW", "NLC")
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 CROP_MODES = ("center", "squash", "border")  # timm's names: crop the short side, resize both sides, pad the short side
 CROP_ROUNDINGS = ("round", "floor")  # centre-crop offset: torchvision/timm round, Hugging Face floors
@@ -93,6 +96,13 @@ class ViTConfig:
     embed_norm: bool = False  # a norm on the patch tokens before the position embeddings (timm's embed_norm_layer; AIMv2)
     norm_layer: str = "layernorm"  # every norm of the model: "layernorm" or "rmsnorm" (AIMv2)
     representation_size: int | None = None  # pre-logits Linear + tanh of the original ViT head
+    # timm's features_only: `forward` returns the patch tokens of the blocks `out_indices` as feature maps, stacked
+    # [B, len, C, gh, gw] (or [B, len, gh * gw, C] with output_fmt="NLC"); the head and the blocks after the last
+    # index are not built (timm's FeatureGetterNet prunes them too)
+    features_only: bool = False
+    out_indices: int | tuple[int, ...] = 3  # timm's: n = the last n blocks, or block indices (negative from the end)
+    output_fmt: str = "NCHW"  # one of OUTPUT_FMTS
+    feature_norm: bool = False  # the final norm on every feature map (timm's norm=True; DINOv2's get_intermediate_layers)
     norm_eps: float = 1e-6
     act_layer: str = "gelu"  # "gelu" (erf), "gelu_tanh" or "quick_gelu" (x sigmoid(1.702 x), OpenAI CLIP); "silu"
     mlp_layer: str = "mlp"  # "swiglu_packed": SwiGLU with fc1 packed (mlp_hidden is fc1's width, twice fc2's input);
@@ -125,6 +135,8 @@ class ViTConfig:
             object.__setattr__(self, "hybrid_layers", tuple(int(d) for d in self.hybrid_layers))
         if isinstance(self.rope_ref_grid, (list, tuple)):
             object.__setattr__(self, "rope_ref_grid", tuple(self.rope_ref_grid))
+        if isinstance(self.out_indices, list):
+            object.__setattr__(self, "out_indices", tuple(self.out_indices))
         if self.labels is not None:
             object.__setattr__(self, "labels", tuple(str(label) for label in self.labels))
         self._validate()
@@ -176,14 +188,32 @@ class ViTConfig:
         return self.num_classes or self.representation_size or self.num_features
 
     @property
+    def feature_indices(self) -> tuple[int, ...]:
+        """The blocks whose outputs `features_only` returns, counted from 0, in block order (empty without features_only)."""
+        if not self.features_only:
+            return ()
+        if isinstance(self.out_indices, int):
+            return tuple(range(self.depth - self.out_indices, self.depth))
+        return tuple(i % self.depth for i in self.out_indices)
+
+    @property
     def output_shape(self) -> tuple[int, ...]:
-        """`forward`'s output per image: (out_features,), or (seq_len, out_features) per token with global_pool=""."""
+        """`forward`'s output per image: (out_features,); (seq_len, out_features) per token with global_pool="";
+        with features_only, one feature map per index: (n, embed_dim, gh, gw), or (n, gh * gw, embed_dim) for "NLC"."""
+        if self.features_only:
+            n = len(self.feature_indices)
+            return (n, self.embed_dim, *self.grid_size) if self.output_fmt == "NCHW" else (n, self.num_patches, self.embed_dim)
         return (self.seq_len, self.out_features) if self.global_pool == "" else (self.out_features,)
+
+    @property
+    def channel_axis(self) -> int:
+        """The axis of `forward`'s output [B, *output_shape] that holds the features (2 for NCHW feature maps, else the last)."""
+        return 2 if self.features_only and self.output_fmt == "NCHW" else -1
 
     @property
     def classifies(self) -> bool:
         """One set of class scores per image: a classifier over pooled features (not features, not per-token logits)."""
-        return bool(self.num_classes) and self.global_pool != ""
+        return bool(self.num_classes) and self.global_pool != "" and not self.features_only
 
     @property
     def use_fc_norm(self) -> bool:
@@ -277,6 +307,7 @@ class ViTConfig:
             bad(f"attn_pool_num_heads must divide embed_dim {self.embed_dim}, got {self.attn_pool_num_heads}")
         if self.attn_pool_mlp_ratio is not None and not self.attn_pool_mlp_ratio > 0:
             bad(f"attn_pool_mlp_ratio must be > 0 (or None: mlp_ratio), got {self.attn_pool_mlp_ratio}")
+        self._validate_features(bad)
         if self.rope_grid_indexing not in ROPE_GRID_INDEXINGS:
             bad(f"rope_grid_indexing must be one of {ROPE_GRID_INDEXINGS}, got {self.rope_grid_indexing!r}")
         if self.rope_grid_indexing != "ij" and self.rope is None:
@@ -321,16 +352,44 @@ class ViTConfig:
                     f"{self.hybrid_reduction} (hybrid_layers={self.hybrid_layers})"
                 )
 
+    def _validate_features(self, bad) -> None:
+        if not self.features_only:
+            given = [k for k in FEATURE_SETTINGS if getattr(self, k) != self.__dataclass_fields__[k].default]
+            if given:
+                bad(f"{', '.join(given)} configure the feature maps of features_only=True; set features_only=True or drop them")
+            return
+        d, idx = self.depth, self.out_indices
+        if isinstance(idx, bool) or not isinstance(idx, (int, tuple)) or (isinstance(idx, tuple) and not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in idx)):  # fmt: skip
+            bad(f"out_indices must be a number of last blocks or a tuple of block indices, got {idx!r}")
+        if isinstance(idx, int) and not 0 < idx <= d:
+            bad(f"out_indices={idx} asks for the last {idx} blocks; this model has {d}: give 1 to {d}")
+        if isinstance(idx, tuple):
+            if not idx or any(not -d <= i < d for i in idx):
+                bad(f"out_indices {idx} must be one or more block indices in [{-d}, {d - 1}] (negative from the end; depth {d})")
+            absolute = [i % d for i in idx]
+            if absolute != sorted(set(absolute)):
+                bad(f"out_indices {idx} are blocks {absolute}: give each block once, in block order (feature maps come out in "
+                    f"block order), e.g. {tuple(sorted(set(absolute)))}")  # fmt: skip
+        if self.output_fmt not in OUTPUT_FMTS:
+            bad(f"output_fmt must be one of {OUTPUT_FMTS}, got {self.output_fmt!r}")
+        if self.feature_norm and not (self.final_norm and not self.use_fc_norm):
+            where = "after pooling (fc_norm)" if self.final_norm else "nowhere (final_norm=False)"
+            bad(f"feature_norm applies the final norm to the feature maps, and this model's final norm is {where}: timm's norm=True "
+                "would change nothing; drop feature_norm")  # fmt: skip
+
     # ---------------------------------------------------------------- (de)serialisation
     def replace(self, **overrides: Any) -> "ViTConfig":
         """A copy with some fields changed (unknown field names raise `ConfigError`). Settings of what an
         override removes go back to their defaults unless given too: labels that no longer fit a new
-        `num_classes`, the rotary settings with `rope=None`, the attention pool's with a pool other than "map"."""
+        `num_classes`, the rotary settings with `rope=None`, the attention pool's with a pool other than "map", the
+        feature maps' with `features_only=False`."""
         check_field_names(overrides)
         if "labels" not in overrides and self.labels and overrides.get("num_classes", self.num_classes) != len(self.labels):
             overrides = {**overrides, "labels": None}
         removed = (ROPE_SETTINGS if "rope" in overrides and overrides["rope"] is None else ()) + (
-            MAP_POOL_SETTINGS if overrides.get("global_pool", "map") != "map" else ())
+            MAP_POOL_SETTINGS if overrides.get("global_pool", "map") != "map" else ()) + (
+            FEATURE_SETTINGS if overrides.get("features_only", True) is False else ())
         defaults = {k: self.__dataclass_fields__[k].default for k in removed}
         return dataclasses.replace(self, **(defaults | overrides))
 

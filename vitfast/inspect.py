@@ -204,7 +204,8 @@ def inspect_model(model: torch.nn.Module, images: torch.Tensor) -> Inspection:
             tokens, attentions = model.forward_features(images.to(device), return_attention=True)
             P, grid = cfg.num_prefix_tokens, cfg.grid_size
             read = 0 if cfg.pool_include_prefix else P  # PE's pool reads the class token too
-            pool_attention = model.attn_pool(tokens[:, read:], return_attention=True)[1] if cfg.global_pool == "map" else None
+            pooled = cfg.global_pool == "map" and not cfg.features_only  # features_only builds no head
+            pool_attention = model.attn_pool(tokens[:, read:], return_attention=True)[1] if pooled else None
     finally:
         model.train(was_training)
     if pool_attention is not None:  # the head reads the attention pool's query: one more attention layer
@@ -213,13 +214,18 @@ def inspect_model(model: torch.nn.Module, images: torch.Tensor) -> Inspection:
         heads = pool_attention[..., P - read :]  # its attention to the patches (to the prefix tokens left out of the maps)
         source = "attention-pool query" + (" (its share on the class token not drawn)" if read == 0 and P else "")
     else:
-        # the head's readout: the class token, else the mean patch token; unpooled (""), the class token if there is one
-        from_token = cfg.global_pool in ("token", "token_avg") or (cfg.global_pool == "" and cfg.class_token)
+        # the head's readout: the class token, else the mean patch token; unpooled, the class token if there is one
+        unpooled = cfg.global_pool == "" or cfg.features_only
+        from_token = cfg.class_token if unpooled else cfg.global_pool in ("token", "token_avg")
         rollout = attention_rollout(attentions, P, class_token=from_token)
         heads = head_attention(attentions, P, class_token=from_token)
-        source = {"token": "class token", "token_avg": "class token (the head also reads the mean patch token)"}.get(
-            cfg.global_pool, "class token" if from_token else "mean of patch tokens")
-        source += " (the model pools nothing: every token is an output)" if cfg.global_pool == "" else ""
+        readout = {"token": "class token", "token_avg": "class token (the head also reads the mean patch token)"}
+        source = readout.get(cfg.global_pool, "") if not unpooled else ""
+        source = source or ("class token" if from_token else "mean of patch tokens")
+        if cfg.features_only:
+            source += f" (the model returns the feature maps of blocks {list(cfg.feature_indices)}; drawn through block {len(attentions) - 1})"
+        elif unpooled:
+            source += " (the model pools nothing: every token is an output)"
     return Inspection(
         config=cfg,
         pixels=display_pixels(images, cfg),

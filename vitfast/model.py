@@ -10,11 +10,12 @@ them without touching the weights.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from .config import ViTConfig
+from .config import OUTPUT_FMTS, ViTConfig
 from .hybrid import HybridEmbed
 from .layers import MLP_CLASSES, NORM_CLASSES, Attention, AttentionPoolLatent, Block, PatchEmbed, RopeTables
 
@@ -61,6 +62,8 @@ class VisionTransformer(nn.Module):
         self.norm_pre = norm_layer(dim, eps=c.norm_eps) if c.pre_norm else nn.Identity()
 
         drop_path = [c.drop_path_rate * i / max(c.depth - 1, 1) for i in range(c.depth)]  # linear decay rule
+        # features_only: the blocks after the last feature map are not built (timm's prune_intermediate_layers)
+        n_blocks = c.feature_indices[-1] + 1 if c.features_only else c.depth
         self.blocks = nn.Sequential(
             *[
                 block_fn(
@@ -80,11 +83,19 @@ class VisionTransformer(nn.Module):
                     norm_layer=norm_layer,
                     **{k: True for k in ("scale_attn_norm", "scale_mlp_norm") if getattr(c, k)},  # only when wanted (injected blocks)
                 )
-                for i in range(c.depth)
+                for i in range(n_blocks)
             ]
         )
         # timm's rule: with average pooling the final norm moves after the pooling (fc_norm).
-        self.norm = norm_layer(dim, eps=c.norm_eps) if c.final_norm and not c.use_fc_norm else nn.Identity()
+        keep_norm = c.feature_norm if c.features_only else c.final_norm and not c.use_fc_norm
+        self.norm = norm_layer(dim, eps=c.norm_eps) if keep_norm else nn.Identity()
+        if not c.features_only:  # features_only has no head: nothing after the blocks but the optional norm
+            self._build_head(c, norm_layer)
+        self.reset_parameters()
+
+    def _build_head(self, c: ViTConfig, norm_layer: type[nn.Module]) -> None:
+        """Pooling, fc_norm, pre-logits and classifier(s), named as timm names them."""
+        dim = c.embed_dim
         if c.global_pool == "map":
             pool_hidden = c.mlp_hidden if c.attn_pool_mlp_ratio is None else round(dim * c.attn_pool_mlp_ratio)
             self.attn_pool = AttentionPoolLatent(
@@ -102,14 +113,13 @@ class VisionTransformer(nn.Module):
         self.head = nn.Linear(head_in, c.num_classes) if c.num_classes else nn.Identity()
         if c.distilled:
             self.head_dist = nn.Linear(dim, c.num_classes) if c.num_classes else nn.Identity()
-        self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Random init in the ViT/timm style (truncated normal 0.02, zero biases, unit LayerNorm)."""
         for p in (self.pos_embed, self.cls_token, self.dist_token, self.reg_token):  # pos_embed None without one
             if p is not None:
                 nn.init.trunc_normal_(p, std=0.02)
-        if self.config.global_pool == "map":
+        if hasattr(self, "attn_pool"):
             nn.init.trunc_normal_(self.attn_pool.latent, std=self.config.embed_dim**-0.5)
         for m in self.modules():
             if isinstance(m, nn.Linear):
@@ -173,7 +183,56 @@ class VisionTransformer(nn.Module):
             return patches.mean(dim=1)
         return torch.cat([x[:, 0], patches.mean(dim=1)], dim=-1) if pool == "token_avg" else x[:, 0]
 
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | Sequence[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ):
+        """images -> the patch tokens after the blocks `indices`, as timm's `forward_intermediates` returns them.
+
+        `indices`: the last n blocks (int), block indices (negative from the end of `config.depth`), or None: all.
+        Each feature map is [B, C, gh, gw] ("NCHW") or [B, gh * gw, C] ("NLC"); `norm` applies the final norm
+        first; `return_prefix_tokens` pairs each with its prefix tokens [B, prefix, C]. Returns
+        `(tokens [B, T, C] after the final norm, list)`, or the list alone with `intermediates_only`. `stop_early`
+        skips the blocks after the last index (the tokens returned are then that block's).
+        """
+        if output_fmt not in OUTPUT_FMTS:
+            raise ValueError(f"output_fmt must be one of {OUTPUT_FMTS}, got {output_fmt!r}")
+        take = _take_indices(self.config.depth, indices)
+        if take[-1] >= len(self.blocks):
+            raise ValueError(f"block {take[-1]} is not in this model: it keeps blocks 0 to {len(self.blocks) - 1} "
+                             f"(features_only, out_indices={self.config.out_indices})")  # fmt: skip
+        B, _, height, width = x.shape
+        x = self.norm_pre(self.pos_drop(self._pos_embed(self.patch_embed(x))))
+        rope = {} if self.rope is None else {"rope": self.rope()}
+        blocks = self.blocks[: take[-1] + 1] if stop_early or intermediates_only else self.blocks
+        features = []
+        for i, block in enumerate(blocks):
+            x = block(x, **rope)
+            if i in take:
+                y = x[0] if isinstance(x, tuple) else x  # a fused block hands the next one (x, norm1(x))
+                features.append(self.norm(y) if norm else y)
+        prefix = [y[:, : self.num_prefix_tokens] for y in features]
+        features = [y[:, self.num_prefix_tokens :] for y in features]
+        if output_fmt == "NCHW":
+            gh, gw = height // self.config.patch_size, width // self.config.patch_size
+            features = [y.reshape(B, gh, gw, -1).permute(0, 3, 1, 2).contiguous() for y in features]
+        if return_prefix_tokens and self.num_prefix_tokens:
+            features = list(zip(features, prefix))
+        if intermediates_only:
+            return features
+        return self.norm(x[0] if isinstance(x, tuple) else x), features
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        if c.features_only:  # [B, len(out_indices), *feature map]
+            maps = self.forward_intermediates(x, c.feature_indices, norm=c.feature_norm, output_fmt=c.output_fmt, intermediates_only=True)
+            return torch.stack(maps, dim=1)
         return self.forward_head(self.forward_features(x))
 
     # ---------------------------------------------------------------- helpers
@@ -183,3 +242,16 @@ class VisionTransformer(nn.Module):
             if hasattr(m, "fused_attn"):
                 m.fused_attn = enabled
         return self
+
+
+def _take_indices(depth: int, indices: int | Sequence[int] | None) -> list[int]:
+    """timm's `feature_take_indices`: None = every block, n = the last n, else the given ones (negative from the end)."""
+    if indices is None:
+        indices = depth
+    if isinstance(indices, int):
+        if not 0 < indices <= depth:
+            raise ValueError(f"indices={indices} asks for the last {indices} blocks; the model has {depth}")
+        return list(range(depth - indices, depth))
+    if not indices or any(not -depth <= i < depth for i in indices):
+        raise ValueError(f"indices {tuple(indices)} must be one or more block indices in [{-depth}, {depth - 1}]")
+    return sorted(i % depth for i in indices)

@@ -22,12 +22,14 @@ def tolerance(precision: str, ref_scale: float, atol: float | None = None, rtol:
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor, precision: str = "fp32", *, atol: float | None = None,
-            rtol: float | None = None) -> dict:  # fmt: skip
-    """out, ref [B, classes] (or [B, tokens, features]) -> max/mean abs error, max relative error, cosine, top-1
-    agreement (per row, per token when unpooled: the worst cosine, the mean agreement), passed."""
+            rtol: float | None = None, channel_axis: int = -1) -> dict:  # fmt: skip
+    """out, ref [B, classes] (or [B, tokens, features], or feature maps whose features lie on `channel_axis`:
+    `ViTConfig.channel_axis`) -> max/mean abs error, max relative error, cosine, top-1 agreement (per row, per
+    token or position when there are many: the worst cosine, the mean agreement), passed."""
     out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
     if out.shape != ref.shape:
         raise ValueError(f"logits shapes differ: {tuple(out.shape)} vs reference {tuple(ref.shape)}")
+    out, ref = out.movedim(channel_axis, -1), ref.movedim(channel_axis, -1)
     diff = (out - ref).abs()
     cosine = torch.nn.functional.cosine_similarity(out, ref, dim=-1)
     scale = ref.abs().max().item()

@@ -90,7 +90,7 @@ def record_engine_parity(engine_path: Path, reference: torch.nn.Module, progress
     x = check_inputs(reference.config, engine, 8, None)
     reporting(progress).phase(f"parity with PyTorch fp32 on {len(x)} images")
     with torch.no_grad():
-        parity = compare(engine(x).cpu(), reference.float()(x), engine.precision)
+        parity = compare(engine(x).cpu(), reference.float()(x), engine.precision, channel_axis=engine.config.channel_axis)
     meta = read_sidecar(engine_path)
     meta["parity"] = parity
     write_sidecar(engine_path, meta)
@@ -125,7 +125,11 @@ def check_artifact(engine: Engine, artifact: str | os.PathLike, *, checkpoint: s
     if (theirs.img_hw, theirs.num_classes, theirs.output_shape) != (ours.img_hw, ours.num_classes, ours.output_shape):
         raise ArtifactError(f"the reference model does not match the artifact's config (image size {list(theirs.img_hw)} vs {list(ours.img_hw)}, "
                             f"output [B, {', '.join(map(str, theirs.output_shape))}] vs [B, {', '.join(map(str, ours.output_shape))}]); "
-                            "pass the right --checkpoint and the artifact's --num-classes / --global-pool")  # fmt: skip
+                            "pass the right --checkpoint and the artifact's --num-classes / --global-pool / --features-only")  # fmt: skip
+    if (theirs.feature_indices, theirs.feature_norm) != (ours.feature_indices, ours.feature_norm):
+        raise ArtifactError(f"the reference model's feature maps are not the artifact's (blocks {list(theirs.feature_indices)} vs "
+                            f"{list(ours.feature_indices)}, feature_norm {theirs.feature_norm} vs {ours.feature_norm}); pass the "
+                            "artifact's --out-indices and --feature-norm")  # fmt: skip
     x = check_inputs(engine.config, engine, samples, data)
     reference.eval()
     outs, refs = [], []
@@ -134,7 +138,7 @@ def check_artifact(engine: Engine, artifact: str | os.PathLike, *, checkpoint: s
         with torch.no_grad():
             outs.append(_run(engine, part).cpu())
             refs.append(reference(part))
-    result = compare(torch.cat(outs), torch.cat(refs), engine.precision, atol=atol, rtol=rtol)
+    result = compare(torch.cat(outs), torch.cat(refs), engine.precision, atol=atol, rtol=rtol, channel_axis=ours.channel_axis)
     return result | {"artifact": str(artifact), "backend": engine.kind, "inputs": str(data) if data else "seeded random-pixel images",
                      "guessed": guessed or {}}  # fmt: skip
 
@@ -159,7 +163,7 @@ def check_against(engine: Engine, other: Engine, *, samples: int = 16, data: str
         raise ArtifactError(f"{engine.path} gives logits {tuple(out.shape)} but {other.path} gives {tuple(ref.shape)}; "
                             "compare artifacts of the same model")  # fmt: skip
     precision = looser_precision(engine.precision, other.precision)
-    result = compare(out, ref, precision, atol=atol, rtol=rtol)
+    result = compare(out, ref, precision, atol=atol, rtol=rtol, channel_axis=engine.config.channel_axis)
     result |= {"backend": engine.kind, "against_backend": other.kind, "inputs": str(data) if data else "seeded random-pixel images"}
     if mark_all:
         report.phase("comparing every intermediate tensor")
@@ -200,6 +204,9 @@ def evaluate(engine: Engine, data: str | os.PathLike, *, labels: Sequence[str] |
     checkpoint) evaluated on the same images, reported under "against" with the accuracy difference
     and top-1 agreement. `progress`: told the images evaluated so far.
     Returns artifact, backend, precision, top1, top5, k, n, classes (and against)."""
+    if engine.config.features_only:
+        raise ArtifactError(f"{engine.path} returns feature maps (features_only), not one prediction per image; eval needs a pooled "
+                            "classifier: export the checkpoint without --features-only")  # fmt: skip
     if engine.config.global_pool == "":
         raise ArtifactError(f"{engine.path} returns every token (global_pool none), not one prediction per image; eval needs a pooled "
                             "classifier: export the checkpoint without --global-pool none")  # fmt: skip

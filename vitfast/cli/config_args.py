@@ -13,13 +13,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vitfast.config import ACT_LAYERS, CROP_MODES, GLOBAL_POOLS, INTERPOLATIONS, check_field_names
+from vitfast.config import ACT_LAYERS, CROP_MODES, GLOBAL_POOLS, INTERPOLATIONS, OUTPUT_FMTS, check_field_names
 from vitfast.errors import ConfigError, InputError
 from vitfast.foreign import config_file_fields
 
 # flag -> ViTConfig field
 _FLAGS = {"num_heads": "--num-heads", "act_layer": "--act-layer", "norm_eps": "--norm-eps", "num_classes": "--num-classes",
-          "global_pool": "--global-pool",
+          "global_pool": "--global-pool", "features_only": "--features-only", "out_indices": "--out-indices",
+          "output_fmt": "--output-fmt", "feature_norm": "--feature-norm",
           "mean": "--mean", "std": "--std", "crop_pct": "--crop-pct", "crop_mode": "--crop-mode", "interpolation": "--interpolation"}  # fmt: skip
 
 
@@ -36,6 +37,16 @@ def add_config_args(parser: argparse.ArgumentParser, labels: bool = True) -> Non
     group.add_argument("--global-pool", type=_pool, choices=GLOBAL_POOLS, metavar="{" + ",".join(p or "none" for p in GLOBAL_POOLS) + "}",
                        help="what the head reads: the class token, the mean patch token (avg), the attention pool (map), both (token_avg), "
                             "or none: every token out, [B, tokens, features] (with --num-classes 0: the final norm's tokens)")  # fmt: skip
+    group.add_argument("--features-only", action="store_true", default=None,
+                       help="output feature maps for dense prediction instead of logits: the patch tokens of the --out-indices "
+                            "blocks, [B, n, C, H/patch, W/patch] (timm's features_only; no head, no blocks after the last index)")  # fmt: skip
+    group.add_argument("--out-indices", type=int, nargs="+", metavar="I",
+                       help="with --features-only: the blocks whose outputs to return, from 0 (negative: from the end), in "
+                            "block order; default: the last 3")  # fmt: skip
+    group.add_argument("--output-fmt", type=str.upper, choices=OUTPUT_FMTS,
+                       help="with --features-only: NCHW feature maps [B, n, C, H, W] (default) or NLC tokens [B, n, H*W, C]")
+    group.add_argument("--feature-norm", action="store_true", default=None,
+                       help="with --features-only: apply the model's final norm to every feature map (timm's norm=True)")
     group.add_argument("--mean", type=float, nargs="+", metavar="M", help="normalisation mean per channel, e.g. 0.485 0.456 0.406")
     group.add_argument("--std", type=float, nargs="+", metavar="S", help="normalisation std per channel, e.g. 0.229 0.224 0.225")
     group.add_argument("--crop-pct", type=float, metavar="P", help="centre-crop fraction (resize to img_size / P first)")
