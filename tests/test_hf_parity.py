@@ -718,6 +718,53 @@ def test_transformers_dinov3_defaults_are_the_installed_ones():
     assert {k: getattr(defaults, k) for k in DEFAULTS} == DEFAULTS
 
 
+BACKBONES = {
+    "dinov2": (transformers.Dinov2Backbone, transformers.Dinov2Config, DINOV2),
+    "dinov2-registers": (transformers.Dinov2WithRegistersBackbone, transformers.Dinov2WithRegistersConfig, DINOV2 | dict(num_register_tokens=4)),
+    "dinov3": (transformers.DINOv3ViTBackbone, transformers.DINOv3ViTConfig, DINOV3),
+}
+
+
+@pytest.mark.parametrize(
+    "kind, kw, fmt",
+    [("dinov2", dict(out_indices=[1, 3]), "NCHW"), ("dinov2", dict(apply_layernorm=False), "NCHW"),  # default: the last stage
+     ("dinov2-registers", dict(out_features=["stage2", "stage4"]), "NCHW"), ("dinov3", dict(out_indices=[2, 4]), "NCHW"),
+     ("dinov3", dict(out_indices=[1, 3], reshape_hidden_states=False, apply_layernorm=False), "NLC")],
+    ids=["dinov2", "dinov2-default-stage-no-norm", "dinov2-registers", "dinov3", "dinov3-tokens-no-norm"],
+)  # fmt: skip
+def test_hf_backbone_folder_returns_its_feature_maps(tmp_path, kind, kw, fmt):
+    """A *Backbone folder (AutoBackbone: DPT / Depth Anything / Mask2Former encoders) loads as features_only and returns
+    transformers' `feature_maps`, stacked: the stages out_indices name (stage i = after block i - 1), normalised with
+    apply_layernorm, NCHW with reshape_hidden_states. Unused blocks are not built."""
+    backbone_cls, config_cls, fields = BACKBONES[kind]
+    hf = _perturbed(backbone_cls(config_cls(**fields | dict(num_hidden_layers=4) | kw)))
+    hf.save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", vitfast.GuessedConfigWarning)  # the processor's defaults: not what this test is about
+        model = vitfast.load_checkpoint(tmp_path)
+    c = model.config
+    stages = hf.out_indices
+    assert (c.features_only, c.feature_indices, c.output_fmt, c.feature_norm) == (True, tuple(i - 1 for i in stages), fmt,
+                                                                                   kw.get("apply_layernorm", True))  # fmt: skip
+    assert len(model.blocks) == stages[-1]
+    x = torch.randn(2, 3, fields["image_size"], fields["image_size"])
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), torch.stack(hf(pixel_values=x).feature_maps, dim=1), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "kind, kw, named",
+    [("dinov2", dict(out_features=["stem", "stage2"]), "returns the stem"),
+     ("dinov2", dict(reshape_hidden_states=False), "every token, the class token included"),
+     ("dinov3", dict(apply_layernorm=False), "normalises its last stage anyway")],
+)  # fmt: skip
+def test_hf_backbone_feature_maps_vitfast_cannot_compute_are_refused_by_name(tmp_path, kind, kw, named):
+    backbone_cls, config_cls, fields = BACKBONES[kind]
+    backbone_cls(config_cls(**fields | kw)).save_pretrained(tmp_path)
+    with pytest.raises(vitfast.CheckpointError, match=named):
+        vitfast.load_checkpoint(tmp_path)
+
+
 def test_hf_unknown_model_type_lists_what_loads(tmp_path):
     hf = _hf_vit(**HF_CONFIGS["base-like"])
     hf.save_pretrained(tmp_path)

@@ -363,6 +363,8 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
                                             dinov3.MODEL_TYPE))  # fmt: skip
         raise CheckpointError(f"config.json describes a {model_type!r} model; vitfast reads ViT, DeiT, ViT-MSN, I-JEPA, DINOv2, DINOv3, CLIP, "
                               f"SigLIP and AIMv2 image towers (model_type {known})")  # fmt: skip
+    if model_type in (*DINOV2_MODEL_TYPES, dinov3.MODEL_TYPE):
+        fields |= _backbone_fields(cfg, model_type, fields["depth"])
     head = sd.get("head.weight")
     id2label = cfg.get("id2label") or {}
     if head is not None and len(id2label) == head.shape[0] and not _generic_labels(id2label):
@@ -384,6 +386,29 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
     pre, pre_guesses = hf_preprocessing(preprocessor, fields["in_chans"], fields["img_size"], follow_size=follow_size,
                                         default_kind=MODEL_PROCESSORS[model_type])  # fmt: skip
     return ViTConfig(**(fields | pre)), guesses | pre_guesses
+
+
+def _backbone_fields(cfg: dict[str, Any], model_type: str, depth: int) -> dict[str, Any]:
+    """A `Dinov2Backbone` / `Dinov2WithRegistersBackbone` / `DINOv3ViTBackbone` folder returns `feature_maps`: the patch
+    tokens of its `out_indices` stages (stage i = after block i - 1; transformers' default the last), normalised with
+    `apply_layernorm`, as NCHW maps with `reshape_hidden_states` (DINOv3 without it: the tokens, NLC). The features_only
+    fields that compute them; what vitfast cannot compute is refused by name. Other folders: no fields."""
+    arch = next((a for a in cfg.get("architectures") or () if a.endswith("Backbone")), None)
+    if arch is None:
+        return {}
+    names = cfg.get("out_features") or [f"stage{depth}"]
+    stages = cfg.get("out_indices") or [0 if n == "stem" else int(n.removeprefix("stage")) for n in names]
+    reshape, norm = cfg.get("reshape_hidden_states", True), cfg.get("apply_layernorm", True)
+    if 0 in stages:
+        raise CheckpointError(f"this {arch} returns the stem (the embeddings before any block) as a feature map; vitfast's feature maps "
+                              "are block outputs: drop 'stem' from out_features in config.json, or load the weights alone")  # fmt: skip
+    if not reshape and model_type != dinov3.MODEL_TYPE:
+        raise CheckpointError(f"this {arch} has reshape_hidden_states=false: its feature maps are every token, the class token included; "
+                              "vitfast returns patch tokens (set it to true for NCHW maps, or pass --global-pool none for every token)")  # fmt: skip
+    if not norm and model_type == dinov3.MODEL_TYPE and depth in stages:
+        raise CheckpointError(f"this {arch} has apply_layernorm=false but normalises its last stage anyway, one map of {len(stages)}; "
+                              "vitfast normalises all maps or none: set apply_layernorm to true, or leave the last stage out")  # fmt: skip
+    return dict(features_only=True, out_indices=tuple(s - 1 for s in stages), output_fmt="NCHW" if reshape else "NLC", feature_norm=norm)
 
 
 def _hf_act(section: dict[str, Any], default: str) -> str:
