@@ -725,20 +725,25 @@ def test_engine_loads_a_compatible_build(rec, gpu, onnx_file, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def unpooled_onnx(tmp_path_factory) -> Path:
-    """vit_cifar_patch4_32 with global_pool="" and no head, exported (before `gpu` fakes a CUDA device)."""
+def unpooled_onnx(tmp_path_factory) -> dict[str, Path]:
+    """vit_cifar_patch4_32 with global_pool="" and no head, and as feature maps of 2 blocks, exported (before `gpu`
+    fakes a CUDA device)."""
     pytest.importorskip("onnxruntime", reason="the ONNX export checks parity in ONNX Runtime: pip install 'vitfast[onnx]'")
     from vitfast.export import to_onnx
 
-    model = vitfast.create_model("vit_cifar_patch4_32", global_pool="", num_classes=0)
-    return to_onnx(model, tmp_path_factory.mktemp("tokens") / "tokens.onnx")
+    root = tmp_path_factory.mktemp("tokens")
+    tokens = vitfast.create_model("vit_cifar_patch4_32", global_pool="", num_classes=0)
+    maps = vitfast.create_model("vit_cifar_patch4_32", features_only=True, out_indices=(1, 3))
+    return {"tokens": to_onnx(tokens, root / "tokens.onnx"), "maps": to_onnx(maps, root / "maps.onnx")}
 
 
-def test_an_unpooled_model_builds_an_engine_that_says_its_token_shape(unpooled_onnx, rec, gpu, tmp_path):
-    """global_pool="": the engine's sidecar (what serve and triton-repo read) has [batch, tokens, features]."""
-    path = build(unpooled_onnx, tmp_path / "tokens.engine")
-    assert read_sidecar(path)["output"]["shape"] == ["batch", 65, 48]
-    assert trt_export.TensorRTEngine(path).config.output_shape == (65, 48)
+@pytest.mark.parametrize("kind, shape", [("tokens", [65, 48]), ("maps", [2, 48, 8, 8])])
+def test_an_unpooled_model_builds_an_engine_that_says_its_output_shape(unpooled_onnx, rec, gpu, tmp_path, kind, shape):
+    """global_pool="" or features_only: the engine's sidecar (what serve and triton-repo read) has the whole shape,
+    [batch, tokens, features] or [batch, maps, C, H, W]."""
+    path = build(unpooled_onnx[kind], tmp_path / f"{kind}.engine")
+    assert read_sidecar(path)["output"]["shape"] == ["batch", *shape]
+    assert trt_export.TensorRTEngine(path).config.output_shape == tuple(shape)
 
 
 def test_engine_from_another_tensorrt_is_refused(rec, gpu, monkeypatch, onnx_file, tmp_path):
