@@ -765,6 +765,14 @@ def test_hf_backbone_feature_maps_vitfast_cannot_compute_are_refused_by_name(tmp
         vitfast.load_checkpoint(tmp_path)
 
 
+def test_hf_backbone_with_stage_names_transformers_would_not_write_is_refused(tmp_path):
+    transformers.Dinov2Backbone(transformers.Dinov2Config(**DINOV2)).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "out_indices"} | {"out_features": ["layer2"]}))
+    with pytest.raises(vitfast.CheckpointError, match=r"out_features \['layer2'\] are not transformers' stage names"):
+        vitfast.load_checkpoint(tmp_path)
+
+
 def test_hf_unknown_model_type_lists_what_loads(tmp_path):
     hf = _hf_vit(**HF_CONFIGS["base-like"])
     hf.save_pretrained(tmp_path)

@@ -24,7 +24,8 @@ class VisionTransformer(nn.Module):
     """images [B, in_chans, H, W] (normalised float) -> logits [B, num_classes].
 
     With `num_classes=0` the head is the identity and `forward` returns pooled features [B, C]; with
-    `global_pool=""` nothing is pooled and `forward` returns every token [B, T, num_classes or C] (timm's rule).
+    `global_pool=""` nothing is pooled and `forward` returns every token [B, T, num_classes or C] (timm's rule); with
+    `features_only` it returns feature maps [B, n, C, gh, gw] (`forward_intermediates`, stacked) and has no head.
     `mlp_layer` and `norm_layer` default to the config's (`Mlp`, `SwiGLUPacked` or `SwiGLU`;
     `nn.LayerNorm` or `nn.RMSNorm`).
     """
