@@ -90,7 +90,7 @@ def test_config_describes_and_validates_feature_maps():
     assert nlc.replace(features_only=False).out_indices == 3
     refusals = {
         "configure the feature maps of features_only=True": dict(out_indices=(1,)),
-        "last 7 blocks; this model has 6": dict(features_only=True, out_indices=7),
+        "last 7 blocks; the model has 6": dict(features_only=True, out_indices=7),
         r"in \[-6, 5\]": dict(features_only=True, out_indices=(6,)),
         r"are blocks \[4, 1\]: .* block order.*e.g. \(1, 4\)": dict(features_only=True, out_indices=(-2, 1)),
         r"are blocks \[1, 1\]": dict(features_only=True, out_indices=(1, -5)),

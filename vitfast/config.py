@@ -190,11 +190,7 @@ class ViTConfig:
     @property
     def feature_indices(self) -> tuple[int, ...]:
         """The blocks whose outputs `features_only` returns, counted from 0, in block order (empty without features_only)."""
-        if not self.features_only:
-            return ()
-        if isinstance(self.out_indices, int):
-            return tuple(range(self.depth - self.out_indices, self.depth))
-        return tuple(i % self.depth for i in self.out_indices)
+        return take_indices(self.depth, self.out_indices) if self.features_only else ()
 
     @property
     def output_shape(self) -> tuple[int, ...]:
@@ -362,15 +358,13 @@ class ViTConfig:
         if isinstance(idx, bool) or not isinstance(idx, (int, tuple)) or (isinstance(idx, tuple) and not all(
                 isinstance(i, int) and not isinstance(i, bool) for i in idx)):  # fmt: skip
             bad(f"out_indices must be a number of last blocks or a tuple of block indices, got {idx!r}")
-        if isinstance(idx, int) and not 0 < idx <= d:
-            bad(f"out_indices={idx} asks for the last {idx} blocks; this model has {d}: give 1 to {d}")
-        if isinstance(idx, tuple):
-            if not idx or any(not -d <= i < d for i in idx):
-                bad(f"out_indices {idx} must be one or more block indices in [{-d}, {d - 1}] (negative from the end; depth {d})")
-            absolute = [i % d for i in idx]
-            if absolute != sorted(set(absolute)):
-                bad(f"out_indices {idx} are blocks {absolute}: give each block once, in block order (feature maps come out in "
-                    f"block order), e.g. {tuple(sorted(set(absolute)))}")  # fmt: skip
+        try:
+            blocks = take_indices(d, idx)
+        except ValueError as exc:
+            bad(f"out_indices {exc}")
+        if isinstance(idx, tuple) and [i % d for i in idx] != list(blocks):
+            bad(f"out_indices {idx} are blocks {[i % d for i in idx]}: give each block once, in block order (feature maps come out in "
+                f"block order), e.g. {blocks}")  # fmt: skip
         if self.output_fmt not in OUTPUT_FMTS:
             bad(f"output_fmt must be one of {OUTPUT_FMTS}, got {self.output_fmt!r}")
         if self.feature_norm and not (self.final_norm and not self.use_fc_norm):
@@ -417,6 +411,20 @@ class ViTConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"config JSON must be an object, got {type(data).__name__}")
         return cls.from_dict(data)
+
+
+def take_indices(depth: int, indices: int | tuple[int, ...] | list[int] | None) -> tuple[int, ...]:
+    """timm's `feature_take_indices`: None = every block, n = the last n, else the given blocks (negative from the
+    end), each once, in block order. ValueError names what is out of range."""
+    if indices is None:
+        indices = depth
+    if isinstance(indices, int):
+        if not 0 < indices <= depth:
+            raise ValueError(f"{indices} asks for the last {indices} blocks; the model has {depth}: give 1 to {depth}")
+        return tuple(range(depth - indices, depth))
+    if not indices or any(not -depth <= i < depth for i in indices):
+        raise ValueError(f"{tuple(indices)} must be one or more block indices in [{-depth}, {depth - 1}] (negative from the end)")
+    return tuple(sorted({i % depth for i in indices}))
 
 
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ViTConfig))

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .config import OUTPUT_FMTS, ViTConfig
+from .config import OUTPUT_FMTS, ViTConfig, take_indices
 from .hybrid import HybridEmbed
 from .layers import MLP_CLASSES, NORM_CLASSES, Attention, AttentionPoolLatent, Block, PatchEmbed, RopeTables
 
@@ -204,7 +204,7 @@ class VisionTransformer(nn.Module):
         """
         if output_fmt not in OUTPUT_FMTS:
             raise ValueError(f"output_fmt must be one of {OUTPUT_FMTS}, got {output_fmt!r}")
-        take = _take_indices(self.config.depth, indices)
+        take = take_indices(self.config.depth, indices)
         if take[-1] >= len(self.blocks):
             raise ValueError(f"block {take[-1]} is not in this model: it keeps blocks 0 to {len(self.blocks) - 1} "
                              f"(features_only, out_indices={self.config.out_indices})")  # fmt: skip
@@ -244,15 +244,3 @@ class VisionTransformer(nn.Module):
                 m.fused_attn = enabled
         return self
 
-
-def _take_indices(depth: int, indices: int | Sequence[int] | None) -> list[int]:
-    """timm's `feature_take_indices`: None = every block, n = the last n, else the given ones (negative from the end)."""
-    if indices is None:
-        indices = depth
-    if isinstance(indices, int):
-        if not 0 < indices <= depth:
-            raise ValueError(f"indices={indices} asks for the last {indices} blocks; the model has {depth}")
-        return list(range(depth - indices, depth))
-    if not indices or any(not -depth <= i < depth for i in indices):
-        raise ValueError(f"indices {tuple(indices)} must be one or more block indices in [{-depth}, {depth - 1}]")
-    return sorted(i % depth for i in indices)
