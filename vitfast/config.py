@@ -193,6 +193,11 @@ class ViTConfig:
         return take_indices(self.depth, self.out_indices) if self.features_only else ()
 
     @property
+    def built_depth(self) -> int:
+        """The blocks a model of this config builds: all, or with features_only those up to the last feature map."""
+        return self.feature_indices[-1] + 1 if self.features_only else self.depth
+
+    @property
     def output_shape(self) -> tuple[int, ...]:
         """`forward`'s output per image: (out_features,); (seq_len, out_features) per token with global_pool="";
         with features_only, one feature map per index: (n, embed_dim, gh, gw), or (n, gh * gw, embed_dim) for "NLC"."""

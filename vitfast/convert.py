@@ -396,10 +396,12 @@ def _backbone_fields(cfg: dict[str, Any], model_type: str, depth: int) -> dict[s
     arch = next((a for a in cfg.get("architectures") or () if a.endswith("Backbone")), None)
     if arch is None:
         return {}
-    names = cfg.get("out_features") or [f"stage{depth}"]
-    if not cfg.get("out_indices") and not all(re.fullmatch(r"stem|stage\d+", str(n)) for n in names):
-        raise CheckpointError(f"this {arch}'s out_features {names} are not transformers' stage names ('stem', 'stage1', ...); fix config.json")
-    stages = cfg.get("out_indices") or [0 if n == "stem" else int(n.removeprefix("stage")) for n in names]
+    stages = cfg.get("out_indices")
+    if not stages:
+        names = cfg.get("out_features") or [f"stage{depth}"]
+        if not all(re.fullmatch(r"stem|stage\d+", str(n)) for n in names):
+            raise CheckpointError(f"this {arch}'s out_features {names} are not transformers' stage names ('stem', 'stage1', ...); fix config.json")
+        stages = [0 if n == "stem" else int(n.removeprefix("stage")) for n in names]
     reshape, norm = cfg.get("reshape_hidden_states", True), cfg.get("apply_layernorm", True)
     if 0 in stages:
         raise CheckpointError(f"this {arch} returns the stem (the embeddings before any block) as a feature map; vitfast's feature maps "

@@ -37,9 +37,9 @@ def count_macs(config: ViTConfig) -> int:
         + n_tokens * dim * dim  # output projection
         + n_tokens * dim * (fc1_out + fc2_in)  # fc1 and fc2
     )
-    if c.features_only:  # only the blocks up to the last feature map are built; no head
-        return macs + (c.feature_indices[-1] + 1) * per_block
-    macs += c.depth * per_block
+    macs += c.built_depth * per_block
+    if c.features_only:  # no head
+        return macs
     if c.global_pool == "map":  # one learned query over the patch tokens, then an MLP on it
         n = c.num_patches
         macs += dim * dim + n * dim * 2 * dim + 2 * n * dim + dim * dim + 2 * dim * c.mlp_hidden

@@ -219,9 +219,9 @@ def inspect_model(model: torch.nn.Module, images: torch.Tensor) -> Inspection:
         from_token = cfg.class_token if unpooled else cfg.global_pool in ("token", "token_avg")
         rollout = attention_rollout(attentions, P, class_token=from_token)
         heads = head_attention(attentions, P, class_token=from_token)
-        readout = {"token": "class token", "token_avg": "class token (the head also reads the mean patch token)"}
-        source = readout.get(cfg.global_pool, "") if not unpooled else ""
-        source = source or ("class token" if from_token else "mean of patch tokens")
+        source = "class token" if from_token else "mean of patch tokens"
+        if cfg.global_pool == "token_avg" and not unpooled:
+            source += " (the head also reads the mean patch token)"
         if cfg.features_only:
             source += f" (the model returns the feature maps of blocks {list(cfg.feature_indices)}; drawn through block {len(attentions) - 1})"
         elif unpooled:

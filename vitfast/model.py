@@ -63,8 +63,6 @@ class VisionTransformer(nn.Module):
         self.norm_pre = norm_layer(dim, eps=c.norm_eps) if c.pre_norm else nn.Identity()
 
         drop_path = [c.drop_path_rate * i / max(c.depth - 1, 1) for i in range(c.depth)]  # linear decay rule
-        # features_only: the blocks after the last feature map are not built (timm's prune_intermediate_layers)
-        n_blocks = c.feature_indices[-1] + 1 if c.features_only else c.depth
         self.blocks = nn.Sequential(
             *[
                 block_fn(
@@ -84,7 +82,7 @@ class VisionTransformer(nn.Module):
                     norm_layer=norm_layer,
                     **{k: True for k in ("scale_attn_norm", "scale_mlp_norm") if getattr(c, k)},  # only when wanted (injected blocks)
                 )
-                for i in range(n_blocks)
+                for i in range(c.built_depth)  # features_only: none after the last map (timm's prune_intermediate_layers)
             ]
         )
         # timm's rule: with average pooling the final norm moves after the pooling (fc_norm).

@@ -204,12 +204,11 @@ def evaluate(engine: Engine, data: str | os.PathLike, *, labels: Sequence[str] |
     checkpoint) evaluated on the same images, reported under "against" with the accuracy difference
     and top-1 agreement. `progress`: told the images evaluated so far.
     Returns artifact, backend, precision, top1, top5, k, n, classes (and against)."""
-    if engine.config.features_only:
-        raise ArtifactError(f"{engine.path} returns feature maps (features_only), not one prediction per image; eval needs a pooled "
-                            "classifier: export the checkpoint without --features-only")  # fmt: skip
-    if engine.config.global_pool == "":
-        raise ArtifactError(f"{engine.path} returns every token (global_pool none), not one prediction per image; eval needs a pooled "
-                            "classifier: export the checkpoint without --global-pool none")  # fmt: skip
+    if len(engine.config.output_shape) > 1:
+        what, flag = ("feature maps (features_only)", "--features-only") if engine.config.features_only else (
+            "every token (global_pool none)", "--global-pool none")
+        raise ArtifactError(f"{engine.path} returns {what}, not one prediction per image; eval needs a pooled classifier: export the "
+                            f"checkpoint without {flag}")  # fmt: skip
     files, folder_targets, classes = labeled_images(data)
     labels = tuple(labels) if labels is not None else engine.config.labels
     targets = torch.tensor(class_indices(engine.config.num_classes, labels, classes, folder_targets, data))
