@@ -130,6 +130,26 @@ def test_feature_maps_match_timms_feature_getter(tmp_path, variant, fmt):
         assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in feats.parameters()) + key_bias
 
 
+DYNAMIC = ["plain", "deit-distilled", "deit3-layerscale", "reg4-gap", "hybrid-r26", "clip", "dinov2-reg4", "siglip-map",
+           "aimv2-rmsnorm-swiglu", "eva02-base-mlp-norm", "sbb-rope-reg1", "rope-vit-xy", "rope-vit-ape", "pe-core-pool-reads-class-token"]  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", DYNAMIC)
+def test_dynamic_img_size_matches_timm_at_every_grid(tmp_path, variant):
+    """dynamic_img_size equals timm's (`create_model(..., dynamic_img_size=True)`) at its own size, smaller, larger and
+    non-square inputs: position embeddings resized from img_size's grid (antialiased bicubic), rotary tables for the
+    input's grid (EVA-02's scaled to its reference grid)."""
+    name, kw = VARIANTS[variant]
+    ref = _timm_model(name, dynamic_img_size=True, **kw)
+    torch.save(ref.state_dict(), tmp_path / "model.pth")
+    ours = vitfast.load_checkpoint(tmp_path / "model.pth", config=vitfast.get_config(name, **kw), overrides={"dynamic_img_size": True})
+    p, size = ours.config.patch_size, kw["img_size"]
+    for h, w in [(size, size), (2 * p, 3 * p), (size + 2 * p, size - p), (size + p, size + 3 * p)]:
+        x = torch.randn(2, 3, h, w)
+        with torch.no_grad():
+            torch.testing.assert_close(ours(x), ref(x), atol=ATOL, rtol=0, msg=f"{h}x{w}")
+
+
 @pytest.mark.parametrize("variant", ["deit-distilled", "dinov2-reg4", "eva02-base-mlp-norm"])
 def test_forward_intermediates_matches_timms(tmp_path, variant):
     """The whole signature: final tokens beside the maps, prefix tokens paired, stop_early, NLC."""

@@ -95,6 +95,8 @@ def load_checkpoint(
     if "pos_embed" in sd:
         # transformers resizes without antialiasing, except in Dinov2WithRegisters (its only model with registers)
         antialias = fmt != "hf" or source_cfg.reg_tokens > 0
+        if fmt == "hf" and cfg.dynamic_img_size:
+            cfg = _keep_hf_pos_embed(cfg, sd["pos_embed"], source_cfg, antialias, stated)
         sd["pos_embed"] = _fit_pos_embed(sd["pos_embed"], source_cfg, cfg, antialias=antialias)
     model = VisionTransformer(cfg)
     sd = _drop_pruned(sd, cfg)
@@ -331,19 +333,33 @@ def _unwrap(obj: dict[str, Any]) -> StateDict:
 
 
 # ---------------------------------------------------------------------------- fitting
+def _stored_grid(pos: torch.Tensor, src: ViTConfig, dst: ViTConfig) -> tuple[int, int] | None:
+    """The patch grid a checkpoint's position embeddings [1, T, C] are laid out on (None: no grid fits T)."""
+    n_grid = pos.shape[1] - (0 if dst.no_embed_class else dst.num_prefix_tokens)
+    if src.pos_grid[0] * src.pos_grid[1] == n_grid:
+        return src.pos_grid
+    if n_grid > 0 and math.isqrt(n_grid) ** 2 == n_grid:
+        return (math.isqrt(n_grid),) * 2
+    return None
+
+
 def _fit_pos_embed(pos: torch.Tensor, src: ViTConfig, dst: ViTConfig, *, antialias: bool) -> torch.Tensor:
-    """Resample position embeddings when the target patch grid differs from the source's."""
-    prefix = 0 if dst.no_embed_class else dst.num_prefix_tokens
-    n_grid = pos.shape[1] - prefix
-    if src.num_patches == n_grid:
-        old_grid = src.grid_size
-    elif n_grid > 0 and math.isqrt(n_grid) ** 2 == n_grid:
-        old_grid = (math.isqrt(n_grid),) * 2
-    else:
+    """Resample position embeddings when the target's stored patch grid differs from the source's."""
+    old_grid = _stored_grid(pos, src, dst)
+    if old_grid is None:
         return pos  # does not fit at all: _check_keys reports the shape mismatch
-    if old_grid == dst.grid_size:
+    if old_grid == dst.pos_grid:
         return pos
-    return resample_pos_embed(pos, dst.grid_size, num_prefix_tokens=prefix, old_grid=old_grid, antialias=antialias)
+    prefix = 0 if dst.no_embed_class else dst.num_prefix_tokens
+    return resample_pos_embed(pos, dst.pos_grid, num_prefix_tokens=prefix, old_grid=old_grid, antialias=antialias)
+
+
+def _keep_hf_pos_embed(cfg: ViTConfig, pos: torch.Tensor, src: ViTConfig, antialias: bool, stated: dict[str, Any]) -> ViTConfig:
+    """A dynamic_img_size model of a Hugging Face checkpoint resizes the stored table in every forward, by transformers'
+    rule, as `interpolate_pos_encoding` does (timm's resizes once at load to img_size, then from there)."""
+    grid = _stored_grid(pos, src, cfg)
+    keep = {"pos_embed_antialias": antialias} | ({"pos_embed_grid": grid if grid != cfg.grid_size else None} if grid else {})
+    return cfg.replace(**{k: v for k, v in keep.items() if k not in stated})
 
 
 def _check_keys(sd: StateDict, expected: StateDict, path: Path, cfg: ViTConfig) -> None:

@@ -80,6 +80,15 @@ class ViTConfig:
     reg_tokens: int = 0  # register tokens (Darcet et al. 2023)
     no_embed_class: bool = False  # position embeddings cover patches only (DeiT-III, reg models)
     abs_pos_embed: bool = True  # False: no learned position embeddings added to the tokens (timm's use_abs_pos_emb; DINOv3)
+    # timm's dynamic_img_size: `forward` takes images of any H x W in whole patches; the position embeddings (and rotary
+    # tables) are fitted to each input's patch grid in every forward. img_size stays the size images are preprocessed to
+    dynamic_img_size: bool = False
+    # the patch grid pos_embed is stored at when it is not img_size's; only with dynamic_img_size (a fixed-size model holds
+    # them at its own grid): a Hugging Face DINOv2 keeps its 37x37 table, which transformers resizes in every forward
+    pos_embed_grid: tuple[int, int] | None = None
+    # how pos_embed is resized to another grid: timm's antialiased bicubic (True), or transformers' plain bicubic (False;
+    # all its models but Dinov2WithRegisters)
+    pos_embed_antialias: bool = True
     rope: str | None = None  # rotary position embeddings in every attention, one of ROPE_KINDS (DINOv3, EVA-02); None = none
     rope_theta: float | None = None  # the rotary base period (timm's rope_temperature, transformers' rope_theta); None = the kind's
     rope_ref_grid: tuple[int, int] | None = None  # "axial": the grid positions are scaled to (EVA's ref_feat_shape); None = own grid
@@ -133,8 +142,9 @@ class ViTConfig:
             object.__setattr__(self, name, values)
         if self.hybrid_layers is not None:
             object.__setattr__(self, "hybrid_layers", tuple(int(d) for d in self.hybrid_layers))
-        if isinstance(self.rope_ref_grid, (list, tuple)):
-            object.__setattr__(self, "rope_ref_grid", tuple(self.rope_ref_grid))
+        for name in ("rope_ref_grid", "pos_embed_grid"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         if isinstance(self.out_indices, list):
             object.__setattr__(self, "out_indices", tuple(self.out_indices))
         if self.labels is not None:
@@ -150,6 +160,11 @@ class ViTConfig:
     def grid_size(self) -> tuple[int, int]:
         h, w = self.img_hw
         return h // self.patch_size, w // self.patch_size
+
+    @property
+    def pos_grid(self) -> tuple[int, int]:
+        """The patch grid `pos_embed` is stored at: `pos_embed_grid`, else img_size's."""
+        return self.pos_embed_grid or self.grid_size
 
     @property
     def num_patches(self) -> int:
@@ -198,13 +213,17 @@ class ViTConfig:
         return self.feature_indices[-1] + 1 if self.features_only else self.depth
 
     @property
-    def output_shape(self) -> tuple[int, ...]:
+    def output_shape(self) -> tuple[int | None, ...]:
         """`forward`'s output per image: (out_features,); (seq_len, out_features) per token with global_pool="";
-        with features_only, one feature map per index: (n, embed_dim, gh, gw), or (n, gh * gw, embed_dim) for "NLC"."""
+        with features_only, one feature map per index: (n, embed_dim, gh, gw), or (n, gh * gw, embed_dim) for "NLC".
+        With dynamic_img_size the sizes that follow the input's patch grid are None."""
+        grid, patches, tokens = self.grid_size, self.num_patches, self.seq_len
+        if self.dynamic_img_size:
+            grid, patches, tokens = (None, None), None, None
         if self.features_only:
             n = len(self.feature_indices)
-            return (n, self.embed_dim, *self.grid_size) if self.output_fmt == "NCHW" else (n, self.num_patches, self.embed_dim)
-        return (self.seq_len, self.out_features) if self.global_pool == "" else (self.out_features,)
+            return (n, self.embed_dim, *grid) if self.output_fmt == "NCHW" else (n, patches, self.embed_dim)
+        return (tokens, self.out_features) if self.global_pool == "" else (self.out_features,)
 
     @property
     def channel_axis(self) -> int:
@@ -309,6 +328,12 @@ class ViTConfig:
         if self.attn_pool_mlp_ratio is not None and not self.attn_pool_mlp_ratio > 0:
             bad(f"attn_pool_mlp_ratio must be > 0 (or None: mlp_ratio), got {self.attn_pool_mlp_ratio}")
         self._validate_features(bad)
+        if self.pos_embed_grid is not None:
+            if not (self.dynamic_img_size and self.abs_pos_embed):
+                bad("pos_embed_grid is the stored grid of the position embeddings a dynamic_img_size model resizes in every forward; "
+                    "it needs dynamic_img_size=True and abs_pos_embed=True (a fixed-size model holds them at its own grid)")  # fmt: skip
+            if len(self.pos_embed_grid) != 2 or not all(isinstance(s, int) and s > 0 for s in self.pos_embed_grid):
+                bad(f"pos_embed_grid must be two positive integers (rows, columns), got {self.pos_embed_grid!r}")
         if self.rope_grid_indexing not in ROPE_GRID_INDEXINGS:
             bad(f"rope_grid_indexing must be one of {ROPE_GRID_INDEXINGS}, got {self.rope_grid_indexing!r}")
         if self.rope_grid_indexing != "ij" and self.rope is None:

@@ -134,16 +134,18 @@ class HybridEmbed(nn.Module):
     """ResNet-v2 features, then a Conv2d projection (kernel = patch / reduction) to tokens [B, N, C]."""
 
     def __init__(
-        self, img_size: tuple[int, int], patch_size: int, in_chans: int, embed_dim: int, layers: tuple[int, ...], bias: bool = True
-    ):
+        self, img_size: tuple[int, int], patch_size: int, in_chans: int, embed_dim: int, layers: tuple[int, ...], bias: bool = True,
+        dynamic_patch: int | None = None,
+    ):  # fmt: skip
         super().__init__()
         self.img_size = img_size
         self.in_chans = in_chans
+        self.dynamic_patch = dynamic_patch
         self.backbone = ResNetV2(layers, in_chans)
         reduction = 4 * 2 ** (len(layers) - 1)
         kernel = patch_size // reduction
         self.proj = nn.Conv2d(self.backbone.num_features, embed_dim, kernel_size=kernel, stride=kernel, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_image_shape(x, self.in_chans, self.img_size)
+        check_image_shape(x, self.in_chans, self.img_size, self.dynamic_patch)
         return self.proj(self.backbone(x)).flatten(2).transpose(1, 2)

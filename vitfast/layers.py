@@ -21,21 +21,24 @@ class PatchEmbed(nn.Module):
     then `norm` over C if given (timm's `patch_embed.norm`, AIMv2)."""
 
     def __init__(
-        self, img_size: tuple[int, int], patch_size: int, in_chans: int, embed_dim: int, bias: bool = True, norm: nn.Module | None = None
-    ):
+        self, img_size: tuple[int, int], patch_size: int, in_chans: int, embed_dim: int, bias: bool = True, norm: nn.Module | None = None,
+        dynamic_patch: int | None = None,
+    ):  # fmt: skip
         super().__init__()
         self.img_size = img_size
         self.in_chans = in_chans
+        self.dynamic_patch = dynamic_patch
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, bias=bias)
         self.norm = norm if norm is not None else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_image_shape(x, self.in_chans, self.img_size)
+        check_image_shape(x, self.in_chans, self.img_size, self.dynamic_patch)
         return self.norm(self.proj(x).flatten(2).transpose(1, 2))
 
 
-def check_image_shape(x: torch.Tensor, in_chans: int, img_size: tuple[int, int]) -> None:
-    """Raise `InputError` naming the expected shape (shape checks are static under tracing)."""
+def check_image_shape(x: torch.Tensor, in_chans: int, img_size: tuple[int, int], dynamic_patch: int | None = None) -> None:
+    """Raise `InputError` naming the expected shape (shape checks are static under tracing). `dynamic_patch`: any
+    H x W in whole patches of that size is accepted (dynamic_img_size)."""
     if x.ndim != 4:
         raise InputError(
             f"expected images as a [B, {in_chans}, {img_size[0]}, {img_size[1]}] float tensor, "
@@ -51,6 +54,13 @@ def check_image_shape(x: torch.Tensor, in_chans: int, img_size: tuple[int, int])
             f"expected {in_chans} input channels, got {x.shape[1]} (shape {tuple(x.shape)}); "
             f"images must be [B, C, H, W] with C = {in_chans}"
         )
+    if dynamic_patch is not None:
+        h, w = x.shape[2], x.shape[3]
+        if h % dynamic_patch or w % dynamic_patch or min(h, w) < dynamic_patch:
+            fit = [max(s // dynamic_patch, 1) * dynamic_patch for s in (h, w)]
+            raise InputError(f"images of {h}x{w} are not whole {dynamic_patch}x{dynamic_patch} patches; this model (dynamic_img_size) "
+                             f"takes any size in whole patches: crop or resize to e.g. {fit[0]}x{fit[1]}")  # fmt: skip
+        return
     if tuple(x.shape[2:]) != tuple(img_size):
         raise InputError(
             f"expected images of {img_size[0]}x{img_size[1]}, got {x.shape[2]}x{x.shape[3]}; resize the "
@@ -119,7 +129,8 @@ class RopeTables(nn.Module):
                  indexing: str = "ij", offset: float = 0.0):  # fmt: skip
         super().__init__()
         self.interleaved = kind == "axial"
-        self._tables = functools.partial(rope_tables, kind, grid, head_dim, theta, ref_grid=ref_grid, indexing=indexing, offset=offset)
+        self._at = functools.partial(rope_tables, kind, head_dim=head_dim, theta=theta, ref_grid=ref_grid, indexing=indexing, offset=offset)
+        self._tables = functools.partial(self._at, grid=grid)
         cos, sin = self._tables(dtype=torch.float32)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -129,8 +140,11 @@ class RopeTables(nn.Module):
         self.cos, self.sin = self._tables(dtype=self.cos.dtype, device=self.cos.device)
         return self
 
-    def forward(self) -> Rope:
-        return Rope(self.cos, self.sin, self.interleaved)
+    def forward(self, grid: tuple[int, int] | None = None) -> Rope:
+        """The tables of the model's grid, or computed for another `grid` (dynamic_img_size: the input's, each forward)."""
+        if grid is None:
+            return Rope(self.cos, self.sin, self.interleaved)
+        return Rope(*self._at(grid=grid, dtype=self.cos.dtype, device=self.cos.device), self.interleaved)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:

@@ -18,6 +18,7 @@ from torch import nn
 from .config import OUTPUT_FMTS, ViTConfig, take_indices
 from .hybrid import HybridEmbed
 from .layers import MLP_CLASSES, NORM_CLASSES, Attention, AttentionPoolLatent, Block, PatchEmbed, RopeTables
+from .pos_embed import interpolate_grid
 
 
 class VisionTransformer(nn.Module):
@@ -46,15 +47,16 @@ class VisionTransformer(nn.Module):
         dim = c.embed_dim
         self.num_prefix_tokens = c.num_prefix_tokens
         bias = not c.pre_norm  # timm: no projection bias when a LayerNorm follows the embeddings
+        dynamic = c.patch_size if c.dynamic_img_size else None
         if c.hybrid_layers is not None:
-            self.patch_embed = HybridEmbed(c.img_hw, c.patch_size, c.in_chans, dim, c.hybrid_layers, bias=bias)
+            self.patch_embed = HybridEmbed(c.img_hw, c.patch_size, c.in_chans, dim, c.hybrid_layers, bias=bias, dynamic_patch=dynamic)
         else:
             embed_norm = norm_layer(dim, eps=c.norm_eps) if c.embed_norm else None
-            self.patch_embed = PatchEmbed(c.img_hw, c.patch_size, c.in_chans, dim, bias=bias, norm=embed_norm)
+            self.patch_embed = PatchEmbed(c.img_hw, c.patch_size, c.in_chans, dim, bias=bias, norm=embed_norm, dynamic_patch=dynamic)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if c.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if c.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, dim)) if c.reg_tokens else None
-        embed_len = c.num_patches if c.no_embed_class else c.seq_len
+        embed_len = c.pos_grid[0] * c.pos_grid[1] + (0 if c.no_embed_class else c.num_prefix_tokens)
         self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, dim)) if c.abs_pos_embed else None
         self.pos_drop = nn.Dropout(c.pos_drop_rate)
         # DINOv3, EVA-02: rotary tables for the patch grid, computed once (not per forward), handed to every block
@@ -127,17 +129,33 @@ class VisionTransformer(nn.Module):
                     nn.init.zeros_(m.bias)
 
     # ---------------------------------------------------------------- forward
-    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Patch tokens [B, N, C] -> [B, prefix + N, C] with class/dist/register tokens prepended."""
+    def _embed(self, images: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """images -> (tokens [B, prefix + N, C] entering the blocks, the blocks' rotary keyword argument).
+
+        With dynamic_img_size the position embeddings and rotary tables are fitted to the images' patch grid."""
+        x = self.patch_embed(images)
+        p = self.config.patch_size
+        grid = (images.shape[-2] // p, images.shape[-1] // p) if self.config.dynamic_img_size else None
+        x = self.norm_pre(self.pos_drop(self._pos_embed(x, grid)))
+        return x, {} if self.rope is None else {"rope": self.rope(grid)}  # blocks get it only when there is one
+
+    def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
+        """Patch tokens [B, N, C] -> [B, prefix + N, C] with class/dist/register tokens prepended, and the position
+        embeddings added: as stored, or resized to `grid` from the stored grid (dynamic_img_size)."""
         prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
-        if self.pos_embed is None:
+        pos = self.pos_embed
+        if pos is None:
             return torch.cat(prefix + [x], dim=1) if prefix else x
-        if self.config.no_embed_class:
-            x = x + self.pos_embed
+        c = self.config
+        if grid is not None:
+            n = 0 if c.no_embed_class else self.num_prefix_tokens
+            pos = torch.cat([pos[:, :n], interpolate_grid(pos[:, n:], c.pos_grid, grid, antialias=c.pos_embed_antialias)], dim=1)
+        if c.no_embed_class:
+            x = x + pos
             return torch.cat(prefix + [x], dim=1) if prefix else x
         if prefix:
             x = torch.cat(prefix + [x], dim=1)
-        return x + self.pos_embed
+        return x + pos
 
     def forward_features(self, x: torch.Tensor, return_attention: bool = False):
         """images -> tokens [B, prefix + N, C] after the final norm.
@@ -146,8 +164,7 @@ class VisionTransformer(nn.Module):
         `depth` tensors [B, heads, T, T] of attention probabilities (T = prefix + N), computed on
         the explicit math path.
         """
-        x = self.norm_pre(self.pos_drop(self._pos_embed(self.patch_embed(x))))
-        rope = {} if self.rope is None else {"rope": self.rope()}  # blocks get it only when there is one
+        x, rope = self._embed(x)
         if not return_attention:
             for block in self.blocks:
                 x = block(x, **rope)
@@ -207,8 +224,7 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"block {take[-1]} is not in this model: it keeps blocks 0 to {len(self.blocks) - 1} "
                              f"(features_only, out_indices={self.config.out_indices})")  # fmt: skip
         B, _, height, width = x.shape
-        x = self.norm_pre(self.pos_drop(self._pos_embed(self.patch_embed(x))))
-        rope = {} if self.rope is None else {"rope": self.rope()}
+        x, rope = self._embed(x)
         blocks = self.blocks[: take[-1] + 1] if stop_early or intermediates_only else self.blocks
         features = []
         for i, block in enumerate(blocks):

@@ -31,8 +31,13 @@ def resample_pos_embed(
         old_grid = (side, side)
     if tuple(old_grid) == tuple(new_grid):
         return pos_embed
-    dtype = grid.dtype
+    return torch.cat([prefix, interpolate_grid(grid, old_grid, new_grid, antialias=antialias)], dim=1)
+
+
+def interpolate_grid(grid: torch.Tensor, old_grid: tuple[int, int], new_grid, *, antialias: bool) -> torch.Tensor:
+    """Patch position embeddings [1, gh*gw, C] -> [1, new_gh*new_gw, C], bicubic in fp32, always (no shortcut for an
+    equal grid: `new_grid` may be symbolic under torch.export, and at scale 1 bicubic returns its input)."""
+    dim, dtype = grid.shape[-1], grid.dtype
     grid = grid.float().reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2)
     grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", align_corners=False, antialias=antialias)
-    grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(dtype)
-    return torch.cat([prefix, grid], dim=1)
+    return grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(dtype)

@@ -1,0 +1,147 @@
+"""Dynamic image size (timm's `dynamic_img_size`; `--dynamic-img-size`): one model, and one exported graph, for any
+H x W in whole patches, the position embeddings and rotary tables fitted to each input's patch grid.
+
+The model is checked here against a fixed-size model of the same weights built at the input's size (the load-time
+resize and the rotary tables of a fixed grid: another route) and against transformers (`interpolate_pos_encoding`),
+then through checkpoints and export. timm's own `dynamic_img_size` is the reference in test_timm_parity.py."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import vitfast
+from conftest import DINOV3, randomize, tiny_config
+from vitfast.errors import ConfigError, InputError
+
+ATOL = 1e-5
+# (config, another grid to run it at): odd and non-square grids, prefix tokens of every kind, rotary positions, a hybrid stem
+VARIANTS = {
+    "registers-5x3": (tiny_config(img_size=(40, 24), reg_tokens=2, depth=2), (3, 7)),
+    "distilled": (tiny_config(distilled=True, depth=2), (6, 5)),
+    "no-embed-class-layer-scale": (tiny_config(no_embed_class=True, reg_tokens=1, init_values=0.1, depth=2), (2, 3)),
+    "avg-no-class-token": (tiny_config(class_token=False, global_pool="avg", depth=2), (5, 5)),
+    "dinov3-rope": (tiny_config(**DINOV3 | dict(depth=2)), (3, 6)),
+    "axial-rope-ref-grid": (tiny_config(rope="axial", rope_ref_grid=(3, 3), abs_pos_embed=False, depth=2), (5, 4)),
+    "hybrid": (vitfast.get_config("vit_small_r26_s32_224", img_size=64, depth=2, embed_dim=64, num_heads=2, num_classes=5), (3, 1)),
+}
+
+
+def _dynamic(model: vitfast.VisionTransformer, **overrides) -> vitfast.VisionTransformer:
+    twin = vitfast.create_model(model.config.replace(dynamic_img_size=True, **overrides)).eval()
+    twin.load_state_dict({k: v for k, v in model.state_dict().items() if k in twin.state_dict()})  # features, tokens: no head
+    return twin
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_dynamic_model_equals_fixed_models_at_every_size(tmp_path, name):
+    """At its own size the dynamic model is the fixed one, exactly (bicubic at scale 1 returns its input); at another
+    grid it is the fixed model loaded at that size from the same checkpoint (timm's rule: resized once, antialiased)."""
+    cfg, (gh, gw) = VARIANTS[name]
+    fixed = randomize(vitfast.create_model(cfg)).eval()
+    dynamic = _dynamic(fixed)
+    vitfast.save_checkpoint(fixed, tmp_path / "m.safetensors")
+    p = cfg.patch_size
+    with torch.no_grad():
+        x = torch.randn(2, 3, *cfg.img_hw)
+        assert torch.equal(dynamic(x), fixed(x))
+        x = torch.randn(2, 3, gh * p, gw * p)
+        other = vitfast.load_checkpoint(tmp_path / "m.safetensors", img_size=(gh * p, gw * p))
+        torch.testing.assert_close(dynamic(x), other(x), atol=ATOL, rtol=0)
+        with pytest.raises(InputError, match="images of"):
+            fixed(x)
+
+
+def test_feature_maps_and_tokens_follow_the_input_grid():
+    cfg = tiny_config(img_size=(40, 24), reg_tokens=2, depth=3)
+    model = randomize(vitfast.create_model(cfg)).eval()
+    x = torch.randn(2, 3, 56, 32)  # 7 x 4 patches of 8
+    with torch.no_grad():
+        tokens = _dynamic(model, num_classes=0, global_pool="")(x)
+        maps = _dynamic(model, features_only=True, out_indices=(0, 2))(x)
+        nlc = _dynamic(model, features_only=True, out_indices=(0, 2), output_fmt="NLC")(x)
+    assert tokens.shape == (2, 3 + 28, cfg.embed_dim) and maps.shape == (2, 2, cfg.embed_dim, 7, 4)
+    torch.testing.assert_close(maps, nlc.reshape(2, 2, 7, 4, -1).permute(0, 1, 4, 2, 3), atol=0, rtol=0)
+    assert _dynamic(model, features_only=True).config.output_shape == (3, cfg.embed_dim, None, None)
+    assert _dynamic(model, num_classes=0, global_pool="").config.output_shape == (None, cfg.embed_dim)
+    assert _dynamic(model).config.output_shape == (cfg.num_classes,)
+
+
+@pytest.mark.parametrize("hw, named", [((57, 32), "57x32"), ((56, 4), "56x4"), ((0, 8), "0x8")])
+def test_images_not_in_whole_patches_are_refused_with_a_size_that_fits(hw, named):
+    model = vitfast.create_model(tiny_config(dynamic_img_size=True)).eval()
+    with pytest.raises(InputError, match=f"images of {named} are not whole 8x8 patches.*e.g. "):
+        model(torch.randn(1, 3, *hw))
+
+
+def test_config_round_trips_and_refuses_a_stored_grid_without_dynamic_img_size():
+    cfg = tiny_config(dynamic_img_size=True, pos_embed_grid=(5, 5), pos_embed_antialias=False)
+    assert vitfast.ViTConfig.from_json(cfg.to_json()) == cfg and cfg.pos_grid == (5, 5)
+    assert vitfast.create_model(cfg).pos_embed.shape[1] == 1 + 25
+    with pytest.raises(ConfigError, match="pos_embed_grid .* needs dynamic_img_size=True"):
+        tiny_config(pos_embed_grid=(5, 5))
+    with pytest.raises(ConfigError, match="needs dynamic_img_size=True and abs_pos_embed=True"):
+        tiny_config(dynamic_img_size=True, pos_embed_grid=(5, 5), abs_pos_embed=False, rope="dinov3")
+    with pytest.raises(ConfigError, match="two positive integers"):
+        tiny_config(dynamic_img_size=True, pos_embed_grid=(5, 0))
+
+
+# ---------------------------------------------------------------------------- transformers' interpolate_pos_encoding
+transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e .[test])")
+SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+HF_MODELS = {  # (model, output, whether forward needs interpolate_pos_encoding=True)
+    "vit": (lambda: transformers.ViTForImageClassification(transformers.ViTConfig(image_size=32, patch_size=8, intermediate_size=128,
+                                                                                  num_labels=5, **SMALL)), "logits", True),
+    "dinov2": (lambda: transformers.Dinov2Model(transformers.Dinov2Config(image_size=28, patch_size=7, layerscale_value=0.5, **SMALL)),
+               "pooler_output", False),
+    "dinov2-registers": (lambda: transformers.Dinov2WithRegistersModel(transformers.Dinov2WithRegistersConfig(
+        image_size=28, patch_size=7, layerscale_value=0.5, num_register_tokens=4, **SMALL)), "pooler_output", False),
+    "clip": (lambda: transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(
+        image_size=32, patch_size=8, intermediate_size=128, projection_dim=24, **SMALL)), "image_embeds", True),
+    "siglip": (lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(image_size=32, patch_size=8, intermediate_size=160,
+                                                                                      **SMALL)), "pooler_output", True),
+    "dinov3": (lambda: transformers.DINOv3ViTModel(transformers.DINOv3ViTConfig(image_size=32, patch_size=8, intermediate_size=128,
+                                                                                **SMALL)), "pooler_output", False),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(HF_MODELS))
+def test_hugging_face_folder_matches_interpolate_pos_encoding_at_every_size(tmp_path, name):
+    """A dynamic model of an HF folder resizes the stored table in every forward by transformers' rule (plain bicubic;
+    antialiased for Dinov2WithRegisters), as transformers does: equal at the stored grid and at four others."""
+    make, output, flag = HF_MODELS[name]
+    hf = randomize(make(), scale=0.05).eval()
+    hf.save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", vitfast.GuessedConfigWarning)  # no preprocessor_config.json: its defaults
+        model = vitfast.load_checkpoint(tmp_path, overrides={"dynamic_img_size": True})
+    assert model.config.pos_embed_antialias == (name not in ("vit", "dinov2", "clip", "siglip"))
+    p = model.config.patch_size
+    for gh, gw in [model.config.grid_size, (6, 6), (3, 5), (7, 2), (1, 1)]:
+        x = torch.randn(2, 3, gh * p, gw * p)
+        with torch.no_grad():
+            want = getattr(hf(pixel_values=x, **({"interpolate_pos_encoding": True} if flag else {})), output)
+            torch.testing.assert_close(model(x), want, atol=ATOL, rtol=0, msg=f"{gh}x{gw} patches")
+
+
+@pytest.mark.parametrize("registers", [0, 4])
+def test_hf_dinov2_keeps_its_stored_table_and_resizes_from_it(tmp_path, registers):
+    """DINOv2 stores a larger table than its processor's crop (facebook/dinov2-*: 37x37 for 224 px). transformers
+    resizes the stored table at every size; so does the dynamic model, which keeps it (pos_embed_grid), also after a
+    save and reload. A fixed model resized once to the crop's grid would differ at other sizes."""
+    make = HF_MODELS["dinov2-registers" if registers else "dinov2"][0]
+    hf = randomize(make(), scale=0.05).eval()  # 28 px / 7: a 4x4 table
+    hf.save_pretrained(tmp_path)
+    transformers.BitImageProcessor(size={"shortest_edge": 35}, crop_size={"height": 35, "width": 35}).save_pretrained(tmp_path)
+    model = vitfast.load_checkpoint(tmp_path, overrides={"dynamic_img_size": True})
+    assert (model.config.img_size, model.config.pos_embed_grid, model.pos_embed.shape[1]) == (35, (4, 4), 1 + 16 if not registers else 16)
+    vitfast.save_checkpoint(model, tmp_path / "ours.safetensors")
+    again = vitfast.load_checkpoint(tmp_path / "ours.safetensors")
+    for gh, gw in [(5, 5), (8, 3)]:
+        x = torch.randn(2, 3, gh * 7, gw * 7)
+        with torch.no_grad():
+            want = hf(pixel_values=x).pooler_output
+            torch.testing.assert_close(model(x), want, atol=ATOL, rtol=0)
+            torch.testing.assert_close(again(x), want, atol=ATOL, rtol=0)
