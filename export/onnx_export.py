@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from vitfast.data import random_images
+from vitfast.data import other_sizes, random_images
 from vitfast.errors import ArtifactError, BackendUnavailable, ConfigError
 from vitfast.optimize import restore
-from vitfast.parity import compare
+from vitfast.parity import compare, with_other_sizes
 from vitfast.precision import ONNX, require
 from vitfast.progress import Reporter, reporting
 
@@ -72,7 +72,6 @@ def to_onnx(
     *,
     opset: int = 18,
     dynamic_batch: bool = True,
-    dynamic_image_size: bool = False,
     precision: str = "fp32",
     batch: tuple[int, int, int] | None = None,
     force: bool = False,
@@ -83,8 +82,10 @@ def to_onnx(
 
     precision "fp16" exports the model in float16 with LayerNorm statistics and the attention
     softmax in float32, and float32 inputs/outputs. `batch` (min, opt, max) is recorded for engines built from
-    it; with `dynamic_batch=False` the graph is fixed at batch `opt`. The ONNX Runtime logits are
-    compared with the PyTorch fp32 reference on random images and the numbers go in the sidecar.
+    it; with `dynamic_batch=False` the graph is fixed at batch `opt`. A `dynamic_img_size` model gives a graph with
+    dynamic H and W (whole patches), its position embeddings resized in the graph. The ONNX Runtime logits are
+    compared with the PyTorch fp32 reference on random images (for a dynamic model, at two more sizes:
+    `vitfast.data.other_sizes`) and the numbers go in the sidecar.
     `progress`: a `vitfast.progress.Reporter` told each phase (default: silent).
     """
     onnx, _ = require_onnx()
@@ -93,11 +94,6 @@ def to_onnx(
         raise ArtifactError(f"--opset must be {MIN_OPSET}..{newest} (LayerNormalization needs {MIN_OPSET}; {newest} is the newest "
                             f"this torch / onnx / onnxruntime can all handle), got {opset!r}")  # fmt: skip
     require(precision, ONNX, "to_onnx", " (int8 goes through quantize_int8)")
-    if dynamic_image_size:
-        raise ArtifactError(
-            "dynamic image size is not supported: the position-embedding resize is not expressed in the graph; "
-            "export one artifact per resolution with --img-size N (embeddings are resized at export)"
-        )
     ref = exportable_copy(model)
     check_finite_weights(ref)
     cfg = ref.config
@@ -109,7 +105,7 @@ def to_onnx(
     with claim_output(path, force) as out:
         tmp = out.tmp
         report.phase(f"tracing {precision} ONNX (opset {opset})")
-        _export(graph_module, example, tmp, opset, dynamic_batch)
+        _export(graph_module, example, tmp, opset, dynamic_batch, cfg.patch_size if cfg.dynamic_img_size else None)
         report.phase(f"checking the graph, parity with PyTorch fp32 on {parity_batch} images")
         try:
             onnx.checker.check_model(str(tmp), full_check=True)
@@ -117,14 +113,20 @@ def to_onnx(
             raise ArtifactError(f"the exported ONNX graph failed onnx.checker: {str(exc).splitlines()[0]}") from None
         meta = base_metadata("onnx", cfg, precision, batch=batch, dynamic_batch=dynamic_batch)
         meta["source"] = source
-        meta["onnx"] = {"opset": opset, "exporter": f"torch.onnx (dynamo) {torch.__version__}", "dynamic_batch": dynamic_batch}
-        meta["parity"] = onnx_parity(tmp, ref, precision, parity_batch)
+        meta["onnx"] = {"opset": opset, "exporter": f"torch.onnx (dynamo) {torch.__version__}", "dynamic_batch": dynamic_batch,
+                        "dynamic_img_size": cfg.dynamic_img_size}  # fmt: skip
+        meta["parity"] = with_other_sizes(onnx_parity(tmp, ref, precision, parity_batch),
+                                          [onnx_parity(tmp, ref, precision, parity_batch, hw) for hw in other_sizes(cfg)])  # fmt: skip
         write_sidecar(tmp, meta)
     return Path(path)
 
 
-def _export(model: torch.nn.Module, example: torch.Tensor, out: Path, opset: int, dynamic_batch: bool) -> None:
-    dynamic_shapes = {"x": {0: torch.export.Dim("batch", min=1, max=65536)}} if dynamic_batch else None
+def _export(model: torch.nn.Module, example: torch.Tensor, out: Path, opset: int, dynamic_batch: bool, patch: int | None) -> None:
+    """`patch`: the graph takes any H x W in whole patches of this size (dynamic_img_size); None: the example's."""
+    axes = {0: torch.export.Dim("batch", min=1, max=65536)} if dynamic_batch else {}
+    if patch:  # H = patch * rows: the exporter knows the convolution's output grid exactly
+        axes |= {2: patch * torch.export.Dim("grid_h", min=1, max=4096), 3: patch * torch.export.Dim("grid_w", min=1, max=4096)}
+    dynamic_shapes = {"x": axes} if axes else None
     quiet = logging.getLogger("torch.onnx")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # "torchvision is not installed" and similar exporter chatter
@@ -167,13 +169,14 @@ class _Fp16Graph(torch.nn.Module):
         return self.model(x.half()).float()
 
 
-def onnx_parity(path: Path, reference: torch.nn.Module, precision: str, batch_size: int) -> dict:
-    """Run the ONNX file on seeded random-pixel images through ONNX Runtime (CPU) vs the fp32 model."""
+def onnx_parity(path: Path, reference: torch.nn.Module, precision: str, batch_size: int, hw: tuple[int, int] | None = None) -> dict:
+    """Run the ONNX file on seeded random-pixel images (of img_size, or `hw`) through ONNX Runtime (CPU) vs the fp32 model."""
     import onnxruntime as ort
 
-    images = random_images(reference.config, batch_size, seed=0)
+    images = random_images(reference.config, batch_size, seed=0, hw=hw)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     (out,) = session.run(None, {session.get_inputs()[0].name: images.numpy()})
     with torch.no_grad():
         expected = reference(images)
-    return compare(torch.from_numpy(out), expected, precision, channel_axis=reference.config.channel_axis) | {"inputs": f"{batch_size} seeded random-pixel images", "runtime": "onnxruntime CPU"}
+    result = compare(torch.from_numpy(out), expected, precision, channel_axis=reference.config.channel_axis)
+    return result | {"inputs": f"{batch_size} seeded random-pixel images", "runtime": "onnxruntime CPU", "img_size": list(images.shape[2:])}

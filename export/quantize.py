@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 from vitfast.config import ViTConfig
-from vitfast.data import batches, find_images
+from vitfast.data import batches, find_images, other_sizes, random_images
 from vitfast.errors import ArtifactError, InputError, describe_exception
-from vitfast.parity import compare
+from vitfast.parity import compare, with_other_sizes
 from vitfast.progress import Reporter, reporting
 
 from vitfast.atomic import claim_output, temporaries_in
@@ -224,19 +224,22 @@ def quantize_int8(
                   "shape_inference": shape_inference,
                   "calibration": str(calibration) if isinstance(calibration, (str, os.PathLike)) else "tensors"}
                  | ({"split_qkv_blocks": split_blocks} if target == "openvino" else {}),
-            parity=_int8_parity(tmp, onnx_path, held_out, config.channel_axis),
+            parity=with_other_sizes(_int8_parity(tmp, onnx_path, held_out, config.channel_axis),
+                                    [_int8_parity(tmp, onnx_path, random_images(config, 4, seed=0, hw=hw).numpy(), config.channel_axis,
+                                                  "4 seeded random-pixel images") for hw in other_sizes(config)]),
         )  # fmt: skip
         write_sidecar(tmp, new_meta)
     return Path(out_path)
 
 
-def _int8_parity(int8_path: Path, fp32_path: Path, images: np.ndarray, channel_axis: int) -> dict:
-    """int8 vs fp32 ONNX logits on the held-out images (none of them calibrated on)."""
+def _int8_parity(int8_path: Path, fp32_path: Path, images: np.ndarray, channel_axis: int,
+                 inputs: str = "held-out images (not used for calibration)") -> dict:  # fmt: skip
+    """int8 vs fp32 ONNX logits on `images` (by default the held-out ones, none of them calibrated on)."""
     import onnxruntime as ort
 
     outs = []
     for path in (int8_path, fp32_path):
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         outs.append(torch.from_numpy(session.run(None, {session.get_inputs()[0].name: images})[0]))
-    return compare(outs[0], outs[1], "int8", channel_axis=channel_axis) | {"inputs": f"{len(images)} held-out images (not used for calibration)",
-                                                "reference": "fp32 ONNX"}  # fmt: skip
+    return compare(outs[0], outs[1], "int8", channel_axis=channel_axis) | {"inputs": f"{len(images)} {inputs}", "reference": "fp32 ONNX",
+                                                                            "img_size": list(images.shape[2:])}  # fmt: skip

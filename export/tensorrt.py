@@ -60,8 +60,8 @@ def profile_shapes(input_shape: Sequence[int], batch) -> tuple[Shape, Shape, Sha
     dynamic = [axis for axis, d in enumerate(shape) if d < 0 and axis > 0]
     if dynamic:
         raise ArtifactError(
-            f"the ONNX input {list(shape)} has dynamic dims {dynamic} besides the batch; "
-            "export the ONNX at a fixed image size (--img-size N)"
+            f"the ONNX input {list(shape)} has dynamic dims {dynamic} besides the batch (a --dynamic-img-size export?); vitfast "
+            "builds TensorRT engines for one image size: export the ONNX at a fixed size (without --dynamic-img-size; --img-size N)"
         )
     if shape[0] >= 0 and (lo, opt, hi) != (shape[0],) * 3:
         raise ArtifactError(
@@ -82,8 +82,8 @@ def trtexec_command(onnx_path: str | os.PathLike, engine_path: str | os.PathLike
     The engine it writes has no vitfast sidecar and no LayerNorm pinned to fp32."""
     require(precision, TENSORRT, "TensorRT")
     spec = read_sidecar(onnx_path)["input"]
-    name, chw = spec["name"], spec["shape"][1:]
-    shapes = profile_shapes([-1 if spec["shape"][0] == "batch" else spec["shape"][0], *chw], batch)
+    name = spec["name"]
+    shapes = profile_shapes([d if isinstance(d, int) else -1 for d in spec["shape"]], batch)  # "batch", "height": dynamic
     dims = ["x".join(map(str, shape)) for shape in shapes]
     args = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={engine_path}", *TRTEXEC_PRECISION[precision],
             *(f"--{which}Shapes={name}:{d}" for which, d in zip(("min", "opt", "max"), dims)),

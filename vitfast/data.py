@@ -59,9 +59,20 @@ def batches(files: list[Path], config: ViTConfig, batch_size: int) -> Iterator[t
         yield preprocess([open_image(p) for p in files[start : start + batch_size]], config)
 
 
-def random_images(config: ViTConfig, n: int, seed: int = 0) -> torch.Tensor:
+def random_images(config: ViTConfig, n: int, seed: int = 0, hw: tuple[int, int] | None = None) -> torch.Tensor:
     """n seeded random RGB images (uniform uint8 pixels) through the model's preprocessing:
-    inputs inside the range real images reach, unlike N(0, 1) tensors."""
+    inputs inside the range real images reach, unlike N(0, 1) tensors. `hw`: another size than img_size's."""
+    if hw is not None:
+        config = config.replace(img_size=hw)
     h, w = config.img_hw
     pixels = torch.randint(0, 256, (n, h, w, config.in_chans), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
     return preprocess(pixels, config)
+
+
+def other_sizes(config: ViTConfig) -> list[tuple[int, int]]:
+    """Image sizes besides img_size a parity check of a dynamic_img_size model runs at (none for a fixed one): a taller
+    and a wider non-square grid, one larger and one smaller than the model's own in patches."""
+    if not config.dynamic_img_size:
+        return []
+    (gh, gw), p = config.grid_size, config.patch_size
+    return [((gh + 3) * p, max(gw - 2, 1) * p), (max(gh // 2, 1) * p, (gw + 5) * p)]

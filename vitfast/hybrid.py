@@ -19,8 +19,9 @@ from .layers import check_image_shape
 def pad_same(x: torch.Tensor, kernel: int, stride: int, value: float = 0.0) -> torch.Tensor:
     """TensorFlow 'SAME' padding (the extra pixel goes right/bottom), as the JAX BiT weights expect."""
     ih, iw = x.shape[-2:]
-    pad_h = max((math.ceil(ih / stride) - 1) * stride + kernel - ih, 0)
-    pad_w = max((math.ceil(iw / stride) - 1) * stride + kernel - iw, 0)
+    # integer ceil division: exact, and under torch.export (dynamic_img_size) an expression of whole patches that folds
+    pad_h = max((-(-ih // stride) - 1) * stride + kernel - ih, 0)
+    pad_w = max((-(-iw // stride) - 1) * stride + kernel - iw, 0)
     if pad_h or pad_w:
         x = F.pad(x, [pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2], value=value)
     return x

@@ -21,6 +21,14 @@ def tolerance(precision: str, ref_scale: float, atol: float | None = None, rtol:
     return {"atol": atol, "rtol": rtol, "max_rel_err": rtol, "cosine": limits["cosine"], "limit_abs_err": atol + rtol * ref_scale}
 
 
+def with_other_sizes(result: dict, others: list[dict]) -> dict:
+    """A parity result at img_size with those at other image sizes (each `compare`'s, with its `img_size`) under
+    "other_sizes": passed only if every size passed (a dynamic_img_size artifact)."""
+    if not others:
+        return result
+    return result | {"other_sizes": others, "passed": result["passed"] and all(o["passed"] for o in others)}
+
+
 def compare(out: torch.Tensor, ref: torch.Tensor, precision: str = "fp32", *, atol: float | None = None,
             rtol: float | None = None, channel_axis: int = -1) -> dict:  # fmt: skip
     """out, ref [B, classes] (or [B, tokens, features], or feature maps whose features lie on `channel_axis`:

@@ -18,14 +18,14 @@ import torch
 
 from .checkpoint import describe_guesses, load_checkpoint
 from .config import ViTConfig
-from .data import batches, find_images, labeled_images, open_image, random_images
+from .data import batches, find_images, labeled_images, open_image, other_sizes, random_images
 from .errors import ArtifactError, GuessedConfigWarning, InputError, VitfastWarning
 from .export.artifacts import read_sidecar, write_sidecar
 from .export.onnx_export import to_onnx
 from .export.quantize import calibration_files, quantize_int8
 from .export.triton_repo import triton_repository
 from .layerwise import compare_layers
-from .parity import compare, looser_precision
+from .parity import compare, looser_precision, with_other_sizes
 from .progress import Reporter, reporting
 from .runtime import Engine, TorchEngine, load_engine
 from .sources import rebuild_reference
@@ -130,6 +130,10 @@ def check_artifact(engine: Engine, artifact: str | os.PathLike, *, checkpoint: s
         raise ArtifactError(f"the reference model's feature maps are not the artifact's (blocks {list(theirs.feature_indices)} vs "
                             f"{list(ours.feature_indices)}, feature_norm {theirs.feature_norm} vs {ours.feature_norm}); pass the "
                             "artifact's --out-indices and --feature-norm")  # fmt: skip
+    if theirs.dynamic_img_size != ours.dynamic_img_size:
+        raise ArtifactError(f"the artifact takes {'any image size' if ours.dynamic_img_size else 'one image size'} and the reference "
+                            f"{'any' if theirs.dynamic_img_size else 'one'}; pass --dynamic-img-size to check a --dynamic-img-size "
+                            "export (and leave it out for a fixed-size one)")  # fmt: skip
     x = check_inputs(engine.config, engine, samples, data)
     reference.eval()
     outs, refs = [], []
@@ -139,6 +143,13 @@ def check_artifact(engine: Engine, artifact: str | os.PathLike, *, checkpoint: s
             outs.append(_run(engine, part).cpu())
             refs.append(reference(part))
     result = compare(torch.cat(outs), torch.cat(refs), engine.precision, atol=atol, rtol=rtol, channel_axis=ours.channel_axis)
+    others = []
+    for hw in other_sizes(ours):  # a dynamic_img_size artifact: two more grids, seeded random pixels
+        x = random_images(ours, min(len(x), 4), seed=1, hw=hw)
+        with torch.no_grad():
+            others.append(compare(_run(engine, x).cpu(), reference(x), engine.precision, atol=atol, rtol=rtol,
+                                  channel_axis=ours.channel_axis) | {"img_size": list(hw)})  # fmt: skip
+    result = with_other_sizes(result, others)
     return result | {"artifact": str(artifact), "backend": engine.kind, "inputs": str(data) if data else "seeded random-pixel images",
                      "guessed": guessed or {}}  # fmt: skip
 

@@ -20,7 +20,7 @@ from vitfast.foreign import config_file_fields
 # flag -> ViTConfig field
 _FLAGS = {"num_heads": "--num-heads", "act_layer": "--act-layer", "norm_eps": "--norm-eps", "num_classes": "--num-classes",
           "global_pool": "--global-pool", "features_only": "--features-only", "out_indices": "--out-indices",
-          "output_fmt": "--output-fmt", "feature_norm": "--feature-norm",
+          "output_fmt": "--output-fmt", "feature_norm": "--feature-norm", "dynamic_img_size": "--dynamic-img-size",
           "mean": "--mean", "std": "--std", "crop_pct": "--crop-pct", "crop_mode": "--crop-mode", "interpolation": "--interpolation"}  # fmt: skip
 
 
@@ -47,6 +47,10 @@ def add_config_args(parser: argparse.ArgumentParser, labels: bool = True) -> Non
                        help="with --features-only: NCHW feature maps [B, n, C, H, W] (default) or NLC tokens [B, n, H*W, C]")
     group.add_argument("--feature-norm", action="store_true", default=None,
                        help="with --features-only: apply the model's final norm to every feature map (timm's norm=True)")
+    group.add_argument("--dynamic-img-size", action="store_true", default=None,
+                       help="take images of any height and width in whole patches (timm's dynamic_img_size): the position "
+                            "embeddings are resized to each input's patch grid in the model and in its ONNX graph, by the "
+                            "checkpoint's own rule (timm's or transformers'); raw images are still resized to the image size")  # fmt: skip
     group.add_argument("--mean", type=float, nargs="+", metavar="M", help="normalisation mean per channel, e.g. 0.485 0.456 0.406")
     group.add_argument("--std", type=float, nargs="+", metavar="S", help="normalisation std per channel, e.g. 0.229 0.224 0.225")
     group.add_argument("--crop-pct", type=float, metavar="P", help="centre-crop fraction (resize to img_size / P first)")

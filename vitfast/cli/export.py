@@ -202,6 +202,10 @@ def _print_check(result: dict, args: argparse.Namespace, title: str) -> int:
     numbers.add_row("  cosine", f"{result['cosine']:.6f}", f"limit {tol['cosine']}")
     numbers.add_row("  top-1 agreement", f"{result['top1_agreement']:.3f}", "")
     out.print(numbers)
+    for other in result.get("other_sizes", []):  # a dynamic_img_size artifact, at other grids
+        h, w = other["img_size"]
+        out.print(f"  at {h}x{w} on {other['n']} images: {'passed' if other['passed'] else '[red]FAILED[/red]'} (max_abs_err "
+                  f"{other['max_abs_err']:.3g}, limit {other['tolerance']['limit_abs_err']:.3g}; cosine {other['cosine']:.6f})")  # fmt: skip
     if "layers" in result:
         out.print(describe_layers(result["layers"]))
     return 0 if result["passed"] else 1

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from vitfast.checkpoint import load_checkpoint
+from vitfast.config import ViTConfig
 from vitfast.errors import ArtifactError, InputError
 
 from .engine import Engine, is_float_images
 from .onnx_engine import OnnxEngine
-from .openvino_engine import OpenVinoEngine
+from .openvino_engine import OpenVinoEngine, antialiased_pos_embed_resize
 from .sidecar import read_sidecar, sidecar_path
 from .tensorrt_engine import ENGINE_SUFFIXES, TensorRTEngine
 from .torch_engine import TorchEngine
@@ -85,11 +86,14 @@ def onnx_backend(meta: dict | None, kwargs: dict[str, Any]) -> tuple[str, str]:
     goes to OpenVINO when OpenVINO is installed and ONNX Runtime has no CUDA GPU to run it on.
     Everything else stays on ONNX Runtime: fp32/fp16 (OpenVINO was no faster), the uint8
     `--int8-target cpu` form (OpenVINO lost ~10 points of top-1 on it), graphs without a vitfast
-    sidecar, and calls passing ONNX Runtime's own keywords (`providers`). OpenVINO's own keywords
+    sidecar, graphs resizing position embeddings with antialiasing (`--dynamic-img-size` by timm's rule: OpenVINO's
+    antialiased Resize differs), and calls passing ONNX Runtime's own keywords (`providers`). OpenVINO's own keywords
     (`hint`, `streams`, `properties`) pick OpenVINO for any vitfast ONNX file."""
     int8 = (meta or {}).get("int8") or {}
     if meta is not None and OPENVINO_KEYWORDS & kwargs.keys():
         return "openvino", f"auto: OpenVINO because its keywords ({', '.join(sorted(OPENVINO_KEYWORDS & kwargs.keys()))}) were given"
+    if meta is not None and antialiased_pos_embed_resize(ViTConfig.from_dict(meta["config"])):
+        return "onnxruntime", "auto: ONNX Runtime (OpenVINO's antialiased Resize differs from PyTorch's, and this graph resizes with one)"
     if meta is None:
         return "onnxruntime", "auto: ONNX Runtime for an ONNX graph without a vitfast sidecar"
     if meta.get("precision") != "int8":

@@ -15,6 +15,7 @@ import torch
 
 from vitfast.config import ViTConfig
 from vitfast.errors import InputError
+from vitfast.layers import check_image_shape
 from vitfast.preprocessing import preprocess
 
 
@@ -56,10 +57,14 @@ class Engine(abc.ABC):
             x = torch.as_tensor(images)
         else:
             x = preprocess(images, self.config)
-        h, w = self.config.img_hw
-        expected = f"[B, {self.config.in_chans}, {h}, {w}]"
-        if x.ndim != 4 or tuple(x.shape[1:]) != (self.config.in_chans, h, w):
-            raise InputError(f"{self!r} expects normalised float images {expected}, got shape {tuple(x.shape)}")
+        c = self.config
+        if c.dynamic_img_size:  # any size in whole patches: the model's own check says which size would fit
+            if x.ndim != 4 or x.shape[1] != c.in_chans:
+                raise InputError(f"{self!r} expects normalised float images [B, {c.in_chans}, H, W], got shape {tuple(x.shape)}")
+            check_image_shape(x, c.in_chans, c.img_hw, c.patch_size)
+        elif x.ndim != 4 or tuple(x.shape[1:]) != (c.in_chans, *c.img_hw):
+            h, w = c.img_hw
+            raise InputError(f"{self!r} expects normalised float images [B, {c.in_chans}, {h}, {w}], got shape {tuple(x.shape)}")
         if x.shape[0] == 0:
             raise InputError("empty batch: give at least one image")
         if not self.allow_nonfinite:

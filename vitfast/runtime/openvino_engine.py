@@ -74,9 +74,16 @@ class OpenVinoEngine(Engine):
             # uint8-activation form at 87.7% top-1 against 98.0% in fp32 (ONNX Runtime: 98.2%).
             raise ArtifactError(f"{path} is an --int8-target cpu file, which loses accuracy in OpenVINO; run it with "
                                 "backend onnxruntime, or export the default --int8-target tensorrt file for OpenVINO")  # fmt: skip
+        config = ViTConfig.from_dict(meta["config"])
+        if antialiased_pos_embed_resize(config):
+            # Measured: OpenVINO 2026's antialiased cubic Resize is off PyTorch's and ONNX Runtime's by up to 0.09 on a
+            # tiny model's features at any grid but the stored one (tests/test_dynamic_img_size.py); plain bicubic agrees.
+            raise ArtifactError(f"{path} resizes its position embeddings with an antialiased bicubic Resize in the graph "
+                                "(a --dynamic-img-size export by timm's rule), which OpenVINO computes differently from PyTorch; "
+                                "run it with backend onnxruntime, or export it at a fixed size")  # fmt: skip
         batch = meta.get("input", {}).get("batch")
         stated = {k: v for k, v in (overrides or {}).items() if k in PREPROCESSING_FIELDS and v is not None}
-        super().__init__(ViTConfig.from_dict(meta["config"]).replace(**stated), precision=meta.get("precision", "fp32"),
+        super().__init__(config.replace(**stated), precision=meta.get("precision", "fp32"),
                          batch=tuple(batch) if batch else None, metadata=meta, path=path)  # fmt: skip
         self.properties = compile_properties(threads=threads, streams=streams, hint=hint, properties=properties)
         if path.suffix.lower() == ".onnx":  # refused before OpenVINO's parser logs protobuf errors on stderr
@@ -120,6 +127,11 @@ class OpenVinoEngine(Engine):
             self.queue.start_async([chunk], index)
         self.queue.wait_all()
         return np.concatenate(outputs)
+
+
+def antialiased_pos_embed_resize(config: ViTConfig) -> bool:
+    """The graph resizes learned position embeddings per input with antialiasing (dynamic_img_size, timm's rule)."""
+    return config.dynamic_img_size and config.abs_pos_embed and config.pos_embed_antialias
 
 
 def _dims(shape) -> list[int | None]:

@@ -76,8 +76,10 @@ def _check_fields(side: Path, data: dict[str, Any]) -> None:
     if not isinstance(spec, dict):
         raise bad("'input' is not an object")
     shape = spec.get("shape", ["batch", 0, 0, 0])
-    if not (isinstance(shape, list) and len(shape) == 4 and all(type(d) is int or d == "batch" for d in shape)):
-        raise bad(f"'input.shape' must be [B, C, H, W] (B an int or \"batch\"), got {shape!r}")
+    named = ("batch", "channels", "height", "width")
+    if not (isinstance(shape, list) and len(shape) == 4 and all(type(d) is int or d == named[i] for i, d in enumerate(shape) if i != 1)
+            and type(shape[1]) is int):  # fmt: skip
+        raise bad(f"'input.shape' must be [B, C, H, W] (B an int or \"batch\", H and W ints or \"height\", \"width\"), got {shape!r}")
     pre = data.get("preprocessing", {})
     if not isinstance(pre, dict) or not all(isinstance(pre.get(k, []), list) for k in ("mean", "std")):
         raise bad("'preprocessing' must be an object with 'mean' and 'std' lists")
