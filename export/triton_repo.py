@@ -115,6 +115,7 @@ def model_config(name: str, platform: str, meta: dict[str, Any], max_batch: int,
     """config.pbtxt of the network itself (`labels`: its output names labels.txt)."""
     kind = "KIND_GPU" if platform == "tensorrt_plan" else "KIND_AUTO"  # ONNX Runtime: GPU when the server has one
     input_name, input_dims = meta["input"]["name"], meta["input"]["shape"][1:]
+    native = [input_dims[0], *meta["preprocessing"]["img_size"]]  # a --dynamic-img-size graph warms up at its own size
     return to_pbtxt({
         "name": name,
         "platform": platform,
@@ -125,7 +126,7 @@ def model_config(name: str, platform: str, meta: dict[str, Any], max_batch: int,
         "instance_group": [{"count": instances, "kind": Enum(kind)}],
         "model_warmup": [
             {"name": f"random_batch_{batch}", "batch_size": batch, "inputs": [{"key": input_name, "value": {
-                "data_type": Enum(_dtype(meta["input"])), "dims": [int(d) for d in input_dims], "random_data": True}}]}
+                "data_type": Enum(_dtype(meta["input"])), "dims": native, "random_data": True}}]}
             for batch in sorted({1, max_batch})
         ],
     })  # fmt: skip
@@ -138,7 +139,7 @@ def preprocess_config(name: str, spec: PreprocessSpec, meta: dict[str, Any], max
         "backend": "python",
         "max_batch_size": max_batch,
         "input": [_tensor("images", "TYPE_UINT8", [-1, -1, spec.in_chans])],
-        "output": [_tensor("pixels", _dtype(meta["input"]), meta["input"]["shape"][1:])],
+        "output": [_tensor("pixels", _dtype(meta["input"]), [spec.in_chans, *meta["preprocessing"]["img_size"]])],  # resized to img_size
         "dynamic_batching": {"max_queue_delay_microseconds": delay_us},
         "instance_group": [{"count": instances, "kind": Enum("KIND_CPU")}],
         "parameters": [{"key": k, "value": {"string_value": v}} for k, v in spec.to_parameters().items()],
@@ -191,7 +192,7 @@ def _scalar(value: Any) -> str:
 
 
 def _tensor(name: str, dtype: str, dims) -> dict[str, Any]:
-    return {"name": name, "data_type": Enum(dtype), "dims": [int(d) for d in dims]}
+    return {"name": name, "data_type": Enum(dtype), "dims": [d if isinstance(d, int) else -1 for d in dims]}  # "height", "dynamic": -1
 
 
 def _output(tensor: dict[str, Any], labels: bool) -> dict[str, Any]:

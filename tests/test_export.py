@@ -206,12 +206,6 @@ def test_eva02_exports_with_parity_its_interleaved_rotation_included(tmp_path, e
     assert read_sidecar(int8)["parity"]["passed"] and read_sidecar(int8)["config"]["rope"] == "axial"
 
 
-def test_dynamic_image_size_is_refused_clearly(tmp_path):
-    with pytest.raises(vitfast.ArtifactError, match="--img-size N"):
-        to_onnx(vitfast.create_model("vit_cifar_patch4_32"), tmp_path / "m.onnx", dynamic_image_size=True)
-    assert not list(tmp_path.iterdir())
-
-
 def test_export_of_an_optimized_model_uses_the_reference_path(tmp_path):
     pytest.importorskip("triton", reason="needs triton for optimize()")
     model = vitfast.optimize(vitfast.create_model("vit_cifar_patch4_32"))

@@ -304,7 +304,7 @@ def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int, labe
     cfg = engine.config
     h, w = cfg.img_hw
     k = min(k, cfg.num_classes) if cfg.classifies else 0  # top-k of classes, not of features or tokens
-    outputs = [Tensor(name="logits", dtype=np.float32, shape=cfg.output_shape)]
+    outputs = [Tensor(name="logits", dtype=np.float32, shape=tuple(-1 if d is None else d for d in cfg.output_shape))]
     if k:
         outputs += [Tensor(name="topk_indices", dtype=np.int64, shape=(k,)), Tensor(name="topk_scores", dtype=np.float32, shape=(k,))]
     if k and labels:
@@ -312,7 +312,7 @@ def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int, labe
     model_config = ModelConfig(max_batch_size=max_batch, batcher=DynamicBatcher(max_queue_delay_microseconds=delay_us))
     lock = threading.Lock()
     inputs = {
-        name: Tensor(name="images", dtype=np.float32, shape=(cfg.in_chans, h, w)),
+        name: Tensor(name="images", dtype=np.float32, shape=(cfg.in_chans, *((-1, -1) if cfg.dynamic_img_size else (h, w)))),
         f"{name}_uint8": Tensor(name="images", dtype=np.uint8, shape=(-1, -1, cfg.in_chans)),
     }
     for model, tensor in inputs.items():
