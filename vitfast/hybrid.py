@@ -7,8 +7,6 @@ hybrid checkpoints load unchanged under `patch_embed.backbone.*`.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -23,7 +23,7 @@ def resample_pos_embed(
     uses `antialias=False` (a = -0.75). `old_grid` defaults to a square grid.
     """
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
-    n, dim = grid.shape[1], grid.shape[2]
+    n = grid.shape[1]
     if old_grid is None:
         side = math.isqrt(n)
         if side * side != n:
