@@ -59,7 +59,7 @@ class VisionTransformer(nn.Module):
         embed_len = c.pos_grid[0] * c.pos_grid[1] + (0 if c.no_embed_class else c.num_prefix_tokens)
         self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, dim)) if c.abs_pos_embed else None
         self.pos_drop = nn.Dropout(c.pos_drop_rate)
-        # DINOv3, EVA-02: rotary tables for the patch grid, computed once (not per forward), handed to every block
+        # DINOv3, EVA-02: rotary tables for img_size's grid, computed once (per input grid with dynamic_img_size), handed to every block
         rope_grid = (c.rope_ref_grid, c.rope_grid_indexing, c.rope_grid_offset)
         self.rope = RopeTables(c.rope, c.grid_size, c.head_dim, c.rope_base, *rope_grid) if c.rope is not None else None
         self.norm_pre = norm_layer(dim, eps=c.norm_eps) if c.pre_norm else nn.Identity()
