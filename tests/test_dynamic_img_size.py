@@ -16,6 +16,9 @@ import torch
 import vitfast
 from conftest import DINOV3, randomize, tiny_config
 from vitfast.errors import ConfigError, InputError
+from vitfast.export import quantize_int8, to_onnx, triton_repository
+from vitfast.export import tensorrt as trt_export
+from vitfast.runtime.sidecar import read_sidecar
 
 ATOL = 1e-5
 # (config, another grid to run it at): odd and non-square grids, prefix tokens of every kind, rotary positions, a hybrid stem
@@ -90,20 +93,23 @@ def test_config_round_trips_and_refuses_a_stored_grid_without_dynamic_img_size()
 
 
 # ---------------------------------------------------------------------------- transformers' interpolate_pos_encoding
-transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e .[test])")
+def _transformers():
+    return pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e .[test])")
+
+
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
 HF_MODELS = {  # (model, output, whether forward needs interpolate_pos_encoding=True)
-    "vit": (lambda: transformers.ViTForImageClassification(transformers.ViTConfig(image_size=32, patch_size=8, intermediate_size=128,
+    "vit": (lambda tf: tf.ViTForImageClassification(tf.ViTConfig(image_size=32, patch_size=8, intermediate_size=128,
                                                                                   num_labels=5, **SMALL)), "logits", True),
-    "dinov2": (lambda: transformers.Dinov2Model(transformers.Dinov2Config(image_size=28, patch_size=7, layerscale_value=0.5, **SMALL)),
+    "dinov2": (lambda tf: tf.Dinov2Model(tf.Dinov2Config(image_size=28, patch_size=7, layerscale_value=0.5, **SMALL)),
                "pooler_output", False),
-    "dinov2-registers": (lambda: transformers.Dinov2WithRegistersModel(transformers.Dinov2WithRegistersConfig(
+    "dinov2-registers": (lambda tf: tf.Dinov2WithRegistersModel(tf.Dinov2WithRegistersConfig(
         image_size=28, patch_size=7, layerscale_value=0.5, num_register_tokens=4, **SMALL)), "pooler_output", False),
-    "clip": (lambda: transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(
+    "clip": (lambda tf: tf.CLIPVisionModelWithProjection(tf.CLIPVisionConfig(
         image_size=32, patch_size=8, intermediate_size=128, projection_dim=24, **SMALL)), "image_embeds", True),
-    "siglip": (lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(image_size=32, patch_size=8, intermediate_size=160,
+    "siglip": (lambda tf: tf.SiglipVisionModel(tf.SiglipVisionConfig(image_size=32, patch_size=8, intermediate_size=160,
                                                                                       **SMALL)), "pooler_output", True),
-    "dinov3": (lambda: transformers.DINOv3ViTModel(transformers.DINOv3ViTConfig(image_size=32, patch_size=8, intermediate_size=128,
+    "dinov3": (lambda tf: tf.DINOv3ViTModel(tf.DINOv3ViTConfig(image_size=32, patch_size=8, intermediate_size=128,
                                                                                 **SMALL)), "pooler_output", False),
 }  # fmt: skip
 
@@ -113,7 +119,7 @@ def test_hugging_face_folder_matches_interpolate_pos_encoding_at_every_size(tmp_
     """A dynamic model of an HF folder resizes the stored table in every forward by transformers' rule (plain bicubic;
     antialiased for Dinov2WithRegisters), as transformers does: equal at the stored grid and at four others."""
     make, output, flag = HF_MODELS[name]
-    hf = randomize(make(), scale=0.05).eval()
+    hf = randomize(make(_transformers()), scale=0.05).eval()
     hf.save_pretrained(tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", vitfast.GuessedConfigWarning)  # no preprocessor_config.json: its defaults
@@ -132,10 +138,10 @@ def test_hf_dinov2_keeps_its_stored_table_and_resizes_from_it(tmp_path, register
     """DINOv2 stores a larger table than its processor's crop (facebook/dinov2-*: 37x37 for 224 px). transformers
     resizes the stored table at every size; so does the dynamic model, which keeps it (pos_embed_grid), also after a
     save and reload. A fixed model resized once to the crop's grid would differ at other sizes."""
-    make = HF_MODELS["dinov2-registers" if registers else "dinov2"][0]
-    hf = randomize(make(), scale=0.05).eval()  # 28 px / 7: a 4x4 table
+    make, tf = HF_MODELS["dinov2-registers" if registers else "dinov2"][0], _transformers()
+    hf = randomize(make(tf), scale=0.05).eval()  # 28 px / 7: a 4x4 table
     hf.save_pretrained(tmp_path)
-    transformers.BitImageProcessor(size={"shortest_edge": 35}, crop_size={"height": 35, "width": 35}).save_pretrained(tmp_path)
+    tf.BitImageProcessor(size={"shortest_edge": 35}, crop_size={"height": 35, "width": 35}).save_pretrained(tmp_path)
     model = vitfast.load_checkpoint(tmp_path, overrides={"dynamic_img_size": True})
     assert (model.config.img_size, model.config.pos_embed_grid, model.pos_embed.shape[1]) == (35, (4, 4), 1 + 16 if not registers else 16)
     vitfast.save_checkpoint(model, tmp_path / "ours.safetensors")
@@ -149,10 +155,9 @@ def test_hf_dinov2_keeps_its_stored_table_and_resizes_from_it(tmp_path, register
 
 
 # ---------------------------------------------------------------------------- export and the runtime
-onnx = pytest.importorskip("onnx", reason="export tests need onnx and onnxruntime: pip install -e .[onnx]")
-from vitfast.export import quantize_int8, to_onnx, triton_repository  # noqa: E402
-from vitfast.export import tensorrt as trt_export  # noqa: E402
-from vitfast.runtime.sidecar import read_sidecar  # noqa: E402
+def _onnx():
+    return pytest.importorskip("onnx", reason="export tests need onnx and onnxruntime: pip install -e .[onnx]")
+
 
 EXPORTED = {  # (config, another grid to run the graph at)
     "registers-5x3": VARIANTS["registers-5x3"],
@@ -164,6 +169,7 @@ EXPORTED = {  # (config, another grid to run the graph at)
 
 @pytest.fixture(scope="module", params=list(EXPORTED))
 def exported(request, tmp_path_factory):
+    _onnx()
     cfg, grid = EXPORTED[request.param]
     model = randomize(vitfast.create_model(cfg.replace(dynamic_img_size=True))).eval()
     return model, to_onnx(model, tmp_path_factory.mktemp("dyn") / "m.onnx"), grid
@@ -175,7 +181,7 @@ def test_the_graph_takes_any_size_and_matches_the_model(exported):
     assert meta["input"]["shape"] == ["batch", 3, "height", "width"] and meta["onnx"]["dynamic_img_size"]
     sizes = [o["img_size"] for o in meta["parity"]["other_sizes"]]
     assert meta["parity"]["passed"] and len(sizes) == 2 and list(model.config.img_hw) not in sizes
-    graph_input = onnx.load(path).graph.input[0].type.tensor_type.shape.dim
+    graph_input = _onnx().load(path).graph.input[0].type.tensor_type.shape.dim
     assert [d.dim_param != "" for d in graph_input] == [True, False, True, True]
     engine = vitfast.load_engine(path, backend="onnxruntime")
     x = torch.randn(3, 3, gh * p, gw * p)
@@ -186,6 +192,7 @@ def test_the_graph_takes_any_size_and_matches_the_model(exported):
 
 
 def test_fp16_and_int8_graphs_are_checked_at_every_size(tmp_path):
+    _onnx()
     cfg, (gh, gw) = VARIANTS["registers-5x3"]
     model = randomize(vitfast.create_model(cfg.replace(dynamic_img_size=True))).eval()
     fp16 = to_onnx(model, tmp_path / "h.onnx", precision="fp16")
@@ -210,6 +217,7 @@ def test_a_failing_size_fails_the_whole_parity():
 
 def test_openvino_refuses_an_antialiased_resize_and_runs_transformers_plain_one(tmp_path):
     """OpenVINO's antialiased cubic Resize is off PyTorch's (measured up to 0.09 on these features); the plain one agrees."""
+    _onnx()
     pytest.importorskip("openvino", reason="OpenVINO tests need pip install -e .[openvino]")
     cfg = tiny_config(img_size=(40, 24), reg_tokens=2, features_only=True, out_indices=(0, 1), dynamic_img_size=True)
     timm_rule = to_onnx(randomize(vitfast.create_model(cfg)).eval(), tmp_path / "timm.onnx")

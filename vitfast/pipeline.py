@@ -143,11 +143,11 @@ def check_artifact(engine: Engine, artifact: str | os.PathLike, *, checkpoint: s
             outs.append(_run(engine, part).cpu())
             refs.append(reference(part))
     result = compare(torch.cat(outs), torch.cat(refs), engine.precision, atol=atol, rtol=rtol, channel_axis=ours.channel_axis)
-    others = []
+    others, n = [], min(len(x), 4)
     for hw in other_sizes(ours):  # a dynamic_img_size artifact: two more grids, seeded random pixels
-        x = random_images(ours, min(len(x), 4), seed=1, hw=hw)
+        images = random_images(ours, n, seed=1, hw=hw)
         with torch.no_grad():
-            others.append(compare(_run(engine, x).cpu(), reference(x), engine.precision, atol=atol, rtol=rtol,
+            others.append(compare(_run(engine, images).cpu(), reference(images), engine.precision, atol=atol, rtol=rtol,
                                   channel_axis=ours.channel_axis) | {"img_size": list(hw)})  # fmt: skip
     result = with_other_sizes(result, others)
     return result | {"artifact": str(artifact), "backend": engine.kind, "inputs": str(data) if data else "seeded random-pixel images",

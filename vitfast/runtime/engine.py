@@ -58,13 +58,11 @@ class Engine(abc.ABC):
         else:
             x = preprocess(images, self.config)
         c = self.config
+        if x.ndim != 4 or x.shape[1] != c.in_chans or (not c.dynamic_img_size and tuple(x.shape[2:]) != c.img_hw):
+            hw = "H, W" if c.dynamic_img_size else ", ".join(map(str, c.img_hw))
+            raise InputError(f"{self!r} expects normalised float images [B, {c.in_chans}, {hw}], got shape {tuple(x.shape)}")
         if c.dynamic_img_size:  # any size in whole patches: the model's own check says which size would fit
-            if x.ndim != 4 or x.shape[1] != c.in_chans:
-                raise InputError(f"{self!r} expects normalised float images [B, {c.in_chans}, H, W], got shape {tuple(x.shape)}")
             check_image_shape(x, c.in_chans, c.img_hw, c.patch_size)
-        elif x.ndim != 4 or tuple(x.shape[1:]) != (c.in_chans, *c.img_hw):
-            h, w = c.img_hw
-            raise InputError(f"{self!r} expects normalised float images [B, {c.in_chans}, {h}, {w}], got shape {tuple(x.shape)}")
         if x.shape[0] == 0:
             raise InputError("empty batch: give at least one image")
         if not self.allow_nonfinite:
