@@ -7,6 +7,7 @@ import json
 import warnings
 
 import pytest
+import safetensors.torch
 import torch
 
 import vitfast
@@ -100,6 +101,66 @@ def test_hf_preprocessor_config_is_read(tmp_path):
     cfg = vitfast.load_checkpoint(tmp_path).config
     assert cfg.mean == (0.1, 0.2, 0.3) and cfg.std == (0.4, 0.5, 0.6)
     assert cfg.interpolation == "bilinear" and cfg.crop_pct == 1.0
+
+
+# ---------------------------------------------------------------------------- bare ViTModel / DeiTModel: the pooler
+@pytest.mark.parametrize("pooler_output_size", [None, 40], ids=["pooler-hidden", "pooler-40"])
+def test_hf_vit_model_returns_pooler_output(tmp_path, pooler_output_size):
+    """A bare ViTModel (google/vit-*-in21k): its pooler, tanh(dense(normalised class token)), is the ViT paper's
+    pre-logits layer; vitfast loads it as one and returns pooler_output, from the folder and from the weights alone,
+    and again after its own save."""
+    kw = HF_CONFIGS["base-like"] | ({"pooler_output_size": pooler_output_size} if pooler_output_size else {})
+    hf = _perturbed(transformers.ViTModel(transformers.ViTConfig(**kw)))
+    hf.save_pretrained(tmp_path / "hf")
+    x = torch.randn(3, 3, 32, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", vitfast.GuessedConfigWarning)  # no preprocessor_config.json
+        model = vitfast.load_checkpoint(tmp_path / "hf")
+    assert (model.config.num_classes, model.config.representation_size) == (0, pooler_output_size or 64)
+    vitfast.save_checkpoint(model, tmp_path / "vitfast.safetensors")
+    torch.save(hf.state_dict(), tmp_path / "weights.bin")
+    alone = vitfast.load_checkpoint(tmp_path / "weights.bin", config=model.config)
+    with torch.no_grad():
+        expected = hf(pixel_values=x).pooler_output
+        for loaded in (model, vitfast.load_checkpoint(tmp_path / "vitfast.safetensors"), alone):
+            torch.testing.assert_close(loaded(x), expected, atol=ATOL, rtol=0)
+
+
+def test_hf_vit_model_with_a_pooler_activation_other_than_tanh_is_refused_by_name(tmp_path):
+    _perturbed(transformers.ViTModel(transformers.ViTConfig(**HF_CONFIGS["base-like"], pooler_act="relu"))).save_pretrained(tmp_path)
+    with pytest.raises(vitfast.CheckpointError, match="pooler_act='relu'.*add_pooling_layer=False"):
+        vitfast.load_checkpoint(tmp_path)
+
+
+def test_hf_classifier_never_reads_a_pooler_in_its_weights(tmp_path):
+    """ViTForImageClassification classifies the normalised class token; pooler weights saved beside it (a
+    ViTModel's, merged by hand) are not put between the two."""
+    hf = _hf_vit(**HF_CONFIGS["base-like"])
+    hf.save_pretrained(tmp_path)
+    pooler = _perturbed(transformers.ViTModel(hf.config)).pooler.state_dict()
+    sd = safetensors.torch.load_file(tmp_path / "model.safetensors") | {f"vit.pooler.{k}": v for k, v in pooler.items()}
+    safetensors.torch.save_file(sd, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    model = vitfast.load_checkpoint(tmp_path)
+    assert model.config.representation_size is None
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(pixel_values=x).logits, atol=ATOL, rtol=0)
+
+
+def test_hf_deit_model_returns_its_two_tokens_mean_and_says_its_pooler_is_not_loaded(tmp_path):
+    """DeiTModel's pooler_output is tanh(dense(class token)) beside a distillation token, which vitfast's distilled
+    models do not compute: the pooler is dropped, the output is the mean of the two normalised tokens, and it says so."""
+    cfg = transformers.DeiTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=128)  # fmt: skip
+    hf = _perturbed(transformers.DeiTModel(cfg))
+    hf.save_pretrained(tmp_path)
+    with pytest.warns(vitfast.GuessedConfigWarning, match="DeiTModel returns pooler_output = tanh"):
+        model = vitfast.load_checkpoint(tmp_path)
+    assert model.config.distilled and model.config.representation_size is None
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        tokens = hf(pixel_values=x).last_hidden_state
+        torch.testing.assert_close(model(x), tokens[:, :2].mean(1), atol=ATOL, rtol=0)
 
 
 # ---------------------------------------------------------------------------- CLIP image tower
@@ -551,12 +612,13 @@ def test_hf_aimv2_model_is_refused_its_image_embeds_project_the_head(tmp_path, u
 
 
 # ---------------------------------------------------------------------------- unpooled: every token out
-@pytest.mark.parametrize("kind", ["vit-classifier", "dinov2", "dinov2-registers", "siglip", "siglip-headless", "ijepa", "aimv2"])
+@pytest.mark.parametrize("kind", ["vit-classifier", "vit-model", "dinov2", "dinov2-registers", "siglip", "siglip-headless", "ijepa", "aimv2"])
 def test_unpooled_tokens_match_last_hidden_state(tmp_path, kind):
     """global_pool="" (with num_classes=0 for a classifier) returns transformers' last_hidden_state: every
-    token after the final norm; a classifier's head and SigLIP's attention pool are dropped, and the towers
+    token after the final norm; a classifier's head, a ViTModel's pooler and SigLIP's attention pool are dropped, and the towers
     whose pooled output vitfast had to choose (the mean token) give their tokens as they are."""
     towers = {
+        "vit-model": lambda: transformers.ViTModel(transformers.ViTConfig(**HF_CONFIGS["base-like"])),  # its pooler is dropped too
         "siglip": lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**SIGLIP_VISION)),
         "siglip-headless": lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**SIGLIP_VISION, vision_use_head=False)),
         "ijepa": lambda: transformers.IJepaModel(transformers.IJepaConfig(**SMALL_VIT)),

@@ -86,7 +86,7 @@ def load_checkpoint(
     else:
         cfg = source_cfg
     if overrides:
-        before, cfg = cfg, cfg.replace(**_keep_norm_placement(cfg, overrides))
+        before, cfg = cfg, cfg.replace(**_head_overrides(cfg, overrides))
         sd = _reset_classifier(sd, before, cfg, path)
         guesses = {k: v for k, v in guesses.items() if k not in overrides}
     if img_size is not None:
@@ -108,26 +108,37 @@ def load_checkpoint(
     return model.eval()
 
 
-def _keep_norm_placement(cfg: ViTConfig, overrides: dict[str, Any]) -> dict[str, Any]:
+def _head_overrides(cfg: ViTConfig, overrides: dict[str, Any]) -> dict[str, Any]:
     """A new global_pool keeps the final norm where the checkpoint has it (before pooling, or after it as
-    fc_norm), as timm's `reset_classifier` does; by default its placement follows the pool."""
+    fc_norm), as timm's `reset_classifier` does; by default its placement follows the pool. Unpooled tokens with
+    no classifier are the final norm's, transformers' `last_hidden_state`: a pre-logits layer (a ViTModel's
+    pooler) is dropped with the pool."""
+    implied: dict[str, Any] = {}
     if "global_pool" in overrides and "fc_norm" not in overrides and cfg.fc_norm is None and cfg.final_norm:
-        return {"fc_norm": cfg.use_fc_norm} | overrides
-    return overrides
+        implied["fc_norm"] = cfg.use_fc_norm
+    unpooled = overrides.get("global_pool") == "" and not overrides.get("num_classes", cfg.num_classes)
+    if unpooled and cfg.representation_size and "representation_size" not in overrides:
+        implied["representation_size"] = None
+    return implied | overrides
 
 
 def _reset_classifier(sd: StateDict, before: ViTConfig, after: ViTConfig, path: Path) -> StateDict:
     """The checkpoint's weights for the head of `after`, `before` changed by overrides (timm's `reset_classifier` for inference):
-    num_classes=0 drops the classifier, a pool other than "map" drops the attention pool. A classifier of
-    another size, or one that would read features of another width, has no trained weights: refused."""
+    num_classes=0 drops the classifier, a pool other than "map" drops the attention pool, no representation_size the
+    pre-logits layer. A classifier of another size, or one that would read features of another width, has no trained
+    weights: refused."""
     if after.num_classes not in (0, before.num_classes):
         raise ConfigError(f"{path} has a {before.num_classes}-class classifier; num_classes={after.num_classes} would need a new, "
                           f"untrained one. Pass num_classes=0 (features, no classifier) or {before.num_classes}")  # fmt: skip
     if after.num_classes and after.num_features != before.num_features:
         raise ConfigError(f"{path}'s classifier reads {before.num_features} features (global_pool={before.global_pool!r}); "
                           f"global_pool={after.global_pool!r} gives {after.num_features}. Pass num_classes=0 as well (features, no classifier)")  # fmt: skip
+    if after.num_classes and after.representation_size != before.representation_size:
+        raise ConfigError(f"{path}'s classifier was trained on representation_size={before.representation_size} (its pre-logits layer); "
+                          f"representation_size={after.representation_size} would feed it other features. Pass num_classes=0 as well (features, no classifier)")  # fmt: skip
     dropped = ("head.", "head_dist.") if before.num_classes and not after.num_classes else ()
     dropped += ("attn_pool.",) if before.global_pool == "map" and after.global_pool != "map" else ()
+    dropped += ("pre_logits.",) if before.representation_size and not after.representation_size else ()
     return {k: v for k, v in sd.items() if not k.startswith(dropped)} if dropped else sd
 
 

@@ -54,6 +54,9 @@ HEADLESS_IJEPA = ("I-JEPA has no class token and IJepaModel returns no pooled ou
                   "tokens, the features IJepaForImageClassification classifies (--global-pool none: every token, its last_hidden_state)")  # fmt: skip
 HEADLESS_AIMV2 = ("transformers' AIMv2 tower without its attention-pooling head (use_head=False) returns no pooled output; "
                   "vitfast returns the mean of its normalised tokens, as timm's aimv2_* models do (--global-pool none: every token, its last_hidden_state)")  # fmt: skip
+DEIT_POOLER = ("transformers' DeiTModel returns pooler_output = tanh(dense(class token)), beside the distillation token; vitfast's "
+               "distilled models return the mean of the class and distillation tokens, normalised, so the pooler (if any) is not "
+               "loaded (--global-pool none: every token, its last_hidden_state)")  # fmt: skip
 AIMV2_MODEL_TYPE = "aimv2_vision_model"  # Aimv2VisionModel; Aimv2Model ("aimv2") is refused by its weights (tower_to_timm)
 # transformers' Aimv2VisionConfig defaults, for what a config.json leaves out (AIMv2-large/14 at 224 px)
 AIMV2_DEFAULTS = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=24, num_attention_heads=8, image_size=224, patch_size=14,
@@ -217,8 +220,10 @@ def hf_to_timm(sd: StateDict) -> StateDict:
     """Rename a `ViTModel` / `ViTForImageClassification` / DeiT / `Dinov2Model` (or CLIP / SigLIP,
     see `tower_to_timm`) state dict to timm names.
 
-    The pooler (`ViTModel`'s tanh dense on the class token) and the masked-image-modeling
-    `mask_token` are not part of classification inference and are dropped. DINOv2's registers get
+    The pooler (a bare `ViTModel`'s dense + tanh on the class token, its `pooler_output`) becomes the pre-logits
+    layer it was in the ViT paper (`pre_logits.fc`, `representation_size`); a classifier never reads it (transformers'
+    `*ForImageClassification` builds none), and vitfast cannot apply it beside a distillation token (`DEIT_POOLER`) or
+    without a class token, so there it is dropped, as is the masked-image-modeling `mask_token`. DINOv2's registers get
     no position embedding, so (as timm converts them) the class token's is folded into it and the
     position embeddings cover the patches only (`no_embed_class`).
     """
@@ -276,6 +281,8 @@ def hf_to_timm(sd: StateDict) -> StateDict:
         elif inner.split(".")[0] in heads and inner.count(".") == 1:
             name, kind = inner.split(".")
             out[f"{heads[name]}.{kind}"] = value
+        elif inner.startswith("pooler.dense."):
+            out[f"pre_logits.fc.{inner.rsplit('.', 1)[1]}"] = value
         elif inner.startswith("pooler.") or inner == "embeddings.mask_token":
             continue
         elif inner == "embeddings.register_tokens":
@@ -292,6 +299,8 @@ def hf_to_timm(sd: StateDict) -> StateDict:
                 out[key] = value
         else:
             out[key] = value
+    if any(k.startswith("head.") for k in out) or "dist_token" in out or "cls_token" not in out:
+        out = {k: v for k, v in out.items() if not k.startswith("pre_logits.")}
     if "reg_token" in out and "cls_token" in out and "pos_embed" in out:
         out["cls_token"] = out["cls_token"] + out["pos_embed"][:, :1]
         out["pos_embed"] = out["pos_embed"][:, 1:]
@@ -334,6 +343,8 @@ def read_hf_state_dict(sd: StateDict, *, num_heads: int | None = None) -> tuple[
         guesses["global_pool"] = HEADLESS_SIGLIP
     if model_type == AIMV2_MODEL_TYPE:
         guesses["global_pool"] = HEADLESS_AIMV2
+    if cfg.distilled and not cfg.num_classes:
+        guesses["global_pool"] = DEIT_POOLER
     guesses.pop("no_embed_class", None)  # a fact here: hf_to_timm folds DINOv2's register models into that layout
     return sd, cfg, guesses | dict.fromkeys(guessed, reason)
 
@@ -374,6 +385,8 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
         guesses["global_pool"] = HEADLESS_SIGLIP
     if model_type == "ijepa" and head is None:
         guesses["global_pool"] = HEADLESS_IJEPA
+    if fields.get("distilled") and head is None:
+        guesses["global_pool"] = DEIT_POOLER
     if model_type == AIMV2_MODEL_TYPE:  # a head is refused (tower_to_timm)
         guesses["global_pool"] = HEADLESS_AIMV2
     if preprocessor is None:
@@ -445,6 +458,12 @@ def _vit_fields(cfg: dict[str, Any], model_type: str, sd: StateDict) -> dict[str
     if dinov2:
         regs = sd["reg_token"].shape[1] if "reg_token" in sd else 0
         fields |= dict(init_values=float(cfg.get("layerscale_value", 1.0)), reg_tokens=regs, no_embed_class=regs > 0)
+    if (pooler := sd.get("pre_logits.fc.weight")) is not None:  # a bare ViTModel: pooler_output = act(dense(class token))
+        if cfg.get("pooler_act", "tanh") != "tanh":
+            raise CheckpointError(f"this {model_type} model's pooler uses pooler_act={cfg['pooler_act']!r}; vitfast's pre-logits layer is "
+                                  "tanh, the ViT paper's (transformers' default). Save the model without its pooler (add_pooling_layer=False) "
+                                  "to load its normalised class token")  # fmt: skip
+        fields["representation_size"] = pooler.shape[0]
     return fields
 
 
