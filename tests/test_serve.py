@@ -113,6 +113,18 @@ def test_guard_names_the_problem_and_the_expected_shape():
     assert one_line("no exception line\n here") == "no exception line here"
 
 
+def test_guard_refuses_float_images_that_are_not_whole_patches_of_a_dynamic_size_model():
+    dims = [3, -1, -1]
+    for shape in [(1, 3, 32, 32), (2, 3, 4, 60)]:
+        assert find_problem("dyn", "images", np.zeros(shape, np.float32), dims, patch=4) is None
+    assert find_problem("dyn", "images", np.zeros((1, 3, 33, 32), np.float32), dims, patch=4) == (
+        "images of 33x32 are not whole 4x4 patches: input 'images' of model 'dyn' has shape [1, 3, 33, 32]; "
+        "this model takes any size in whole patches: crop or resize to e.g. 32x32")  # fmt: skip
+    assert "resize to e.g. 4x8" in find_problem("dyn", "images", np.zeros((1, 3, 2, 9), np.float32), dims, patch=4)
+    assert find_problem("dyn_uint8", "images", np.zeros((1, 33, 7, 3), np.uint8), [-1, -1, 3], patch=4) is None  # resized on the server
+    assert find_problem("dyn", "images", np.zeros((1, 3, 33, 32), np.float32), dims) is None  # no patch: a fixed-size model
+
+
 class FakeTensor:
     def __init__(self, array):
         self.array = array
@@ -191,6 +203,10 @@ def test_install_guard_ships_it_as_model_py_and_warns_when_pytriton_moved(capsys
     assert model.get_proxy_model_files() == {"file:1/pytriton_model.py": b"proxy", "file:1/data.py": b"data",
                                              "file:1/model.py": GUARD_SOURCE.read_bytes()}  # fmt: skip
     assert capsys.readouterr().err == ""
+    model.get_proxy_model_files = FakeModel().get_proxy_model_files
+    _install_guard(types.SimpleNamespace(_model_manager=types.SimpleNamespace(models=[model])), {"vit"}, patch_size=14)
+    shipped = model.get_proxy_model_files()["file:1/model.py"].decode()
+    assert "\nPATCH_SIZE = 14  #" in shipped and shipped.replace("PATCH_SIZE = 14", "PATCH_SIZE = None") == GUARD_SOURCE.read_text()
     _install_guard(types.SimpleNamespace(), {"vit"})
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "warning" in err and "one-line messages" in err
@@ -579,6 +595,50 @@ def test_sigint_shuts_a_checkpoint_server_down_cleanly(tmp_path):
     finally:
         stderr = stop_and_check(process, signal.SIGINT)
     assert "'cifar' (float [B, C, H, W]) and 'cifar_uint8' (uint8 [B, H, W, C]), max batch 4" in stderr
+
+
+def test_dynamic_size_model_serves_its_tokens_at_every_whole_patch_size(tmp_path):
+    """A --dynamic-img-size ONNX export of every token (global_pool none): the float model takes any size in whole
+    patches and answers as many tokens as the size has patches; uint8 images are resized to img_size on the
+    server; a float image that is not whole patches is refused by the guard in one line, the server answering on."""
+    require_triton()
+    pytest.importorskip("onnxruntime", reason="the served artifact is an ONNX export: pip install 'vitfast[onnx]'")
+    from tritonclient.utils import InferenceServerException
+
+    from vitfast.export import to_onnx
+
+    torch.manual_seed(0)
+    model = vitfast.create_model("vit_cifar_patch4_32", dynamic_img_size=True, global_pool="", num_classes=0)
+    artifact = to_onnx(model, tmp_path / "tokens.onnx", batch=(1, 4, MAX_BATCH))
+    reference, dim = vitfast.load_engine(artifact), model.config.embed_dim
+    process, http, grpc = start_cli(artifact, name="dyn")
+    try:
+        rng = np.random.default_rng(6)
+        for client, module in clients(http, grpc):
+            with client:
+                config = client.get_model_config("dyn", **({"as_json": True} if "grpc" in module.__name__ else {}))
+                config = config.get("config", config)
+                assert [int(d) for d in config["input"][0]["dims"]] == [3, -1, -1]
+                assert [int(d) for d in config["output"][0]["dims"]] == [-1, dim]
+                for shape in [(2, 3, 32, 32), (1, 3, 16, 48), (3, 3, 40, 24), (1, 3, 4, 4)]:
+                    x = rng.standard_normal(shape).astype(np.float32)
+                    got = infer(client, module, "dyn", x, outputs=("logits",))["logits"]
+                    assert got.shape == (shape[0], 1 + shape[2] * shape[3] // 16, dim)
+                    np.testing.assert_allclose(got, reference(x).numpy(), rtol=1e-5, atol=1e-5)
+                u = rng.integers(0, 256, (2, 57, 41, 3), dtype=np.uint8)
+                got = infer(client, module, "dyn_uint8", u, outputs=("logits",))["logits"]
+                assert got.shape == (2, 65, dim)
+                np.testing.assert_allclose(got, reference(u).numpy(), rtol=1e-5, atol=1e-5)
+                with pytest.raises(InferenceServerException) as info:
+                    infer(client, module, "dyn", np.zeros((1, 3, 33, 32), np.float32), outputs=("logits",))
+                text = str(info.value)
+                assert "images of 33x32 are not whole 4x4 patches" in text and "e.g. 32x32" in text and "\n" not in text, text
+                assert info.value.status() in ("400", "StatusCode.INVALID_ARGUMENT"), (info.value.status(), text)
+                x = rng.standard_normal((1, 3, 8, 12)).astype(np.float32)
+                np.testing.assert_allclose(infer(client, module, "dyn", x, outputs=("logits",))["logits"], reference(x).numpy(),
+                                           rtol=1e-5, atol=1e-5)  # fmt: skip
+    finally:
+        stop_and_check(process, signal.SIGTERM)
 
 
 def test_python_api_start_and_stop_leave_no_server_process(onnx_artifact, reference):

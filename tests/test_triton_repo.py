@@ -4,6 +4,7 @@ and the repository loaded into a real Triton server (PyTriton's, which has only 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -253,12 +254,14 @@ class TritonPythonModel:
 '''
 
 
-def test_generated_repository_runs_in_a_real_triton_server(repo, onnx_model, tmp_path):
+@contextlib.contextmanager
+def real_server(repo: Path, tmp_path: Path):
+    """The generated repository in PyTriton's tritonserver, the network model swapped for ONNX_AS_PYTHON;
+    yields `infer(model, images, output)` (HTTP, uint8 or float32 images) and the client."""
     require_triton()
     import tritonclient.http as httpclient
     from google.protobuf import text_format
     from pytriton.triton import Triton, TritonConfig
-    from tritonclient.utils import InferenceServerException
 
     from vitfast.serve import interpreter_library_path
 
@@ -281,10 +284,22 @@ def test_generated_repository_runs_in_a_real_triton_server(repo, onnx_model, tmp
         client = httpclient.InferenceServerClient(f"127.0.0.1:{http}", network_timeout=60)
 
         def infer(model, images, output):
-            tensor = httpclient.InferInput("images", list(images.shape), "UINT8")
+            tensor = httpclient.InferInput("images", list(images.shape), "UINT8" if images.dtype == np.uint8 else "FP32")
             tensor.set_data_from_numpy(images)
             return client.infer(model, [tensor]).as_numpy(output)
 
+        yield infer, client
+    finally:
+        if client is not None:
+            client.close()  # an open keep-alive connection would hold the shutdown for exit_timeout_secs
+        triton.stop()
+
+
+def test_generated_repository_runs_in_a_real_triton_server(repo, onnx_model, tmp_path):
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    with real_server(repo, tmp_path) as (infer, client):
         engine = vitfast.load_engine(onnx_model[1])
         rng = np.random.default_rng(0)
         for shape in [(3, 32, 32, 3), (2, 45, 61, 3), (8, 300, 17, 3)]:
@@ -305,7 +320,25 @@ def test_generated_repository_runs_in_a_real_triton_server(repo, onnx_model, tmp
         ranked = client.infer("vit_uint8", [tensor], outputs=[httpclient.InferRequestedOutput("logits", class_count=2)]).as_numpy("logits")
         best = engine(images).numpy().argsort(axis=1)[:, ::-1][:, :2]
         assert [[entry.decode().split(":")[1:] for entry in row] for row in ranked] == [[[str(i), LABELS[i]] for i in row] for row in best]
-    finally:
-        if client is not None:
-            client.close()  # an open keep-alive connection would hold the shutdown for exit_timeout_secs
-        triton.stop()
+
+
+def test_dynamic_size_repository_runs_in_a_real_triton_server(tmp_path):
+    """A --dynamic-img-size export of every token: the network model takes float images of any size in whole
+    patches and answers as many tokens as they have patches; the ensemble resizes uint8 images to img_size."""
+    torch.manual_seed(0)
+    model = vitfast.create_model("vit_cifar_patch4_32", dynamic_img_size=True, global_pool="", num_classes=0)
+    onnx_file = to_onnx(model, tmp_path / "tokens.onnx", batch=(1, 4, 8))
+    repo = triton_repository(onnx_file, tmp_path / "models")
+    assert list(model_config((repo / "vit/config.pbtxt").read_text()).input[0].dims) == [3, -1, -1]
+    engine, dim = vitfast.load_engine(onnx_file), model.config.embed_dim
+    rng = np.random.default_rng(1)
+    with real_server(repo, tmp_path) as (infer, _):
+        for shape in [(2, 3, 32, 32), (1, 3, 16, 48), (3, 3, 40, 24)]:
+            x = rng.standard_normal(shape).astype(np.float32)
+            got = infer("vit", x, "logits")
+            assert got.shape == (shape[0], 1 + shape[2] * shape[3] // 16, dim)
+            np.testing.assert_allclose(got, engine(x).numpy(), rtol=1e-5, atol=1e-5)
+        images = rng.integers(0, 256, (2, 45, 61, 3), dtype=np.uint8)
+        got = infer("vit_uint8", images, "logits")
+        assert got.shape == (2, 65, dim)
+        np.testing.assert_allclose(got, engine(images).numpy(), rtol=1e-5, atol=1e-5)

@@ -18,8 +18,9 @@ Bad requests get an error response of one line each, and the server goes on serv
   model 'vit'. Expected 12288, got 0" (the bytes of one image expected, none sent): Triton offers
   no hook before that check, so vitfast cannot word it differently.
 - `serve_guard.py` then checks each request on its own inside Triton's python backend: images
-  with no pixels (H or W = 0) and NaN/infinite float inputs are refused with the expected shape
-  (HTTP 400 / gRPC INVALID_ARGUMENT), and the requests batched with them are answered as usual.
+  with no pixels (H or W = 0), NaN/infinite float inputs, and for a dynamic_img_size model float
+  images that are not whole patches, are refused with the expected shape (HTTP 400 / gRPC
+  INVALID_ARGUMENT), and the requests batched with them are answered as usual.
 - NaN or infinite float inputs are refused rather than passed through: the logits would be NaN
   and the top-k classes arbitrary, which a client could mistake for an answer.
 - Garbage on the wire gets Triton's protocol errors: HTTP 500 "failed to parse the request JSON
@@ -317,21 +318,23 @@ def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int, labe
     }
     for model, tensor in inputs.items():
         triton.bind(model_name=model, infer_func=Predictor(engine, k, lock, labels), inputs=[tensor], outputs=outputs, config=model_config)
-    _install_guard(triton, set(inputs), allow_nonfinite=engine.allow_nonfinite)
+    _install_guard(triton, set(inputs), allow_nonfinite=engine.allow_nonfinite, patch_size=cfg.patch_size if cfg.dynamic_img_size else None)
 
 
 GUARD_SOURCE = Path(__file__).with_name("serve_guard.py")
 
 
-def _install_guard(triton, models: set[str], allow_nonfinite: bool = False) -> None:
+def _install_guard(triton, models: set[str], allow_nonfinite: bool = False, patch_size: int | None = None) -> None:
     """Ship `serve_guard.py` as the python-backend `model.py` of each bound model, PyTriton's proxy model as
     `pytriton_model.py` beside it: each request is then checked on its own and errors reach the client as one
     line (see `vitfast.serve_guard`). The files are swapped through `vitfast.pytriton_adapter` (PyTriton has
     no public hook); on a PyTriton it was not tested with, serving still works, with PyTriton's own error
-    texts, and a warning says so."""
+    texts, and a warning says so. `patch_size`: a dynamic_img_size model's, for the guard's whole-patch check."""
     guard = GUARD_SOURCE.read_bytes()
     if allow_nonfinite:  # the same opt-out as engine.allow_nonfinite in the Python API
         guard = guard.replace(b"\nALLOW_NONFINITE = False", b"\nALLOW_NONFINITE = True", 1)
+    if patch_size:
+        guard = guard.replace(b"\nPATCH_SIZE = None", f"\nPATCH_SIZE = {int(patch_size)}".encode(), 1)
 
     def swap(files: dict[str, bytes], version: int) -> dict[str, bytes]:
         if f"file:{version}/model.py" in files:

@@ -10,8 +10,9 @@ gRPC INVALID_ARGUMENT) and the others in the batch are served as usual. What Tri
 checks first (dtype, fixed dimensions, batch size, the byte count) never gets this far.
 
 Checks: an empty batch or a dimension of size 0 (an image with no pixels: PyTriton's shared-memory
-transport cannot carry it), and NaN or infinite values in float inputs (the logits would be NaN and
-the top-k meaningless). An unexpected failure further on becomes one line per request too, with
+transport cannot carry it), NaN or infinite values in float inputs (the logits would be NaN and
+the top-k meaningless), and, for a model that takes any image size (dynamic_img_size), float images
+that are not whole patches (the engine would refuse the whole batch they came in). An unexpected failure further on becomes one line per request too, with
 the full text in the server log (`vitfast serve --verbose` shows it).
 
 Runs in the stub process: numpy and the standard library only, no vitfast import.
@@ -23,6 +24,7 @@ import re
 import numpy as np
 
 ALLOW_NONFINITE = False  # `vitfast serve --allow-nonfinite` ships this file with True here
+PATCH_SIZE = None  # a dynamic_img_size model is shipped with its patch size here: float H, W must be multiples of it
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.+)$")
 
 
@@ -33,10 +35,11 @@ def describe(dtype, dims, channels_last):
     return f"{dtype} images [{shape}]"
 
 
-def find_problem(model, name, array, dims):
+def find_problem(model, name, array, dims, patch=None):
     """Why this request's input cannot be served (one line: the problem, then the fix), or None.
 
-    `dims` are the input's dimensions in the model config, without the batch axis (-1 = any size).
+    `dims` are the input's dimensions in the model config, without the batch axis (-1 = any size);
+    `patch`: the H and W of float [B, C, H, W] images must be whole patches of this size.
     """
     dtype = np.dtype(array.dtype).name
     channels_last = dtype == "uint8"
@@ -48,6 +51,12 @@ def find_problem(model, name, array, dims):
         sizes = "H, W >= 1" if channels_last else "every dimension >= 1"
         return (f"empty image: input '{name}' of model '{model}' has shape {shape}, which holds no pixels; "
                 f"send {expected} with {sizes}")  # fmt: skip
+    if patch and not channels_last and len(shape) == 4:
+        h, w = shape[2:]
+        if h % patch or w % patch or min(h, w) < patch:
+            fit = "x".join(str(max(s // patch, 1) * patch) for s in (h, w))
+            return (f"images of {h}x{w} are not whole {patch}x{patch} patches: input '{name}' of model '{model}' has shape {shape}; "
+                    f"this model takes any size in whole patches: crop or resize to e.g. {fit}")  # fmt: skip
     if array.dtype.kind == "f" and not ALLOW_NONFINITE:
         bad = array.size - int(np.count_nonzero(np.isfinite(array)))
         if bad:
@@ -106,7 +115,7 @@ if _PyTritonModel is not None:
             for name, dims in self._vitfast_inputs.items():
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
                 if tensor is not None:
-                    problem = find_problem(self._vitfast_model, name, tensor.as_numpy(), dims)
+                    problem = find_problem(self._vitfast_model, name, tensor.as_numpy(), dims, PATCH_SIZE)
                     if problem:
                         return problem
             return None
