@@ -1,4 +1,5 @@
-"""Artifacts on disk: writing the `.json` sidecar every artifact carries, bound to its artifact; batch profiles.
+"""Artifacts on disk: writing the `.json` sidecar every artifact carries, bound to its artifact; batch and image-size
+profiles.
 
 The sidecar of `PATH` is `PATH.json` (e.g. `model.onnx.json`). It records the vitfast version,
 the model config, precision, input spec, preprocessing, the source's sha256, tool versions, the
@@ -48,6 +49,40 @@ def parse_batch(spec: str | int | tuple[int, int, int]) -> tuple[int, int, int]:
     if hi > MAX_BATCH:
         raise ArtifactError(f"--batch MAX {hi} is above {MAX_BATCH}, the largest batch axis vitfast exports; lower it")
     return lo, opt, hi
+
+
+HW = tuple[int, int]
+
+
+def parse_image_sizes(spec: str | tuple | None, config: ViTConfig) -> tuple[HW, HW, HW]:
+    """The (min, opt, max) image sizes of a TensorRT profile for a dynamic_img_size model: 'MIN:OPT:MAX', each N
+    (square) or HxW, e.g. '112:224:448x672', or three (h, w) pairs; validated: whole patches, min <= opt <= max in
+    each dimension. None: `default_image_sizes`. A fixed-size model has no image-size profile: refused."""
+    if not config.dynamic_img_size:
+        raise ArtifactError(f"--image-sizes sets the image sizes a TensorRT engine takes, and this model takes one "
+                            f"({config.img_hw[0]}x{config.img_hw[1]}); export with --dynamic-img-size for a range of sizes")  # fmt: skip
+    if spec is None:
+        return default_image_sizes(config)
+    text = spec if isinstance(spec, str) else ":".join("x".join(map(str, hw)) for hw in spec)
+    pieces = [piece.strip().lower().split("x") for piece in str(text).split(":")]
+    if len(pieces) != 3 or not all(len(p) in (1, 2) and all(d.isascii() and d.isdigit() for d in p) for p in pieces):
+        raise ArtifactError(f"--image-sizes must be MIN:OPT:MAX, each N or HxW (e.g. 112:224:448x672), got {text!r}")
+    sizes = tuple((int(p[0]), int(p[-1])) for p in pieces)
+    patch = config.patch_size
+    if any(d < patch or d % patch for hw in sizes for d in hw):
+        fit = ":".join("x".join(str(max(d // patch, 1) * patch) for d in hw) for hw in sizes)
+        raise ArtifactError(f"--image-sizes {text} are not whole {patch}-pixel patches; e.g. {fit}")
+    lo, opt, hi = sizes
+    if not all(lo[i] <= opt[i] <= hi[i] for i in (0, 1)):
+        raise ArtifactError(f"--image-sizes needs MIN <= OPT <= MAX in height and in width, got {text}")
+    return sizes
+
+
+def default_image_sizes(config: ViTConfig) -> tuple[HW, HW, HW]:
+    """Half to twice img_size in each dimension (whole patches, at least one), optimised for img_size itself."""
+    p = config.patch_size
+    lo = tuple(max(d // 2 // p, 1) * p for d in config.img_hw)
+    return lo, tuple(config.img_hw), tuple(2 * d for d in config.img_hw)
 
 
 def tool_versions() -> dict[str, str | None]:

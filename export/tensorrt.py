@@ -34,7 +34,7 @@ from vitfast.runtime.tensorrt_engine import (  # noqa: F401  (TensorRTEngine, ch
 
 from vitfast.atomic import atomic_write, check_output_free, claim_output
 
-from .artifacts import base_metadata, parse_batch, read_sidecar, write_sidecar
+from .artifacts import base_metadata, parse_batch, parse_image_sizes, read_sidecar, write_sidecar
 
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0) and newer
 MIN_TENSORRT_MAJOR = 10
@@ -45,45 +45,54 @@ Shape = tuple[int, ...]
 # ---------------------------------------------------------------------------- pure helpers
 
 
-def profile_shapes(input_shape: Sequence[int], batch) -> tuple[Shape, Shape, Shape]:
+def profile_shapes(input_shape: Sequence[int], batch, image_sizes: Sequence[Sequence[int]] | None = None) -> tuple[Shape, Shape, Shape]:
     """Optimization-profile shapes (min, opt, max) for an input.
 
     input_shape: the input's shape as TensorRT reads it from the ONNX file, -1 for a dynamic dim,
     e.g. (-1, 3, 224, 224). batch: (min, opt, max) / 'MIN:OPT:MAX' / N, see `parse_batch`.
     Returns e.g. (1, 3, 224, 224), (8, 3, 224, 224), (32, 3, 224, 224) for batch (1, 8, 32).
-    Only the leading batch dim may be dynamic; a fixed batch N only accepts batch N:N:N.
+    The batch dim may be dynamic (a fixed batch N only accepts batch N:N:N), and so may H and W
+    together, with `image_sizes` ((h, w) min, opt, max: `parse_image_sizes`), for a
+    --dynamic-img-size export; `image_sizes` of a fixed-size input is refused.
     """
     lo, opt, hi = parse_batch(batch)
     shape = tuple(int(d) for d in input_shape)
     if not shape:
         raise ArtifactError("the ONNX input is a scalar; vitfast engines take images [B, C, H, W]")
     dynamic = [axis for axis, d in enumerate(shape) if d < 0 and axis > 0]
-    if dynamic:
-        raise ArtifactError(
-            f"the ONNX input {list(shape)} has dynamic dims {dynamic} besides the batch (a --dynamic-img-size export?); vitfast "
-            "builds TensorRT engines for one image size: export the ONNX at a fixed size (without --dynamic-img-size; --img-size N)"
-        )
+    if dynamic and (dynamic != [2, 3] or len(shape) != 4):
+        raise ArtifactError(f"the ONNX input {list(shape)} has dynamic dims {dynamic} besides the batch; vitfast engines take images "
+                            "[B, C, H, W] with a dynamic batch, and H and W dynamic together (--dynamic-img-size)")  # fmt: skip
+    if dynamic and image_sizes is None:
+        raise ArtifactError(f"the ONNX input {list(shape)} takes any image size (--dynamic-img-size); a TensorRT engine needs the range "
+                            "of sizes it will take: pass --image-sizes MIN:OPT:MAX (e.g. 112:224:448)")  # fmt: skip
+    if image_sizes is not None and not dynamic:
+        raise ArtifactError(f"the ONNX input {list(shape)} takes one image size, so --image-sizes has nothing to set; "
+                            "export with --dynamic-img-size for a range of sizes")  # fmt: skip
     if shape[0] >= 0 and (lo, opt, hi) != (shape[0],) * 3:
         raise ArtifactError(
             f"the ONNX input has a fixed batch of {shape[0]}, so batch {lo}:{opt}:{hi} is impossible; "
             f"pass --batch {shape[0]} or re-export the ONNX with a dynamic batch"
         )
-    return tuple((b, *shape[1:]) for b in (lo, opt, hi))
+    sizes = [tuple(hw) for hw in image_sizes] if dynamic else [shape[2:]] * 3
+    return tuple((b, *shape[1:2], *hw) if dynamic else (b, *shape[1:]) for b, hw in zip((lo, opt, hi), sizes))
 
 
 TRTEXEC_PRECISION = {"fp32": ["--noTF32"], "fp16": ["--fp16"], "int8": ["--int8", "--fp16"], "fp8": ["--fp8", "--fp16"]}
 
 
 def trtexec_command(onnx_path: str | os.PathLike, engine_path: str | os.PathLike, *, precision: str, batch,
-                    workspace_gib: float = 4.0, optimization_level: int = 3,
-                    timing_cache: str | os.PathLike | None = None) -> str:  # fmt: skip
+                    workspace_gib: float = 4.0, optimization_level: int = 3, timing_cache: str | os.PathLike | None = None,
+                    image_sizes: str | tuple | None = None) -> str:  # fmt: skip
     """The `trtexec` line that builds what `build_engine` would from the vitfast ONNX at `onnx_path`
     (its sidecar gives the input name and [C, H, W]), for a machine where only trtexec is at hand.
     The engine it writes has no vitfast sidecar and no LayerNorm pinned to fp32."""
     require(precision, TENSORRT, "TensorRT")
-    spec = read_sidecar(onnx_path)["input"]
+    meta = read_sidecar(onnx_path)
+    spec = meta["input"]
     name = spec["name"]
-    shapes = profile_shapes([d if isinstance(d, int) else -1 for d in spec["shape"]], batch)  # "batch", "height": dynamic
+    sizes = _image_sizes(meta, image_sizes)
+    shapes = profile_shapes([d if isinstance(d, int) else -1 for d in spec["shape"]], batch, sizes)  # "batch", "height": dynamic
     dims = ["x".join(map(str, shape)) for shape in shapes]
     args = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={engine_path}", *TRTEXEC_PRECISION[precision],
             *(f"--{which}Shapes={name}:{d}" for which, d in zip(("min", "opt", "max"), dims)),
@@ -149,6 +158,7 @@ def build_engine(
     optimization_level: int = 3,
     timing_cache: str | os.PathLike | None = None,
     fp32_layernorm: bool = True,
+    image_sizes: str | tuple | None = None,
     force: bool = False,
     progress: bool = True,
 ) -> Path:
@@ -159,7 +169,9 @@ def build_engine(
     workspace pool limit in GiB. optimization_level: builder optimization level 0..5. timing_cache:
     a file of tactic timings, read when it exists and written back (atomically) after the build.
     fp32_layernorm: keep LayerNorm layers in fp32 in reduced-precision engines (fp16 LayerNorm
-    can overflow). The engine and sidecar are written atomically; `force` overwrites an existing
+    can overflow). image_sizes: for a --dynamic-img-size ONNX, the (min, opt, max) image sizes the engine
+    takes ('MIN:OPT:MAX', each N or HxW; default half to twice img_size, optimised for img_size: see
+    `parse_image_sizes`). The engine and sidecar are written atomically; `force` overwrites an existing
     engine. `progress` shows a progress bar when stderr is a terminal. The sidecar's `parity` is
     left None for the caller to fill in. Returns `out_path`.
     """
@@ -167,6 +179,7 @@ def build_engine(
     _check_build_args(precision, workspace_gib, optimization_level)
     batch = parse_batch(batch)
     source_meta = _read_source(onnx_path)
+    sizes = _image_sizes(source_meta, image_sizes)
     check_output_free(out_path, force)  # fail before a build that can take minutes, not after it
     trt = require_tensorrt()
     _require_tensorrt_10(trt.__version__)
@@ -177,7 +190,7 @@ def build_engine(
     builder, network = _parse_onnx(trt, onnx_path)
     check_quantization(precision, _is_quantized(trt, network), onnx_path,
                        int8_target=(source_meta.get("int8") or {}).get("target"))  # fmt: skip
-    input_name, shapes, dynamic_batch = _input_profile(network, batch)
+    input_name, shapes, dynamic_batch = _input_profile(network, batch, sizes)
     config = builder.create_builder_config()
     _set_options(trt, config, precision, flags, workspace_gib, optimization_level)
     fp32_layers = _pin_normalization_fp32(trt, network) if pin_layernorm else 0
@@ -186,6 +199,8 @@ def build_engine(
     serialized = _build(trt, builder, network, config, show_progress=progress and sys.stderr.isatty())
 
     meta = _engine_metadata(onnx_path, source_meta, precision, batch, dynamic_batch, input_name)
+    if sizes:
+        meta["input"]["image_sizes"] = [list(hw) for hw in sizes]
     meta["gpu"] = {"name": gpu_name, "compute_capability": compute_capability}
     meta["tensorrt"] = {
         "version": trt.__version__,
@@ -214,6 +229,13 @@ def _check_build_args(precision: str, workspace_gib: float, optimization_level: 
             f"the builder optimization level must be 0..{MAX_OPTIMIZATION_LEVEL} (3 is TensorRT's default), "
             f"got {optimization_level!r}"
         )
+
+
+def _image_sizes(source_meta: dict[str, Any], image_sizes: str | tuple | None) -> tuple | None:
+    """The profile's image sizes for an ONNX of a dynamic_img_size model (its sidecar says), stated or the default; None
+    for a fixed-size one, which refuses stated sizes."""
+    config = ViTConfig.from_dict(source_meta["config"])
+    return parse_image_sizes(image_sizes, config) if config.dynamic_img_size or image_sizes is not None else None
 
 
 def _read_source(onnx_path: Path) -> dict[str, Any]:
@@ -254,13 +276,13 @@ def _is_quantized(trt, network) -> bool:
     return any(layer.type in qdq for layer in _layers(network))
 
 
-def _input_profile(network, batch: tuple[int, int, int]) -> tuple[str, tuple[Shape, Shape, Shape], bool]:
+def _input_profile(network, batch: tuple[int, int, int], image_sizes: tuple | None) -> tuple[str, tuple[Shape, Shape, Shape], bool]:
     """(input name, profile shapes, whether the ONNX batch dim is dynamic) for the single image input."""
     if network.num_inputs != 1:
         raise ArtifactError(f"the ONNX graph has {network.num_inputs} inputs; vitfast engines take one image input")
     tensor = network.get_input(0)
     shape = tuple(tensor.shape)
-    return tensor.name, profile_shapes(shape, batch), shape[0] < 0
+    return tensor.name, profile_shapes(shape, batch, image_sizes), shape[0] < 0
 
 
 def _set_options(trt, config, precision: str, flags: list[str], workspace_gib: float, optimization_level: int) -> None:
@@ -294,7 +316,7 @@ def _add_profile(builder, config, input_name: str, shapes: tuple[Shape, Shape, S
     profile = builder.create_optimization_profile()
     profile.set_shape(input_name, *shapes)
     if config.add_optimization_profile(profile) < 0:
-        raise ArtifactError(f"TensorRT rejected the optimization profile {shapes} for input {input_name!r}; check --batch")
+        raise ArtifactError(f"TensorRT rejected the optimization profile {shapes} for input {input_name!r}; check --batch and --image-sizes")
 
 
 def _attach_timing_cache(config, path: str | os.PathLike | None):

@@ -246,10 +246,12 @@ def test_check_runs_the_other_sizes_and_says_so(exported, capsys):
     assert capsys.readouterr().out.count(" passed (max_abs_err") == 2
 
 
-def test_tensorrt_and_trtexec_refuse_a_dynamic_size_graph_by_name(exported):
-    _, path, _ = exported
-    with pytest.raises(vitfast.ArtifactError, match=r"dynamic dims \[2, 3\] besides the batch.*--dynamic-img-size"):
-        trt_export.trtexec_command(path, "m.engine", precision="fp16", batch=(1, 1, 1))
+def test_trtexec_builds_a_dynamic_size_graph_for_half_to_twice_its_size(exported):
+    model, path, _ = exported
+    (h, w), name = model.config.img_hw, "images"
+    line = trt_export.trtexec_command(path, "m.engine", precision="fp16", batch=(1, 1, 1))
+    lo = "x".join(str(max(d // 2 // model.config.patch_size, 1) * model.config.patch_size) for d in (h, w))
+    assert f"--minShapes={name}:1x3x{lo} --optShapes={name}:1x3x{h}x{w} --maxShapes={name}:1x3x{2 * h}x{2 * w}" in line
 
 
 def test_triton_repository_declares_any_height_and_width(exported, tmp_path):

@@ -432,6 +432,25 @@ def test_trt_export_checks_for_tensorrt_before_the_onnx_export(monkeypatch, tmp_
     assert (tmp_path / "m.onnx").exists() and not (tmp_path / "m.plan").exists()
 
 
+def test_trt_export_of_a_dynamic_size_model_says_its_image_sizes_and_puts_them_in_the_trtexec_line(monkeypatch, tmp_path, capsys):
+    from vitfast.cli import export as cli_export
+    from vitfast.cli import main
+    from vitfast.errors import BackendUnavailable
+
+    def missing():
+        raise BackendUnavailable("TensorRT is not installed: pip install tensorrt")
+
+    monkeypatch.setattr(cli_export, "require_tensorrt", missing)
+    base = ["export", "--model", "vit_cifar_patch4_32", "--dynamic-img-size", "--format", "trt", "--batch", "1:2:4", "--force"]
+    assert main([*base, "--out", str(tmp_path / "m.engine")]) == 2
+    err = capsys.readouterr().err
+    assert "TensorRT image sizes: 16x16 to 64x64, optimised for 32x32 (the default: half to twice the model's size)" in err
+    assert "--minShapes=images:1x3x16x16 --optShapes=images:2x3x32x32 --maxShapes=images:4x3x64x64" in err
+    assert main([*base, "--image-sizes", "8x16:32:48x96", "--out", str(tmp_path / "m.engine")]) == 2
+    err = capsys.readouterr().err
+    assert "TensorRT image sizes" not in err and "--minShapes=images:1x3x8x16 --optShapes=images:2x3x32x32 --maxShapes=images:4x3x48x96" in err
+
+
 def test_trt_export_without_tensorrt_tells_a_terminal_before_the_onnx_export(monkeypatch, tmp_path, capsys):
     from vitfast import pipeline
     from vitfast.cli import export as cli_export
@@ -468,6 +487,12 @@ def test_trt_export_without_tensorrt_tells_a_terminal_before_the_onnx_export(mon
         (["check", "corrupt.onnx"], "corrupt.onnx is not a readable ONNX model"),
         (["check", "nosidecar.onnx"], "nosidecar.onnx is not a readable ONNX model"),  # without a sidecar the graph is read
         (["eval", "m.engine", "--data", "."], "TensorRT is not installed"),
+        (["export", "--model", "vit_cifar_patch4_32", "--format", "onnx", "--image-sizes", "16:32:64", "--out", "x.onnx"],
+         "--image-sizes sets the image sizes a TensorRT engine takes: it goes with --format trt"),
+        (["export", "--model", "vit_cifar_patch4_32", "--format", "trt", "--image-sizes", "16:32:64", "--out", "x.engine"],
+         "this model takes one (32x32); export with --dynamic-img-size"),  # refused before the ONNX export, not after
+        (["export", "--model", "vit_cifar_patch4_32", "--dynamic-img-size", "--format", "trt", "--image-sizes", "16:30:64", "--out", "x.engine"],
+         "--image-sizes 16:30:64 are not whole 4-pixel patches; e.g. 16x16:28x28:64x64"),
     ],
 )  # fmt: skip
 def test_cli_bad_inputs_one_line_exit_2_nothing_written(tmp_path, args, message):

@@ -172,8 +172,8 @@ def _mutate_json(meta, path, value):
 
 
 SIDECAR_FIELDS = [("precision",), ("config",), ("config", "num_classes"), ("config", "img_size"), ("config", "mean"), ("input",),
-                  ("input", "batch"), ("input", "shape"), ("preprocessing",), ("preprocessing", "mean"), ("source",),
-                  ("source", "model"), ("parity",), ("files",), ("kind",)]  # fmt: skip
+                  ("input", "batch"), ("input", "shape"), ("input", "image_sizes"), ("preprocessing",), ("preprocessing", "mean"),
+                  ("source",), ("source", "model"), ("parity",), ("files",), ("kind",)]  # fmt: skip
 JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**9), st.floats(allow_nan=True), st.text(max_size=5),
                         st.lists(st.integers(-3, 40), max_size=4), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))  # fmt: skip
 

@@ -399,7 +399,9 @@ def test_profile_shapes_replace_the_dynamic_batch():
 @pytest.mark.parametrize(
     "shape, batch, match",
     [
-        ((-1, 3, -1, -1), (1, 8, 32), r"dynamic dims \[2, 3\].*--img-size"),
+        ((-1, 3, -1, -1), (1, 8, 32), r"takes any image size.*--image-sizes MIN:OPT:MAX"),
+        ((-1, -1, 32, 32), (1, 8, 32), r"dynamic dims \[1\] besides the batch"),
+        ((-1, 3, -1, 32), (1, 8, 32), r"dynamic dims \[2\] besides the batch.*H and W dynamic together"),
         ((4, 3, 32, 32), (1, 8, 32), "fixed batch of 4.*--batch 4"),
         ((-1, 3, 32, 32), (8, 4, 2), "MIN <= OPT <= MAX"),
         ((-1, 3, 32, 32), (0, 1, 2), "MIN <= OPT <= MAX"),
@@ -410,6 +412,31 @@ def test_profile_shapes_replace_the_dynamic_batch():
 def test_profile_shapes_refuses(shape, batch, match):
     with pytest.raises(ArtifactError, match=match):
         trt_export.profile_shapes(shape, batch)
+
+
+def test_profile_shapes_take_image_sizes_for_any_height_and_width():
+    sizes = ((16, 16), (32, 32), (64, 48))
+    assert trt_export.profile_shapes((-1, 3, -1, -1), (1, 8, 32), sizes) == ((1, 3, 16, 16), (8, 3, 32, 32), (32, 3, 64, 48))
+    with pytest.raises(ArtifactError, match=r"takes one image size, so --image-sizes has nothing to set.*--dynamic-img-size"):
+        trt_export.profile_shapes((-1, 3, 32, 32), (1, 8, 32), sizes)
+
+
+def test_parse_image_sizes():
+    from vitfast.export.artifacts import default_image_sizes, parse_image_sizes
+
+    dynamic = vitfast.get_config("vit_cifar_patch4_32", dynamic_img_size=True)  # 32x32 in 4-pixel patches
+    assert parse_image_sizes(None, dynamic) == default_image_sizes(dynamic) == ((16, 16), (32, 32), (64, 64))
+    assert parse_image_sizes("8:32x24:64X128", dynamic) == ((8, 8), (32, 24), (64, 128))
+    assert parse_image_sizes(((4, 8), (32, 32), (40, 40)), dynamic) == ((4, 8), (32, 32), (40, 40))
+    assert default_image_sizes(vitfast.get_config("vit_cifar_patch4_32", dynamic_img_size=True, img_size=(4, 12))) == (
+        (4, 4), (4, 12), (8, 24))  # fmt: skip
+    for spec, match in [("8:32", "MIN:OPT:MAX, each N or HxW"), ("8:32:6x4x4", "MIN:OPT:MAX"), ("a:b:c", "MIN:OPT:MAX"),
+                        ("8:30:64", r"not whole 4-pixel patches; e.g. 8x8:28x28:64x64"), ("0:32:64", "not whole 4-pixel patches"),
+                        ("16:8:64", "MIN <= OPT <= MAX in height and in width"), ("16x64:32x32:64x64", "MIN <= OPT <= MAX")]:  # fmt: skip
+        with pytest.raises(ArtifactError, match=match):
+            parse_image_sizes(spec, dynamic)
+    with pytest.raises(ArtifactError, match=r"this model takes one \(32x32\); export with --dynamic-img-size"):
+        parse_image_sizes("8:16:32", dynamic.replace(dynamic_img_size=False))
 
 
 @pytest.mark.parametrize(
@@ -744,6 +771,73 @@ def test_an_unpooled_model_builds_an_engine_that_says_its_output_shape(unpooled_
     path = build(unpooled_onnx[kind], tmp_path / f"{kind}.engine")
     assert read_sidecar(path)["output"]["shape"] == ["batch", *shape]
     assert trt_export.TensorRTEngine(path).config.output_shape == tuple(shape)
+
+
+@pytest.fixture(scope="module")
+def dynamic_onnx(tmp_path_factory) -> tuple[torch.nn.Module, Path]:
+    """vit_cifar_patch4_32 with dynamic_img_size, exported (any H and W in whole 4-pixel patches), and the model."""
+    pytest.importorskip("onnxruntime", reason="the ONNX export checks parity in ONNX Runtime: pip install 'vitfast[onnx]'")
+    from vitfast.export import to_onnx
+
+    torch.manual_seed(0)
+    model = vitfast.create_model("vit_cifar_patch4_32", dynamic_img_size=True)
+    return model, to_onnx(model, tmp_path_factory.mktemp("dynamic") / "any.onnx")
+
+
+def test_a_dynamic_size_onnx_builds_an_engine_for_a_range_of_sizes(dynamic_onnx, rec, gpu, tmp_path):
+    """The profile spans the image sizes (default half to twice img_size, optimised for it; or as stated), the sidecar
+    records them, and the engine refuses a size outside them, by name, before TensorRT sees it."""
+    _, onnx_path = dynamic_onnx
+    path = build(onnx_path, tmp_path / "default.engine", batch=(1, 2, 4))
+    assert rec.configs[-1].profiles[0].shapes == {"images": ((1, 3, 16, 16), (2, 3, 32, 32), (4, 3, 64, 64))}
+    meta = read_sidecar(path)
+    assert meta["input"]["image_sizes"] == [[16, 16], [32, 32], [64, 64]] and meta["input"]["shape"] == ["batch", 3, "height", "width"]
+    assert meta["tensorrt"]["profile"]["max"] == [4, 3, 64, 64]
+    path = build(onnx_path, tmp_path / "stated.engine", batch=(1, 2, 4), image_sizes="8x16:32:48x96")
+    assert rec.configs[-1].profiles[0].shapes == {"images": ((1, 3, 8, 16), (2, 3, 32, 32), (4, 3, 48, 96))}
+    engine = trt_export.TensorRTEngine(path)
+    assert engine.image_sizes == ((8, 16), (32, 32), (48, 96)) and engine.parity_sizes() == [(8, 16), (48, 96)]
+    assert engine.prepare(torch.zeros(2, 3, 48, 16)).shape == (2, 3, 48, 16)
+    for h, w in [(4, 16), (52, 32), (32, 100)]:
+        with pytest.raises(vitfast.InputError, match=f"images of {h}x{w} are outside the sizes this engine was built for, 8x16 to 48x96 "
+                                                     f".*--image-sizes covering {h}x{w}"):  # fmt: skip
+            engine.prepare(torch.zeros(1, 3, h, w))
+    with pytest.raises(vitfast.InputError, match="not whole 4x4 patches"):
+        engine.prepare(torch.zeros(1, 3, 33, 32))
+    line = trt_export.trtexec_command(onnx_path, "any.engine", precision="fp16", batch=(1, 2, 4), image_sizes="8x16:32:48x96")
+    assert "--minShapes=images:1x3x8x16 --optShapes=images:2x3x32x32 --maxShapes=images:4x3x48x96" in line
+    assert "--maxShapes=images:4x3x64x64" in trt_export.trtexec_command(onnx_path, "any.engine", precision="fp16", batch=(1, 2, 4))
+
+
+def test_image_sizes_for_a_fixed_size_onnx_are_refused_before_the_build(rec, gpu, onnx_file, tmp_path):
+    with pytest.raises(ArtifactError, match=r"this model takes one \(32x32\); export with --dynamic-img-size"):
+        build(onnx_file, tmp_path / "vit.engine", image_sizes="16:32:64")
+    assert not rec.calls and list(tmp_path.iterdir()) == []
+    with pytest.raises(ArtifactError, match="takes one"):
+        trt_export.trtexec_command(onnx_file, "vit.engine", precision="fp16", batch=(1, 1, 1), image_sizes="16:32:64")
+
+
+def test_engine_parity_of_a_dynamic_size_engine_covers_both_ends_of_its_profile(dynamic_onnx, rec, gpu, monkeypatch, tmp_path):
+    """record_engine_parity runs img_size and the profile's smallest and largest sizes (here through a stand-in that runs
+    the model, as the fake TensorRT runs nothing); a wrong size fails the parity."""
+    from vitfast import pipeline
+    from vitfast.runtime.engine import Engine
+
+    model, onnx_path = dynamic_onnx
+    path = build(onnx_path, tmp_path / "any.engine", batch=(1, 2, 4), image_sizes="8x16:32:48x96")
+
+    class RunsTheModel(Engine):
+        def _run(self, x):
+            out = model(x)
+            return out + (x.shape[-1] == 96)  # wrong at the largest width only
+
+    monkeypatch.setattr(pipeline, "load_engine", lambda p: RunsTheModel(model.config, precision="fp16", batch=(1, 2, 4),
+                                                                        metadata=read_sidecar(p), path=p))  # fmt: skip
+    parity = pipeline.record_engine_parity(path, model)
+    assert read_sidecar(path)["parity"] == parity
+    assert [o["img_size"] for o in parity["other_sizes"]] == [[8, 16], [48, 96]]
+    assert [o["passed"] for o in parity["other_sizes"]] == [True, False] and not parity["passed"]
+    assert parity["max_abs_err"] < 1e-6
 
 
 def test_engine_from_another_tensorrt_is_refused(rec, gpu, monkeypatch, onnx_file, tmp_path):

@@ -18,7 +18,7 @@ import torch
 
 from .checkpoint import describe_guesses, load_checkpoint
 from .config import ViTConfig
-from .data import batches, find_images, labeled_images, open_image, other_sizes, random_images
+from .data import batches, find_images, labeled_images, open_image, random_images
 from .errors import ArtifactError, GuessedConfigWarning, InputError, VitfastWarning
 from .export.artifacts import read_sidecar, write_sidecar
 from .export.onnx_export import to_onnx
@@ -85,12 +85,18 @@ def _scratch(folder: Path | None) -> Iterator[Path]:
 
 
 def record_engine_parity(engine_path: Path, reference: torch.nn.Module, progress: Reporter | None = None) -> dict[str, Any]:
-    """Measure the built engine against the fp32 reference on this GPU and store it in the sidecar's `parity`."""
-    engine = load_engine(engine_path)
+    """Measure the built engine against the fp32 reference on this GPU and store it in the sidecar's `parity`: at img_size,
+    and for a dynamic-size engine also at the smallest and largest sizes of its profile."""
+    engine, reference = load_engine(engine_path), reference.float()
     x = check_inputs(reference.config, engine, 8, None)
     reporting(progress).phase(f"parity with PyTorch fp32 on {len(x)} images")
+    axis, others = engine.config.channel_axis, []
     with torch.no_grad():
-        parity = compare(engine(x).cpu(), reference.float()(x), engine.precision, channel_axis=engine.config.channel_axis)
+        parity = compare(engine(x).cpu(), reference(x), engine.precision, channel_axis=axis)
+        for hw in engine.parity_sizes():
+            images = random_images(engine.config, len(x), seed=1, hw=hw)
+            others.append(compare(engine(images).cpu(), reference(images), engine.precision, channel_axis=axis) | {"img_size": list(hw)})
+    parity = with_other_sizes(parity, others)
     meta = read_sidecar(engine_path)
     meta["parity"] = parity
     write_sidecar(engine_path, meta)
@@ -144,7 +150,7 @@ def check_artifact(engine: Engine, artifact: str | os.PathLike, *, checkpoint: s
             refs.append(reference(part))
     result = compare(torch.cat(outs), torch.cat(refs), engine.precision, atol=atol, rtol=rtol, channel_axis=ours.channel_axis)
     others, n = [], min(len(x), 4)
-    for hw in other_sizes(ours):  # a dynamic_img_size artifact: two more grids, seeded random pixels
+    for hw in engine.parity_sizes():  # a dynamic_img_size artifact: two more grids (a TensorRT profile's ends), seeded random pixels
         images = random_images(ours, n, seed=1, hw=hw)
         with torch.no_grad():
             others.append(compare(_run(engine, images).cpu(), reference(images), engine.precision, atol=atol, rtol=rtol,

@@ -16,7 +16,7 @@ from vitfast.errors import BackendUnavailable, InputError
 from vitfast.foreign import report_choice
 from vitfast.flags import int_in, ov_streams, positive_float, positive_int
 from vitfast.atomic import check_output_free, reserve_output
-from vitfast.export.artifacts import parse_batch, read_sidecar
+from vitfast.export.artifacts import parse_batch, parse_image_sizes, read_sidecar
 from vitfast.export.tensorrt import build_engine, require_tensorrt, trtexec_command
 from vitfast.export.triton_repo import check_repository_free
 from vitfast.layerwise import describe_layers
@@ -40,6 +40,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         out = check_output_free(args.out, args.force)
     if args.precision == "int8" and not args.calib_dir:
         raise InputError("--precision int8 needs --calib-dir DIR with calibration images (searched recursively)")
+    if args.image_sizes and args.format != "trt":
+        raise InputError("--image-sizes sets the image sizes a TensorRT engine takes: it goes with --format trt (an ONNX export with "
+                         "--dynamic-img-size takes any size)")  # fmt: skip
     if args.calib_dir:
         find_images(args.calib_dir)  # fail early on an empty or missing folder
     no_tensorrt = _tensorrt_missing(args.quiet) if args.format == "trt" else None
@@ -73,6 +76,7 @@ def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], sc
             print(f"wrote Triton model repository {out} ({args.precision} ONNX, max batch {batch[2]}); "
                   f"run it with: tritonserver --model-repository {out.resolve()}", file=sys.stderr)  # fmt: skip
         return 0
+    sizes = _engine_image_sizes(args, model.config) if args.format == "trt" else None  # refused before the ONNX export, not after
     onnx_out = out if args.format == "onnx" else out.with_suffix(".onnx")
     # TensorRT takes an fp32 ONNX and lowers it to fp16 itself; int8 needs the Q/DQ ONNX in every case
     onnx_precision = args.precision if args.format == "onnx" or args.precision == "int8" else "fp32"
@@ -83,17 +87,29 @@ def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], sc
         return 0
     if no_tensorrt is not None:
         trtexec = trtexec_command(onnx_out, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
-                                  optimization_level=args.opt_level, timing_cache=args.timing_cache)  # fmt: skip
+                                  optimization_level=args.opt_level, timing_cache=args.timing_cache, image_sizes=sizes)  # fmt: skip
         raise BackendUnavailable(f"{str(no_tensorrt).rstrip('.')}; the ONNX it would have used is at {onnx_out}; "
                                  f"on a machine with TensorRT, build it with: {trtexec}")  # fmt: skip
     progress.phase(f"building the {args.precision} TensorRT engine")
     with paused(progress):  # TensorRT's own bar shows the builder's phases on a terminal
         build_engine(onnx_out, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
                      optimization_level=args.opt_level, timing_cache=args.timing_cache,
-                     fp32_layernorm=not args.no_fp32_layernorm, force=args.force, progress=not args.quiet)  # fmt: skip
+                     fp32_layernorm=not args.no_fp32_layernorm, image_sizes=sizes, force=args.force, progress=not args.quiet)  # fmt: skip
     pipeline.record_engine_parity(out, model, progress)
     _report(out, args.quiet)
     return 0
+
+
+def _engine_image_sizes(args: argparse.Namespace, config) -> tuple | None:
+    """--image-sizes checked against the model, or for a dynamic-size model without it the default, said on stderr."""
+    if not (args.image_sizes or config.dynamic_img_size):
+        return None
+    sizes = parse_image_sizes(args.image_sizes, config)
+    if not args.image_sizes and not args.quiet:
+        (h0, w0), (h, w), (h1, w1) = sizes
+        print(f"TensorRT image sizes: {h0}x{w0} to {h1}x{w1}, optimised for {h}x{w} (the default: half to twice the model's size); "
+              "pass --image-sizes MIN:OPT:MAX for others", file=sys.stderr)  # fmt: skip
+    return sizes
 
 
 def _report(path: Path, quiet: bool) -> None:
@@ -258,6 +274,9 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--opt-level", type=int_in(0, 5), default=3, help="TensorRT builder optimization level 0-5")
     p.add_argument("--timing-cache", help="TensorRT timing cache file, reused across builds")
     p.add_argument("--no-fp32-layernorm", action="store_true", help="let TensorRT run LayerNorm in fp16")
+    p.add_argument("--image-sizes", metavar="MIN:OPT:MAX",
+                   help="with --dynamic-img-size: the image sizes the TensorRT engine takes, each N or HxW in whole patches "
+                        "(default: half to twice --img-size, optimised for it)")  # fmt: skip
     p.add_argument("--out", required=True, help="output file (.onnx; .engine/.plan for trt) or folder (triton-repo)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
     add_quiet(p, "nothing but errors (no progress, no summary line)")

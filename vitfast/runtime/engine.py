@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from vitfast.config import ViTConfig
+from vitfast.data import other_sizes
 from vitfast.errors import InputError
 from vitfast.layers import check_image_shape
 from vitfast.preprocessing import preprocess
@@ -42,6 +43,8 @@ class Engine(abc.ABC):
         self.batch = batch  # (min, opt, max) the artifact was built for; None = any
         self.metadata = metadata or {}
         self.path = path
+        sizes = (self.metadata.get("input") or {}).get("image_sizes")  # a dynamic-size TensorRT engine's profile
+        self.image_sizes = tuple(tuple(hw) for hw in sizes) if sizes else None  # (min, opt, max) (h, w); None = any
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path or self.config.name}, precision={self.precision})"
@@ -63,6 +66,7 @@ class Engine(abc.ABC):
             raise InputError(f"{self!r} expects normalised float images [B, {c.in_chans}, {hw}], got shape {tuple(x.shape)}")
         if c.dynamic_img_size:  # any size in whole patches: the model's own check says which size would fit
             check_image_shape(x, c.in_chans, c.img_hw, c.patch_size)
+            self._check_image_sizes(*x.shape[2:])
         if x.shape[0] == 0:
             raise InputError("empty batch: give at least one image")
         if not self.allow_nonfinite:
@@ -76,6 +80,22 @@ class Engine(abc.ABC):
                 "split the batch or re-export with a wider --batch MIN:OPT:MAX"
             )
         return x.float()
+
+    def _check_image_sizes(self, h: int, w: int) -> None:
+        if self.image_sizes is None:
+            return
+        (h0, w0), _, (h1, w1) = self.image_sizes
+        if not (h0 <= h <= h1 and w0 <= w <= w1):
+            raise InputError(f"images of {h}x{w} are outside the sizes this engine was built for, {h0}x{w0} to {h1}x{w1} (its TensorRT "
+                             f"profile); resize them into that range, or rebuild it with --image-sizes covering {h}x{w}")  # fmt: skip
+
+    def parity_sizes(self) -> list[tuple[int, int]]:
+        """Image sizes besides img_size a parity check runs at: the ends of the engine's image-size profile (a TensorRT
+        engine's), else `vitfast.data.other_sizes` (none for a fixed-size model)."""
+        if self.image_sizes:
+            ends = (self.image_sizes[0], self.image_sizes[2])
+            return list(dict.fromkeys(hw for hw in ends if hw != tuple(self.config.img_hw)))
+        return other_sizes(self.config)
 
     def __call__(self, images) -> torch.Tensor:
         return self._run(self.prepare(images))

@@ -87,6 +87,12 @@ def _check_fields(side: Path, data: dict[str, Any]) -> None:
     if batch is not None:
         if not (isinstance(batch, list) and len(batch) == 3 and all(type(b) is int for b in batch) and 1 <= batch[0] <= batch[1] <= batch[2]):
             raise bad(f"'input.batch' must be [MIN, OPT, MAX] with 1 <= MIN <= OPT <= MAX, got {batch!r}")
+    sizes = spec.get("image_sizes")
+    if sizes is not None:
+        pairs = isinstance(sizes, list) and len(sizes) == 3 and all(isinstance(hw, list) and len(hw) == 2 and all(type(d) is int and d > 0
+                                                                                                             for d in hw) for hw in sizes)  # fmt: skip
+        if not (pairs and all(sizes[0][i] <= sizes[1][i] <= sizes[2][i] for i in (0, 1)) and shape[2:] == ["height", "width"]):
+            raise bad(f"'input.image_sizes' must be [[H, W] min, opt, max], ascending, for an input of any height and width, got {sizes!r}")
     if not isinstance(data.get("files") or [], list):
         raise bad("'files' is not a list")
     for key in ("source", "parity"):
