@@ -123,6 +123,12 @@ def test_guard_refuses_float_images_that_are_not_whole_patches_of_a_dynamic_size
     assert "resize to e.g. 4x8" in find_problem("dyn", "images", np.zeros((1, 3, 2, 9), np.float32), dims, patch=4)
     assert find_problem("dyn_uint8", "images", np.zeros((1, 33, 7, 3), np.uint8), [-1, -1, 3], patch=4) is None  # resized on the server
     assert find_problem("dyn", "images", np.zeros((1, 3, 33, 32), np.float32), dims) is None  # no patch: a fixed-size model
+    sizes = ((8, 16), (48, 96))  # a TensorRT engine's profile ends
+    assert find_problem("dyn", "images", np.zeros((1, 3, 48, 16), np.float32), dims, patch=4, sizes=sizes) is None
+    assert find_problem("dyn", "images", np.zeros((1, 3, 52, 16), np.float32), dims, patch=4, sizes=sizes) == (
+        "images of 52x16 are outside the sizes model 'dyn' was built for, 8x16 to 48x96 (its TensorRT profile): "
+        "input 'images' has shape [1, 3, 52, 16]; resize them into that range")  # fmt: skip
+    assert "outside the sizes" in find_problem("dyn", "images", np.zeros((1, 3, 8, 8), np.float32), dims, patch=4, sizes=sizes)
 
 
 class FakeTensor:
@@ -207,6 +213,13 @@ def test_install_guard_ships_it_as_model_py_and_warns_when_pytriton_moved(capsys
     _install_guard(types.SimpleNamespace(_model_manager=types.SimpleNamespace(models=[model])), {"vit"}, patch_size=14)
     shipped = model.get_proxy_model_files()["file:1/model.py"].decode()
     assert "\nPATCH_SIZE = 14  #" in shipped and shipped.replace("PATCH_SIZE = 14", "PATCH_SIZE = None") == GUARD_SOURCE.read_text()
+    model.get_proxy_model_files = FakeModel().get_proxy_model_files
+    _install_guard(types.SimpleNamespace(_model_manager=types.SimpleNamespace(models=[model])), {"vit"}, patch_size=14,
+                   image_sizes=((14, 28), (224, 224), (448, 896)))  # fmt: skip
+    shipped = model.get_proxy_model_files()["file:1/model.py"].decode()
+    namespace = {}
+    exec(shipped.split("\ntry:  # inside Triton's python backend")[0], namespace)  # the module's constants and checks, run as shipped
+    assert (namespace["PATCH_SIZE"], namespace["SIZE_RANGE"]) == (14, ((14, 28), (448, 896)))
     _install_guard(types.SimpleNamespace(), {"vit"})
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "warning" in err and "one-line messages" in err

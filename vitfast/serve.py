@@ -318,23 +318,29 @@ def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int, labe
     }
     for model, tensor in inputs.items():
         triton.bind(model_name=model, infer_func=Predictor(engine, k, lock, labels), inputs=[tensor], outputs=outputs, config=model_config)
-    _install_guard(triton, set(inputs), allow_nonfinite=engine.allow_nonfinite, patch_size=cfg.patch_size if cfg.dynamic_img_size else None)
+    _install_guard(triton, set(inputs), allow_nonfinite=engine.allow_nonfinite, patch_size=cfg.patch_size if cfg.dynamic_img_size else None,
+                   image_sizes=engine.image_sizes)  # fmt: skip
 
 
 GUARD_SOURCE = Path(__file__).with_name("serve_guard.py")
 
 
-def _install_guard(triton, models: set[str], allow_nonfinite: bool = False, patch_size: int | None = None) -> None:
+def _install_guard(triton, models: set[str], allow_nonfinite: bool = False, patch_size: int | None = None,
+                   image_sizes: tuple | None = None) -> None:  # fmt: skip
     """Ship `serve_guard.py` as the python-backend `model.py` of each bound model, PyTriton's proxy model as
     `pytriton_model.py` beside it: each request is then checked on its own and errors reach the client as one
     line (see `vitfast.serve_guard`). The files are swapped through `vitfast.pytriton_adapter` (PyTriton has
     no public hook); on a PyTriton it was not tested with, serving still works, with PyTriton's own error
-    texts, and a warning says so. `patch_size`: a dynamic_img_size model's, for the guard's whole-patch check."""
+    texts, and a warning says so. `patch_size`: a dynamic_img_size model's, for the guard's whole-patch check;
+    `image_sizes`: a dynamic-size TensorRT engine's (min, opt, max), for its range check."""
     guard = GUARD_SOURCE.read_bytes()
     if allow_nonfinite:  # the same opt-out as engine.allow_nonfinite in the Python API
         guard = guard.replace(b"\nALLOW_NONFINITE = False", b"\nALLOW_NONFINITE = True", 1)
     if patch_size:
         guard = guard.replace(b"\nPATCH_SIZE = None", f"\nPATCH_SIZE = {int(patch_size)}".encode(), 1)
+    if image_sizes:
+        ends = tuple(tuple(int(d) for d in image_sizes[i]) for i in (0, 2))
+        guard = guard.replace(b"\nSIZE_RANGE = None", f"\nSIZE_RANGE = {ends!r}".encode(), 1)
 
     def swap(files: dict[str, bytes], version: int) -> dict[str, bytes]:
         if f"file:{version}/model.py" in files:

@@ -12,7 +12,8 @@ checks first (dtype, fixed dimensions, batch size, the byte count) never gets th
 Checks: an empty batch or a dimension of size 0 (an image with no pixels: PyTriton's shared-memory
 transport cannot carry it), NaN or infinite values in float inputs (the logits would be NaN and
 the top-k meaningless), and, for a model that takes any image size (dynamic_img_size), float images
-that are not whole patches (the engine would refuse the whole batch they came in). An unexpected failure further on becomes one line per request too, with
+that are not whole patches or lie outside a TensorRT engine's image sizes (the engine would refuse the whole
+batch they came in). An unexpected failure further on becomes one line per request too, with
 the full text in the server log (`vitfast serve --verbose` shows it).
 
 Runs in the stub process: numpy and the standard library only, no vitfast import.
@@ -25,6 +26,7 @@ import numpy as np
 
 ALLOW_NONFINITE = False  # `vitfast serve --allow-nonfinite` ships this file with True here
 PATCH_SIZE = None  # a dynamic_img_size model is shipped with its patch size here: float H, W must be multiples of it
+SIZE_RANGE = None  # ... and a TensorRT engine's profile ends here, ((min H, min W), (max H, max W))
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.+)$")
 
 
@@ -35,11 +37,12 @@ def describe(dtype, dims, channels_last):
     return f"{dtype} images [{shape}]"
 
 
-def find_problem(model, name, array, dims, patch=None):
+def find_problem(model, name, array, dims, patch=None, sizes=None):
     """Why this request's input cannot be served (one line: the problem, then the fix), or None.
 
     `dims` are the input's dimensions in the model config, without the batch axis (-1 = any size);
-    `patch`: the H and W of float [B, C, H, W] images must be whole patches of this size.
+    `patch`: the H and W of float [B, C, H, W] images must be whole patches of this size; `sizes`:
+    ((min H, min W), (max H, max W)) they must lie between.
     """
     dtype = np.dtype(array.dtype).name
     channels_last = dtype == "uint8"
@@ -57,6 +60,10 @@ def find_problem(model, name, array, dims, patch=None):
             fit = "x".join(str(max(s // patch, 1) * patch) for s in (h, w))
             return (f"images of {h}x{w} are not whole {patch}x{patch} patches: input '{name}' of model '{model}' has shape {shape}; "
                     f"this model takes any size in whole patches: crop or resize to e.g. {fit}")  # fmt: skip
+        if sizes and not (sizes[0][0] <= h <= sizes[1][0] and sizes[0][1] <= w <= sizes[1][1]):
+            (h0, w0), (h1, w1) = sizes
+            return (f"images of {h}x{w} are outside the sizes model '{model}' was built for, {h0}x{w0} to {h1}x{w1} (its TensorRT "
+                    f"profile): input '{name}' has shape {shape}; resize them into that range")  # fmt: skip
     if array.dtype.kind == "f" and not ALLOW_NONFINITE:
         bad = array.size - int(np.count_nonzero(np.isfinite(array)))
         if bad:
@@ -115,7 +122,7 @@ if _PyTritonModel is not None:
             for name, dims in self._vitfast_inputs.items():
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
                 if tensor is not None:
-                    problem = find_problem(self._vitfast_model, name, tensor.as_numpy(), dims, PATCH_SIZE)
+                    problem = find_problem(self._vitfast_model, name, tensor.as_numpy(), dims, PATCH_SIZE, SIZE_RANGE)
                     if problem:
                         return problem
             return None
