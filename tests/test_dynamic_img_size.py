@@ -246,6 +246,37 @@ def test_check_runs_the_other_sizes_and_says_so(exported, capsys):
     assert capsys.readouterr().out.count(" passed (max_abs_err") == 2
 
 
+def test_check_against_compares_two_dynamic_size_artifacts_at_other_sizes_too(tmp_path, capsys):
+    """Two graphs of the same weights whose position-embedding resize differs (timm's antialiased rule vs
+    transformers' plain bicubic) are equal at img_size, where the resize is the identity, and differ at other
+    sizes: `check --against` compares at those too and fails. The same graph against its checkpoint passes at
+    every size; against a fixed-size artifact it compares at img_size alone."""
+    from vitfast.cli.main import main
+
+    _onnx()
+    cfg = tiny_config(img_size=(40, 24), reg_tokens=1, depth=2, dynamic_img_size=True)
+    timm_rule = randomize(vitfast.create_model(cfg)).eval()
+    hf_rule = vitfast.create_model(cfg.replace(pos_embed_antialias=False)).eval()
+    hf_rule.load_state_dict(timm_rule.state_dict())
+    vitfast.save_checkpoint(timm_rule, tmp_path / "m.safetensors")
+    fixed = vitfast.create_model(cfg.replace(dynamic_img_size=False)).eval()
+    fixed.load_state_dict(timm_rule.state_dict())
+    paths = {name: to_onnx(m, tmp_path / f"{name}.onnx") for name, m in [("timm", timm_rule), ("hf", hf_rule), ("fixed", fixed)]}
+
+    def check(a, b):
+        code = main(["check", str(a), "--against", str(b), "--json"])
+        return code, json.loads(capsys.readouterr().out)
+
+    code, same = check(paths["timm"], tmp_path / "m.safetensors")
+    assert code == 0 and [o["img_size"] for o in same["other_sizes"]] == [[64, 8], [16, 64]]
+    assert all(o["passed"] and o["max_abs_err"] < 1e-4 for o in same["other_sizes"])
+    code, rules = check(paths["timm"], paths["hf"])
+    assert code == 1 and not rules["passed"] and rules["max_abs_err"] < 1e-5  # equal at img_size, apart elsewhere
+    assert not any(o["passed"] for o in rules["other_sizes"])
+    code, mixed = check(paths["timm"], paths["fixed"])
+    assert code == 0 and "other_sizes" not in mixed
+
+
 def test_trtexec_builds_a_dynamic_size_graph_for_half_to_twice_its_size(exported):
     model, path, _ = exported
     (h, w), name = model.config.img_hw, "images"

@@ -26,6 +26,7 @@ from .export.quantize import calibration_files, quantize_int8
 from .export.triton_repo import triton_repository
 from .layerwise import compare_layers
 from .parity import compare, looser_precision, with_other_sizes
+from .preprocessing import preprocess
 from .progress import Reporter, reporting
 from .runtime import Engine, TorchEngine, load_engine
 from .sources import rebuild_reference
@@ -163,8 +164,9 @@ def check_artifact(engine: Engine, artifact: str | os.PathLike, *, checkpoint: s
 def check_against(engine: Engine, other: Engine, *, samples: int = 16, data: str | os.PathLike | None = None,
                   atol: float | None = None, rtol: float | None = None, mark_all: bool = False,
                   progress: Reporter | None = None) -> dict[str, Any]:  # fmt: skip
-    """`engine` vs `other` on the same raw images, each with its own preprocessing; `mark_all` adds
-    the layer-by-layer comparison of two ONNX graphs under "layers". `progress`: told each phase."""
+    """`engine` vs `other` on the same raw images, each with its own preprocessing; when both take any image size,
+    also at `engine`'s other sizes that `other` takes (under "other_sizes"); `mark_all` adds the layer-by-layer
+    comparison of two ONNX graphs under "layers". `progress`: told each phase."""
     report = reporting(progress)
     limits = [e.batch[2] for e in (engine, other) if e.batch]
     floors = [e.batch[0] for e in (engine, other) if e.batch]
@@ -181,11 +183,31 @@ def check_against(engine: Engine, other: Engine, *, samples: int = 16, data: str
                             "compare artifacts of the same model")  # fmt: skip
     precision = looser_precision(engine.precision, other.precision)
     result = compare(out, ref, precision, atol=atol, rtol=rtol, channel_axis=engine.config.channel_axis)
+    others = []
+    for hw in _shared_other_sizes(engine, other):  # two dynamic-size artifacts: at other sizes too
+        ours, theirs = _at_size(engine, other, hw, min(n, 4))
+        others.append(compare(ours, theirs, precision, atol=atol, rtol=rtol, channel_axis=engine.config.channel_axis) | {"img_size": list(hw)})
+    result = with_other_sizes(result, others)
     result |= {"backend": engine.kind, "against_backend": other.kind, "inputs": str(data) if data else "seeded random-pixel images"}
     if mark_all:
         report.phase("comparing every intermediate tensor")
         result["layers"] = compare_layers(engine, other, engine.prepare(images), precision, atol=atol, rtol=rtol)
     return result
+
+
+def _shared_other_sizes(engine: Engine, other: Engine) -> list[tuple[int, int]]:
+    """`engine`'s other parity sizes that `other` takes too: none unless both take any image size."""
+    if not (engine.config.dynamic_img_size and other.config.dynamic_img_size):
+        return []
+    patch = other.config.patch_size
+    return [(h, w) for h, w in engine.parity_sizes() if h % patch == w % patch == 0 and other.within_image_sizes(h, w)]
+
+
+def _at_size(engine: Engine, other: Engine, hw: tuple[int, int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both outputs on the same n seeded random-pixel images of size hw, each preprocessed its own way at that size."""
+    pixels = torch.randint(0, 256, (n, *hw, engine.config.in_chans), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
+    with torch.no_grad():
+        return tuple(_run(e, preprocess(pixels, e.config.replace(img_size=hw))).cpu() for e in (engine, other))
 
 
 def _chunks(items, *engines: Engine) -> list:

@@ -81,11 +81,16 @@ class Engine(abc.ABC):
             )
         return x.float()
 
-    def _check_image_sizes(self, h: int, w: int) -> None:
+    def within_image_sizes(self, h: int, w: int) -> bool:
+        """Whether h x w lies in the engine's image-size profile (always, without one)."""
         if self.image_sizes is None:
-            return
+            return True
         (h0, w0), _, (h1, w1) = self.image_sizes
-        if not (h0 <= h <= h1 and w0 <= w <= w1):
+        return h0 <= h <= h1 and w0 <= w <= w1
+
+    def _check_image_sizes(self, h: int, w: int) -> None:
+        if not self.within_image_sizes(h, w):
+            (h0, w0), _, (h1, w1) = self.image_sizes
             raise InputError(f"images of {h}x{w} are outside the sizes this engine was built for, {h0}x{w0} to {h1}x{w1} (its TensorRT "
                              f"profile); resize them into that range, or rebuild it with --image-sizes covering {h}x{w}")  # fmt: skip
 
