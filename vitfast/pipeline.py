@@ -91,13 +91,9 @@ def record_engine_parity(engine_path: Path, reference: torch.nn.Module, progress
     engine, reference = load_engine(engine_path), reference.float()
     x = check_inputs(reference.config, engine, 8, None)
     reporting(progress).phase(f"parity with PyTorch fp32 on {len(x)} images")
-    axis, others = engine.config.channel_axis, []
     with torch.no_grad():
-        parity = compare(engine(x).cpu(), reference(x), engine.precision, channel_axis=axis)
-        for hw in engine.parity_sizes():
-            images = random_images(engine.config, len(x), seed=1, hw=hw)
-            others.append(compare(engine(images).cpu(), reference(images), engine.precision, channel_axis=axis) | {"img_size": list(hw)})
-    parity = with_other_sizes(parity, others)
+        parity = compare(engine(x).cpu(), reference(x), engine.precision, channel_axis=engine.config.channel_axis)
+    parity = with_other_sizes(parity, _parity_at_other_sizes(engine, reference, len(x)))
     meta = read_sidecar(engine_path)
     meta["parity"] = parity
     write_sidecar(engine_path, meta)
@@ -150,15 +146,22 @@ def check_artifact(engine: Engine, artifact: str | os.PathLike, *, checkpoint: s
             outs.append(_run(engine, part).cpu())
             refs.append(reference(part))
     result = compare(torch.cat(outs), torch.cat(refs), engine.precision, atol=atol, rtol=rtol, channel_axis=ours.channel_axis)
-    others, n = [], min(len(x), 4)
-    for hw in engine.parity_sizes():  # a dynamic_img_size artifact: two more grids (a TensorRT profile's ends), seeded random pixels
-        images = random_images(ours, n, seed=1, hw=hw)
-        with torch.no_grad():
-            others.append(compare(_run(engine, images).cpu(), reference(images), engine.precision, atol=atol, rtol=rtol,
-                                  channel_axis=ours.channel_axis) | {"img_size": list(hw)})  # fmt: skip
-    result = with_other_sizes(result, others)
+    result = with_other_sizes(result, _parity_at_other_sizes(engine, reference, min(len(x), 4), atol=atol, rtol=rtol))
     return result | {"artifact": str(artifact), "backend": engine.kind, "inputs": str(data) if data else "seeded random-pixel images",
                      "guessed": guessed or {}}  # fmt: skip
+
+
+def _parity_at_other_sizes(engine: Engine, reference: torch.nn.Module, n: int, **tolerances) -> list[dict[str, Any]]:
+    """`compare` of engine vs reference at each of `engine.parity_sizes()` (a dynamic_img_size artifact: two more grids, or a
+    TensorRT profile's ends; none for a fixed-size one), on n seeded random-pixel images each, with its `img_size`."""
+    others = []
+    for hw in engine.parity_sizes():
+        images = random_images(engine.config, n, seed=1, hw=hw)
+        with torch.no_grad():
+            result = compare(_run(engine, images).cpu(), reference(images), engine.precision, channel_axis=engine.config.channel_axis,
+                             **tolerances)  # fmt: skip
+        others.append(result | {"img_size": list(hw)})
+    return others
 
 
 def check_against(engine: Engine, other: Engine, *, samples: int = 16, data: str | os.PathLike | None = None,

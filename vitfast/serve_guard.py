@@ -51,9 +51,9 @@ def find_problem(model, name, array, dims, patch=None, sizes=None):
     if not shape or shape[0] == 0:
         return f"empty batch: input '{name}' of model '{model}' has shape {shape}; send at least one image, {expected} with B >= 1"
     if 0 in shape[1:]:
-        sizes = "H, W >= 1" if channels_last else "every dimension >= 1"
+        nonzero = "H, W >= 1" if channels_last else "every dimension >= 1"
         return (f"empty image: input '{name}' of model '{model}' has shape {shape}, which holds no pixels; "
-                f"send {expected} with {sizes}")  # fmt: skip
+                f"send {expected} with {nonzero}")  # fmt: skip
     if patch and not channels_last and len(shape) == 4:
         h, w = shape[2:]
         if h % patch or w % patch or min(h, w) < patch:
