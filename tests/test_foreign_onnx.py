@@ -182,6 +182,153 @@ def test_graph_with_unclear_logits_is_refused(tmp_path):
         vitfast.load_engine(path)
 
 
+# ---------------------------------------------------------------------------- what optimum-cli writes
+OPTIMUM_V1_INPUT = {0: "batch_size", 1: "num_channels", 2: "height", 3: "width"}  # optimum 1.x's ViTOnnxConfig: even C dynamic
+
+
+class Output(torch.nn.Module):
+    """One named output of a transformers model, as Optimum's patcher keeps only its task's outputs."""
+
+    def __init__(self, model, *names):
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, pixel_values):
+        out = self.model(pixel_values=pixel_values)
+        return tuple(getattr(out, name) for name in self.names)
+
+
+def optimum_folder(root: Path, model, names: tuple[str, ...], output_axes: dict) -> Path:
+    """An `optimum-cli export onnx` folder: model.onnx (opset 14, Optimum 1.x's dynamic axes), config.json, preprocessor."""
+    root.mkdir()
+    export(Output(model, *names), root / "model.onnx", shape=(2, 3, IMG, IMG), outputs=names,
+           dynamic={"pixel_values": OPTIMUM_V1_INPUT, **output_axes})  # fmt: skip
+    model.config.save_pretrained(root)
+    transformers.ViTImageProcessor(size={"height": IMG, "width": IMG}, image_mean=list(MEAN), image_std=list(STD),
+                                   resample=3).save_pretrained(root)  # fmt: skip
+    return root
+
+
+@pytest.fixture(scope="module")
+def optimum(foreign, tmp_path_factory):
+    """Optimum 1.x exports of the foreign fixture's weights: image-classification (with class names) and
+    feature-extraction (a ViTModel: last_hidden_state alone), and a CLIP-style graph with a pooled output beside it."""
+    import copy
+
+    root = tmp_path_factory.mktemp("optimum")
+    classifier = copy.deepcopy(foreign["model"])
+    classifier.config.id2label = {i: f"kind{i}" for i in range(10)}
+    classifier.config.label2id = {f"kind{i}": i for i in range(10)}
+    backbone = transformers.ViTModel.from_pretrained(foreign["hf_dir"]).eval()  # the same encoder, pooler freshly made
+    return {
+        "classifier": optimum_folder(root / "cls", classifier, ("logits",), {"logits": {0: "batch_size"}}),
+        "features": optimum_folder(root / "fe", backbone, ("last_hidden_state",),
+                                   {"last_hidden_state": {0: "batch_size", 1: "sequence_length"}}),  # fmt: skip
+        "pooled": export(Output(backbone, "last_hidden_state", "pooler_output"), root / "pooled.onnx", shape=(2, 3, IMG, IMG),
+                         outputs=("last_hidden_state", "pooler_output"), dynamic={"pixel_values": {0: "batch"}}),  # fmt: skip
+        "backbone": backbone,
+    }
+
+
+def test_optimum_v1_classifier_with_a_dynamic_channel_axis_runs(foreign, optimum):
+    engine = vitfast.load_engine(optimum["classifier"])
+    assert (engine.io.layout, engine.io.in_chans, engine.io.patch) == ("NCHW", 3, 8)  # read off the patch Conv's weight
+    assert engine.config.num_classes == 10 and engine.config.labels == tuple(f"kind{i}" for i in range(10))  # id2label
+    x = torch.randn(3, 3, IMG, IMG)
+    ref = hf_logits(foreign["model"], x)
+    assert ((engine(x) - ref).abs().max() / ref.abs().max()).item() <= 1e-4
+
+
+def test_optimum_feature_extraction_runs_as_every_token(optimum):
+    engine = vitfast.load_engine(optimum["features"])
+    assert engine.io.output == "tokens" and "every token from output 'last_hidden_state'" in engine.io.describe()
+    # the graph leaves tokens and width dynamic: measured by one run, described as 16 patches + a class token
+    assert engine.config.output_shape == (17, 64) and engine.config.num_classes == 0 and not engine.config.classifies
+    x = torch.randn(3, 3, IMG, IMG)
+    with torch.no_grad():
+        ref = optimum["backbone"](pixel_values=x).last_hidden_state
+    assert torch.allclose(engine(x), ref, atol=1e-4)
+
+
+def test_pooled_output_is_taken_as_features_not_classes(optimum, tmp_path):
+    engine = vitfast.load_engine(optimum["pooled"], overrides={"mean": MEAN, "std": STD})
+    assert (engine.io.output, engine.io.output_name) == ("features", "pooler_output")
+    assert engine.config.output_shape == (64,) and engine.config.num_classes == 0 and not engine.config.classifies
+    x = torch.randn(2, 3, IMG, IMG)
+    with torch.no_grad():
+        assert torch.allclose(engine(x), optimum["backbone"](pixel_values=x).pooler_output, atol=1e-5)
+    data = tmp_path / "data"
+    (data / "a").mkdir(parents=True)
+    from PIL import Image
+
+    Image.fromarray(np.zeros((IMG, IMG, 3), dtype=np.uint8)).save(data / "a" / "0.png")
+    refused = run("eval", optimum["pooled"], "--data", data, "--mean", *map(str, MEAN), "--std", *map(str, STD))
+    assert refused.returncode == 2 and "no classifier head" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_classes_left_dynamic_are_measured(foreign, tmp_path):
+    path = export(Output(foreign["model"], "logits"), tmp_path / "old.onnx", shape=(2, 3, IMG, IMG), outputs=("logits",),
+                  dynamic={"pixel_values": OPTIMUM_V1_INPUT, "logits": {0: "batch", 1: "sequence"}})  # transformers.onnx's axes
+    engine = vitfast.load_engine(path, overrides={"img_size": IMG})
+    assert engine.io.output_dims == (None,) and engine.config.num_classes == 10  # not ViTConfig's default 1000
+
+
+def test_check_optimum_features_against_vitfast_tokens_and_its_checkpoint(foreign, optimum, tmp_path):
+    ours = tmp_path / "tokens.onnx"
+    done = run("export", "--checkpoint", foreign["hf_dir"], "--num-classes", "0", "--global-pool", "none", "--format", "onnx",
+               "--out", ours, "--config", optimum["features"] / "preprocessor_config.json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    same = run("check", optimum["features"], "--against", ours, "--json")
+    assert same.returncode == 0, same.stderr
+    result = json.loads(same.stdout)
+    assert result["passed"] and result["max_abs_err"] < 1e-4
+    reference = run("check", optimum["features"], "--checkpoint", foreign["hf_dir"], "--num-classes", "0", "--global-pool", "none",
+                    "--json", "--config", optimum["features"] / "preprocessor_config.json")  # fmt: skip
+    assert reference.returncode == 0 and json.loads(reference.stdout)["passed"], reference.stderr
+    pooled = run("check", optimum["features"], "--checkpoint", foreign["hf_dir"], "--num-classes", "0", "--json")
+    assert pooled.returncode == 2 and "output [B, 64] vs [B, 17, 64]" in pooled.stderr  # the reference must return tokens too
+
+
+def _graph(tmp_path: Path, nodes, inits, out_dims, in_dims=("n", "c", "h", "w")) -> Path:
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(in_dims))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_dims))],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])  # fmt: skip
+    path = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_layout_and_channels_come_from_the_patch_conv_through_transpose_and_int8_weights(tmp_path):
+    from onnx import helper
+
+    from vitfast.foreign import read_graph_io
+
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2]),
+             helper.make_node("DequantizeLinear", ["wq", "ws"], ["w"]),
+             helper.make_node("Conv", ["t", "w"], ["c"], kernel_shape=[4, 4], strides=[4, 4]),
+             helper.make_node("Flatten", ["c"], ["y"])]  # fmt: skip
+    inits = {"wq": np.ones((5, 3, 4, 4), np.int8), "ws": np.array(0.1, np.float32)}
+    io = read_graph_io(_graph(tmp_path, nodes, inits, ("n", 80)))
+    assert (io.layout, io.in_chans, io.patch, io.output) == ("NHWC", 3, 4, "logits")
+    no_patch = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3]), helper.make_node("Flatten", ["c"], ["y"])]
+    assert read_graph_io(_graph(tmp_path, no_patch, {"w": np.ones((5, 3, 3, 3), np.float32)}, ("n", 80))).patch is None
+    with pytest.raises(ArtifactError, match="cannot tell the channel axis"):  # no Conv: nothing says which axis holds C
+        read_graph_io(_graph(tmp_path, [helper.make_node("Flatten", ["x"], ["y"])], {}, ("n", 80)))
+
+
+def test_token_output_without_a_patch_grid_is_refused(tmp_path):
+    from onnx import helper
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),  # a conv stem, not patches
+             helper.make_node("Reshape", ["c", "s"], ["r"]), helper.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 1])]  # fmt: skip
+    inits = {"w": np.ones((5, 3, 3, 3), np.float32), "s": np.array([0, 5, -1], np.int64)}
+    path = _graph(tmp_path, nodes, inits, ("n", None, 5), in_dims=("n", 3, 8, 8))
+    with pytest.raises(ArtifactError, match="cannot tell the patch grid of output 'y' \\(64 tokens at 8x8, no patch-embedding Conv"):
+        vitfast.load_engine(path)
+
+
 # ---------------------------------------------------------------------------- item 4: CLI
 def test_cli_eval_and_check_of_a_foreign_onnx(foreign, tmp_path):
     data = tmp_path / "data"

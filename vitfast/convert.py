@@ -377,9 +377,8 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
     if model_type in (*DINOV2_MODEL_TYPES, dinov3.MODEL_TYPE):
         fields |= _backbone_fields(cfg, model_type, fields["depth"])
     head = sd.get("head.weight")
-    id2label = cfg.get("id2label") or {}
-    if head is not None and len(id2label) == head.shape[0] and not _generic_labels(id2label):
-        fields["labels"] = tuple(str(id2label.get(str(i), id2label.get(i))) for i in range(head.shape[0]))
+    if head is not None and (labels := hf_labels(cfg, head.shape[0])):
+        fields["labels"] = labels
     guesses: Guesses = {}
     if model_type in SIGLIP_MODEL_TYPES and fields["global_pool"] == "avg" and head is None:
         guesses["global_pool"] = HEADLESS_SIGLIP
@@ -525,9 +524,16 @@ def _default_preprocessor(model_type: str, img_size: int) -> dict[str, Any]:
     return {"image_processor_type": kind, "size": square}
 
 
-def _generic_labels(id2label: dict) -> bool:
-    """transformers' placeholder names (LABEL_0, LABEL_1, ...) carry no information."""
-    return all(str(v) == f"LABEL_{k}" for k, v in id2label.items())
+def hf_labels(cfg: dict, num_classes: int | None = None) -> tuple[str, ...] | None:
+    """Class names by index from an HF config.json's `id2label`, or None: none there, another count than
+    `num_classes`, or transformers' placeholders (LABEL_0, LABEL_1, ...), which carry no information."""
+    id2label = cfg.get("id2label") or {}
+    if not isinstance(id2label, dict) or not id2label or (num_classes is not None and len(id2label) != num_classes):
+        return None
+    if all(str(v) == f"LABEL_{k}" for k, v in id2label.items()):
+        return None
+    names = [id2label.get(str(i), id2label.get(i)) for i in range(len(id2label))]  # JSON keys are strings, in-memory ones ints
+    return None if any(name is None for name in names) else tuple(map(str, names))
 
 
 def processor_kind(pre: dict[str, Any], default: str = "") -> str:

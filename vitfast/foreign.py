@@ -11,15 +11,15 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .config import PREPROCESSING_FIELDS, ViTConfig
-from .convert import hf_preprocessing
+from .convert import hf_labels, hf_preprocessing
 from .errors import ArtifactError, ConfigError, first_line
 
 QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger"}
 ONNX_FLOAT_TYPES = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64"}
-FOREIGN_FIELDS = ("img_size", "num_classes", *PREPROCESSING_FIELDS)  # what a foreign graph's config holds
+FOREIGN_FIELDS = ("img_size", "num_classes", "labels", *PREPROCESSING_FIELDS)  # what a foreign graph's config holds
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,11 @@ class GraphIO:
     hw: tuple[int | None, int | None]
     in_chans: int
     output_name: str
-    num_classes: int | None
     precision: str  # "fp32", "fp16" or "int8", from the graph's ops and initializers
-    note: str  # which output was taken as the logits, and why
+    note: str  # which output was taken, and why
+    output: str  # what it holds: "logits" [batch, classes], "features" [batch, C] or "tokens" [batch, T, C]
+    output_dims: tuple[int | None, ...]  # its dims after the batch (None: dynamic)
+    patch: int | None  # the stride of the patch-embedding Conv the input feeds, when it is one (kernel = stride)
 
     def describe(self) -> str:
         dims = [self.batch or "batch", self.in_chans, *(d or "?" for d in self.hw)]
@@ -53,8 +55,9 @@ def _dims(value_info) -> list[int | None] | None:
 
 
 def read_graph_io(path: str | os.PathLike, output_rank: int | None = 2) -> GraphIO:
-    """Input name/layout/dtype/shape and the logits output of the ONNX file at `path`: [batch, classes], or
-    of any rank with `output_rank=None` (a graph with a vitfast sidecar, which says the shape)."""
+    """Input name/layout/dtype/shape and the output of the ONNX file at `path`: logits [batch, classes] or
+    transformers-named features (see `_pick_output`), or of any rank with `output_rank=None` (a graph with a
+    vitfast sidecar, which says the shape)."""
     import onnx
 
     try:
@@ -75,38 +78,132 @@ def read_graph_io(path: str | os.PathLike, output_rank: int | None = 2) -> Graph
     dims = _dims(inp)
     if dims is None or len(dims) != 4:
         raise ArtifactError(f"{path}: input {inp.name!r} has shape {dims}; expected images [batch, 3, H, W] or [batch, H, W, 3]")
-    layout, chans, hw = _layout(dims, path, inp.name)
-    out_name, classes, note = _pick_logits(graph.output, path, output_rank)
-    return GraphIO(inp.name, layout, dtype, dims[0], hw, chans, out_name, classes, _precision(graph, dtype), note)
+    stem = _stem_conv(graph, inp.name)
+    layout, chans, hw = _layout(dims, path, inp.name, stem)
+    out_name, out_dims, output, note = _pick_output(graph.output, path, output_rank)
+    return GraphIO(inp.name, layout, dtype, dims[0], hw, chans, out_name, _precision(graph, dtype), note, output, tuple(out_dims[1:]),
+                   stem.patch if stem else None)  # fmt: skip
 
 
-def _layout(dims: list[int | None], path, name: str) -> tuple[str, int, tuple[int | None, int | None]]:
+@dataclass(frozen=True)
+class _Stem:
+    """The Conv an image input feeds: its layout, input channels and, for a patch embedding (kernel = stride), the patch."""
+
+    layout: str
+    in_chans: int
+    patch: int | None
+
+
+PASS_THROUGH = {"Cast", "Identity", "Sub", "Div", "Mul", "Add", "QuantizeLinear", "DequantizeLinear"}  # keep the image's layout
+
+
+def _stem_conv(graph, input_name: str) -> _Stem | None:
+    """The first Conv on the image's path, through ops that keep its layout (casts, normalisation, Q/DQ) and a
+    Transpose from NHWC; None when there is none. Optimum's exports (optimum < 2) leave even the channel axis
+    dynamic, so the channels and the layout are read here from the Conv's weight."""
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    weights = {init.name: list(init.dims) for init in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    frontier, layout, seen = [input_name], "NCHW", set()
+    while frontier:
+        name = frontier.pop(0)
+        for node in consumers.get(name, []):
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node.op_type == "Conv" and node.input[0] == name:
+                shape = _weight_shape(node.input[1], weights, producers)
+                if shape is None or len(shape) != 4:
+                    return None
+                attrs = {a.name: a for a in node.attribute}
+                group = attrs["group"].i if "group" in attrs else 1
+                kernel = list(attrs["kernel_shape"].ints) if "kernel_shape" in attrs else shape[2:]
+                strides = list(attrs["strides"].ints) if "strides" in attrs else [1, 1]
+                patch = kernel[0] if kernel == strides and kernel[0] == kernel[1] else None
+                return _Stem(layout, shape[1] * group, patch)
+            if node.op_type == "Transpose":
+                perm = [a.ints for a in node.attribute if a.name == "perm"]
+                if not perm or list(perm[0]) != [0, 3, 1, 2]:
+                    continue
+                layout = "NHWC"
+            elif node.op_type not in PASS_THROUGH:
+                continue
+            frontier.extend(node.output)
+    return None
+
+
+def _weight_shape(name: str, weights: dict[str, list[int]], producers: dict) -> list[int] | None:
+    """The dims of the initializer behind `name`, through Identity / Cast / DequantizeLinear (int8 weights) or a Constant."""
+    for _ in range(8):
+        if name in weights:
+            return weights[name]
+        node = producers.get(name)
+        if node is None:
+            return None
+        if node.op_type == "Constant":
+            value = [a.t for a in node.attribute if a.name == "value"]
+            return list(value[0].dims) if value else None
+        if node.op_type not in ("Identity", "Cast", "DequantizeLinear"):
+            return None
+        name = node.input[0]
+    return None
+
+
+def _layout(dims: list[int | None], path, name: str, stem: _Stem | None) -> tuple[str, int, tuple[int | None, int | None]]:
     if dims[1] in (1, 3):
         return "NCHW", dims[1], (dims[2], dims[3])
     if dims[3] in (1, 3):
         return "NHWC", dims[3], (dims[1], dims[2])
-    raise ArtifactError(f"{path}: cannot tell the channel axis of input {name!r} {dims} (neither axis 1 nor 3 is 1 or 3 channels); "
-                        "re-export it with a static channel dimension")  # fmt: skip
+    if stem is not None:  # the channel axis is dynamic (or an unusual width): the patch Conv's weight says
+        return (stem.layout, stem.in_chans, (dims[2], dims[3]) if stem.layout == "NCHW" else (dims[1], dims[2]))
+    raise ArtifactError(f"{path}: cannot tell the channel axis of input {name!r} {dims} (neither axis 1 nor 3 is 1 or 3 channels, "
+                        "and it feeds no Conv); re-export it with a static channel dimension")  # fmt: skip
 
 
-def _pick_logits(outputs, path, rank: int | None = 2) -> tuple[str, int | None, str]:
-    """The output holding [batch, classes] logits (`rank` None: of any rank, e.g. [batch, tokens, features]):
-    named `logits` (Optimum), else the only one of that rank."""
+# transformers' and Optimum's names for a backbone's outputs, pooled ones first: CLIP's projected embedding, the pooled
+# output, every token (Optimum's feature-extraction exports give last_hidden_state alone)
+MAX_PREFIX_TOKENS = 32  # class, distillation and register tokens a ViT puts before its patches (DINOv3: 5)
+POOLED_OUTPUTS = ("image_embeds", "pooler_output")
+TOKEN_OUTPUTS = ("last_hidden_state",)
+
+
+def _pick_output(outputs, path, rank: int | None = 2) -> tuple[str, list[int | None], str, str]:
+    """The output to run -> (name, dims, "logits" | "features" | "tokens", note). Logits [batch, classes]: named
+    `logits` (Optimum), else the only 2-D one when no output has a feature name; features: `image_embeds` /
+    `pooler_output` [batch, C], else every token, `last_hidden_state` (or a lone 3-D output) [batch, T, C].
+    `rank` None: a graph with a sidecar, which says the shape: any output of rank 2 or more."""
     described = [(o.name, _dims(o)) for o in outputs]
-    fitting = [(n, d) for n, d in described if d is not None and (len(d) == rank if rank else len(d) >= 2)]
-    named = [(n, d) for n, d in fitting if n == "logits"] or [(n, d) for n, d in fitting if "logit" in n.lower()]
-    chosen = named[0] if named else (fitting[0] if len(fitting) == 1 else None)
     listing = ", ".join(f"{n} [{', '.join('?' if v is None else str(v) for v in d) if d is not None else '?'}]" for n, d in described)
-    if chosen is None:
-        if fitting:
-            why = f"several are {'2-D' if rank == 2 else 'outputs'} and none is named 'logits'"
-        else:
-            why = f"none is {'2-D [batch, classes]' if rank == 2 else '[batch, ...]'}"
-        raise ArtifactError(f"{path}: cannot tell which output holds the logits ({why}: {listing}); "
-                            "export the classifier with its logits as an output named 'logits'")  # fmt: skip
-    name, dims = chosen
-    note = f"logits from output {name!r}" + (f" (of {listing})" if len(described) > 1 else "")
-    return name, dims[-1], note
+    of = f" (of {listing})" if len(described) > 1 else ""
+    shaped = [(n, d) for n, d in described if d is not None]
+    if rank is None:
+        fitting = [(n, d) for n, d in shaped if len(d) >= 2]
+        named = [(n, d) for n, d in fitting if n == "logits"] or [(n, d) for n, d in fitting if "logit" in n.lower()]
+        chosen = named[0] if named else (fitting[0] if len(fitting) == 1 else None)
+        if chosen is None:
+            raise ArtifactError(f"{path}: cannot tell which output holds the logits ({listing}); "
+                                "export the model with its output named 'logits'")  # fmt: skip
+        return chosen[0], chosen[1], "logits", f"logits from output {chosen[0]!r}{of}"
+    two_d = [(n, d) for n, d in shaped if len(d) == 2]
+    named = [(n, d) for n, d in two_d if n == "logits"] or [(n, d) for n, d in two_d if "logit" in n.lower()]
+    if named:
+        return named[0][0], named[0][1], "logits", f"logits from output {named[0][0]!r}{of}"
+    for wanted, want_rank, kind in ((POOLED_OUTPUTS, 2, "features"), (TOKEN_OUTPUTS, 3, "tokens")):
+        for name in wanted:
+            for n, d in shaped:
+                if n == name and len(d) == want_rank:
+                    return n, d, kind, f"{'pooled features' if kind == 'features' else 'every token'} from output {n!r}{of}"
+    if len(two_d) == 1:
+        return two_d[0][0], two_d[0][1], "logits", f"logits from output {two_d[0][0]!r}{of}"
+    if len(shaped) == 1 and len(shaped[0][1]) == 3:
+        return shaped[0][0], shaped[0][1], "tokens", f"every token from output {shaped[0][0]!r} (its only output, [batch, tokens, channels])"
+    why = "several are 2-D and none is named 'logits'" if two_d else "none is 2-D [batch, classes]"
+    raise ArtifactError(f"{path}: cannot tell which output holds the logits or the features ({why}: {listing}); name the "
+                        "classifier's output 'logits', or the features 'pooler_output' [batch, C] or 'last_hidden_state' "
+                        "[batch, tokens, C] as transformers does")  # fmt: skip
 
 
 def _precision(graph, input_dtype: str) -> str:
@@ -145,7 +242,8 @@ def config_file_fields(data: dict[str, Any], img_size: int | None = None) -> dic
 
 
 def optimum_folder_fields(folder: Path) -> dict[str, Any]:
-    """Fields from the `config.json` / `preprocessor_config.json` Optimum writes beside `model.onnx`."""
+    """Fields from the `config.json` / `preprocessor_config.json` Optimum writes beside `model.onnx`: the input size and
+    preprocessing, and a classifier's class names (`id2label` of a `*ForImageClassification`)."""
     fields: dict[str, Any] = {}
     for name in ("config.json", "preprocessor_config.json"):
         if (folder / name).is_file():
@@ -156,6 +254,9 @@ def optimum_folder_fields(folder: Path) -> dict[str, Any]:
             if isinstance(data, dict):
                 size = fields.get("img_size")
                 fields |= config_file_fields(data, size if isinstance(size, int) else None) or {}
+                classifier = any(str(a).endswith("ForImageClassification") for a in data.get("architectures") or ())
+                if name == "config.json" and classifier and (labels := hf_labels(data)):
+                    fields["labels"] = labels
     return fields
 
 
@@ -171,12 +272,14 @@ def resolve_onnx_path(path: Path) -> Path:
     return model
 
 
-def foreign_config(path: Path, io: GraphIO, overrides: dict[str, Any] | None) -> tuple[ViTConfig, list[str], list[str]]:
+def foreign_config(path: Path, io: GraphIO, overrides: dict[str, Any] | None,
+                   probe: Callable[[int, int], tuple[int, ...]] | None = None) -> tuple[ViTConfig, list[str], list[str]]:  # fmt: skip
     """The `ViTConfig` an engine needs for a foreign graph -> (config, what is missing, what was assumed).
 
     Precedence: the graph's own shapes, then `overrides` (--config and the flags), then the Optimum
     files beside the ONNX. Missing mean/std only matter for raw images; a missing resize/crop rule
-    takes timm's defaults, which the caller reports."""
+    takes timm's defaults, which the caller reports. `probe(h, w)`: the output's dims after the batch in a
+    run at that size, for the ones the graph leaves dynamic (a fully dynamic export leaves even the classes)."""
     fields = optimum_folder_fields(path.parent) if path.name == "model.onnx" else {}
     fields |= {k: v for k, v in (overrides or {}).items() if v is not None}
     fields = {k: v for k, v in fields.items() if k in FOREIGN_FIELDS}
@@ -191,13 +294,37 @@ def foreign_config(path: Path, io: GraphIO, overrides: dict[str, Any] | None) ->
     elif "img_size" not in fields:
         raise ConfigError(f"{path} has a dynamic image size and no vitfast sidecar: pass --img-size N "
                           "(or --config preprocessor_config.json)")  # fmt: skip
-    if io.num_classes is not None:
-        fields["num_classes"] = io.num_classes
+    size = fields["img_size"]
+    h, w = (size, size) if isinstance(size, int) else size
+    dims = io.output_dims
+    if None in dims and probe is not None:
+        dims = probe(h, w)
+    if None in dims:
+        raise ArtifactError(f"{path}: the shape of output {io.output_name!r} is not fixed in the graph and was not measured")
+    if io.output == "logits":
+        fields["num_classes"] = dims[-1]
+    else:
+        fields = {k: v for k, v in fields.items() if k != "labels"} | _feature_fields(path, io, dims, h, w)
     missing = [k for k in ("mean", "std") if k not in fields]
-    # patch_size 1: the graph's architecture is unknown; this config only describes its input and output
-    config = ViTConfig(patch_size=1, in_chans=io.in_chans, name=path.stem, **fields)
+    # patch_size 1 unless the output is tokens: the graph's architecture is unknown; this config only describes its input and output
+    config = ViTConfig(**({"patch_size": 1} | fields), in_chans=io.in_chans, name=path.stem)
     assumed = [f"{k} {getattr(config, k)}" for k in ("crop_pct", "crop_mode", "interpolation") if k not in fields]
     return config, missing, assumed
+
+
+def _feature_fields(path: Path, io: GraphIO, dims: tuple[int, ...], h: int, w: int) -> dict[str, Any]:
+    """Config fields that describe a feature output `dims` (after the batch): no classes, its width, and for every
+    token as many tokens as the graph returns at h x w (its patch-embedding Conv's grid plus the tokens before it)."""
+    fields = {"num_classes": 0, "embed_dim": dims[-1], "num_heads": 1, "global_pool": "token" if io.output == "features" else ""}
+    if io.output == "features":
+        return fields
+    tokens, patches = dims[0], (h // io.patch) * (w // io.patch) if io.patch else None
+    if patches is None or not 0 <= tokens - patches <= MAX_PREFIX_TOKENS:
+        raise ArtifactError(f"{path}: cannot tell the patch grid of output {io.output_name!r} ({tokens} tokens at {h}x{w}"
+                            f"{f', patch {io.patch}' if io.patch else ', no patch-embedding Conv found'}); vitfast runs foreign "
+                            "token outputs of ViTs whose image feeds a patch Conv (kernel = stride)")  # fmt: skip
+    prefix = tokens - patches  # class, distillation and register tokens, which come first
+    return fields | {"patch_size": io.patch, "class_token": prefix > 0, "reg_tokens": max(prefix - 1, 0)}
 
 
 def missing_preprocessing_message(path: Path, missing: list[str]) -> str:

@@ -31,35 +31,36 @@ class OnnxEngine(Engine):
         except ImportError:
             raise BackendUnavailable("running ONNX files needs onnxruntime: pip install 'vitfast[onnx]'") from None
         path = foreign.resolve_onnx_path(path)
-        if sidecar_path(path).exists():
+        ours = sidecar_path(path).exists()
+        if ours:
             meta = read_sidecar(path)
-            stated = {k: v for k, v in (overrides or {}).items() if k in PREPROCESSING_FIELDS and v is not None}
-            config, missing = ViTConfig.from_dict(meta["config"]).replace(**stated), []
             self.io = foreign.read_graph_io(path, output_rank=None)  # the sidecar's shape is checked below
-            batch = meta.get("input", {}).get("batch")
         else:
             self.io = foreign.read_graph_io(path)
-            config, missing, assumed = foreign.foreign_config(path, self.io, overrides)
+        self.session = _session(ort, path, providers, threads)
+        self.input_name = self.io.input_name
+        self.providers = self.session.get_providers()
+        if ours:
+            stated = {k: v for k, v in (overrides or {}).items() if k in PREPROCESSING_FIELDS and v is not None}
+            config, missing = ViTConfig.from_dict(meta["config"]).replace(**stated), []
+            batch = meta.get("input", {}).get("batch")
+            check_graph_matches(path, meta, *([(t.name, t.shape) for t in ts] for ts in (self.session.get_inputs(), self.session.get_outputs())))
+        else:
+            config, missing, assumed = foreign.foreign_config(path, self.io, overrides, probe=lambda h, w: self._probe(path, h, w))
             batch = (self.io.batch,) * 3 if self.io.batch else None
             meta = {"foreign": True, "graph": self.io.describe(), "precision": self.io.precision, "assumed": assumed}
         super().__init__(config, precision=meta.get("precision", "fp32"),
                          batch=tuple(batch) if batch else None, metadata=meta, path=path)  # fmt: skip
         self.missing_preprocessing = foreign.missing_preprocessing_message(path, missing) if missing else None
-        available = ort.get_available_providers()
-        if providers is None:
-            providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if threads:
-            options.intra_op_num_threads = threads
+
+    def _probe(self, path: Path, h: int, w: int) -> tuple[int, ...]:
+        """A foreign graph's output dims after the batch at h x w, from one run on zeros (for dims the graph leaves dynamic)."""
+        x = torch.zeros(self.io.batch or 1, self.io.in_chans, h, w)
         try:
-            self.session = ort.InferenceSession(str(path), options, providers=providers)
-        except Exception as exc:  # ORT raises its own exception types for unreadable models
-            raise ArtifactError(f"ONNX Runtime cannot load {path}: {first_line(exc)}") from None
-        if not meta.get("foreign"):
-            check_graph_matches(path, meta, *([(t.name, t.shape) for t in ts] for ts in (self.session.get_inputs(), self.session.get_outputs())))
-        self.input_name = self.io.input_name
-        self.providers = self.session.get_providers()
+            return tuple(self._run(x).shape[1:])
+        except Exception as exc:  # ORT raises its own types for a shape the graph cannot take
+            raise ArtifactError(f"{path}: a {h}x{w} test run to measure its output's shape failed: {first_line(exc)}; "
+                                "pass the size it takes with --img-size") from None  # fmt: skip
 
     def prepare(self, images) -> torch.Tensor:
         if self.missing_preprocessing and not is_float_images(images):
@@ -75,3 +76,18 @@ class OnnxEngine(Engine):
     def _run(self, x: torch.Tensor) -> torch.Tensor:
         (logits,) = self.session.run([self.io.output_name], self.feed(x))
         return torch.from_numpy(logits).float()
+
+
+def _session(ort, path: Path, providers: list[str] | None, threads: int | None):
+    """An ONNX Runtime session over `path`: CUDA when present, else CPU; all graph optimisations."""
+    available = ort.get_available_providers()
+    if providers is None:
+        providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        options.intra_op_num_threads = threads
+    try:
+        return ort.InferenceSession(str(path), options, providers=providers)
+    except Exception as exc:  # ORT raises its own exception types for unreadable models
+        raise ArtifactError(f"ONNX Runtime cannot load {path}: {first_line(exc)}") from None
