@@ -34,6 +34,7 @@ from vitfast.progress import Reporter, reporting
 from vitfast.atomic import claim_output, temporaries_in
 
 from .artifacts import read_sidecar, sha256_file, write_sidecar
+from .int8_sensitivity import module_paths, rank_layers
 from .onnx_export import require_onnx
 from .qkv_split import write_split_qkv
 
@@ -41,6 +42,7 @@ METHODS = ("minmax", "entropy", "percentile")
 TARGETS = ("tensorrt", "openvino", "cpu")
 QUANTIZED_OPS = ["Conv", "MatMul", "Gemm"]
 HELD_OUT = 64  # images the int8 parity is measured on, never calibrated on
+SENSITIVITY_IMAGES = 16  # calibration images keep_float ranks the layers on (one ONNX Runtime run per layer each)
 
 
 def split_calibration(source, config, *, samples: int, batch_size: int = 16) -> tuple[list[np.ndarray], np.ndarray]:
@@ -153,11 +155,14 @@ def quantize_int8(
     samples: int = 256,
     target: str = "tensorrt",
     exclude: Iterable[str] = (),
+    keep_float: int = 0,
     percentile: float = 99.999,
     force: bool = False,
     progress: Reporter | None = None,
 ) -> Path:
     """fp32 ONNX (with sidecar) -> INT8 QDQ ONNX (+ sidecar with calibration and parity numbers).
+    `exclude`: node-name patterns kept in float. `keep_float`: also keep the n quantized layers in float whose
+    quantization costs the most (`int8_sensitivity.rank_layers` on calibration images; recorded in the sidecar).
     `progress`: a `vitfast.progress.Reporter` told each phase and the images calibrated so far (default: silent)."""
     require_onnx()
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
@@ -166,6 +171,8 @@ def quantize_int8(
         raise ArtifactError(f"calibration method must be one of {METHODS}, got {method!r}")
     if target not in TARGETS:
         raise ArtifactError(f"int8 target must be one of {TARGETS}, got {target!r}")
+    if type(keep_float) is not int or keep_float < 0:
+        raise InputError(f"keep_float must be a whole number >= 0 (quantized layers kept in float), got {keep_float!r}")
     onnx_path = Path(onnx_path)
     meta = read_sidecar(onnx_path)
     if meta.get("precision") != "fp32":
@@ -202,18 +209,33 @@ def quantize_int8(
             split_blocks = write_split_qkv(onnx_path, source, config.num_heads)
         report.phase("preparing the graph for quantization (shape inference)")
         shape_inference = _prepare_for_quantization(source, prepared)
-        quantize_static(
-            str(prepared), str(tmp), Reader(),
-            quant_format=QuantFormat.QDQ,
-            activation_type=QuantType.QInt8 if symmetric_acts else QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
-            per_channel=True,
-            op_types_to_quantize=QUANTIZED_OPS,
-            nodes_to_exclude=nodes_to_exclude(prepared, exclude),
-            calibrate_method={"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-                              "percentile": CalibrationMethod.Percentile}[method],
-            extra_options=extra,
-        )  # fmt: skip
+
+        def quantize(excluded: list[str]) -> None:
+            quantize_static(
+                str(prepared), str(tmp), Reader(),
+                quant_format=QuantFormat.QDQ,
+                activation_type=QuantType.QInt8 if symmetric_acts else QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+                per_channel=True,
+                op_types_to_quantize=QUANTIZED_OPS,
+                nodes_to_exclude=excluded,
+                calibrate_method={"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+                                  "percentile": CalibrationMethod.Percentile}[method],
+                extra_options=extra,
+            )  # fmt: skip
+
+        excluded = nodes_to_exclude(prepared, exclude)
+        quantize(excluded)
+        kept = None
+        if keep_float:
+            sample = np.concatenate(data)[:SENSITIVITY_IMAGES]
+            ranked = rank_layers(tmp, prepared, sample, QUANTIZED_OPS, modules=module_paths(source), progress=progress)
+            if keep_float > len(ranked):
+                raise InputError(f"keep_float={keep_float} but the graph has {len(ranked)} quantized layers; keep fewer")
+            kept = {"nodes": [s.node for s in ranked[:keep_float]], "ranked_on": f"{len(sample)} calibration images",
+                    "ranking": [{"node": s.node, "module": s.module, "error_left": s.error_left} for s in ranked[: max(keep_float, 10)]]}  # fmt: skip
+            report.phase(f"quantizing again with the {keep_float} most sensitive layer(s) in float")
+            quantize(excluded + [n for n in kept["nodes"] if n not in excluded])
         report.phase(f"int8 parity with the fp32 ONNX on {len(held_out)} held-out images")
         new_meta = dict(meta)
         new_meta.update(
@@ -221,6 +243,7 @@ def quantize_int8(
             quantized_from={"path": str(onnx_path), "sha256": sha256_file(onnx_path)},
             int8={"target": target, "method": method, "samples": n_samples, "held_out": len(held_out), "per_channel_weights": True,
                   "symmetric_activations": symmetric_acts, "quantized_ops": QUANTIZED_OPS, "exclude": list(exclude),
+                  "keep_float": kept,
                   "shape_inference": shape_inference,
                   "calibration": str(calibration) if isinstance(calibration, (str, os.PathLike)) else "tensors"}
                  | ({"split_qkv_blocks": split_blocks} if target == "openvino" else {}),

@@ -15,6 +15,7 @@ onnx = pytest.importorskip("onnx", reason="export tests need onnx (pip install '
 pytest.importorskip("onnxruntime", reason="export tests need onnxruntime (pip install 'vitfast[export]')")
 
 import vitfast  # noqa: E402
+import vitfast.data  # noqa: E402
 from conftest import AIMV2, EVA02, randomize, tiny_config  # noqa: E402
 from vitfast.export import quantize_int8, read_sidecar, to_onnx  # noqa: E402
 from vitfast.export.artifacts import write_sidecar  # noqa: E402
@@ -346,6 +347,55 @@ def test_exclude_keeps_matching_nodes_in_float(exported, tmp_path):
         quantize_int8(fp32, tmp_path / "y.onnx", torch.randn(8, 3, 32, 32), samples=8, exclude=["nope*"], progress=False)
     assert not (tmp_path / "y.onnx").exists()
 
+
+
+@pytest.mark.parametrize("target", ["tensorrt", "cpu"])  # cpu: biases quantized too, their DequantizeLinear output keeps the name
+def test_keep_float_finds_the_layer_whose_quantization_costs_most(tmp_path, target):
+    """One fc2 input channel 30x larger than the rest (an outlier no per-tensor int8 scale holds): keep_float=1
+    ranks that fc2 first, quantizes again with it in float (no Q/DQ on its inputs, its fp32 weight back) and the
+    held-out parity improves. Ranked on calibration images, so the reported parity stays on unseen ones."""
+    torch.manual_seed(0)
+    model = vitfast.create_model("vit_cifar_patch4_32").eval()
+    with torch.no_grad():
+        model.blocks[2].mlp.fc1.weight[5] *= 30
+        model.blocks[2].mlp.fc1.bias[5] += 20
+    fp32 = to_onnx(model, tmp_path / "m.onnx")
+    images = vitfast.data.random_images(model.config, 96, seed=3)
+    plain = quantize_int8(fp32, tmp_path / "plain.onnx", images, samples=32, target=target, progress=False)
+    kept = quantize_int8(fp32, tmp_path / "kept.onnx", images, samples=32, target=target, keep_float=1, progress=False)
+    record = read_sidecar(kept)["int8"]["keep_float"]
+    assert record["ranking"][0]["module"] == "blocks.2.mlp.fc2" and record["nodes"] == [record["ranking"][0]["node"]]
+    assert record["ranking"][0]["error_left"] < 0.5 < record["ranking"][1]["error_left"]  # it alone made most of the error
+    assert record["ranked_on"] == "16 calibration images" and read_sidecar(plain)["int8"]["keep_float"] is None
+    graph = onnx.load(str(kept)).graph
+    node = next(n for n in graph.node if n.name == record["nodes"][0])
+    assert all(_producers(graph).get(i) is None or _producers(graph)[i].op_type != "DequantizeLinear" for i in node.input)
+    weight = next(i for i in node.input if i in {t.name for t in graph.initializer})
+    assert next(t for t in graph.initializer if t.name == weight).data_type == onnx.TensorProto.FLOAT  # its fp32 weight, not int8
+    before, after = (read_sidecar(p)["parity"] for p in (plain, kept))
+    assert after["max_abs_err"] < before["max_abs_err"] / 2 and after["cosine"] > before["cosine"]
+    if target != "tensorrt":
+        return
+    with pytest.raises(vitfast.InputError, match="keep_float=99 but the graph has 26 quantized layers"):
+        quantize_int8(fp32, tmp_path / "many.onnx", images, samples=32, keep_float=99, progress=False)
+    assert not (tmp_path / "many.onnx").exists()
+    with pytest.raises(vitfast.InputError, match="whole number >= 0"):
+        quantize_int8(fp32, tmp_path / "neg.onnx", images, samples=32, keep_float=-1, progress=False)
+
+
+def test_cli_int8_keep_float(tmp_path):
+    from PIL import Image
+
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i in range(6):
+        Image.fromarray(np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(calib / f"{i}.png")
+    out = run("export", "--model", "vit_cifar_patch4_32", "--format", "onnx", "--precision", "int8", "--calib-dir", calib,
+              "--int8-keep-float", "2", "--out", tmp_path / "k.onnx")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert len(read_sidecar(tmp_path / "k.onnx")["int8"]["keep_float"]["nodes"]) == 2
+    wrong = run("export", "--model", "vit_cifar_patch4_32", "--format", "onnx", "--int8-keep-float", "2", "--out", tmp_path / "f.onnx")
+    assert wrong.returncode == 2 and "--precision int8" in wrong.stderr and not (tmp_path / "f.onnx").exists()
 
 # ---------------------------------------------------------------------------- runtime
 def test_engine_checks_shapes_and_takes_uint8(exported):

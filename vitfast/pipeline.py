@@ -44,6 +44,7 @@ class Calibration:
     samples: int = 256
     target: str = "tensorrt"
     exclude: Sequence[str] = ()
+    keep_float: int = 0  # the n most quantization-sensitive layers also stay float (measured)
 
 
 def export_onnx(model: torch.nn.Module, out: Path, *, precision: str, batch: tuple[int, int, int], source: dict[str, Any],
@@ -61,7 +62,8 @@ def export_onnx(model: torch.nn.Module, out: Path, *, precision: str, batch: tup
     with _scratch(scratch) as folder:
         fp32 = to_onnx(model, folder / "fp32.onnx", batch=batch, opset=opset, source=source, progress=progress)
         return quantize_int8(fp32, out, calibration.data_dir, method=calibration.method, samples=calibration.samples,
-                             target=calibration.target, exclude=calibration.exclude, force=force, progress=progress)  # fmt: skip
+                             target=calibration.target, exclude=calibration.exclude, keep_float=calibration.keep_float, force=force,
+                             progress=progress)  # fmt: skip
 
 
 def export_triton_repo(model: torch.nn.Module, out: Path, *, precision: str, batch: tuple[int, int, int],

@@ -40,6 +40,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         out = check_output_free(args.out, args.force)
     if args.precision == "int8" and not args.calib_dir:
         raise InputError("--precision int8 needs --calib-dir DIR with calibration images (searched recursively)")
+    if args.int8_keep_float and args.precision != "int8":
+        raise InputError(f"--int8-keep-float chooses layers of an int8 export; this one is {args.precision}: add --precision int8 or drop it")
     if args.image_sizes and args.format != "trt":
         raise InputError("--image-sizes sets the image sizes a TensorRT engine takes: it goes with --format trt (an ONNX export with "
                          "--dynamic-img-size takes any size)")  # fmt: skip
@@ -66,7 +68,7 @@ def _tensorrt_missing(quiet: bool) -> BackendUnavailable | None:
 def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], scratch: Path,
             no_tensorrt: BackendUnavailable | None, progress: Reporter) -> int:  # fmt: skip
     calibration = pipeline.Calibration(args.calib_dir, method=args.calib_method, samples=args.calib_samples,
-                                       target=args.int8_target, exclude=args.exclude or ()) if args.calib_dir else None  # fmt: skip
+                                       target=args.int8_target, exclude=args.exclude or (), keep_float=args.int8_keep_float) if args.calib_dir else None  # fmt: skip
     model, source = source_model(model=args.model, checkpoint=args.checkpoint, img_size=args.img_size,
                                  overrides=config_overrides(args))  # fmt: skip
     if args.format == "triton-repo":
@@ -267,6 +269,9 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
                    help="QDQ form: TensorRT's symmetric int8 (default), the same with q/k/v split (fastest in OpenVINO, slower in ONNX Runtime), "
                         "or ONNX Runtime CPU's uint8 activations")  # fmt: skip
     p.add_argument("--exclude", nargs="*", help="node-name patterns kept in float (per-layer fallback)")
+    p.add_argument("--int8-keep-float", type=int_in(0), default=0, metavar="N",
+                   help="also keep the N quantized layers in float whose int8 error is largest, measured one layer at a time on "
+                        "calibration images (ranking in the sidecar)")  # fmt: skip
     p.add_argument("--batch", default="1:8:32", help="MIN:OPT:MAX batch profile (default 1:8:32)")
     p.add_argument("--img-size", type=positive_int, help="export at this resolution (position embeddings resized)")
     p.add_argument("--opset", type=positive_int, default=18, help="ONNX opset (default 18; 17 is the oldest with LayerNormalization)")

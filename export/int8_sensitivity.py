@@ -1,0 +1,130 @@
+"""Which quantized layers of an INT8 QDQ graph cost the most accuracy: each one in turn is put back in float
+(its input Q/DQ pairs bypassed, its fp32 weight restored) and the graph's error against the fp32 graph remeasured.
+
+This is the per-layer sensitivity sweep of NVIDIA ModelOpt's AutoQuantize and Intel Neural Compressor's
+accuracy-aware tuning, at its simplest: one ONNX Runtime run per quantized layer on a few calibration images
+(never the held-out ones the parity is reported on, so choosing layers does not flatter the reported numbers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from vitfast.errors import ArtifactError
+from vitfast.progress import Reporter, reporting
+
+QUANTIZED_SUFFIX = "_quantized"  # ONNX Runtime's name for a quantized weight initializer: <name>_quantized
+FLOAT_SUFFIX = "_vitfast_float"  # the fp32 weight put back while a layer is measured in float
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """One quantized layer: the share of the int8 graph's output error (squared, vs fp32) left with it in float.
+    0 means that layer alone made all the error; 1 means keeping it in float changes nothing."""
+
+    node: str
+    op_type: str
+    module: str | None  # the PyTorch module it was exported from (e.g. "blocks.2.mlp.fc2"), when the graph records it
+    error_left: float
+
+
+def rank_layers(int8_path: Path, fp32_path: Path, images: np.ndarray, op_types: list[str], *, modules: dict[str, str] | None = None,
+                progress: Reporter | None = None) -> list[Sensitivity]:  # fmt: skip
+    """Every `op_types` node of the QDQ graph `int8_path` whose inputs are quantized, most sensitive first
+    (least error left when it alone runs in float). `fp32_path`: the float graph it was quantized from (its
+    weights are restored from there). `images`: float32 [n, C, H, W] inputs of both graphs. `modules`:
+    {node name: module path} (`module_paths`)."""
+    import onnx
+    import onnxruntime as ort
+
+    int8, fp32 = onnx.load(str(int8_path)), onnx.load(str(fp32_path))
+    float_weights = {init.name: init for init in fp32.graph.initializer}
+    reference = _run(fp32.SerializeToString(), images, ort)
+    base = _squared_error(_run(int8.SerializeToString(), images, ort), reference)
+    candidates = [node for node in int8.graph.node if node.op_type in op_types and _dequantized_inputs(int8.graph, node)]
+    ranked = []
+    for node in reporting(progress).track(candidates, f"int8 sensitivity: {len(candidates)} layers in float one at a time",
+                                          total=len(candidates)):  # fmt: skip
+        with _in_float(int8, node, float_weights):
+            error = _squared_error(_run(int8.SerializeToString(), images, ort), reference)
+        ranked.append(Sensitivity(node.name, node.op_type, (modules or {}).get(node.name), error / base if base > 0 else 1.0))
+    return sorted(ranked, key=lambda s: s.error_left)
+
+
+def module_paths(path: Path) -> dict[str, str]:
+    """{node name: the PyTorch module it was exported from} as torch.onnx records it (node metadata `namespace`,
+    ".../blocks.2.mlp.fc2: torch.nn.modules.linear.Linear/linear_11: aten.linear.default"); ONNX Runtime's graph preparation drops it, so it is
+    read from the exported file. Empty for graphs without it."""
+    import onnx
+
+    found = {}
+    for node in onnx.load(str(path), load_external_data=False).graph.node:
+        scope = next((p.value for p in node.metadata_props if p.key == "namespace"), "")
+        modules = [part.split(":", 1)[0].strip() for part in scope.split("/")[:-1]]  # "path: class" parts; the last is the op
+        if modules and modules[-1]:
+            found[node.name] = modules[-1]
+    return found
+
+
+def _run(model_bytes: bytes, images: np.ndarray, ort) -> np.ndarray:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # a bypassed Q/DQ pair left without consumers is removed with a warning
+    session = ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: images})[0].astype(np.float64)
+
+
+def _squared_error(out: np.ndarray, ref: np.ndarray) -> float:
+    return float(((out - ref) ** 2).sum())
+
+
+def _dequantized_inputs(graph, node) -> dict[int, tuple[str, bool]]:
+    """{input index: (the float tensor behind it, whether it is a weight)} for each input of `node` that a
+    DequantizeLinear feeds: the QuantizeLinear's input for an activation, the fp32 weight's name for a
+    quantized initializer."""
+    producers = {out: n for n in graph.node for out in n.output}
+    found = {}
+    for i, name in enumerate(node.input):
+        dq = producers.get(name)
+        if dq is None or dq.op_type != "DequantizeLinear":
+            continue
+        q = producers.get(dq.input[0])
+        if q is not None and q.op_type == "QuantizeLinear":
+            found[i] = (q.input[0], False)
+        elif dq.input[0].endswith(QUANTIZED_SUFFIX):
+            found[i] = (dq.input[0][: -len(QUANTIZED_SUFFIX)], True)
+    return found
+
+
+class _in_float:
+    """Context: `node` of `model` reads its float inputs (fp32 weights added as initializers), then is put back."""
+
+    def __init__(self, model, node, float_weights: dict):
+        self.model, self.node, self.float_weights = model, node, float_weights
+
+    def __enter__(self):
+        import onnx
+
+        self.saved, self.added = list(self.node.input), 0
+        for i, (source, weight) in _dequantized_inputs(self.model.graph, self.node).items():
+            if weight:
+                if source not in self.float_weights:
+                    raise ArtifactError(f"the fp32 weight {source!r} of {self.node.name} is not in the float graph; "
+                                        "cannot measure that layer in float")  # fmt: skip
+                restored = onnx.TensorProto()
+                restored.CopyFrom(self.float_weights[source])
+                # a fresh name: ONNX Runtime may have given the quantized weight's DequantizeLinear output the original one
+                restored.name = source = f"{source}{FLOAT_SUFFIX}"
+                self.model.graph.initializer.append(restored)
+                self.added += 1
+            self.node.input[i] = source
+        return self
+
+    def __exit__(self, *exc):
+        del self.node.input[:]
+        self.node.input.extend(self.saved)
+        for _ in range(self.added):
+            self.model.graph.initializer.pop()
+        return False
