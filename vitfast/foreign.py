@@ -99,7 +99,7 @@ PASS_THROUGH = {"Cast", "Identity", "Sub", "Div", "Mul", "Add", "QuantizeLinear"
 
 def _stem_conv(graph, input_name: str) -> _Stem | None:
     """The first Conv on the image's path, through ops that keep its layout (casts, normalisation, Q/DQ) and a
-    Transpose from NHWC; None when there is none. Optimum's exports (optimum < 2) leave even the channel axis
+    Transpose from NHWC; None when there is none. Optimum's 1.x exports leave even the channel axis
     dynamic, so the channels and the layout are read here from the Conv's weight."""
     consumers: dict[str, list] = {}
     for node in graph.node:
@@ -163,9 +163,9 @@ def _layout(dims: list[int | None], path, name: str, stem: _Stem | None) -> tupl
                         "and it feeds no Conv); re-export it with a static channel dimension")  # fmt: skip
 
 
+MAX_PREFIX_TOKENS = 32  # class, distillation and register tokens a ViT puts before its patches (DINOv3: 5)
 # transformers' and Optimum's names for a backbone's outputs, pooled ones first: CLIP's projected embedding, the pooled
 # output, every token (Optimum's feature-extraction exports give last_hidden_state alone)
-MAX_PREFIX_TOKENS = 32  # class, distillation and register tokens a ViT puts before its patches (DINOv3: 5)
 POOLED_OUTPUTS = ("image_embeds", "pooler_output")
 TOKEN_OUTPUTS = ("last_hidden_state",)
 
