@@ -144,12 +144,19 @@ def test_flops_count_the_head_on_every_token():
     assert unpooled - pooled == (PER_TOKEN_HEAD.seq_len - 1) * 64 * 7
 
 
-def test_a_foreign_graph_still_needs_a_2d_logits_output(exported, tmp_path):
-    """Without a vitfast sidecar an unpooled graph is not taken for a classifier."""
+def test_a_foreign_unpooled_graph_runs_as_every_token_not_as_a_classifier(exported, tmp_path):
+    """Without a vitfast sidecar, a graph whose one output is [batch, tokens, C] is every token (as
+    `last_hidden_state` from Optimum would be), described by its patch Conv's grid plus its prefix tokens;
+    never a classifier."""
+    model, fp32 = exported["features"]
     graph = tmp_path / "bare.onnx"
-    graph.write_bytes(exported["features"][1].read_bytes())
-    with pytest.raises(ArtifactError, match=r"none is 2-D \[batch, classes\]: logits \[\?, 18, 64\]"):
-        vitfast.load_engine(graph, backend="onnxruntime")
+    graph.write_bytes(fp32.read_bytes())
+    engine = vitfast.load_engine(graph, backend="onnxruntime", overrides={"mean": model.config.mean, "std": model.config.std})
+    assert engine.io.output == "tokens" and engine.io.patch == model.config.patch_size
+    assert engine.config.output_shape == model.config.output_shape and not engine.config.classifies
+    x = torch.randn(2, 3, *model.config.img_hw)
+    with torch.no_grad():
+        torch.testing.assert_close(engine(x), model(x), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("class_token, pooled_like", [(True, "token"), (False, "avg")])
