@@ -8,6 +8,7 @@ accuracy-aware tuning, at its simplest: one ONNX Runtime run per quantized layer
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,9 +56,9 @@ def rank_layers(int8_path: Path, fp32_path: Path, images: np.ndarray, op_types: 
 
 
 def module_paths(path: Path) -> dict[str, str]:
-    """{node name: the PyTorch module it was exported from} as torch.onnx records it (node metadata `namespace`,
-    ".../blocks.2.mlp.fc2: torch.nn.modules.linear.Linear/linear_11: aten.linear.default"); ONNX Runtime's graph preparation drops it, so it is
-    read from the exported file. Empty for graphs without it."""
+    """{node name: the PyTorch module it was exported from} as torch.onnx records it in node metadata `namespace`
+    (".../blocks.2.mlp.fc2: torch.nn.modules.linear.Linear/linear_11: aten.linear.default"). ONNX Runtime's graph
+    preparation drops it, so it is read from the exported file. Empty for graphs without it."""
     import onnx
 
     found = {}
@@ -98,33 +99,28 @@ def _dequantized_inputs(graph, node) -> dict[int, tuple[str, bool]]:
     return found
 
 
-class _in_float:
-    """Context: `node` of `model` reads its float inputs (fp32 weights added as initializers), then is put back."""
+@contextmanager
+def _in_float(model, node, float_weights: dict):
+    """`node` of `model` reads its float inputs (fp32 weights added as initializers) inside the block; put back after."""
+    import onnx
 
-    def __init__(self, model, node, float_weights: dict):
-        self.model, self.node, self.float_weights = model, node, float_weights
-
-    def __enter__(self):
-        import onnx
-
-        self.saved, self.added = list(self.node.input), 0
-        for i, (source, weight) in _dequantized_inputs(self.model.graph, self.node).items():
+    saved, added = list(node.input), 0
+    try:
+        for i, (source, weight) in _dequantized_inputs(model.graph, node).items():
             if weight:
-                if source not in self.float_weights:
-                    raise ArtifactError(f"the fp32 weight {source!r} of {self.node.name} is not in the float graph; "
+                if source not in float_weights:
+                    raise ArtifactError(f"the fp32 weight {source!r} of {node.name} is not in the float graph; "
                                         "cannot measure that layer in float")  # fmt: skip
                 restored = onnx.TensorProto()
-                restored.CopyFrom(self.float_weights[source])
+                restored.CopyFrom(float_weights[source])
                 # a fresh name: ONNX Runtime may have given the quantized weight's DequantizeLinear output the original one
                 restored.name = source = f"{source}{FLOAT_SUFFIX}"
-                self.model.graph.initializer.append(restored)
-                self.added += 1
-            self.node.input[i] = source
-        return self
-
-    def __exit__(self, *exc):
-        del self.node.input[:]
-        self.node.input.extend(self.saved)
-        for _ in range(self.added):
-            self.model.graph.initializer.pop()
-        return False
+                model.graph.initializer.append(restored)
+                added += 1
+            node.input[i] = source
+        yield
+    finally:
+        del node.input[:]
+        node.input.extend(saved)
+        for _ in range(added):
+            model.graph.initializer.pop()
