@@ -45,11 +45,12 @@ def rank_layers(int8_path: Path, fp32_path: Path, images: np.ndarray, op_types: 
     float_weights = {init.name: init for init in fp32.graph.initializer}
     reference = _run(fp32.SerializeToString(), images, ort)
     base = _squared_error(_run(int8.SerializeToString(), images, ort), reference)
-    candidates = [node for node in int8.graph.node if node.op_type in op_types and _dequantized_inputs(int8.graph, node)]
+    producers = {out: n for n in int8.graph.node for out in n.output}  # the nodes stay; only a measured node's inputs change
+    candidates = [(node, sources) for node in int8.graph.node if node.op_type in op_types and (sources := _dequantized_inputs(producers, node))]
     ranked = []
-    for node in reporting(progress).track(candidates, f"int8 sensitivity: {len(candidates)} layers in float one at a time",
-                                          total=len(candidates)):  # fmt: skip
-        with _in_float(int8, node, float_weights):
+    title = f"int8 sensitivity: {len(candidates)} layers in float one at a time"
+    for node, sources in reporting(progress).track(candidates, title, total=len(candidates)):
+        with _in_float(int8, node, sources, float_weights):
             error = _squared_error(_run(int8.SerializeToString(), images, ort), reference)
         ranked.append(Sensitivity(node.name, node.op_type, (modules or {}).get(node.name), error / base if base > 0 else 1.0))
     return sorted(ranked, key=lambda s: s.error_left)
@@ -81,11 +82,10 @@ def _squared_error(out: np.ndarray, ref: np.ndarray) -> float:
     return float(((out - ref) ** 2).sum())
 
 
-def _dequantized_inputs(graph, node) -> dict[int, tuple[str, bool]]:
+def _dequantized_inputs(producers: dict, node) -> dict[int, tuple[str, bool]]:
     """{input index: (the float tensor behind it, whether it is a weight)} for each input of `node` that a
     DequantizeLinear feeds: the QuantizeLinear's input for an activation, the fp32 weight's name for a
-    quantized initializer."""
-    producers = {out: n for n in graph.node for out in n.output}
+    quantized initializer. `producers`: {tensor name: the node that writes it}."""
     found = {}
     for i, name in enumerate(node.input):
         dq = producers.get(name)
@@ -100,13 +100,14 @@ def _dequantized_inputs(graph, node) -> dict[int, tuple[str, bool]]:
 
 
 @contextmanager
-def _in_float(model, node, float_weights: dict):
-    """`node` of `model` reads its float inputs (fp32 weights added as initializers) inside the block; put back after."""
+def _in_float(model, node, sources: dict[int, tuple[str, bool]], float_weights: dict):
+    """`node` of `model` reads its float inputs `sources` (`_dequantized_inputs`; fp32 weights added as initializers)
+    inside the block; put back after."""
     import onnx
 
     saved, added = list(node.input), 0
     try:
-        for i, (source, weight) in _dequantized_inputs(model.graph, node).items():
+        for i, (source, weight) in sources.items():
             if weight:
                 if source not in float_weights:
                     raise ArtifactError(f"the fp32 weight {source!r} of {node.name} is not in the float graph; "

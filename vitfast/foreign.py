@@ -181,14 +181,14 @@ def _pick_output(outputs, path, rank: int | None = 2) -> tuple[str, list[int | N
     shaped = [(n, d) for n, d in described if d is not None]
     if rank is None:
         fitting = [(n, d) for n, d in shaped if len(d) >= 2]
-        named = [(n, d) for n, d in fitting if n == "logits"] or [(n, d) for n, d in fitting if "logit" in n.lower()]
+        named = _named_logits(fitting)
         chosen = named[0] if named else (fitting[0] if len(fitting) == 1 else None)
         if chosen is None:
             raise ArtifactError(f"{path}: cannot tell which output holds the logits ({listing}); "
                                 "export the model with its output named 'logits'")  # fmt: skip
         return chosen[0], chosen[1], "logits", f"logits from output {chosen[0]!r}{of}"
     two_d = [(n, d) for n, d in shaped if len(d) == 2]
-    named = [(n, d) for n, d in two_d if n == "logits"] or [(n, d) for n, d in two_d if "logit" in n.lower()]
+    named = _named_logits(two_d)
     if named:
         return named[0][0], named[0][1], "logits", f"logits from output {named[0][0]!r}{of}"
     for wanted, want_rank, kind in ((POOLED_OUTPUTS, 2, "features"), (TOKEN_OUTPUTS, 3, "tokens")):
@@ -204,6 +204,11 @@ def _pick_output(outputs, path, rank: int | None = 2) -> tuple[str, list[int | N
     raise ArtifactError(f"{path}: cannot tell which output holds the logits or the features ({why}: {listing}); name the "
                         "classifier's output 'logits', or the features 'pooler_output' [batch, C] or 'last_hidden_state' "
                         "[batch, tokens, C] as transformers does")  # fmt: skip
+
+
+def _named_logits(outputs: list[tuple[str, list]]) -> list[tuple[str, list]]:
+    """The (name, dims) of outputs named `logits` (Optimum's name), else of those with "logit" in their name."""
+    return [(n, d) for n, d in outputs if n == "logits"] or [(n, d) for n, d in outputs if "logit" in n.lower()]
 
 
 def _precision(graph, input_dtype: str) -> str:
