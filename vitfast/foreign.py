@@ -17,7 +17,7 @@ from .config import PREPROCESSING_FIELDS, ViTConfig
 from .convert import hf_labels, hf_preprocessing
 from .errors import ArtifactError, ConfigError, first_line
 
-QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger"}
+QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger"}
 ONNX_FLOAT_TYPES = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64"}
 FOREIGN_FIELDS = ("img_size", "num_classes", "labels", *PREPROCESSING_FIELDS)  # what a foreign graph's config holds
 
@@ -94,13 +94,17 @@ class _Stem:
     patch: int | None
 
 
-PASS_THROUGH = {"Cast", "Identity", "Sub", "Div", "Mul", "Add", "QuantizeLinear", "DequantizeLinear"}  # keep the image's layout
+# ops that keep the image's layout; DynamicQuantizeLinear: what ONNX Runtime's dynamic quantization (Optimum's
+# `optimum-cli onnxruntime quantize`) puts before a ConvInteger
+PASS_THROUGH = {"Cast", "Identity", "Sub", "Div", "Mul", "Add", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
+CONVS = {"Conv": (0, 1), "ConvInteger": (0, 1), "QLinearConv": (0, 3)}  # op -> (image input, weight input)
 
 
 def _stem_conv(graph, input_name: str) -> _Stem | None:
-    """The first Conv on the image's path, through ops that keep its layout (casts, normalisation, Q/DQ) and a
-    Transpose from NHWC; None when there is none. Optimum's 1.x exports leave even the channel axis
-    dynamic, so the channels and the layout are read here from the Conv's weight."""
+    """The first Conv on the image's path (float, dynamically quantized ConvInteger or QOperator QLinearConv), through
+    ops that keep its layout (casts, normalisation, Q/DQ) and a Transpose from NHWC; None when there is none.
+    Optimum's 1.x exports leave even the channel axis dynamic, so the channels and the layout are read here from
+    the Conv's weight."""
     consumers: dict[str, list] = {}
     for node in graph.node:
         for name in node.input:
@@ -114,8 +118,9 @@ def _stem_conv(graph, input_name: str) -> _Stem | None:
             if id(node) in seen:
                 continue
             seen.add(id(node))
-            if node.op_type == "Conv" and node.input[0] == name:
-                shape = _weight_shape(node.input[1], weights, producers)
+            image, weight = CONVS.get(node.op_type, (None, None))
+            if image is not None and node.input[image] == name:
+                shape = _weight_shape(node.input[weight], weights, producers)
                 if shape is None or len(shape) != 4:
                     return None
                 attrs = {a.name: a for a in node.attribute}
@@ -131,7 +136,7 @@ def _stem_conv(graph, input_name: str) -> _Stem | None:
                 layout = "NHWC"
             elif node.op_type not in PASS_THROUGH:
                 continue
-            frontier.extend(node.output)
+            frontier.append(node.output[0])  # the image; not DynamicQuantizeLinear's scale and zero point
     return None
 
 
@@ -246,11 +251,15 @@ def config_file_fields(data: dict[str, Any], img_size: int | None = None) -> dic
     return None
 
 
+OPTIMUM_FILES = ("config.json", "preprocessor_config.json")
+PYTORCH_WEIGHTS = ("*.safetensors", "*.bin", "*.pth", "*.pt")
+
+
 def optimum_folder_fields(folder: Path) -> dict[str, Any]:
     """Fields from the `config.json` / `preprocessor_config.json` Optimum writes beside `model.onnx`: the input size and
     preprocessing, and a classifier's class names (`id2label` of a `*ForImageClassification`)."""
     fields: dict[str, Any] = {}
-    for name in ("config.json", "preprocessor_config.json"):
+    for name in OPTIMUM_FILES:
         if (folder / name).is_file():
             try:
                 data = json.loads((folder / name).read_text())
@@ -265,16 +274,52 @@ def optimum_folder_fields(folder: Path) -> dict[str, Any]:
     return fields
 
 
-def resolve_onnx_path(path: Path) -> Path:
-    """An Optimum export folder -> its `model.onnx`; a file stays itself."""
+def folder_graphs(folder: Path) -> list[Path]:
+    """The ONNX graphs of an export folder: Optimum's (`model.onnx`, and `model_quantized.onnx` / `model_optimized.onnx`
+    from its quantizer and optimizer) or, in a folder without PyTorch weights, those of the Hub's transformers.js
+    layout (config files at the top, `onnx/model.onnx`, `onnx/model_quantized.onnx`, ...). [] for anything else."""
+    if not folder.is_dir():
+        return []
+    if (folder / "model.onnx").is_file():
+        return sorted(folder.glob("*.onnx"))
+    if any(next(folder.glob(pattern), None) for pattern in PYTORCH_WEIGHTS):
+        return []  # a checkpoint folder
+    return sorted(folder.glob("*.onnx")) or sorted((folder / "onnx").glob("*.onnx"))
+
+
+def is_onnx_artifact(path: str | os.PathLike) -> bool:
+    """An ONNX file or an export folder holding ONNX graphs (what `load_engine` runs with ONNX Runtime or OpenVINO)."""
+    path = Path(path)
+    return path.suffix.lower() == ".onnx" or bool(folder_graphs(path))
+
+
+def resolve_onnx_path(path: Path) -> tuple[Path, str | None]:
+    """An export folder -> (the graph to run, a note naming the ones left when it held several); a file stays itself.
+    Of several graphs, `model.onnx` runs, as Optimum's `ORTModel.from_pretrained` picks it; with no `model.onnx`
+    among several, the user names one."""
     if not path.is_dir():
-        return path
-    model = path / "model.onnx"
-    if not model.is_file():
-        found = sorted(p.name for p in path.glob("*.onnx"))
-        hint = f" (it has {', '.join(found)}: pass one of them)" if found else ""
-        raise ArtifactError(f"{path} is a folder without model.onnx; expected an Optimum export folder{hint}")
-    return model
+        return path, None
+    found = folder_graphs(path)
+    if not found:
+        raise ArtifactError(f"{path} is a folder without ONNX graphs; expected an Optimum export folder (model.onnx, "
+                            "config.json, preprocessor_config.json)")  # fmt: skip
+    standard = [p for p in found if p.name == "model.onnx"]
+    if len(found) > 1 and not standard:
+        raise ArtifactError(f"{path} holds {len(found)} ONNX graphs and none is model.onnx ({', '.join(p.name for p in found)}): "
+                            f"pass the one to run, e.g. {found[0]}")  # fmt: skip
+    chosen = (standard or found)[0]
+    others = [p.name for p in found if p != chosen]
+    return chosen, (f"{path} holds {len(found)} ONNX graphs; running {chosen.relative_to(path)}, not {', '.join(others)} "
+                    f"(pass {chosen.with_name(others[0])} to run another)" if others else None)  # fmt: skip
+
+
+def config_folder(path: Path) -> Path | None:
+    """The folder whose `config.json` / `preprocessor_config.json` describe the graph at `path`, for the names Optimum
+    and transformers.js give graphs (`model.onnx`, `model_*.onnx`): beside it, or above `onnx/` (the Hub's layout)."""
+    if not (path.name == "model.onnx" or (path.name.startswith("model_") and path.suffix == ".onnx")):
+        return None
+    above = [path.parent.parent] if path.parent.name == "onnx" else []
+    return next((f for f in (path.parent, *above) if any((f / name).is_file() for name in OPTIMUM_FILES)), None)
 
 
 def foreign_config(path: Path, io: GraphIO, overrides: dict[str, Any] | None,
@@ -285,7 +330,8 @@ def foreign_config(path: Path, io: GraphIO, overrides: dict[str, Any] | None,
     files beside the ONNX. Missing mean/std only matter for raw images; a missing resize/crop rule
     takes timm's defaults, which the caller reports. `probe(h, w)`: the output's dims after the batch in a
     run at that size, for the ones the graph leaves dynamic (a fully dynamic export leaves even the classes)."""
-    fields = optimum_folder_fields(path.parent) if path.name == "model.onnx" else {}
+    folder = config_folder(path)
+    fields = optimum_folder_fields(folder) if folder else {}
     fields |= {k: v for k, v in (overrides or {}).items() if v is not None}
     fields = {k: v for k, v in fields.items() if k in FOREIGN_FIELDS}
     h, w = io.hw
@@ -337,9 +383,11 @@ def missing_preprocessing_message(path: Path, missing: list[str]) -> str:
             "(or --config preprocessor_config.json / config.json), or feed normalised float images")  # fmt: skip
 
 
-def report_choice(path: Path, io: GraphIO, assumed: list[str]) -> None:
+def report_choice(path: Path, io: GraphIO, meta: dict[str, Any]) -> None:
     """Say on stderr what was read from a foreign graph and what was assumed (stdout stays clean for --json)."""
     print(f"vitfast: note: {path} has no vitfast sidecar; read from the graph: {io.describe()}, precision {io.precision}", file=sys.stderr)
-    if assumed:
-        print(f"vitfast: warning: {path}: resize/crop not given, timm's defaults assumed ({', '.join(assumed)}); "
+    if meta.get("config_files"):
+        print(f"vitfast: note: {path}: settings (input size, preprocessing, class names) from {', '.join(meta['config_files'])}", file=sys.stderr)
+    if meta.get("assumed"):
+        print(f"vitfast: warning: {path}: resize/crop not given, timm's defaults assumed ({', '.join(meta['assumed'])}); "
               "pass --config preprocessor_config.json or --crop-pct/--crop-mode/--interpolation", file=sys.stderr)  # fmt: skip

@@ -22,6 +22,7 @@ from vitfast._version import __version__
 from vitfast.config import PREPROCESSING_FIELDS, ViTConfig
 from vitfast.data import find_images, random_images
 from vitfast.errors import ArtifactError, BackendUnavailable, InputError
+from vitfast.foreign import is_onnx_artifact
 from vitfast.export import quantize_int8, to_onnx
 from vitfast.export.artifacts import read_sidecar, sidecar_path
 from vitfast.export.tensorrt import require_tensorrt
@@ -368,10 +369,6 @@ def _engine_runner(path: Path) -> Runner:
 
 
 # ---------------------------------------------------------------------------- user artifacts
-def is_onnx_artifact(path: Path) -> bool:
-    return path.suffix.lower() == ".onnx" or (path / "model.onnx").is_file()
-
-
 def artifact_runner(path: Path, platform: Platform, options: BackendOptions) -> Runner:
     """A user's artifact (`bench --artifact`) as it is: ONNX file or Optimum folder, TensorRT engine or
     checkpoint; BackendUnavailable when this machine cannot run it. `Runner.call` is its `Engine`."""

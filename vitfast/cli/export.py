@@ -13,7 +13,7 @@ from rich.table import Table
 from vitfast import pipeline
 from vitfast.data import find_images
 from vitfast.errors import BackendUnavailable, InputError
-from vitfast.foreign import report_choice
+from vitfast.foreign import is_onnx_artifact, report_choice
 from vitfast.flags import int_in, ov_streams, positive_float, positive_int
 from vitfast.atomic import check_output_free, reserve_output
 from vitfast.export.artifacts import parse_batch, parse_image_sizes, read_sidecar
@@ -136,8 +136,10 @@ def load_artifact(path: str, args: argparse.Namespace, labels: bool = True, back
     engine = load_engine(path, backend=backend, overrides=overrides, **(runtime_options(path, args, backend) if primary else {}))
     if backend == "auto" and engine.kind == "openvino" and not getattr(args, "quiet", False):  # not the runtime it was calibrated with
         print(f"{path}: {engine.backend_choice}", file=sys.stderr)
+    if getattr(engine, "picked", None):
+        print(f"vitfast: note: {engine.picked}", file=sys.stderr)
     if engine.metadata.get("foreign"):
-        report_choice(engine.path, engine.io, engine.metadata["assumed"])
+        report_choice(engine.path, engine.io, engine.metadata)
     if getattr(engine, "missing_preprocessing", None):
         raise InputError(engine.missing_preprocessing)
     return engine
@@ -149,7 +151,7 @@ def runtime_options(path: str, args: argparse.Namespace, backend: str) -> dict:
     is refused rather than ignored."""
     threads, hint, streams = (getattr(args, k, None) for k in ("threads", "ov_hint", "ov_streams"))
     openvino = {k: v for k, v in (("hint", hint), ("streams", streams)) if v is not None}
-    if not _is_onnx(path):
+    if not is_onnx_artifact(path):
         if openvino:
             raise InputError(f"--ov-hint / --ov-streams set OpenVINO, which runs ONNX files; {path} is not one: drop them")
         if threads is not None and Path(path).suffix.lower() in ENGINE_SUFFIXES:
@@ -161,11 +163,6 @@ def runtime_options(path: str, args: argparse.Namespace, backend: str) -> dict:
         raise InputError("--ov-hint / --ov-streams set OpenVINO, but the backend is onnxruntime: "
                          "use --backend openvino (or auto), or drop them")  # fmt: skip
     return openvino | ({"threads": threads} if threads is not None else {})
-
-
-def _is_onnx(path: str) -> bool:
-    """An ONNX file or an Optimum export folder (what `load_engine` runs with ONNX Runtime or OpenVINO)."""
-    return Path(path).suffix.lower() == ".onnx" or (Path(path) / "model.onnx").is_file()
 
 
 def add_artifact_args(p: argparse.ArgumentParser, labels: bool = True) -> None:
@@ -183,7 +180,7 @@ def add_artifact_args(p: argparse.ArgumentParser, labels: bool = True) -> None:
 # ---------------------------------------------------------------------------- check
 def cmd_check(args: argparse.Namespace) -> int:
     backend, other_backend = args.backend, "auto"
-    if args.mark_all and args.against and all(_is_onnx(p) for p in (args.artifact, args.against)):
+    if args.mark_all and args.against and all(is_onnx_artifact(p) for p in (args.artifact, args.against)):
         # marked intermediate outputs are an ONNX Runtime session feature: there, auto means ONNX Runtime
         backend, other_backend = "onnxruntime" if backend == "auto" else backend, "onnxruntime"
     engine = load_artifact(args.artifact, args, backend=backend)

@@ -18,6 +18,7 @@ from typing import Any
 from vitfast.checkpoint import load_checkpoint
 from vitfast.config import ViTConfig
 from vitfast.errors import ArtifactError, InputError
+from vitfast.foreign import is_onnx_artifact
 
 from .engine import Engine, is_float_images
 from .onnx_engine import OnnxEngine
@@ -50,7 +51,7 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
     if not path.exists():
         raise ArtifactError(f"no such artifact: {path}")
     suffix = path.suffix.lower()
-    kind = "onnx" if suffix == ".onnx" or (path / "model.onnx").is_file() else "engine" if suffix in ENGINE_SUFFIXES else "checkpoint"
+    kind = "onnx" if is_onnx_artifact(path) else "engine" if suffix in ENGINE_SUFFIXES else "checkpoint"
     allowed = {"onnx": ("onnxruntime", "openvino"), "engine": ("tensorrt",), "checkpoint": ("torch",)}[kind]
     if backend != "auto" and backend not in allowed:
         raise InputError(f"{path} is a{'n' if kind != 'checkpoint' else ''} {kind}: the {backend} backend cannot run it; "

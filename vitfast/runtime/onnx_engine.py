@@ -30,7 +30,7 @@ class OnnxEngine(Engine):
             import onnxruntime as ort  # optional and heavy: only when an ONNX file is run
         except ImportError:
             raise BackendUnavailable("running ONNX files needs onnxruntime: pip install 'vitfast[onnx]'") from None
-        path = foreign.resolve_onnx_path(path)
+        path, self.picked = foreign.resolve_onnx_path(path)  # picked: which of a folder's graphs runs, when it holds several
         ours = sidecar_path(path).exists()
         if ours:
             meta = read_sidecar(path)
@@ -48,7 +48,9 @@ class OnnxEngine(Engine):
         else:
             config, missing, assumed = foreign.foreign_config(path, self.io, overrides, probe=lambda h, w: self._probe(path, h, w))
             batch = (self.io.batch,) * 3 if self.io.batch else None
-            meta = {"foreign": True, "graph": self.io.describe(), "precision": self.io.precision, "assumed": assumed}
+            folder = foreign.config_folder(path)
+            meta = {"foreign": True, "graph": self.io.describe(), "precision": self.io.precision, "assumed": assumed,
+                    "config_files": [str(folder / n) for n in foreign.OPTIMUM_FILES if (folder / n).is_file()] if folder else []}
         super().__init__(config, precision=meta.get("precision", "fp32"),
                          batch=tuple(batch) if batch else None, metadata=meta, path=path)  # fmt: skip
         self.missing_preprocessing = foreign.missing_preprocessing_message(path, missing) if missing else None
