@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import warnings
+import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -41,22 +43,54 @@ def labeled_images(root: str | Path) -> tuple[list[Path], list[int], list[str]]:
 
 def open_image(path: Path) -> Image.Image:
     """The image at `path` as RGB; unreadable files and decompression bombs (more pixels than
-    Pillow's `Image.MAX_IMAGE_PIXELS`, decoded to gigabytes) are one `InputError` naming the file."""
+    Pillow's `Image.MAX_IMAGE_PIXELS`, decoded to gigabytes) are one `InputError` naming the file.
+    Safe in threads: the pixel count is checked here, from the header, not by a process-wide warnings filter."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
+        with Image.open(path) as img:  # reads the header only; Pillow itself refuses twice the limit
+            pixels = img.width * img.height
+            if not Image.MAX_IMAGE_PIXELS or pixels <= Image.MAX_IMAGE_PIXELS:
                 return img.convert("RGB")
-    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:  # the warning: under an "error" filter
         raise InputError(f"{path} is too large to decode safely ({exc}); remove it or resize it") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise InputError(f"{path} is not an image Pillow can read ({exc.__class__.__name__}); remove or replace it") from None
+    raise InputError(f"{path} is too large to decode safely ({pixels} pixels, more than Pillow's limit {Image.MAX_IMAGE_PIXELS}); "
+                     "remove it or resize it")  # fmt: skip
 
 
-def batches(files: list[Path], config: ViTConfig, batch_size: int) -> Iterator[torch.Tensor]:
-    """Preprocessed float batches [b, C, H, W] in file order."""
-    for start in range(0, len(files), batch_size):
-        yield preprocess([open_image(p) for p in files[start : start + batch_size]], config)
+def default_workers() -> int:
+    """Threads that decode and resize images: the CPUs this process may use, at most 8."""
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+AHEAD = 2  # batches decoded ahead of the one the caller is running, so the model never waits for the files
+
+
+def batches(files: list[Path], config: ViTConfig, batch_size: int, workers: int | None = None) -> Iterator[torch.Tensor]:
+    """Preprocessed float batches [b, C, H, W] in file order. `workers` threads (default `default_workers()`) decode
+    and resize up to `AHEAD` batches ahead: Pillow releases the GIL while it does, so they run beside the model.
+    The first unreadable file in order raises its `InputError` when its batch is reached, as one thread would."""
+    chunks = [files[i : i + batch_size] for i in range(0, len(files), batch_size)]
+    workers = default_workers() if workers is None else workers
+    if workers <= 1:
+        yield from (torch.stack([_load(p, config) for p in chunk]) for chunk in chunks)
+        return
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="vitfast-images")
+    try:
+        pending: deque[list[Future]] = deque()
+        for chunk in chunks:
+            pending.append([pool.submit(_load, p, config) for p in chunk])
+            if len(pending) > AHEAD:
+                yield torch.stack([f.result() for f in pending.popleft()])
+        while pending:
+            yield torch.stack([f.result() for f in pending.popleft()])
+    finally:  # the caller stopped early (an error, a closed generator): drop what was queued
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _load(path: Path, config: ViTConfig) -> torch.Tensor:
+    """One image file -> normalised float [C, H, W], exactly as `preprocess` makes it in a batch."""
+    return preprocess(open_image(path), config)[0]
 
 
 def random_images(config: ViTConfig, n: int, seed: int = 0, hw: tuple[int, int] | None = None) -> torch.Tensor:

@@ -240,13 +240,14 @@ def raw_images(config: ViTConfig, n: int, data: str | os.PathLike | None):
 
 
 def evaluate(engine: Engine, data: str | os.PathLike, *, labels: Sequence[str] | None = None, against: Engine | None = None,
-             batch_size: int = 32, progress: Reporter | None = None) -> dict[str, Any]:  # fmt: skip
+             batch_size: int = 32, workers: int | None = None, progress: Reporter | None = None) -> dict[str, Any]:  # fmt: skip
     """Top-1 / top-5 accuracy of `engine` on the image folder `data` (DIR/<class>/*).
 
     Folders are matched to `labels` (default: the model's own) by name when they are all labels,
     else taken in sorted order as class indices. `against`: a second artifact (e.g. the fp32
     checkpoint) evaluated on the same images, reported under "against" with the accuracy difference
-    and top-1 agreement. `progress`: told the images evaluated so far.
+    and top-1 agreement. `workers`: threads decoding the images (`vitfast.data.batches`). `progress`: told the images
+    evaluated so far.
     Returns artifact, backend, precision, top1, top5, k, n, classes (and against)."""
     if len(engine.config.output_shape) > 1:
         what, flag = ("feature maps (features_only)", "--features-only") if engine.config.features_only else (
@@ -256,7 +257,7 @@ def evaluate(engine: Engine, data: str | os.PathLike, *, labels: Sequence[str] |
     files, folder_targets, classes = labeled_images(data)
     labels = tuple(labels) if labels is not None else engine.config.labels
     targets = torch.tensor(class_indices(engine.config.num_classes, labels, classes, folder_targets, data))
-    ours = predict_topk(engine, files, batch_size, progress)
+    ours = predict_topk(engine, files, batch_size, progress, workers)
     result = {"artifact": str(engine.path), "backend": engine.kind, "precision": engine.precision,
               **_accuracy(ours, targets), "classes": len(classes)}  # fmt: skip
     if against:
@@ -264,7 +265,7 @@ def evaluate(engine: Engine, data: str | os.PathLike, *, labels: Sequence[str] |
         if reference.config.num_classes != engine.config.num_classes:
             raise ArtifactError(f"--against {reference.path} has {reference.config.num_classes} classes, {engine.path} has "
                                 f"{engine.config.num_classes}; compare artifacts of the same model")  # fmt: skip
-        ref = predict_topk(reference, files, batch_size, progress)
+        ref = predict_topk(reference, files, batch_size, progress, workers)
         theirs = _accuracy(ref, targets)
         result["against"] = {"artifact": str(reference.path), "backend": reference.kind, "precision": reference.precision, **theirs,
                              "top1_diff": result["top1"] - theirs["top1"], "top5_diff": result["top5"] - theirs["top5"],
@@ -295,11 +296,12 @@ def class_indices(num_classes: int, labels: Sequence[str] | None, classes: list[
     return folder_targets
 
 
-def predict_topk(engine: Engine, files: list[Path], batch_size: int, progress: Reporter | None = None) -> torch.Tensor:
+def predict_topk(engine: Engine, files: list[Path], batch_size: int, progress: Reporter | None = None,
+                 workers: int | None = None) -> torch.Tensor:  # fmt: skip
     """The top-k (k = min(TOP_K, classes)) class indices [N, k] of every image file, best first."""
     size = min(batch_size, engine.batch[2]) if engine.batch else batch_size
     k = min(TOP_K, engine.config.num_classes)
-    batch_iter = reporting(progress).track(batches(files, engine.config, size), f"evaluating {Path(engine.path).name} on {len(files)} images",
+    batch_iter = reporting(progress).track(batches(files, engine.config, size, workers), f"evaluating {Path(engine.path).name} on {len(files)} images",
                                            total=len(files), size=len)  # fmt: skip
     return torch.cat([_run(engine, x).topk(k, dim=-1).indices.cpu() for x in batch_iter])
 

@@ -232,7 +232,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     against = load_artifact(args.against, args, labels=False, primary=False) if args.against else None
     with reporter("eval", args.quiet) as progress:
         result = pipeline.evaluate(engine, args.data, labels=read_labels(args.labels) if args.labels else None,
-                                   against=against, batch_size=args.batch_size, progress=progress)  # fmt: skip
+                                   against=against, batch_size=args.batch_size, workers=args.workers, progress=progress)  # fmt: skip
     result["artifact"] = str(args.artifact)
     if against:
         result["against"]["artifact"] = str(args.against)
@@ -307,6 +307,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--labels", metavar="FILE", help="class names (one per line, or a JSON list / {index: name}) to match folders by")
     p.add_argument("--against", metavar="REF", help="also evaluate REF (e.g. the fp32 checkpoint) and report the accuracy difference")
     p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument("--workers", type=positive_int, help="threads that decode and resize the images ahead of the model "
+                   "(default: this process's CPUs, at most 8)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_quiet(p)
     add_artifact_args(p, labels=False)  # eval has its own --labels

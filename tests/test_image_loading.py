@@ -1,0 +1,77 @@
+"""`vitfast.data.batches`: image files decoded by worker threads ahead of the model give exactly what one thread gives,
+in file order; the first bad file in order is the one reported; no thread or warnings filter is left behind."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitfast
+from vitfast.data import batches, open_image, preprocess
+from vitfast.errors import InputError
+
+CONFIG = vitfast.create_model("vit_tiny_patch16_224", img_size=48, patch_size=16).config
+
+
+def write_images(folder, n: int, seed: int) -> list:
+    """n JPEG/PNG files of assorted sizes with fresh random pixels."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for i in range(n):
+        h, w = rng.integers(20, 90, size=2)
+        path = folder / f"{i:03d}.{'jpg' if i % 2 else 'png'}"
+        Image.fromarray(rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)).save(path)
+        files.append(path)
+    return files
+
+
+def image_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("vitfast-images")]
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_threads_give_what_one_thread_gives_in_file_order(tmp_path, workers):
+    files = write_images(tmp_path, 11, seed=workers)
+    serial = list(batches(files, CONFIG, 4, workers=1))
+    threaded = list(batches(files, CONFIG, 4, workers=workers))
+    assert [len(b) for b in threaded] == [4, 4, 3]
+    assert all(torch.equal(a, b) for a, b in zip(serial, threaded))
+    each = torch.stack([preprocess(open_image(p), CONFIG)[0] for p in files])  # file i is row i
+    assert torch.equal(torch.cat(threaded), each)
+    assert not image_threads()
+
+
+def test_the_first_bad_file_in_order_is_reported_and_no_thread_is_left(tmp_path):
+    files = write_images(tmp_path, 12, seed=0)
+    files[5].write_bytes(b"not an image")  # batch 2 of 3
+    files[9].write_bytes(b"nor this")  # batch 3: decoded ahead, but the earlier one is reported
+    got = []
+    with pytest.raises(InputError, match=f"{files[5].name} is not an image"):
+        for b in batches(files, CONFIG, 4, workers=2):
+            got.append(b)
+    assert len(got) == 1 and not image_threads()
+
+
+def test_a_caller_that_stops_early_leaves_no_thread(tmp_path):
+    files = write_images(tmp_path, 16, seed=1)
+    it = batches(files, CONFIG, 2, workers=2)
+    assert next(it).shape == (2, 3, 48, 48)
+    it.close()
+    assert not image_threads()
+
+
+def test_open_image_leaves_warning_filters_alone_and_refuses_bombs_between_one_and_two_limits(tmp_path, monkeypatch):
+    (path,) = write_images(tmp_path, 1, seed=2)
+    w, h = Image.open(path).size
+    before = list(warnings.filters)
+    list(batches([path] * 8, CONFIG, 2, workers=4))
+    assert warnings.filters == before  # a process-wide filter changed by one thread would leak into the others
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", w * h - 1)  # above the limit, below Pillow's own 2x refusal
+    with pytest.warns(Image.DecompressionBombWarning), pytest.raises(InputError, match="too large to decode safely"):
+        open_image(path)
