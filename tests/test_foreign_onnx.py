@@ -266,6 +266,26 @@ def test_pooled_output_is_taken_as_features_not_classes(optimum, tmp_path):
     assert refused.returncode == 2 and "no classifier head" in refused.stderr and "Traceback" not in refused.stderr
 
 
+def test_output_names_the_output_to_run(foreign, optimum, tmp_path):
+    """A graph returning pooled features and every token runs the pooled ones unless --output names the tokens."""
+    tokens = vitfast.load_engine(optimum["pooled"], output="last_hidden_state", overrides={"mean": MEAN, "std": STD})
+    assert (tokens.io.output, tokens.io.output_name, tokens.config.output_shape) == ("tokens", "last_hidden_state", (17, 64))
+    x = torch.randn(2, 3, IMG, IMG)
+    with torch.no_grad():
+        assert torch.allclose(tokens(x), optimum["backbone"](pixel_values=x).last_hidden_state, atol=1e-4)
+    with pytest.raises(ArtifactError, match=r"has no output 'hidden' \(it has last_hidden_state .*pooler_output"):
+        vitfast.load_engine(optimum["pooled"], output="hidden")
+    ours, processor = tmp_path / "tokens.onnx", optimum["features"] / "preprocessor_config.json"  # one preprocessing for both
+    done = run("export", "--checkpoint", foreign["hf_dir"], "--num-classes", "0", "--global-pool", "none", "--format", "onnx",
+               "--out", ours, "--config", processor)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    same = run("check", optimum["pooled"], "--output", "last_hidden_state", "--against", ours, "--config", processor, "--json")
+    assert same.returncode == 0 and json.loads(same.stdout)["max_abs_err"] < 1e-4, same.stderr
+    assert "every token from output 'last_hidden_state' (chosen)" in same.stderr
+    refused = run("check", foreign["hf_dir"], "--output", "last_hidden_state")
+    assert refused.returncode == 2 and "picks one of an ONNX graph's outputs" in refused.stderr and "Traceback" not in refused.stderr
+
+
 def test_classes_left_dynamic_are_measured(foreign, tmp_path):
     path = export(Output(foreign["model"], "logits"), tmp_path / "old.onnx", shape=(2, 3, IMG, IMG), outputs=("logits",),
                   dynamic={"pixel_values": OPTIMUM_V1_INPUT, "logits": {0: "batch", 1: "sequence"}})  # transformers.onnx's axes

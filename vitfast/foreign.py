@@ -54,10 +54,10 @@ def _dims(value_info) -> list[int | None] | None:
     return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in t.shape.dim]
 
 
-def read_graph_io(path: str | os.PathLike, output_rank: int | None = 2) -> GraphIO:
+def read_graph_io(path: str | os.PathLike, output_rank: int | None = 2, output: str | None = None) -> GraphIO:
     """Input name/layout/dtype/shape and the output of the ONNX file at `path`: logits [batch, classes] or
     transformers-named features (see `_pick_output`), or of any rank with `output_rank=None` (a graph with a
-    vitfast sidecar, which says the shape)."""
+    vitfast sidecar, which says the shape). `output`: the output to run, by name, instead of the rule's choice."""
     import onnx
 
     try:
@@ -80,8 +80,8 @@ def read_graph_io(path: str | os.PathLike, output_rank: int | None = 2) -> Graph
         raise ArtifactError(f"{path}: input {inp.name!r} has shape {dims}; expected images [batch, 3, H, W] or [batch, H, W, 3]")
     stem = _stem_conv(graph, inp.name)
     layout, chans, hw = _layout(dims, path, inp.name, stem)
-    out_name, out_dims, output, note = _pick_output(graph.output, path, output_rank)
-    return GraphIO(inp.name, layout, dtype, dims[0], hw, chans, out_name, _precision(graph, dtype), note, output, tuple(out_dims[1:]),
+    out_name, out_dims, kind, note = _pick_output(graph.output, path, output_rank, output)
+    return GraphIO(inp.name, layout, dtype, dims[0], hw, chans, out_name, _precision(graph, dtype), note, kind, tuple(out_dims[1:]),
                    stem.patch if stem else None)  # fmt: skip
 
 
@@ -175,15 +175,18 @@ POOLED_OUTPUTS = ("image_embeds", "pooler_output")
 TOKEN_OUTPUTS = ("last_hidden_state",)
 
 
-def _pick_output(outputs, path, rank: int | None = 2) -> tuple[str, list[int | None], str, str]:
+def _pick_output(outputs, path, rank: int | None = 2, wanted: str | None = None) -> tuple[str, list[int | None], str, str]:
     """The output to run -> (name, dims, "logits" | "features" | "tokens", note). Logits [batch, classes]: named
     `logits` (Optimum), else the only 2-D one when no output has a feature name; features: `image_embeds` /
     `pooler_output` [batch, C], else every token, `last_hidden_state` (or a lone 3-D output) [batch, T, C].
-    `rank` None: a graph with a sidecar, which says the shape: any output of rank 2 or more."""
+    `rank` None: a graph with a sidecar, which says the shape: any output of rank 2 or more. `wanted`: the output the
+    user named, taken as tokens when 3-D, as pooled features when 2-D with a feature name, else as logits."""
     described = [(o.name, _dims(o)) for o in outputs]
     listing = ", ".join(f"{n} [{', '.join('?' if v is None else str(v) for v in d) if d is not None else '?'}]" for n, d in described)
     of = f" (of {listing})" if len(described) > 1 else ""
     shaped = [(n, d) for n, d in described if d is not None]
+    if wanted is not None:
+        return _named_output(wanted, described, path, rank, listing, of)
     if rank is None:
         fitting = [(n, d) for n, d in shaped if len(d) >= 2]
         named = _named_logits(fitting)
@@ -209,6 +212,20 @@ def _pick_output(outputs, path, rank: int | None = 2) -> tuple[str, list[int | N
     raise ArtifactError(f"{path}: cannot tell which output holds the logits or the features ({why}: {listing}); name the "
                         "classifier's output 'logits', or the features 'pooler_output' [batch, C] or 'last_hidden_state' "
                         "[batch, tokens, C] as transformers does")  # fmt: skip
+
+
+def _named_output(wanted: str, described: list, path, rank: int | None, listing: str, of: str) -> tuple[str, list[int | None], str, str]:
+    """The output the user asked for by name (`--output`) -> (name, dims, kind, note)."""
+    dims = dict(described).get(wanted, False)
+    if dims is False:
+        raise ArtifactError(f"{path} has no output {wanted!r} (it has {listing}): pass one of its names to --output")
+    if dims is None or len(dims) < 2 or (rank is not None and len(dims) > 3):
+        raise ArtifactError(f"{path}: output {wanted!r} is not [batch, classes], [batch, C] or [batch, tokens, C] ({listing})")
+    if rank is None:
+        return wanted, dims, "logits", f"output {wanted!r} (chosen){of}"
+    kind = "tokens" if len(dims) == 3 else "features" if wanted in POOLED_OUTPUTS else "logits"
+    what = {"tokens": "every token", "features": "pooled features", "logits": "logits"}[kind]
+    return wanted, dims, kind, f"{what} from output {wanted!r} (chosen){of}"
 
 
 def _named_logits(outputs: list[tuple[str, list]]) -> list[tuple[str, list]]:

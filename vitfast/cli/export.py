@@ -133,7 +133,8 @@ def load_artifact(path: str, args: argparse.Namespace, labels: bool = True, back
     overrides = config_overrides(args) | ({"img_size": args.img_size} if getattr(args, "img_size", None) else {})
     if not labels:
         overrides.pop("labels", None)
-    engine = load_engine(path, backend=backend, overrides=overrides, **(runtime_options(path, args, backend) if primary else {}))
+    output = getattr(args, "output", None) if primary else None
+    engine = load_engine(path, backend=backend, overrides=overrides, output=output, **(runtime_options(path, args, backend) if primary else {}))
     if backend == "auto" and engine.kind == "openvino" and not getattr(args, "quiet", False):  # not the runtime it was calibrated with
         print(f"{path}: {engine.backend_choice}", file=sys.stderr)
     if getattr(engine, "picked", None):
@@ -172,6 +173,8 @@ def add_artifact_args(p: argparse.ArgumentParser, labels: bool = True) -> None:
                    help="runtime for the artifact (default auto: torch, TensorRT, or for ONNX files OpenVINO when installed for "
                         "symmetric int8 QDQ, else ONNX Runtime)")  # fmt: skip
     p.add_argument("--img-size", type=int, metavar="N", help="input resolution of an ONNX graph with dynamic H/W and no vitfast sidecar")
+    p.add_argument("--output", metavar="NAME", help="which output of an ONNX graph to run, by name (e.g. last_hidden_state beside "
+                   "pooler_output; default: logits, else pooled features, else every token)")  # fmt: skip
     p.add_argument("--threads", type=positive_int, help="CPU threads for ONNX Runtime, OpenVINO or PyTorch (default: their own)")
     p.add_argument("--ov-hint", choices=OV_HINTS, help="OpenVINO PERFORMANCE_HINT (picks OpenVINO under --backend auto)")
     p.add_argument("--ov-streams", type=ov_streams, metavar="N|AUTO", help="OpenVINO NUM_STREAMS (picks OpenVINO under --backend auto)")

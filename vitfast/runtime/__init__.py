@@ -18,7 +18,7 @@ from typing import Any
 from vitfast.checkpoint import load_checkpoint
 from vitfast.config import ViTConfig
 from vitfast.errors import ArtifactError, InputError
-from vitfast.foreign import is_onnx_artifact
+from vitfast.foreign import is_onnx_artifact, read_graph_io
 
 from .engine import Engine, is_float_images
 from .onnx_engine import OnnxEngine
@@ -35,11 +35,12 @@ OPENVINO_KEYWORDS = {"hint", "streams", "properties"}  # OpenVinoEngine's own: w
 
 
 def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str | None = None, optimized: bool = False,
-                overrides: dict[str, Any] | None = None, **kwargs) -> Engine:  # fmt: skip
+                overrides: dict[str, Any] | None = None, output: str | None = None, **kwargs) -> Engine:  # fmt: skip
     """An `Engine` for a checkpoint, an ONNX file (vitfast's or another tool's), an Optimum export
     folder or a TensorRT engine, chosen from the path. `overrides`: ViTConfig fields for a checkpoint,
     as `load_checkpoint` takes them (plus `img_size`); for an ONNX file, its preprocessing (all of
-    img_size/mean/std/... for a graph without a vitfast sidecar).
+    img_size/mean/std/... for a graph without a vitfast sidecar). `output`: for an ONNX file, which of its outputs
+    to run, by name (a graph from another tool may return logits, pooled features and every token side by side).
 
     `backend`: "auto" (torch for checkpoints, TensorRT for engines, for ONNX files the rule of
     `onnx_backend`), or one of "torch", "onnxruntime" / "openvino" (ONNX files; openvino for
@@ -56,6 +57,9 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
     if backend != "auto" and backend not in allowed:
         raise InputError(f"{path} is a{'n' if kind != 'checkpoint' else ''} {kind}: the {backend} backend cannot run it; "
                          f"use backend {' or '.join(allowed)} (or auto)")  # fmt: skip
+    if output is not None and kind != "onnx":
+        raise InputError(f"--output / output= picks one of an ONNX graph's outputs; {path} is a{'n' if kind != 'checkpoint' else ''} "
+                         f"{kind}: drop it")  # fmt: skip
     reason = f"{backend} requested"
     if kind == "onnx":
         ours = path.is_file() and sidecar_path(path).exists()  # vitfast's export: config and input spec in the sidecar
@@ -65,9 +69,11 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
             if not ours:
                 raise InputError(f"the openvino backend runs ONNX files exported by vitfast (with a .json sidecar); "
                                  f"{path} has none: use backend onnxruntime")  # fmt: skip
+            if output is not None:  # vitfast's graphs have one output: only check that it is the one named
+                read_graph_io(path, output_rank=None, output=output)
             engine = OpenVinoEngine(path, overrides=overrides, **kwargs)
         else:
-            engine = OnnxEngine(path, overrides=overrides, **kwargs)
+            engine = OnnxEngine(path, overrides=overrides, output=output, **kwargs)
     elif kind == "engine":
         engine = TensorRTEngine(path, **kwargs)
     else:

@@ -20,12 +20,13 @@ from .sidecar import check_graph_matches, read_sidecar, sidecar_path
 class OnnxEngine(Engine):
     """ONNX Runtime session over an `.onnx` file: config from its vitfast sidecar, or, for a graph
     another tool exported, input/output read from the graph and preprocessing from `overrides`
-    (ViTConfig fields: img_size and the preprocessing ones) or an Optimum folder's files."""
+    (ViTConfig fields: img_size and the preprocessing ones) or an Optimum folder's files. `output`: which of the
+    graph's outputs to run, by name (default: the logits, else transformers' feature names; see `foreign`)."""
 
     kind = "onnxruntime"
 
     def __init__(self, path: Path, *, providers: list[str] | None = None, threads: int | None = None,
-                 overrides: dict[str, Any] | None = None):  # fmt: skip
+                 overrides: dict[str, Any] | None = None, output: str | None = None):  # fmt: skip
         try:
             import onnxruntime as ort  # optional and heavy: only when an ONNX file is run
         except ImportError:
@@ -34,9 +35,9 @@ class OnnxEngine(Engine):
         ours = sidecar_path(path).exists()
         if ours:
             meta = read_sidecar(path)
-            self.io = foreign.read_graph_io(path, output_rank=None)  # the sidecar's shape is checked below
+            self.io = foreign.read_graph_io(path, output_rank=None, output=output)  # the sidecar's shape is checked below
         else:
-            self.io = foreign.read_graph_io(path)
+            self.io = foreign.read_graph_io(path, output=output)
         self.session = _session(ort, path, providers, threads)
         self.input_name = self.io.input_name
         self.providers = self.session.get_providers()
