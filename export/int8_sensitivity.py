@@ -32,26 +32,35 @@ class Sensitivity:
     error_left: float
 
 
-def rank_layers(int8_path: Path, fp32_path: Path, images: np.ndarray, op_types: list[str], *, modules: dict[str, str] | None = None,
-                progress: Reporter | None = None) -> list[Sensitivity]:  # fmt: skip
+def rank_layers(int8_path: Path, fp32_path: Path, images: np.ndarray, op_types: list[str], *, workdir: Path,
+                modules: dict[str, str] | None = None, progress: Reporter | None = None) -> list[Sensitivity]:  # fmt: skip
     """Every `op_types` node of the QDQ graph `int8_path` whose inputs are quantized, most sensitive first
     (least error left when it alone runs in float). `fp32_path`: the float graph it was quantized from (its
-    weights are restored from there). `images`: float32 [n, C, H, W] inputs of both graphs. `modules`:
-    {node name: module path} (`module_paths`)."""
+    weights are restored from there). `images`: float32 [n, C, H, W] inputs of both graphs. `workdir`: an empty
+    scratch folder for the graphs measured. `modules`: {node name: module path} (`module_paths`).
+
+    Each measured graph is a file whose weights stay in one external file written once, so only the changed
+    node and its restored fp32 weight are written per layer, and graphs over protobuf's 2 GiB cap (ViT-H and
+    larger in fp32) are measured as any other."""
     import onnx
     import onnxruntime as ort
 
-    int8, fp32 = onnx.load(str(int8_path)), onnx.load(str(fp32_path))
+    int8 = onnx.load(str(int8_path))
+    fp32 = onnx.load(str(fp32_path), load_external_data=False)  # its weights are read one by one, when restored
     float_weights = {init.name: init for init in fp32.graph.initializer}
-    reference = _run(fp32.SerializeToString(), images, ort)
-    base = _squared_error(_run(int8.SerializeToString(), images, ort), reference)
+    measured = workdir / "measured.onnx"
+    onnx.save(int8, str(measured), save_as_external_data=True, all_tensors_to_one_file=True, location="weights.data")
+    # (saving moved int8's weights into weights.data: the proto kept in memory is now only the graph)
+    reference = _run(fp32_path, images, ort)
+    base = _squared_error(_run(measured, images, ort), reference)
     producers = {out: n for n in int8.graph.node for out in n.output}  # the nodes stay; only a measured node's inputs change
     candidates = [(node, sources) for node in int8.graph.node if node.op_type in op_types and (sources := _dequantized_inputs(producers, node))]
     ranked = []
     title = f"int8 sensitivity: {len(candidates)} layers in float one at a time"
     for node, sources in reporting(progress).track(candidates, title, total=len(candidates)):
-        with _in_float(int8, node, sources, float_weights):
-            error = _squared_error(_run(int8.SerializeToString(), images, ort), reference)
+        with _in_float(int8, node, sources, float_weights, fp32_path.parent):
+            onnx.save(int8, str(measured))
+        error = _squared_error(_run(measured, images, ort), reference)
         ranked.append(Sensitivity(node.name, node.op_type, (modules or {}).get(node.name), error / base if base > 0 else 1.0))
     return sorted(ranked, key=lambda s: s.error_left)
 
@@ -71,10 +80,10 @@ def module_paths(path: Path) -> dict[str, str]:
     return found
 
 
-def _run(model_bytes: bytes, images: np.ndarray, ort) -> np.ndarray:
+def _run(path: Path, images: np.ndarray, ort) -> np.ndarray:
     options = ort.SessionOptions()
     options.log_severity_level = 3  # a bypassed Q/DQ pair left without consumers is removed with a warning
-    session = ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])  # a file: external weights resolve
     return session.run(None, {session.get_inputs()[0].name: images})[0].astype(np.float64)
 
 
@@ -100,10 +109,11 @@ def _dequantized_inputs(producers: dict, node) -> dict[int, tuple[str, bool]]:
 
 
 @contextmanager
-def _in_float(model, node, sources: dict[int, tuple[str, bool]], float_weights: dict):
-    """`node` of `model` reads its float inputs `sources` (`_dequantized_inputs`; fp32 weights added as initializers)
-    inside the block; put back after."""
+def _in_float(model, node, sources: dict[int, tuple[str, bool]], float_weights: dict, float_dir: Path):
+    """`node` of `model` reads its float inputs `sources` (`_dequantized_inputs`; fp32 weights added as initializers,
+    read from `float_dir` when the float graph keeps them in external files) inside the block; put back after."""
     import onnx
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
     saved, added = list(node.input), 0
     try:
@@ -114,6 +124,10 @@ def _in_float(model, node, sources: dict[int, tuple[str, bool]], float_weights: 
                                         "cannot measure that layer in float")  # fmt: skip
                 restored = onnx.TensorProto()
                 restored.CopyFrom(float_weights[source])
+                if uses_external_data(restored):  # inline in the measured graph: one layer's weight
+                    load_external_data_for_tensor(restored, str(float_dir))
+                    restored.data_location = onnx.TensorProto.DEFAULT
+                    del restored.external_data[:]
                 # a fresh name: ONNX Runtime may have given the quantized weight's DequantizeLinear output the original one
                 restored.name = source = f"{source}{FLOAT_SUFFIX}"
                 model.graph.initializer.append(restored)

@@ -121,28 +121,41 @@ def nodes_to_exclude(model_path: Path, patterns: Iterable[str]) -> list[str]:
     return matched
 
 
-def _prepare_for_quantization(source: Path, prepared: Path) -> str:
+EXTERNAL_DATA_BYTES = 1.8 * 2**30  # graphs this large keep their weights in an external file: protobuf caps a file at 2 GiB
+
+
+def stored_bytes(path: Path) -> int:
+    """The bytes of the ONNX graph at `path` with the external weights files it names."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    files = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
+    return path.stat().st_size + sum((path.parent / f).stat().st_size for f in files)
+
+
+def _prepare_for_quantization(source: Path, prepared: Path, large: bool) -> str:
     """ONNX Runtime's pre-processing for quantization (shape inference, graph clean-up) of `source`
     into `prepared`; returns the shape inference used, for the sidecar. ONNX Runtime's symbolic
     shape inference comes first: it follows the dynamic batch through the graph. Some ONNX Runtime
     releases fail inside it on the dynamic-shape Concat of torch's exporter (1.30: an IndexError
     in _infer_Concat; fixed by 1.32); then ONNX's own shape inference is used, which quantizes to
-    the same Q/DQ placement, and the sidecar says so."""
+    the same Q/DQ placement, and the sidecar says so. `large`: write the weights to an external file (over 2 GiB)."""
     from onnxruntime.quantization.shape_inference import quant_pre_process  # lazy: onnxruntime is the [onnx] extra
 
     source, prepared = source.resolve(), prepared.resolve()
+    external = {"save_as_external_data": True, "all_tensors_to_one_file": True, "external_data_location": f"{prepared.name}.data"} if large else {}
     try:
         # When its inference is incomplete, ONNX Runtime saves the half-inferred graph as sym_shape_infer_temp.onnx
         # (+ a .data file) in the working directory before raising: run it in a scratch one, so nothing lands in the user's.
         with tempfile.TemporaryDirectory(prefix="vitfast-shapes-") as scratch, contextlib.chdir(scratch):
-            quant_pre_process(str(source), str(prepared), skip_symbolic_shape=False)
+            quant_pre_process(str(source), str(prepared), skip_symbolic_shape=False, **external)
         return "onnxruntime symbolic"
     except Exception as exc:  # noqa: BLE001 - only failures inside the symbolic inference are retried
         frames = [frame.filename for frame in traceback.extract_tb(exc.__traceback__)]
         if not any(name.endswith("symbolic_shape_infer.py") for name in frames):
             raise
         reason = describe_exception(exc)
-    quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+    quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True, **external)
     return f"onnx (ONNX Runtime's symbolic shape inference failed with {reason})"
 
 
@@ -208,7 +221,8 @@ def quantize_int8(
             source = out.scratch_dir / "split_qkv.onnx"
             split_blocks = write_split_qkv(onnx_path, source, config.num_heads)
         report.phase("preparing the graph for quantization (shape inference)")
-        shape_inference = _prepare_for_quantization(source, prepared)
+        large = stored_bytes(source) > EXTERNAL_DATA_BYTES
+        shape_inference = _prepare_for_quantization(source, prepared, large)
 
         def quantize(excluded: list[str]) -> None:
             quantize_static(
@@ -222,6 +236,7 @@ def quantize_int8(
                 calibrate_method={"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                                   "percentile": CalibrationMethod.Percentile}[method],
                 extra_options=extra,
+                use_external_data_format=large,
             )  # fmt: skip
 
         excluded = nodes_to_exclude(prepared, exclude)
@@ -229,7 +244,9 @@ def quantize_int8(
         kept = None
         if keep_float:
             sample = np.concatenate(data)[:SENSITIVITY_IMAGES]
-            ranked = rank_layers(tmp, prepared, sample, QUANTIZED_OPS, modules=module_paths(source), progress=progress)
+            workdir = out.scratch_dir / "sensitivity"
+            workdir.mkdir()
+            ranked = rank_layers(tmp, prepared, sample, QUANTIZED_OPS, workdir=workdir, modules=module_paths(source), progress=progress)
             if keep_float > len(ranked):
                 raise InputError(f"keep_float={keep_float} but the graph has {len(ranked)} quantized layers; keep fewer")
             kept = {"nodes": [s.node for s in ranked[:keep_float]], "ranked_on": f"{len(sample)} calibration images",

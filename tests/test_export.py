@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -381,6 +382,28 @@ def test_keep_float_finds_the_layer_whose_quantization_costs_most(tmp_path, targ
     assert not (tmp_path / "many.onnx").exists()
     with pytest.raises(vitfast.InputError, match="whole number >= 0"):
         quantize_int8(fp32, tmp_path / "neg.onnx", images, samples=32, keep_float=-1, progress=False)
+
+
+def test_graphs_over_the_protobuf_cap_quantize_with_external_weights(tmp_path, monkeypatch):
+    """A graph over 2 GiB (ViT-H and larger in fp32) cannot be one protobuf: its prepared graph, int8 file and the
+    graphs keep_float measures keep their weights in external files. Shown on a small model with the size limit
+    lowered to 0: the result equals the inline quantization's, ranking included."""
+    import vitfast.export.quantize as quantize
+
+    torch.manual_seed(0)
+    model = vitfast.create_model("vit_cifar_patch4_32").eval()
+    fp32 = to_onnx(model, tmp_path / "m.onnx")
+    images = vitfast.data.random_images(model.config, 48, seed=3)
+    inline = quantize_int8(fp32, tmp_path / "inline.onnx", images, samples=32, keep_float=1, progress=False)
+    monkeypatch.setattr(quantize, "EXTERNAL_DATA_BYTES", 0)
+    external = quantize_int8(fp32, tmp_path / "external.onnx", images, samples=32, keep_float=1, progress=False)
+    assert [f["role"] for f in read_sidecar(external)["files"]] == ["artifact", "external-data"]
+    assert not any(name.startswith(".vitfast") for name in os.listdir(tmp_path))  # the staging folder is gone
+    assert quantize.stored_bytes(external) > external.stat().st_size * 4  # the weights are beside it (small tensors stay in it)
+    ours, theirs = (read_sidecar(p)["int8"]["keep_float"] for p in (external, inline))
+    assert ours["ranking"] == theirs["ranking"]
+    x = vitfast.data.random_images(model.config, 4, seed=9)
+    assert torch.equal(vitfast.load_engine(external)(x), vitfast.load_engine(inline)(x))
 
 
 def test_cli_int8_keep_float(tmp_path):
