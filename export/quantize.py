@@ -225,6 +225,7 @@ def quantize_int8(
         shape_inference = _prepare_for_quantization(source, prepared, large)
 
         def quantize(excluded: list[str]) -> None:
+            tmp.with_name(f"{tmp.name}.data").unlink(missing_ok=True)  # onnx appends external weights to an existing file
             quantize_static(
                 str(prepared), str(tmp), Reader(),
                 quant_format=QuantFormat.QDQ,

@@ -399,7 +399,8 @@ def test_graphs_over_the_protobuf_cap_quantize_with_external_weights(tmp_path, m
     external = quantize_int8(fp32, tmp_path / "external.onnx", images, samples=32, keep_float=1, progress=False)
     assert [f["role"] for f in read_sidecar(external)["files"]] == ["artifact", "external-data"]
     assert not any(name.startswith(".vitfast") for name in os.listdir(tmp_path))  # the staging folder is gone
-    assert quantize.stored_bytes(external) > external.stat().st_size * 4  # the weights are beside it (small tensors stay in it)
+    assert quantize.stored_bytes(external) > external.stat().st_size * 2  # most weights are beside it (small tensors stay in it)
+    assert quantize.stored_bytes(external) < inline.stat().st_size * 1.1  # quantized twice (keep_float): one set of weights
     ours, theirs = (read_sidecar(p)["int8"]["keep_float"] for p in (external, inline))
     assert ours["ranking"] == theirs["ranking"]
     x = vitfast.data.random_images(model.config, 4, seed=9)
