@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,14 +21,9 @@ transformers = pytest.importorskip("transformers", reason="the foreign graphs ar
 import vitfast  # noqa: E402
 from vitfast.errors import ArtifactError  # noqa: E402
 
-from test_foreign_onnx import IMG, MEAN, OPTIMUM_V1_INPUT, STD, Output, export, hf_model  # noqa: E402
+from test_foreign_onnx import IMG, MEAN, OPTIMUM_V1_INPUT, STD, Output, export, hf_model, run  # noqa: E402
 
-VITFAST = Path(sys.executable).parent / "vitfast"
 LABELS = tuple(f"kind{i}" for i in range(10))
-
-
-def run(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([str(VITFAST), *map(str, args)], capture_output=True, text=True, timeout=600)
 
 
 def save_optimum_files(model, folder: Path) -> None:

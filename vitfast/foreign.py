@@ -199,8 +199,8 @@ def _pick_output(outputs, path, rank: int | None = 2, wanted: str | None = None)
     named = _named_logits(two_d)
     if named:
         return named[0][0], named[0][1], "logits", f"logits from output {named[0][0]!r}{of}"
-    for wanted, want_rank, kind in ((POOLED_OUTPUTS, 2, "features"), (TOKEN_OUTPUTS, 3, "tokens")):
-        for name in wanted:
+    for names, want_rank, kind in ((POOLED_OUTPUTS, 2, "features"), (TOKEN_OUTPUTS, 3, "tokens")):
+        for name in names:
             for n, d in shaped:
                 if n == name and len(d) == want_rank:
                     return n, d, kind, f"{'pooled features' if kind == 'features' else 'every token'} from output {n!r}{of}"

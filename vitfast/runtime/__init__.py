@@ -18,7 +18,7 @@ from typing import Any
 from vitfast.checkpoint import load_checkpoint
 from vitfast.config import ViTConfig
 from vitfast.errors import ArtifactError, InputError
-from vitfast.foreign import is_onnx_artifact, read_graph_io
+from vitfast.foreign import is_onnx_artifact
 
 from .engine import Engine, is_float_images
 from .onnx_engine import OnnxEngine
@@ -69,9 +69,7 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
             if not ours:
                 raise InputError(f"the openvino backend runs ONNX files exported by vitfast (with a .json sidecar); "
                                  f"{path} has none: use backend onnxruntime")  # fmt: skip
-            if output is not None:  # vitfast's graphs have one output: only check that it is the one named
-                read_graph_io(path, output_rank=None, output=output)
-            engine = OpenVinoEngine(path, overrides=overrides, **kwargs)
+            engine = OpenVinoEngine(path, overrides=overrides, output=output, **kwargs)
         else:
             engine = OnnxEngine(path, overrides=overrides, output=output, **kwargs)
     elif kind == "engine":

@@ -60,12 +60,14 @@ def compile_properties(*, threads: int | None = None, streams: int | str | None 
 
 
 class OpenVinoEngine(Engine):
-    """An ONNX artifact compiled by OpenVINO (config, precision and batch profile from its sidecar)."""
+    """An ONNX artifact compiled by OpenVINO (config, precision and batch profile from its sidecar). `output`: checked to be
+    the name of the graph's one output (`--output`), as ONNX Runtime's engine takes it."""
 
     kind = "openvino"
 
     def __init__(self, path: Path, *, device: str = "CPU", threads: int | None = None, streams: int | str | None = None,
-                 hint: str | None = None, properties: dict | None = None, overrides: dict[str, Any] | None = None):  # fmt: skip
+                 hint: str | None = None, properties: dict | None = None, overrides: dict[str, Any] | None = None,
+                 output: str | None = None):  # fmt: skip
         ov = require_openvino()
 
         meta = read_sidecar(path)
@@ -87,7 +89,7 @@ class OpenVinoEngine(Engine):
                          batch=tuple(batch) if batch else None, metadata=meta, path=path)  # fmt: skip
         self.properties = compile_properties(threads=threads, streams=streams, hint=hint, properties=properties)
         if path.suffix.lower() == ".onnx":  # refused before OpenVINO's parser logs protobuf errors on stderr
-            read_graph_io(path, output_rank=None)  # (an OpenVINO IR .xml with a sidecar loads too)
+            read_graph_io(path, output_rank=None, output=output)  # (an OpenVINO IR .xml with a sidecar loads too)
         core = ov.Core()
         try:
             self.compiled = core.compile_model(core.read_model(str(path)), device.upper(), self.properties)
