@@ -189,3 +189,63 @@ def test_folder_rules(made, tmp_path):
         assert vitfast.load_engine(made["fp32"] / "mine.onnx", overrides={"img_size": IMG}).missing_preprocessing
     finally:
         (made["fp32"] / "mine.onnx").unlink()
+
+
+def make_low_bit_variants(src: Path, folder: Path) -> dict[str, Path]:
+    """The Hub's 4-bit files as transformers.js's scripts/quantize.py makes them (q4: MatMulNBits, block 32, symmetric;
+    q4f16: that, then float16 with float32 inputs and outputs; bnb4: MatMulBnb4, NF4, block 64), ONNX Runtime's int4
+    weight Q/DQ (DequantizeLinear-21, blockwise) and its fp8 Q/DQ (weights and activations float8e4m3)."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.matmul_bnb4_quantizer import MatMulBnb4Quantizer
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    def nbits(**config):
+        quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), algo_config=DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, **config))
+        quantizer.process()
+        return quantizer.model.model
+
+    bnb4 = MatMulBnb4Quantizer(onnx.load(str(src)), quant_type=MatMulBnb4Quantizer.NF4, block_size=64)
+    bnb4.process()
+    graphs = {"q4": nbits(), "q4f16": convert_float_to_float16(nbits(), keep_io_types=True), "bnb4": bnb4.model.model,
+              "int4_qdq": nbits(quant_format=QuantFormat.QDQ, op_types_to_quantize=("MatMul",))}  # fmt: skip
+    paths = {name: folder / f"model_{name}.onnx" for name in (*graphs, "fp8")}
+    for name, graph in graphs.items():
+        onnx.save(graph, str(paths[name]))
+
+    class Images:
+        def __init__(self):
+            self.batches = iter([{"pixel_values": np.random.default_rng(i).standard_normal((2, 3, IMG, IMG), dtype=np.float32)} for i in range(4)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantize_static(str(src), str(paths["fp8"]), Images(), quant_format=QuantFormat.QDQ, weight_type=QuantType.QFLOAT8E4M3FN,
+                    activation_type=QuantType.QFLOAT8E4M3FN, op_types_to_quantize=["MatMul"], calibrate_method=CalibrationMethod.Distribution)  # fmt: skip
+    return paths
+
+
+@pytest.fixture(scope="module")
+def low_bit(made):
+    return make_low_bit_variants(made["hub"] / "onnx" / "model.onnx", made["hub"] / "onnx")
+
+
+def test_four_bit_hub_graphs_are_int4_and_checked_at_its_limits(made, low_bit):
+    """Each 4-bit form reads as int4 (before: fp32, so `check` failed them at fp32 limits), runs close to transformers
+    while really quantized, and `check` passes it at int4's limits; ONNX Runtime's fp8 Q/DQ reads as fp8, not int8."""
+    x = torch.randn(4, 3, IMG, IMG)
+    ref = hf_logits(made["model"], x)
+    expected_ops = {"q4": "MatMulNBits", "q4f16": "MatMulNBits", "bnb4": "MatMulBnb4", "int4_qdq": "DequantizeLinear"}
+    for name, op in expected_ops.items():
+        assert op in ops(low_bit[name]), name
+        engine = vitfast.load_engine(low_bit[name])
+        assert engine.precision == "int4" and engine.config.labels == LABELS, name
+        got = engine(x)
+        assert torch.nn.functional.cosine_similarity(got, ref).min() > 0.95, name
+        assert 1e-5 < (got - ref).abs().max() / ref.abs().max() < 0.3, name  # 4-bit weights ran, and stayed close
+    assert vitfast.load_engine(low_bit["fp8"]).precision == "fp8"
+
+    done = run("check", low_bit["q4"], "--checkpoint", made["hf_dir"], "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["precision"] == "int4" and result["passed"] and result["tolerance"]["cosine"] == 0.95, result

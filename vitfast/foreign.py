@@ -18,6 +18,8 @@ from .convert import hf_labels, hf_preprocessing
 from .errors import ArtifactError, ConfigError, first_line
 
 QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger"}
+WEIGHT_ONLY_OPS = {"MatMulNBits": 4, "MatMulBnb4": 4, "GatherBlockQuantized": 4}  # ONNX Runtime's, -> default bits
+QUANTIZED_TYPES = {21: "int4", 22: "int4", 17: "fp8", 18: "fp8", 19: "fp8", 20: "fp8"}  # ONNX element types; else int8/16
 ONNX_FLOAT_TYPES = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64"}
 FOREIGN_FIELDS = ("img_size", "num_classes", "labels", *PREPROCESSING_FIELDS)  # what a foreign graph's config holds
 
@@ -33,7 +35,7 @@ class GraphIO:
     hw: tuple[int | None, int | None]
     in_chans: int
     output_name: str
-    precision: str  # "fp32", "fp16" or "int8", from the graph's ops and initializers
+    precision: str  # "fp32", "fp16", "int8", "fp8" or "int4", from the graph's ops and initializers
     note: str  # which output was taken, and why
     output: str  # what it holds: "logits" [batch, classes], "features" [batch, C] or "tokens" [batch, T, C]
     output_dims: tuple[int | None, ...]  # its dims after the batch (None: dynamic)
@@ -234,12 +236,35 @@ def _named_logits(outputs: list[tuple[str, list]]) -> list[tuple[str, list]]:
 
 
 def _precision(graph, input_dtype: str) -> str:
-    if any(node.op_type in QUANT_OPS for node in graph.node):
-        return "int8"
+    quantized = _quantized_precision(graph)
+    if quantized:
+        return quantized
     float_inits = [init.data_type for init in graph.initializer if init.data_type in ONNX_FLOAT_TYPES]
     if input_dtype == "float16" or (float_inits and float_inits.count(10) > len(float_inits) / 2):
         return "fp16"
     return "fp32"
+
+
+def _quantized_precision(graph) -> str | None:
+    """"int4", "int8" or "fp8" for a quantized graph (the coarsest form any of its tensors takes), None for a float one.
+
+    Weight-only 4-bit ops say so by name or by their `bits`; Q/DQ nodes by the element type of their quantized side
+    (DequantizeLinear's input, else the zero point's), which is uint8 when neither is given."""
+    types = {init.name: init.data_type for init in graph.initializer}
+    types |= {n.output[0]: a.t.data_type for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"}
+    found = set()
+    for node in graph.node:
+        if node.op_type in WEIGHT_ONLY_OPS:
+            bits = next((a.i for a in node.attribute if a.name == "bits"), WEIGHT_ONLY_OPS[node.op_type])
+            found.add("int4" if bits <= 4 else "int8")
+        elif node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            zero_point = types.get(node.input[2]) if len(node.input) > 2 else None
+            declared = next((a.i for a in node.attribute if a.name == "output_dtype"), None)  # QuantizeLinear-21
+            quantized = types.get(node.input[0]) if node.op_type == "DequantizeLinear" else declared
+            found.add(QUANTIZED_TYPES.get(quantized or zero_point, "int8"))
+        elif node.op_type in QUANT_OPS:
+            found.add("int8")
+    return next((p for p in ("int4", "int8", "fp8") if p in found), None)
 
 
 # ---------------------------------------------------------------------------- preprocessing
