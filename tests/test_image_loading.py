@@ -1,10 +1,12 @@
-"""`vitfast.data.batches`: image files decoded by worker threads ahead of the model give exactly what one thread gives,
-in file order; the first bad file in order is the one reported; no thread or warnings filter is left behind."""
+"""`vitfast.data.batches` / `open_images`: image files decoded by worker threads ahead of the model give exactly what one
+thread gives, in file order; the first bad file in order is the one reported; no thread or warnings filter is left
+behind. `eval --against` decodes each file once for two artifacts that preprocess alike."""
 
 from __future__ import annotations
 
 import threading
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,8 +14,9 @@ import torch
 from PIL import Image
 
 import vitfast
-from vitfast.data import batches, open_image, preprocess
+from vitfast.data import batches, open_image, open_images, preprocess
 from vitfast.errors import InputError
+from vitfast.runtime.torch_engine import TorchEngine
 
 CONFIG = vitfast.create_model("vit_tiny_patch16_224", img_size=48, patch_size=16).config
 
@@ -75,3 +78,44 @@ def test_open_image_leaves_warning_filters_alone_and_refuses_bombs_between_one_a
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", w * h - 1)  # above the limit, below Pillow's own 2x refusal
     with pytest.warns(Image.DecompressionBombWarning), pytest.raises(InputError, match="too large to decode safely"):
         open_image(path)
+
+
+def test_open_images_decodes_in_threads_in_file_order(tmp_path):
+    files = write_images(tmp_path, 7, seed=3)
+    threaded = open_images(files, workers=3)
+    assert [np.asarray(i).tobytes() for i in threaded] == [np.asarray(open_image(p)).tobytes() for p in files]
+    files[2].write_bytes(b"not an image")
+    files[6].write_bytes(b"nor this")
+    with pytest.raises(InputError, match=f"{files[2].name} is not an image"):
+        open_images(files, workers=3)
+    assert not image_threads()
+
+
+def small_engine(seed: int, name: str, **preprocessing) -> TorchEngine:
+    torch.manual_seed(seed)
+    model = vitfast.create_model("vit_tiny_patch16_224", img_size=48, patch_size=16, num_classes=3, depth=2, **preprocessing)
+    return TorchEngine(model, device="cpu", path=Path(name))
+
+
+@pytest.mark.parametrize("other_mean", [False, True])
+def test_eval_against_decodes_each_image_once_when_both_preprocess_alike(tmp_path, monkeypatch, other_mean):
+    """eval --against: the two artifacts share one pass over the files when their preprocessing is the same (each file
+    opened once, not once per artifact); different preprocessing takes a pass each. Results equal evaluating each alone."""
+    from vitfast import data, pipeline
+
+    for cls in range(3):
+        write_images(tmp_path / f"c{cls}", 4, seed=10 + cls)
+    ours = small_engine(0, "int8.onnx")
+    ref = small_engine(1, "fp32.safetensors", **({"mean": (0.485, 0.456, 0.406)} if other_mean else {}))
+    alone = [pipeline.evaluate(e, tmp_path, batch_size=5) for e in (ours, ref)]
+    opened = []
+    monkeypatch.setattr(data, "open_image", lambda p: opened.append(p) or open_image(p))
+    both = pipeline.evaluate(ours, tmp_path, against=ref, batch_size=5)
+    assert len(opened) == 12 * (2 if other_mean else 1)
+    assert {k: both[k] for k in ("top1", "top5", "n")} == {k: alone[0][k] for k in ("top1", "top5", "n")}
+    assert {k: both["against"][k] for k in ("top1", "top5", "n")} == {k: alone[1][k] for k in ("top1", "top5", "n")}
+    # the top-1 agreement is counted image by image: the same as from each alone's predictions
+    tops = pipeline.predict_topk([ours, ref], data.find_images(tmp_path), 5, workers=1)
+    alone_tops = [pipeline.predict_topk([e], data.find_images(tmp_path), 5, workers=1)[0] for e in (ours, ref)]
+    assert all(torch.equal(a, b) for a, b in zip(tops, alone_tops))
+    assert both["against"]["top1_agreement"] == int((tops[0][:, 0] == tops[1][:, 0]).sum()) / 12

@@ -11,7 +11,7 @@ from typing import Iterator
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from .config import ViTConfig
+from .config import PREPROCESSING_FIELDS, ViTConfig
 from .errors import InputError
 from .preprocessing import preprocess
 
@@ -86,6 +86,22 @@ def batches(files: list[Path], config: ViTConfig, batch_size: int, workers: int 
             yield torch.stack([f.result() for f in pending.popleft()])
     finally:  # the caller stopped early (an error, a closed generator): drop what was queued
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def open_images(files: list[Path], workers: int | None = None) -> list[Image.Image]:
+    """`open_image` of every file, in order, decoded by `workers` threads (default `default_workers()`); the first
+    unreadable file in order raises its `InputError`."""
+    workers = default_workers() if workers is None else workers
+    if workers <= 1 or len(files) <= 1:
+        return [open_image(p) for p in files]
+    with ThreadPoolExecutor(min(workers, len(files)), thread_name_prefix="vitfast-images") as pool:
+        return list(pool.map(open_image, files))
+
+
+def same_preprocessing(a: ViTConfig, b: ViTConfig) -> bool:
+    """Whether an image file becomes the same input tensor for models of configs `a` and `b`."""
+    fields = ("img_hw", "in_chans", *PREPROCESSING_FIELDS)
+    return all(getattr(a, f) == getattr(b, f) for f in fields)
 
 
 def _load(path: Path, config: ViTConfig) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 
 from .checkpoint import describe_guesses, load_checkpoint
 from .config import ViTConfig
-from .data import batches, find_images, labeled_images, open_image, random_images
+from .data import batches, find_images, labeled_images, open_image, open_images, random_images, same_preprocessing
 from .errors import ArtifactError, GuessedConfigWarning, InputError, VitfastWarning
 from .export.artifacts import read_sidecar, write_sidecar
 from .export.onnx_export import to_onnx
@@ -234,7 +234,7 @@ def _run(engine: Engine, part):
 def raw_images(config: ViTConfig, n: int, data: str | os.PathLike | None):
     """n raw images both sides of a comparison preprocess their own way: files, or seeded random pixels [n, H, W, C] uint8."""
     if data:
-        return [open_image(p) for p in find_images(data)[:n]]
+        return open_images(find_images(data)[:n])
     h, w = config.img_hw
     return torch.randint(0, 256, (n, h, w, config.in_chans), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
 
@@ -257,17 +257,16 @@ def evaluate(engine: Engine, data: str | os.PathLike, *, labels: Sequence[str] |
     files, folder_targets, classes = labeled_images(data)
     labels = tuple(labels) if labels is not None else engine.config.labels
     targets = torch.tensor(class_indices(engine.config.num_classes, labels, classes, folder_targets, data))
-    ours = predict_topk(engine, files, batch_size, progress, workers)
+    if against and against.config.num_classes != engine.config.num_classes:
+        raise ArtifactError(f"--against {against.path} has {against.config.num_classes} classes, {engine.path} has "
+                            f"{engine.config.num_classes}; compare artifacts of the same model")  # fmt: skip
+    ours, *refs = predict_topk([engine, *([against] if against else [])], files, batch_size, progress, workers)
     result = {"artifact": str(engine.path), "backend": engine.kind, "precision": engine.precision,
               **_accuracy(ours, targets), "classes": len(classes)}  # fmt: skip
     if against:
-        reference = against
-        if reference.config.num_classes != engine.config.num_classes:
-            raise ArtifactError(f"--against {reference.path} has {reference.config.num_classes} classes, {engine.path} has "
-                                f"{engine.config.num_classes}; compare artifacts of the same model")  # fmt: skip
-        ref = predict_topk(reference, files, batch_size, progress, workers)
+        ref = refs[0]
         theirs = _accuracy(ref, targets)
-        result["against"] = {"artifact": str(reference.path), "backend": reference.kind, "precision": reference.precision, **theirs,
+        result["against"] = {"artifact": str(against.path), "backend": against.kind, "precision": against.precision, **theirs,
                              "top1_diff": result["top1"] - theirs["top1"], "top5_diff": result["top5"] - theirs["top5"],
                              "top1_agreement": int((ours[:, 0] == ref[:, 0]).sum()) / len(ours)}  # fmt: skip
     return result
@@ -296,14 +295,28 @@ def class_indices(num_classes: int, labels: Sequence[str] | None, classes: list[
     return folder_targets
 
 
-def predict_topk(engine: Engine, files: list[Path], batch_size: int, progress: Reporter | None = None,
-                 workers: int | None = None) -> torch.Tensor:  # fmt: skip
-    """The top-k (k = min(TOP_K, classes)) class indices [N, k] of every image file, best first."""
-    size = min(batch_size, engine.batch[2]) if engine.batch else batch_size
-    k = min(TOP_K, engine.config.num_classes)
-    batch_iter = reporting(progress).track(batches(files, engine.config, size, workers), f"evaluating {Path(engine.path).name} on {len(files)} images",
-                                           total=len(files), size=len)  # fmt: skip
-    return torch.cat([_run(engine, x).topk(k, dim=-1).indices.cpu() for x in batch_iter])
+def predict_topk(engines: Sequence[Engine], files: list[Path], batch_size: int, progress: Reporter | None = None,
+                 workers: int | None = None) -> list[torch.Tensor]:  # fmt: skip
+    """For each engine, the top-k (k = min(TOP_K, classes)) class indices [N, k] of every image file, best first.
+    Engines that preprocess alike (an int8 export and its checkpoint) share one pass: each image is decoded and resized
+    once and goes through all of them."""
+    passes: list[list[int]] = []  # indices into engines, grouped by preprocessing
+    for i, engine in enumerate(engines):
+        group = next((g for g in passes if same_preprocessing(engines[g[0]].config, engine.config)), None)
+        if group:
+            group.append(i)
+        else:
+            passes.append([i])
+    tops: list[list[torch.Tensor]] = [[] for _ in engines]
+    for group in passes:
+        size = min([batch_size, *(engines[i].batch[2] for i in group if engines[i].batch)])
+        names = " and ".join(Path(engines[i].path).name for i in group)
+        batch_iter = reporting(progress).track(batches(files, engines[group[0]].config, size, workers),
+                                               f"evaluating {names} on {len(files)} images", total=len(files), size=len)  # fmt: skip
+        for x in batch_iter:
+            for i in group:
+                tops[i].append(_run(engines[i], x).topk(min(TOP_K, engines[i].config.num_classes), dim=-1).indices.cpu())
+    return [torch.cat(t) for t in tops]
 
 
 def _accuracy(topk: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
