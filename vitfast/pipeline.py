@@ -1,4 +1,4 @@
-"""The work behind `vitfast export`, `check` and `eval`, as library functions with typed arguments.
+"""The work behind `vitfast export`, `check`, `eval` and `predict`, as library functions with typed arguments.
 
 The command line (`vitfast.cli`) parses flags and prints; everything here takes plain values and
 returns paths or result dicts, so scripts and the CLI share one implementation.
@@ -32,6 +32,7 @@ from .runtime import Engine, TorchEngine, load_engine
 from .sources import rebuild_reference
 
 TOP_K = 5  # eval reports top-1 and top-k accuracy
+SCORES = ("softmax", "sigmoid", "logits")  # what `predict` reports beside each class
 CHECK_CHUNK = 16  # images per call in a parity check: memory stays bounded on --samples 1000, and progress shows
 
 
@@ -317,6 +318,30 @@ def predict_topk(engines: Sequence[Engine], files: list[Path], batch_size: int, 
             for i in group:
                 tops[i].append(_run(engines[i], x).topk(min(TOP_K, engines[i].config.num_classes), dim=-1).indices.cpu())
     return [torch.cat(t) for t in tops]
+
+
+def predict(engine: Engine, files: list[Path], *, batch_size: int = 32, workers: int | None = None,
+            progress: Reporter | None = None) -> Iterator[tuple[list[Path], torch.Tensor]]:  # fmt: skip
+    """(files, outputs [b, *engine.config.output_shape] float32 on the CPU) batch by batch, in file order: what the engine
+    returns for each image file (logits, pooled features, every token or feature maps). `workers`: decoding threads."""
+    size = min(batch_size, engine.batch[2]) if engine.batch else batch_size
+    batch_iter = reporting(progress).track(batches(files, engine.config, size, workers), f"running {Path(engine.path).name} on "
+                                           f"{len(files)} images", total=len(files), size=len)  # fmt: skip
+    for start, x in zip(range(0, len(files), size), batch_iter):
+        yield files[start : start + size], _run(engine, x).float().cpu()
+
+
+def top_classes(logits: torch.Tensor, k: int, scores: str = "softmax") -> tuple[torch.Tensor, torch.Tensor]:
+    """(class indices [B, k], their scores [B, k]) of the k best classes, best first. `scores`: "softmax" (probabilities
+    over the classes), "sigmoid" (independent probabilities, for multi-label classifiers) or "logits" (the raw values)."""
+    if scores not in SCORES:
+        raise InputError(f"scores must be one of {', '.join(SCORES)}, got {scores!r}")
+    values, indices = logits.float().topk(min(k, logits.shape[-1]), dim=-1)
+    if scores == "softmax":
+        values = values.sub(logits.float().logsumexp(dim=-1, keepdim=True)).exp()
+    elif scores == "sigmoid":
+        values = values.sigmoid()
+    return indices, values
 
 
 def _accuracy(topk: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import warnings
 from vitfast._version import __version__
 from vitfast.errors import VitfastError, VitfastWarning
 
-from . import bench, export, info, inspect, serve
+from . import bench, export, info, inspect, predict, serve
 from .config_args import warn_guesses
 
 
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (info, export, serve, bench, inspect):  # the order of `vitfast --help`
+    for group in (info, export, predict, serve, bench, inspect):  # the order of `vitfast --help`
         group.add_parsers(sub, common)
     return parser
 

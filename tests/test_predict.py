@@ -1,0 +1,159 @@
+"""`vitfast predict`: top-k classes of image files and folders from any artifact, as transformers' own processor and
+model give them; features and tokens written to .npz / .jsonl; bad input refused before anything is written.
+Reference: a random transformers ViT classifier saved with `save_pretrained`, its `ViTImageProcessor`, in fp32."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+transformers = pytest.importorskip("transformers", reason="the reference is a transformers ViT and its processor")
+
+from vitfast.errors import InputError  # noqa: E402
+from vitfast.pipeline import top_classes  # noqa: E402
+
+from test_foreign_onnx import IMG, MEAN, STD, hf_model, run  # noqa: E402
+from test_image_loading import write_images  # noqa: E402
+
+LABELS = tuple(f"kind{i}" for i in range(10))
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    """(folder of a saved transformers ViT classifier with its processor and labels, the model, images folder)."""
+    root = tmp_path_factory.mktemp("predict")
+    model = hf_model(seed=3)
+    model.config.id2label = dict(enumerate(LABELS))
+    model.config.label2id = {name: i for i, name in enumerate(LABELS)}
+    model.save_pretrained(root / "hf")
+    processor = transformers.ViTImageProcessor(size={"height": IMG, "width": IMG}, image_mean=list(MEAN), image_std=list(STD), resample=3)
+    processor.save_pretrained(root / "hf")
+    write_images(root / "images" / "b", 3, seed=5)
+    write_images(root / "images" / "a", 4, seed=6)
+    return root / "hf", model, processor, root / "images"
+
+
+def reference(model, processor, files, k=5, scores="softmax"):
+    """transformers' top-k (indices, scores) for each file, its own processor preprocessing the image."""
+    with torch.no_grad():
+        logits = model(**processor([Image.open(f).convert("RGB") for f in files], return_tensors="pt")).logits
+    values = {"softmax": logits.softmax(-1), "sigmoid": logits.sigmoid(), "logits": logits}[scores]
+    top = values.topk(k, dim=-1)
+    return top.indices.tolist(), top.values.tolist()
+
+
+def predictions(done):
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_top_k_of_files_and_folders_equals_transformers(hf):
+    folder, model, processor, images = hf
+    single = images / "b" / "001.jpg"
+    result = predictions(run("predict", folder, single, images, "--top-k", 3, "--json"))
+    files = [single, *sorted((images / "a").iterdir()), *sorted((images / "b").iterdir())]  # a file, then a folder, sorted
+    assert [row["file"] for row in result["predictions"]] == [str(f) for f in files]
+    assert (result["n"], result["k"], result["scores"], result["backend"]) == (8, 3, "softmax", "pytorch")
+    indices, values = reference(model, processor, files, k=3)
+    for row, idx, val in zip(result["predictions"], indices, values):
+        assert [c["index"] for c in row["top_k"]] == idx
+        assert [c["label"] for c in row["top_k"]] == [LABELS[i] for i in idx]
+        assert [c["score"] for c in row["top_k"]] == pytest.approx(val, abs=1e-5)
+    text = run("predict", folder, single, "--top-k", 2)  # the human form: one line per image, labels and scores
+    assert text.returncode == 0 and text.stdout == f"{single}: {LABELS[indices[0][0]]} {values[0][0]:.4g}, {LABELS[indices[0][1]]} {values[0][1]:.4g}\n"
+
+
+def test_onnx_export_writes_the_same_predictions_to_csv_and_jsonl(hf, tmp_path):
+    folder, model, processor, images = hf
+    onnx_path = tmp_path / "vit.onnx"
+    assert run("export", "--checkpoint", folder, "--format", "onnx", "--out", onnx_path).returncode == 0
+    as_json = predictions(run("predict", onnx_path, images, "--json"))["predictions"]
+    done = run("predict", onnx_path, images, "--out", tmp_path / "p.csv")
+    assert done.returncode == 0 and "wrote 7 images' top-5 classes" in done.stderr and done.stdout == ""
+    rows = list(csv.DictReader((tmp_path / "p.csv").open()))
+    assert [r["file"] for r in rows] == [p["file"] for p in as_json]
+    for r, p in zip(rows, as_json):
+        assert [int(r[f"index_{i}"]) for i in range(1, 6)] == [c["index"] for c in p["top_k"]]
+        assert [r[f"label_{i}"] for i in range(1, 6)] == [c["label"] for c in p["top_k"]]
+        assert [float(r[f"score_{i}"]) for i in range(1, 6)] == pytest.approx([c["score"] for c in p["top_k"]], rel=1e-5)
+    assert run("predict", onnx_path, images, "--out", tmp_path / "p.jsonl").returncode == 0
+    lines = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert lines == as_json
+    files = [images / row["file"].split("/images/")[1] for row in as_json]
+    indices, values = reference(model, processor, files)
+    assert [[c["index"] for c in row["top_k"]] for row in as_json] == indices
+
+
+def test_multi_label_classifiers_get_sigmoid_and_scores_can_be_chosen(hf, tmp_path):
+    folder, model, processor, images = hf
+    multi = tmp_path / "multi"
+    multi.mkdir()
+    for f in folder.iterdir():
+        multi.joinpath(f.name).write_bytes(f.read_bytes())
+    config = json.loads((multi / "config.json").read_text()) | {"problem_type": "multi_label_classification"}
+    (multi / "config.json").write_text(json.dumps(config))
+    files = sorted((images / "a").iterdir())
+    done = run("predict", multi, images / "a", "--json")
+    result = predictions(done)
+    assert result["scores"] == "sigmoid" and "problem_type multi_label_classification" in done.stderr
+    indices, values = reference(model, processor, files, scores="sigmoid")
+    assert np.allclose([[c["score"] for c in row["top_k"]] for row in result["predictions"]], values, rtol=0, atol=1e-5)
+    raw = predictions(run("predict", folder, images / "a", "--scores", "logits", "--top-k", 10, "--json"))
+    indices, values = reference(model, processor, files, k=10, scores="logits")
+    assert np.allclose([[c["score"] for c in row["top_k"]] for row in raw["predictions"]], values, rtol=0, atol=1e-4)
+
+
+def test_features_and_tokens_are_written_whole(hf, tmp_path):
+    folder, model, processor, images = hf
+    files = sorted((images / "a").iterdir())
+    refused = run("predict", folder, images, "--num-classes", "0")
+    assert refused.returncode == 2 and "returns outputs [64] per image, not classes: give --out FILE.npz" in refused.stderr
+    assert predictions(run("predict", folder, images / "a", "--num-classes", "0", "--out", tmp_path / "f.npz", "--json"))["output"] == "outputs [64]"
+    saved = np.load(tmp_path / "f.npz")
+    assert list(saved["files"]) == [str(f) for f in files] and saved["outputs"].shape == (4, 64)
+    with torch.no_grad():
+        hidden = model.vit(**processor([Image.open(f).convert("RGB") for f in files], return_tensors="pt")).last_hidden_state
+    assert np.abs(saved["outputs"] - hidden[:, 0].numpy()).max() < 1e-4  # the normalised class token
+    assert run("predict", folder, images / "a", "--num-classes", "0", "--global-pool", "none", "--out", tmp_path / "t.jsonl").returncode == 0
+    rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert [r["file"] for r in rows] == [str(f) for f in files]
+    assert np.abs(np.array([r["output"] for r in rows]) - hidden.numpy()).max() < 1e-4  # every token, as transformers' last_hidden_state
+
+
+def test_bad_input_is_refused_and_nothing_is_left_half_written(hf, tmp_path):
+    folder, _, _, images = hf
+    cases = {
+        ("predict", folder, tmp_path / "missing.png"): "no such image file or folder",
+        ("predict", folder, images, "--out", tmp_path / "p.txt"): "give a file ending in .jsonl, .csv, .npz",
+        ("predict", folder, images, "--out", tmp_path / "p.npz", "--top-k", "2"): "holds the logits themselves",
+    }
+    for args, message in cases.items():
+        done = run(*args)
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+    bad = tmp_path / "bad"
+    write_images(bad, 70, seed=7)  # a bad file in the third batch of 32: the first two were already written out
+    (bad / "065.png").write_bytes(b"not an image")
+    done = run("predict", folder, bad, "--out", tmp_path / "p.jsonl")
+    assert done.returncode == 2 and "065.png is not an image" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]  # no partial p.jsonl, no staging folder
+    (tmp_path / "p.csv").write_text("mine")
+    done = run("predict", folder, images, "--out", tmp_path / "p.csv")
+    assert done.returncode == 2 and "already exists; pass --force" in done.stderr and (tmp_path / "p.csv").read_text() == "mine"
+    assert run("predict", folder, images, "--out", tmp_path / "p.csv", "--force").returncode == 0
+    assert (tmp_path / "p.csv").read_text().startswith("file,index_1,label_1,score_1")
+
+
+def test_top_classes_scores():
+    logits = torch.randn(6, 9) * 4
+    idx, val = top_classes(logits, 3)
+    ref = logits.softmax(-1).topk(3)
+    assert torch.equal(idx, ref.indices) and torch.allclose(val, ref.values, atol=1e-6)
+    idx, val = top_classes(logits, 20, "sigmoid")  # k past the classes: all of them
+    assert idx.shape == (6, 9) and torch.allclose(val, logits.sigmoid().sort(-1, descending=True).values)
+    with pytest.raises(InputError, match="scores must be one of"):
+        top_classes(logits, 3, "probits")

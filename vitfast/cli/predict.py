@@ -1,0 +1,174 @@
+"""`vitfast predict`: run any artifact over image files and folders; print or write what it returns per image.
+
+A classifier gives its top-k classes with scores (stdout, `--json`, or `--out` .jsonl / .csv / .npz); a model that
+returns features, tokens or feature maps writes them to `--out` (.npz: `outputs` and `files`; .jsonl: one row per
+image). Output files are written under a temporary name and renamed when complete, like every vitfast output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from vitfast import pipeline
+from vitfast.atomic import check_output_free, claim_output
+from vitfast.data import find_images
+from vitfast.errors import InputError
+from vitfast.flags import positive_int
+from vitfast.runtime import Engine
+
+from .export import add_artifact_args, load_artifact
+from .progress import add_quiet, reporter
+
+FORMATS = (".jsonl", ".csv", ".npz")
+MULTI_LABEL = "multi_label_classification"  # transformers' config.json problem_type
+
+
+def input_files(paths: list[str]) -> list[Path]:
+    """Image files in the order given; a folder stands for every image under it (recursively, sorted)."""
+    files: list[Path] = []
+    for name in paths:
+        path = Path(name)
+        if path.is_dir():
+            files += find_images(path)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise InputError(f"no such image file or folder: {path}")
+    return files
+
+
+def default_scores(artifact: str, engine: Engine) -> tuple[str, str | None]:
+    """(scores, note): softmax, or sigmoid where transformers' image-classification pipeline applies it: a single-output
+    classifier, or one whose config.json (in or beside the artifact, or the folder an ONNX graph took its files from)
+    says `problem_type: multi_label_classification`."""
+    if engine.config.num_classes == 1:
+        return "sigmoid", "scores: sigmoid (one output class, as transformers scores it); --scores to change"
+    path = Path(artifact)
+    candidates = [path / "config.json" if path.is_dir() else path.with_name("config.json"),
+                  *map(Path, engine.metadata.get("config_files", []))]  # fmt: skip
+    for candidate in candidates:
+        if candidate.name == "config.json" and candidate.is_file():
+            try:
+                problem = json.loads(candidate.read_text()).get("problem_type")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if problem == MULTI_LABEL:
+                return "sigmoid", f"scores: sigmoid ({candidate} says problem_type {MULTI_LABEL}); --scores to change"
+    return "softmax", None
+
+
+def classifier_rows(engine: Engine, results: Iterator[tuple[list[Path], torch.Tensor]], k: int, scores: str) -> Iterator[dict[str, Any]]:
+    """One {"file", "top_k": [{"index", "label", "score"}, ...]} per image, best class first."""
+    labels = engine.config.labels
+    for files, logits in results:
+        indices, values = pipeline.top_classes(logits, k, scores)
+        for file, idx, val in zip(files, indices.tolist(), values.tolist()):
+            yield {"file": str(file), "top_k": [{"index": i, "label": labels[i] if labels else None, "score": v} for i, v in zip(idx, val)]}
+
+
+def write_rows(rows: Iterator[dict[str, Any]], fmt: str, stream) -> int:
+    """Write classifier rows as JSON lines or CSV (file, then index/label/score per rank); returns the count."""
+    n = 0
+    writer = None
+    for row in rows:
+        if fmt == ".jsonl":
+            stream.write(json.dumps(row) + "\n")
+        else:
+            if writer is None:
+                writer = csv.writer(stream)
+                writer.writerow(["file", *(f"{col}_{r + 1}" for r in range(len(row["top_k"])) for col in ("index", "label", "score"))])
+            writer.writerow([row["file"], *(v for c in row["top_k"] for v in (c["index"], c["label"] or "", f"{c['score']:.6g}"))])
+        n += 1
+    return n
+
+
+def write_outputs(results: Iterator[tuple[list[Path], torch.Tensor]], fmt: str, tmp: Path) -> int:
+    """Write every image's raw output: .npz (`outputs` [N, ...] float32, `files` [N]) or JSON lines {"file", "output"}."""
+    if fmt == ".jsonl":
+        with tmp.open("w") as stream:
+            n = 0
+            for files, out in results:
+                for file, row in zip(files, out.tolist()):
+                    stream.write(json.dumps({"file": str(file), "output": row}) + "\n")
+                    n += 1
+        return n
+    names, outs = [], []
+    for files, out in results:
+        names += map(str, files)
+        outs.append(out.numpy())
+    with tmp.open("wb") as stream:  # a file object: np.savez would add .npz to a name
+        np.savez(stream, outputs=np.concatenate(outs), files=np.array(names))
+    return len(names)
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    fmt = Path(args.out).suffix.lower() if args.out else None
+    if args.out and fmt not in FORMATS:
+        raise InputError(f"--out {args.out}: give a file ending in {', '.join(FORMATS)}")
+    if args.out:
+        check_output_free(args.out, args.force)
+    files = input_files(args.images)
+    engine = load_artifact(args.artifact, args, backend=args.backend)
+    classifier = engine.config.num_classes > 0 and len(engine.config.output_shape) == 1
+    what = "logits" if classifier else f"outputs [{', '.join('?' if d is None else str(d) for d in engine.config.output_shape)}]"
+    if not classifier and fmt not in (".npz", ".jsonl"):
+        raise InputError(f"{args.artifact} returns {what} per image, not classes: give --out FILE.npz (or .jsonl) to write them")
+    if classifier and fmt == ".npz" and (args.top_k or args.scores):
+        raise InputError("--out FILE.npz holds the logits themselves: drop --top-k / --scores, or write .jsonl / .csv")
+    scores, note = (args.scores, None) if args.scores else default_scores(args.artifact, engine)
+    if note and classifier and fmt != ".npz" and not args.quiet:
+        print(f"vitfast: note: {note}", file=sys.stderr)
+    k = min(args.top_k or pipeline.TOP_K, engine.config.num_classes) if classifier else 0
+    with reporter("predict", args.quiet) as progress:
+        results = pipeline.predict(engine, files, batch_size=args.batch_size, workers=args.workers, progress=progress)
+        if not args.out:
+            rows = list(classifier_rows(engine, results, k, scores))
+        else:
+            with claim_output(args.out, args.force) as claim:
+                if classifier and fmt != ".npz":
+                    with claim.tmp.open("w", newline="") as stream:
+                        n = write_rows(classifier_rows(engine, results, k, scores), fmt, stream)
+                else:
+                    n = write_outputs(results, fmt, claim.tmp)
+    summary = {"artifact": str(args.artifact), "backend": engine.kind, "precision": engine.precision, "n": len(files)}
+    summary |= {"k": k, "scores": scores} if classifier and fmt != ".npz" else {"output": what}
+    if args.out:
+        if args.json:
+            print(json.dumps(summary | {"out": str(args.out)}))
+        elif not args.quiet:
+            print(f"wrote {n} images' {'top-' + str(k) + ' classes' if classifier and fmt != '.npz' else what} to {args.out}", file=sys.stderr)
+        return 0
+    if args.json:
+        print(json.dumps(summary | {"predictions": rows}))
+        return 0
+    for row in rows:
+        print(f"{row['file']}: " + ", ".join(f"{c['label'] if c['label'] is not None else c['index']} {c['score']:.4g}" for c in row["top_k"]))
+    return 0
+
+
+def add_parsers(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("predict", parents=[common], help="top-k classes (or features) of image files and folders")
+    p.add_argument("artifact", help="checkpoint, .onnx file (vitfast's or another tool's), Optimum folder or TensorRT engine")
+    p.add_argument("images", nargs="+", help="image files, or folders (every image under them, sorted)")
+    p.add_argument("--top-k", type=positive_int, metavar="K", help=f"classes per image (default {pipeline.TOP_K})")
+    p.add_argument("--scores", choices=pipeline.SCORES,
+                   help="softmax probabilities (default), sigmoid (multi-label; the default when a transformers config.json "
+                        "says problem_type multi_label_classification, or for one class) or the raw logits")  # fmt: skip
+    p.add_argument("--out", metavar="FILE", help="write to FILE.jsonl (a row per image), FILE.csv (classifiers: index, label, "
+                   "score per rank) or FILE.npz (outputs [N, ...] float32 and files [N]: logits, features or tokens)")  # fmt: skip
+    p.add_argument("--force", action="store_true", help="overwrite an existing --out")
+    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument("--workers", type=positive_int, help="threads that decode and resize the images ahead of the model "
+                   "(default: this process's CPUs, at most 8)")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print one JSON object (with the predictions unless --out)")
+    add_quiet(p)
+    add_artifact_args(p)
+    p.set_defaults(func=cmd_predict)
