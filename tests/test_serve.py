@@ -35,7 +35,8 @@ from serve_helpers import SHUTDOWN_TIMEOUT_S, descendants, free_ports, require_t
 from vitfast.config import ViTConfig
 from vitfast.errors import InputError
 from vitfast.runtime import Engine
-from vitfast.serve import GUARD_SOURCE, Predictor, ServeError, _install_guard, check_port_free, interpreter_library_path, top_k
+from vitfast.serve import GUARD_SOURCE, Predictor, ServeError, _install_guard, check_port_free, interpreter_library_path
+from vitfast.scores import top_classes
 from vitfast.serve_guard import find_problem, one_line
 
 CLIENTS, REQUESTS_PER_CLIENT, MAX_BATCH = 8, 200, 8
@@ -227,7 +228,7 @@ def test_install_guard_ships_it_as_model_py_and_warns_when_pytriton_moved(capsys
 
 def test_top_k_is_softmax_top_k():
     logits = np.random.default_rng(2).standard_normal((5, 10)).astype(np.float32)
-    indices, scores = top_k(logits, 3)
+    indices, scores = top_classes(logits, 3)
     expected = torch.softmax(torch.from_numpy(logits).double(), dim=1).topk(3)
     assert indices.tolist() == expected.indices.tolist()
     np.testing.assert_allclose(scores, expected.values.numpy(), rtol=1e-6)
@@ -352,7 +353,7 @@ def assert_matches(response: dict, expected_logits: np.ndarray, k: int = 3) -> N
     in, which can move the last bits of ONNX Runtime's sums, hence the small tolerance (inputs are
     random per request, so a mixed-up response would be off by orders of magnitude more)."""
     np.testing.assert_allclose(response["logits"], expected_logits, rtol=1e-5, atol=1e-5)
-    indices, scores = top_k(expected_logits, k)
+    indices, scores = top_classes(expected_logits, k)
     np.testing.assert_array_equal(response["topk_indices"], indices)
     np.testing.assert_allclose(response["topk_scores"], scores, rtol=1e-5, atol=1e-6)
 

@@ -32,7 +32,6 @@ from .runtime import Engine, TorchEngine, load_engine
 from .sources import rebuild_reference
 
 TOP_K = 5  # eval reports top-1 and top-k accuracy
-SCORES = ("softmax", "sigmoid", "logits")  # what `predict` reports beside each class
 CHECK_CHUNK = 16  # images per call in a parity check: memory stays bounded on --samples 1000, and progress shows
 
 
@@ -329,19 +328,6 @@ def predict(engine: Engine, files: list[Path], *, batch_size: int = 32, workers:
                                            f"{len(files)} images", total=len(files), size=len)  # fmt: skip
     for start, x in zip(range(0, len(files), size), batch_iter):
         yield files[start : start + size], _run(engine, x).float().cpu()
-
-
-def top_classes(logits: torch.Tensor, k: int, scores: str = "softmax") -> tuple[torch.Tensor, torch.Tensor]:
-    """(class indices [B, k], their scores [B, k]) of the k best classes, best first. `scores`: "softmax" (probabilities
-    over the classes), "sigmoid" (independent probabilities, for multi-label classifiers) or "logits" (the raw values)."""
-    if scores not in SCORES:
-        raise InputError(f"scores must be one of {', '.join(SCORES)}, got {scores!r}")
-    values, indices = logits.float().topk(min(k, logits.shape[-1]), dim=-1)
-    if scores == "softmax":
-        values = values.sub(logits.float().logsumexp(dim=-1, keepdim=True)).exp()
-    elif scores == "sigmoid":
-        values = values.sigmoid()
-    return indices, values
 
 
 def _accuracy(topk: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:

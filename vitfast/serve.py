@@ -55,6 +55,7 @@ from vitfast.export.triton_repo import check_model_name
 from .errors import BackendUnavailable, InputError, VitfastError, first_line
 from .pytriton_adapter import rewrite_model_files
 from .runtime import Engine, load_engine
+from .scores import top_classes
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 DEFAULT_MAX_BATCH = 32  # for artifacts without a batch profile (checkpoints)
@@ -76,15 +77,6 @@ def require_pytriton() -> None:
 
 
 # ---------------------------------------------------------------------------- inference
-
-
-def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(indices int64 [B, k], softmax probabilities float32 [B, k]) of the k best classes, best first."""
-    shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
-    probs = np.exp(shifted)
-    probs /= probs.sum(axis=1, keepdims=True)
-    indices = np.argsort(-logits, axis=1, kind="stable")[:, :k]
-    return indices.astype(np.int64), np.take_along_axis(probs, indices, axis=1).astype(np.float32)
 
 
 class Predictor:
@@ -118,7 +110,7 @@ class Predictor:
                 rows = logits[start : start + len(images[i])]
                 responses[i] = {"logits": rows}
                 if self.k:
-                    indices, scores = top_k(rows, self.k)
+                    indices, scores = top_classes(rows, self.k)
                     responses[i] |= {"topk_indices": indices, "topk_scores": scores}
                     if self.labels is not None:
                         responses[i]["topk_labels"] = self.labels[indices]

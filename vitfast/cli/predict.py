@@ -23,6 +23,7 @@ from vitfast.data import find_images
 from vitfast.errors import InputError
 from vitfast.flags import positive_int
 from vitfast.runtime import Engine
+from vitfast.scores import SCORES, top_classes
 
 from .export import add_artifact_args, load_artifact
 from .progress import add_quiet, reporter
@@ -69,7 +70,7 @@ def classifier_rows(engine: Engine, results: Iterator[tuple[list[Path], torch.Te
     """One {"file", "top_k": [{"index", "label", "score"}, ...]} per image, best class first."""
     labels = engine.config.labels
     for files, logits in results:
-        indices, values = pipeline.top_classes(logits, k, scores)
+        indices, values = top_classes(logits.numpy(), k, scores)
         for file, idx, val in zip(files, indices.tolist(), values.tolist()):
             yield {"file": str(file), "top_k": [{"index": i, "label": labels[i] if labels else None, "score": v} for i, v in zip(idx, val)]}
 
@@ -159,7 +160,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("artifact", help="checkpoint, .onnx file (vitfast's or another tool's), Optimum folder or TensorRT engine")
     p.add_argument("images", nargs="+", help="image files, or folders (every image under them, sorted)")
     p.add_argument("--top-k", type=positive_int, metavar="K", help=f"classes per image (default {pipeline.TOP_K})")
-    p.add_argument("--scores", choices=pipeline.SCORES,
+    p.add_argument("--scores", choices=SCORES,
                    help="softmax probabilities (default), sigmoid (multi-label; the default when a transformers config.json "
                         "says problem_type multi_label_classification, or for one class) or the raw logits")  # fmt: skip
     p.add_argument("--out", metavar="FILE", help="write to FILE.jsonl (a row per image), FILE.csv (classifiers: index, label, "
