@@ -503,14 +503,20 @@ def test_hf_ijepa_classifier_reads_the_mean_token(tmp_path):
         torch.testing.assert_close(model(x), hf(pixel_values=x).logits, atol=ATOL, rtol=0)
 
 
-def test_hf_ijepa_backbone_returns_the_mean_token_and_says_so(tmp_path):
-    hf = _perturbed(transformers.IJepaModel(transformers.IJepaConfig(**SMALL_VIT)))
+@pytest.mark.parametrize("pooler", [False, True])
+def test_hf_ijepa_backbone_returns_the_mean_token_and_says_so(tmp_path, pooler):
+    """A bare IJepaModel returns the mean token; one saved with a pooler (transformers' pooler_output reads the first patch
+    token) still does, and the warning says its pooler is not loaded."""
+    hf = _perturbed(transformers.IJepaModel(transformers.IJepaConfig(**SMALL_VIT), add_pooling_layer=pooler))
     hf.save_pretrained(tmp_path)
-    with pytest.warns(vitfast.GuessedConfigWarning, match="global_pool='avg' \\(I-JEPA has no class token"):
+    with pytest.warns(vitfast.GuessedConfigWarning, match="global_pool='avg' \\(I-JEPA has no class token.*add_pooling_layer=True.*"
+                      "a pooler vitfast does not load"):  # fmt: skip
         model = vitfast.load_checkpoint(tmp_path)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        torch.testing.assert_close(model(x), hf(pixel_values=x).last_hidden_state.mean(1), atol=ATOL, rtol=0)
+        out = hf(pixel_values=x)
+        torch.testing.assert_close(model(x), out.last_hidden_state.mean(1), atol=ATOL, rtol=0)
+    assert (out.pooler_output is not None) == pooler
 
 
 # ---------------------------------------------------------------------------- AIMv2 image tower

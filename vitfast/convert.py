@@ -50,7 +50,8 @@ CLIP_MODEL_TYPES = ("clip", "clip_vision_model")
 SIGLIP_MODEL_TYPES = ("siglip", "siglip_vision_model")
 HEADLESS_SIGLIP = ("this SigLIP tower has no attention pool (vision_use_head=False), so transformers returns no pooled output; "
                    "vitfast returns the mean of its tokens, as timm's *_siglip_gap_* models do (--global-pool none: every token, its last_hidden_state)")  # fmt: skip
-HEADLESS_IJEPA = ("I-JEPA has no class token and IJepaModel returns no pooled output; vitfast returns the mean of its normalised "
+HEADLESS_IJEPA = ("I-JEPA has no class token and IJepaModel returns no pooled output (one saved with add_pooling_layer=True returns "
+                  "tanh(dense(its first patch token)), a pooler vitfast does not load); vitfast returns the mean of its normalised "
                   "tokens, the features IJepaForImageClassification classifies (--global-pool none: every token, its last_hidden_state)")  # fmt: skip
 HEADLESS_AIMV2 = ("transformers' AIMv2 tower without its attention-pooling head (use_head=False) returns no pooled output; "
                   "vitfast returns the mean of its normalised tokens, as timm's aimv2_* models do (--global-pool none: every token, its last_hidden_state)")  # fmt: skip
