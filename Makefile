@@ -32,6 +32,7 @@ demo: $(STAMP)
 		--calib-dir $(DEMO)/calib --calib-samples 64 --out $(DEMO)/model.int8.onnx --force
 	$(VF) check $(DEMO)/model.onnx
 	$(VF) check $(DEMO)/model.int8.onnx
+	$(VF) predict $(DEMO)/model.int8.onnx $(DEMO)/calib --top-k 3 --out $(DEMO)/predictions.csv --force
 	@echo "--- TensorRT export: builds the engine where TensorRT is installed, else says how to get it"
 	-$(VF) export --checkpoint $(DEMO)/model.safetensors --format trt --precision fp16 --out $(DEMO)/model.engine --force
 	@echo "--- a short comparison of the backends this machine has (ViT-Ti/16, random weights)"
