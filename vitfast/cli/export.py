@@ -180,6 +180,13 @@ def add_artifact_args(p: argparse.ArgumentParser, labels: bool = True) -> None:
     p.add_argument("--ov-streams", type=ov_streams, metavar="N|AUTO", help="OpenVINO NUM_STREAMS (picks OpenVINO under --backend auto)")
 
 
+def add_loading_args(p: argparse.ArgumentParser) -> None:
+    """--batch-size and --workers, for commands that run an artifact over image files."""
+    p.add_argument("--batch-size", type=positive_int, default=32, help="images per call of the artifact (default 32)")
+    p.add_argument("--workers", type=positive_int, help="threads that decode and resize the images ahead of the model "
+                   "(default: this process's CPUs, at most 8)")  # fmt: skip
+
+
 # ---------------------------------------------------------------------------- check
 def cmd_check(args: argparse.Namespace) -> int:
     backend, other_backend = args.backend, "auto"
@@ -309,9 +316,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="DIR/<class>/*.png|jpg: folders named by the model's labels, else sorted = class index")
     p.add_argument("--labels", metavar="FILE", help="class names (one per line, or a JSON list / {index: name}) to match folders by")
     p.add_argument("--against", metavar="REF", help="also evaluate REF (e.g. the fp32 checkpoint) and report the accuracy difference")
-    p.add_argument("--batch-size", type=positive_int, default=32)
-    p.add_argument("--workers", type=positive_int, help="threads that decode and resize the images ahead of the model "
-                   "(default: this process's CPUs, at most 8)")  # fmt: skip
+    add_loading_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_quiet(p)
     add_artifact_args(p, labels=False)  # eval has its own --labels

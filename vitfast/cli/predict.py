@@ -25,7 +25,7 @@ from vitfast.flags import positive_int
 from vitfast.runtime import Engine
 from vitfast.scores import SCORES, top_classes
 
-from .export import add_artifact_args, load_artifact
+from .export import add_artifact_args, add_loading_args, load_artifact
 from .progress import add_quiet, reporter
 
 FORMATS = (".jsonl", ".csv", ".npz")
@@ -166,9 +166,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="FILE", help="write to FILE.jsonl (a row per image), FILE.csv (classifiers: index, label, "
                    "score per rank) or FILE.npz (outputs [N, ...] float32 and files [N]: logits, features or tokens)")  # fmt: skip
     p.add_argument("--force", action="store_true", help="overwrite an existing --out")
-    p.add_argument("--batch-size", type=positive_int, default=32)
-    p.add_argument("--workers", type=positive_int, help="threads that decode and resize the images ahead of the model "
-                   "(default: this process's CPUs, at most 8)")  # fmt: skip
+    add_loading_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (with the predictions unless --out)")
     add_quiet(p)
     add_artifact_args(p)
