@@ -309,10 +309,7 @@ def predict_topk(engines: Sequence[Engine], files: list[Path], batch_size: int, 
             passes.append([i])
     tops: list[list[torch.Tensor]] = [[] for _ in engines]
     for group in passes:
-        size = min([batch_size, *(engines[i].batch[2] for i in group if engines[i].batch)])
-        names = " and ".join(Path(engines[i].path).name for i in group)
-        batch_iter = reporting(progress).track(batches(files, engines[group[0]].config, size, workers),
-                                               f"evaluating {names} on {len(files)} images", total=len(files), size=len)  # fmt: skip
+        _, batch_iter = _tracked_batches([engines[i] for i in group], files, batch_size, workers, progress, "evaluating")
         for x in batch_iter:
             for i in group:
                 tops[i].append(_run(engines[i], x).topk(min(TOP_K, engines[i].config.num_classes), dim=-1).indices.cpu())
@@ -323,11 +320,19 @@ def predict(engine: Engine, files: list[Path], *, batch_size: int = 32, workers:
             progress: Reporter | None = None) -> Iterator[tuple[list[Path], torch.Tensor]]:  # fmt: skip
     """(files, outputs [b, *engine.config.output_shape] float32 on the CPU) batch by batch, in file order: what the engine
     returns for each image file (logits, pooled features, every token or feature maps). `workers`: decoding threads."""
-    size = min(batch_size, engine.batch[2]) if engine.batch else batch_size
-    batch_iter = reporting(progress).track(batches(files, engine.config, size, workers), f"running {Path(engine.path).name} on "
-                                           f"{len(files)} images", total=len(files), size=len)  # fmt: skip
+    size, batch_iter = _tracked_batches([engine], files, batch_size, workers, progress, "running")
     for start, x in zip(range(0, len(files), size), batch_iter):
         yield files[start : start + size], _run(engine, x).float().cpu()
+
+
+def _tracked_batches(engines: Sequence[Engine], files: list[Path], batch_size: int, workers: int | None,
+                     progress: Reporter | None, verb: str) -> tuple[int, Iterator[torch.Tensor]]:  # fmt: skip
+    """(size, batches): the files preprocessed as `engines` (which preprocess alike) take them, in batches of `size`
+    (at most `batch_size` and what every engine's profile allows), counted on `progress`."""
+    size = min([batch_size, *(e.batch[2] for e in engines if e.batch)])
+    names = " and ".join(Path(e.path).name for e in engines)
+    return size, reporting(progress).track(batches(files, engines[0].config, size, workers), f"{verb} {names} on {len(files)} images",
+                                           total=len(files), size=len)  # fmt: skip
 
 
 def _accuracy(topk: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:

@@ -75,8 +75,15 @@ def classifier_rows(engine: Engine, results: Iterator[tuple[list[Path], torch.Te
             yield {"file": str(file), "top_k": [{"index": i, "label": labels[i] if labels else None, "score": v} for i, v in zip(idx, val)]}
 
 
+def output_rows(results: Iterator[tuple[list[Path], torch.Tensor]]) -> Iterator[dict[str, Any]]:
+    """One {"file", "output"} per image: its whole output as nested lists."""
+    for files, out in results:
+        for file, row in zip(files, out.tolist()):
+            yield {"file": str(file), "output": row}
+
+
 def write_rows(rows: Iterator[dict[str, Any]], fmt: str, stream) -> int:
-    """Write classifier rows as JSON lines or CSV (file, then index/label/score per rank); returns the count."""
+    """Write rows as JSON lines, or top-k rows as CSV (file, then index/label/score per rank); returns the count."""
     n = 0
     writer = None
     for row in rows:
@@ -91,16 +98,8 @@ def write_rows(rows: Iterator[dict[str, Any]], fmt: str, stream) -> int:
     return n
 
 
-def write_outputs(results: Iterator[tuple[list[Path], torch.Tensor]], fmt: str, tmp: Path) -> int:
-    """Write every image's raw output: .npz (`outputs` [N, ...] float32, `files` [N]) or JSON lines {"file", "output"}."""
-    if fmt == ".jsonl":
-        with tmp.open("w") as stream:
-            n = 0
-            for files, out in results:
-                for file, row in zip(files, out.tolist()):
-                    stream.write(json.dumps({"file": str(file), "output": row}) + "\n")
-                    n += 1
-        return n
+def write_npz(results: Iterator[tuple[list[Path], torch.Tensor]], tmp: Path) -> int:
+    """Write every image's output to .npz: `outputs` [N, ...] float32 and `files` [N]; returns the count."""
     names, outs = [], []
     for files, out in results:
         names += map(str, files)
@@ -124,28 +123,29 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise InputError(f"{args.artifact} returns {what} per image, not classes: give --out FILE.npz (or .jsonl) to write them")
     if classifier and fmt == ".npz" and (args.top_k or args.scores):
         raise InputError("--out FILE.npz holds the logits themselves: drop --top-k / --scores, or write .jsonl / .csv")
+    top_k = classifier and fmt != ".npz"  # top-k rows rather than whole outputs
     scores, note = (args.scores, None) if args.scores else default_scores(args.artifact, engine)
-    if note and classifier and fmt != ".npz" and not args.quiet:
+    if note and top_k and not args.quiet:
         print(f"vitfast: note: {note}", file=sys.stderr)
     k = min(args.top_k or pipeline.TOP_K, engine.config.num_classes) if classifier else 0
     with reporter("predict", args.quiet) as progress:
         results = pipeline.predict(engine, files, batch_size=args.batch_size, workers=args.workers, progress=progress)
+        rows = classifier_rows(engine, results, k, scores) if top_k else output_rows(results)
         if not args.out:
-            rows = list(classifier_rows(engine, results, k, scores))
-        else:
+            rows = list(rows)
+        elif fmt == ".npz":
             with claim_output(args.out, args.force) as claim:
-                if classifier and fmt != ".npz":
-                    with claim.tmp.open("w", newline="") as stream:
-                        n = write_rows(classifier_rows(engine, results, k, scores), fmt, stream)
-                else:
-                    n = write_outputs(results, fmt, claim.tmp)
+                n = write_npz(results, claim.tmp)
+        else:
+            with claim_output(args.out, args.force) as claim, claim.tmp.open("w", newline="") as stream:
+                n = write_rows(rows, fmt, stream)
     summary = {"artifact": str(args.artifact), "backend": engine.kind, "precision": engine.precision, "n": len(files)}
-    summary |= {"k": k, "scores": scores} if classifier and fmt != ".npz" else {"output": what}
+    summary |= {"k": k, "scores": scores} if top_k else {"output": what}
     if args.out:
         if args.json:
             print(json.dumps(summary | {"out": str(args.out)}))
         elif not args.quiet:
-            print(f"wrote {n} images' {'top-' + str(k) + ' classes' if classifier and fmt != '.npz' else what} to {args.out}", file=sys.stderr)
+            print(f"wrote {n} images' {f'top-{k} classes' if top_k else what} to {args.out}", file=sys.stderr)
         return 0
     if args.json:
         print(json.dumps(summary | {"predictions": rows}))
