@@ -57,6 +57,7 @@ def test_non_square_image_size_round_trips():
         (dict(crop_mode="letterbox"), "crop_mode must be one of"),
         (dict(crop_rounding="ceil"), "crop_rounding must be one of"),
         (dict(num_classes=3, labels=("a", "b")), "2 labels for 3 classes"),
+        (dict(problem_type="multilabel"), "problem_type must be one of single_label_classification, multi_label_classification"),
         (dict(rope="eva"), "rope must be None or one of ('dinov3', 'axial')"),
         (dict(rope="dinov3", rope_ref_grid=(16, 16)), 'rope_ref_grid scales the patch indices of rope="axial" only'),
         (dict(rope="axial", rope_ref_grid=(16, 0)), "rope_ref_grid must be two positive integers"),
@@ -69,11 +70,12 @@ def test_invalid_configs_name_the_problem(fields, message):
         ViTConfig(**fields)
 
 
-def test_preprocessing_fields_and_labels_round_trip():
+def test_preprocessing_fields_labels_and_problem_type_round_trip():
     cfg = ViTConfig(img_size=32, patch_size=8, embed_dim=64, num_heads=4, num_classes=3, labels=["cat", "dog", "emu"],
-                    crop_mode="squash", crop_rounding="floor")  # fmt: skip
+                    crop_mode="squash", crop_rounding="floor", problem_type="multi_label_classification")  # fmt: skip
     again = ViTConfig.from_json(cfg.to_json())
     assert again == cfg and again.labels == ("cat", "dog", "emu") and again.crop_mode == "squash"
+    assert again.problem_type == "multi_label_classification"
     assert cfg.replace(num_classes=5).labels is None  # labels that no longer fit are dropped
     assert cfg.replace(crop_pct=0.5).labels == cfg.labels
 

@@ -219,6 +219,7 @@ def optimum(foreign, tmp_path_factory):
     classifier = copy.deepcopy(foreign["model"])
     classifier.config.id2label = {i: f"kind{i}" for i in range(10)}
     classifier.config.label2id = {f"kind{i}": i for i in range(10)}
+    classifier.config.problem_type = "multi_label_classification"
     backbone = transformers.ViTModel.from_pretrained(foreign["hf_dir"]).eval()  # the same encoder, pooler freshly made
     return {
         "classifier": optimum_folder(root / "cls", classifier, ("logits",), {"logits": {0: "batch_size"}}),
@@ -234,6 +235,7 @@ def test_optimum_v1_classifier_with_a_dynamic_channel_axis_runs(foreign, optimum
     engine = vitfast.load_engine(optimum["classifier"])
     assert (engine.io.layout, engine.io.in_chans, engine.io.patch) == ("NCHW", 3, 8)  # read off the patch Conv's weight
     assert engine.config.num_classes == 10 and engine.config.labels == tuple(f"kind{i}" for i in range(10))  # id2label
+    assert engine.config.problem_type == "multi_label_classification"  # so predict and serve score it with sigmoids
     x = torch.randn(3, 3, IMG, IMG)
     ref = hf_logits(foreign["model"], x)
     assert ((engine(x) - ref).abs().max() / ref.abs().max()).item() <= 1e-4

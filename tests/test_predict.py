@@ -89,23 +89,57 @@ def test_onnx_export_writes_the_same_predictions_to_csv_and_jsonl(hf, tmp_path):
     assert [[c["index"] for c in row["top_k"]] for row in as_json] == indices
 
 
-def test_multi_label_classifiers_get_sigmoid_and_scores_can_be_chosen(hf, tmp_path):
-    folder, model, processor, images = hf
-    multi = tmp_path / "multi"
-    multi.mkdir()
+def copy_with_problem_type(folder, dest, problem_type):
+    """A copy of the saved classifier whose config.json says `problem_type`."""
+    dest.mkdir()
     for f in folder.iterdir():
-        multi.joinpath(f.name).write_bytes(f.read_bytes())
-    config = json.loads((multi / "config.json").read_text()) | {"problem_type": "multi_label_classification"}
-    (multi / "config.json").write_text(json.dumps(config))
+        dest.joinpath(f.name).write_bytes(f.read_bytes())
+    config = json.loads((dest / "config.json").read_text()) | {"problem_type": problem_type}
+    (dest / "config.json").write_text(json.dumps(config))
+    return dest
+
+
+@pytest.mark.parametrize("problem_type, scores", [("multi_label_classification", "sigmoid"), ("regression", "logits")])
+def test_problem_type_scores_as_transformers_pipeline_and_survives_export(hf, tmp_path, problem_type, scores):
+    """transformers' own image-classification pipeline is the reference for both the rule and the numbers; the
+    vitfast ONNX export keeps the rule (in its sidecar) with no config.json beside it."""
+    folder, _, _, images = hf
+    saved = copy_with_problem_type(folder, tmp_path / "hf", problem_type)
     files = sorted((images / "a").iterdir())
-    done = run("predict", multi, images / "a", "--json")
+    pipe = transformers.pipeline("image-classification", model=str(saved), top_k=4)
+    expected = [pipe(str(f)) for f in files]
+    onnx_path = tmp_path / "out" / "vit.onnx"
+    assert run("export", "--checkpoint", saved, "--format", "onnx", "--out", onnx_path).returncode == 0
+    for artifact in (saved, onnx_path):
+        done = run("predict", artifact, images / "a", "--top-k", 4, "--json")
+        result = predictions(done)
+        assert result["scores"] == scores and f"problem_type {problem_type}" in done.stderr, artifact
+        for row, want in zip(result["predictions"], expected):
+            assert [c["label"] for c in row["top_k"]] == [w["label"] for w in want]
+            assert [c["score"] for c in row["top_k"]] == pytest.approx([w["score"] for w in want], abs=1e-4)
+
+
+def test_problem_type_and_labels_given_for_any_artifact_and_scores_chosen(hf, tmp_path):
+    folder, model, processor, images = hf
+    files = sorted((images / "a").iterdir())
+    onnx_path = tmp_path / "vit.onnx"
+    assert run("export", "--checkpoint", folder, "--format", "onnx", "--out", onnx_path).returncode == 0
+    names = tmp_path / "names.txt"
+    names.write_text("".join(f"name{i}\n" for i in range(10)))
+    done = run("predict", onnx_path, images / "a", "--problem-type", "multi_label_classification", "--labels", names, "--json")
     result = predictions(done)
-    assert result["scores"] == "sigmoid" and "problem_type multi_label_classification" in done.stderr
     indices, values = reference(model, processor, files, scores="sigmoid")
-    assert np.allclose([[c["score"] for c in row["top_k"]] for row in result["predictions"]], values, rtol=0, atol=1e-5)
+    assert result["scores"] == "sigmoid" and [[c["label"] for c in row["top_k"]] for row in result["predictions"]] == [
+        [f"name{i}" for i in idx] for idx in indices]  # fmt: skip
+    assert np.allclose([[c["score"] for c in row["top_k"]] for row in result["predictions"]], values, rtol=0, atol=1e-4)
     raw = predictions(run("predict", folder, images / "a", "--scores", "logits", "--top-k", 10, "--json"))
     indices, values = reference(model, processor, files, k=10, scores="logits")
     assert np.allclose([[c["score"] for c in row["top_k"]] for row in raw["predictions"]], values, rtol=0, atol=1e-4)
+    names.write_text("one\ntwo\n")
+    done = run("predict", onnx_path, images / "a", "--labels", names)
+    assert done.returncode == 2 and "2 labels for 10 classes" in done.stderr and "Traceback" not in done.stderr
+    done = run("predict", onnx_path, images / "a", "--problem-type", "multilabel")
+    assert done.returncode == 2 and "invalid choice: 'multilabel'" in done.stderr
 
 
 def test_features_and_tokens_are_written_whole(hf, tmp_path):

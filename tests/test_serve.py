@@ -91,6 +91,20 @@ def test_predictor_pads_up_to_the_profile_minimum_and_refuses_empty_batches():
         predictor([{"images": x}, {"images": x[:0]}])
 
 
+def test_predictor_scores_the_top_k_by_the_problem_type_or_as_told():
+    x = np.random.default_rng(3).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    engine = RecordingEngine()
+    logits = torch.from_numpy(engine(x).numpy()).double()
+    expected = {"softmax": logits.softmax(-1), "sigmoid": logits.sigmoid(), "logits": logits}
+    engine.config = engine.config.replace(problem_type="multi_label_classification")
+    for scores, want in (("sigmoid", None), ("sigmoid", "sigmoid"), ("softmax", "softmax"), ("logits", "logits")):
+        (response,) = Predictor(engine, 2, threading.Lock(), scores=want)([{"images": x}])
+        np.testing.assert_allclose(response["topk_scores"], expected[scores][:, [3, 2]].numpy(), rtol=1e-6)
+    engine.config = engine.config.replace(problem_type="regression")
+    (response,) = Predictor(engine, 2, threading.Lock())([{"images": x}])
+    np.testing.assert_allclose(response["topk_scores"], logits[:, [3, 2]].numpy(), rtol=1e-6)
+
+
 def test_guard_names_the_problem_and_the_expected_shape():
     uint8_dims, float_dims = [-1, -1, 3], [3, 32, 32]
     ok = np.zeros((2, 5, 7, 3), np.uint8)
@@ -682,6 +696,8 @@ def test_python_api_start_and_stop_leave_no_server_process(onnx_artifact, refere
         start(reference, port=http, grpc_port=grpc, metrics_port=metrics, max_batch_size=16)
     with pytest.raises(InputError, match="2 labels for a model with 10 classes"):
         start(reference, port=http, grpc_port=grpc, metrics_port=metrics, labels=["a", "b"])
+    with pytest.raises(InputError, match="--scores must be one of softmax, sigmoid, logits"):
+        start(reference, port=http, grpc_port=grpc, metrics_port=metrics, scores="probit")
 
 
 def test_cli_errors_are_one_line(tmp_path, onnx_artifact):

@@ -51,6 +51,9 @@ OUTPUT_FMTS = ("NCHW", "NLC")
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 CROP_MODES = ("center", "squash", "border")  # timm's names: crop the short side, resize both sides, pad the short side
 CROP_ROUNDINGS = ("round", "floor")  # centre-crop offset: torchvision/timm round, Hugging Face floors
+# transformers' config.json `problem_type`: what a classifier's logits mean, so how they become scores
+# (`vitfast.scores.default_scores`: softmax, a sigmoid per class, or the values themselves for regression)
+PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,7 @@ class ViTConfig:
     crop_rounding: str = "round"
     name: str | None = field(default=None, compare=False)  # registry name it came from, if any
     labels: tuple[str, ...] | None = field(default=None, compare=False, repr=False)  # class names, by index
+    problem_type: str | None = field(default=None, compare=False, repr=False)  # one of PROBLEM_TYPES; None: not said
 
     def __post_init__(self) -> None:
         # Normalise JSON lists into tuples so equal configs compare and hash equal.
@@ -349,6 +353,8 @@ class ViTConfig:
                 f"{len(self.labels)} labels for {self.num_classes} classes; give one label per class "
                 "(or labels=None)"
             )
+        if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
+            bad(f"problem_type must be one of {', '.join(PROBLEM_TYPES)} (transformers' names) or None, got {self.problem_type!r}")
         if self.labels is not None and any("\n" in label or "\r" in label for label in self.labels):
             bad("labels must not contain line breaks (they are written one per line for Triton)")
         if not 0 < self.crop_pct <= 1:
@@ -460,6 +466,9 @@ def take_indices(depth: int, indices: int | tuple[int, ...] | list[int] | None) 
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ViTConfig))
 # Everything `vitfast.preprocess` reads besides the image size and channels.
 PREPROCESSING_FIELDS = ("mean", "std", "crop_pct", "interpolation", "crop_mode", "crop_rounding")
+# What a model's output means, not how it is computed: any artifact takes them from the user (class names by index,
+# and how to score the logits).
+OUTPUT_MEANING_FIELDS = ("labels", "problem_type")
 
 
 def check_field_names(data: dict[str, Any]) -> None:

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from .config import (
-    CROP_MODES, IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ROPE_SETTINGS,
-    ROPE_THETA, ViTConfig,
+    CROP_MODES, IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PROBLEM_TYPES,
+    ROPE_SETTINGS, ROPE_THETA, ViTConfig,
 )  # fmt: skip
 from . import dinov3, eva
 from .errors import CheckpointError, ConfigError
@@ -380,6 +380,8 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
     head = sd.get("head.weight")
     if head is not None and (labels := hf_labels(cfg, head.shape[0])):
         fields["labels"] = labels
+    if head is not None and (problem_type := hf_problem_type(cfg)):
+        fields["problem_type"] = problem_type
     guesses: Guesses = {}
     if model_type in SIGLIP_MODEL_TYPES and fields["global_pool"] == "avg" and head is None:
         guesses["global_pool"] = HEADLESS_SIGLIP
@@ -535,6 +537,13 @@ def hf_labels(cfg: dict, num_classes: int | None = None) -> tuple[str, ...] | No
         return None
     names = [id2label.get(str(i), id2label.get(i)) for i in range(len(id2label))]  # JSON keys are strings, in-memory ones ints
     return None if any(name is None for name in names) else tuple(map(str, names))
+
+
+def hf_problem_type(cfg: dict) -> str | None:
+    """An HF config.json's `problem_type` (transformers' names, `PROBLEM_TYPES`), or None where it says none or
+    something else (the config's own loader would refuse that)."""
+    problem_type = cfg.get("problem_type")
+    return problem_type if problem_type in PROBLEM_TYPES else None
 
 
 def processor_kind(pre: dict[str, Any], default: str = "") -> str:

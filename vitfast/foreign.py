@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import PREPROCESSING_FIELDS, ViTConfig
-from .convert import hf_labels, hf_preprocessing
+from .config import OUTPUT_MEANING_FIELDS, PREPROCESSING_FIELDS, ViTConfig
+from .convert import hf_labels, hf_preprocessing, hf_problem_type
 from .errors import ArtifactError, ConfigError, first_line
 
 QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger"}
 WEIGHT_ONLY_OPS = {"MatMulNBits": 4, "MatMulBnb4": 4, "GatherBlockQuantized": 4}  # ONNX Runtime's, -> default bits
 QUANTIZED_TYPES = {21: "int4", 22: "int4", 17: "fp8", 18: "fp8", 19: "fp8", 20: "fp8"}  # ONNX element types; else int8/16
 ONNX_FLOAT_TYPES = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64"}
-FOREIGN_FIELDS = ("img_size", "num_classes", "labels", *PREPROCESSING_FIELDS)  # what a foreign graph's config holds
+FOREIGN_FIELDS = ("img_size", "num_classes", *OUTPUT_MEANING_FIELDS, *PREPROCESSING_FIELDS)  # what a foreign graph's config holds
 
 
 @dataclass(frozen=True)
@@ -285,9 +285,9 @@ def config_file_fields(data: dict[str, Any], img_size: int | None = None) -> dic
         chans = len(data["image_mean"]) if isinstance(data.get("image_mean"), list) else 3
         fields, _ = hf_preprocessing(data, chans, img_size)
         return fields | {"img_size": img_size}
-    if "model_type" in data:  # HF config.json: only the input size concerns an exported graph
+    if "model_type" in data:  # HF config.json: the input size, and what a classifier's logits mean
         model = data.get("vision_config") or data  # CLIPConfig nests the image tower's
-        return {"img_size": model["image_size"]} if "image_size" in model else {}
+        return {k: v for k, v in (("img_size", model.get("image_size")), ("problem_type", hf_problem_type(data))) if v is not None}
     if isinstance(data.get("config"), dict) and "vitfast_version" in data:  # a vitfast sidecar
         return dict(data["config"])
     return None
@@ -397,7 +397,7 @@ def foreign_config(path: Path, io: GraphIO, overrides: dict[str, Any] | None,
     if io.output == "logits":
         fields["num_classes"] = dims[-1]
     else:
-        fields = {k: v for k, v in fields.items() if k != "labels"} | _feature_fields(path, io, dims, h, w)
+        fields = {k: v for k, v in fields.items() if k not in OUTPUT_MEANING_FIELDS} | _feature_fields(path, io, dims, h, w)
     missing = [k for k in ("mean", "std") if k not in fields]
     # patch_size 1 unless the output is tokens: the graph's architecture is unknown; this config only describes its input and output
     config = ViTConfig(**({"patch_size": 1} | fields), in_chans=io.in_chans, name=path.stem)

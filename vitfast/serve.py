@@ -7,9 +7,10 @@ KServe v2 protocol, Prometheus metrics) and binds two models to this process:
     <name>_uint8  input `images` UINT8 [B, H, W, C], any H and W, preprocessed here (`vitfast.preprocess`)
 
 Both answer `logits` FP32 [B, classes], `topk_indices` INT64 [B, k] and `topk_scores` FP32 [B, k]
-(softmax probabilities, best first), and `topk_labels` BYTES [B, k] (UTF-8 class names) when the
-model has labels (HF id2label, timm label_names, or `--labels FILE`). Triton's dynamic batcher groups requests up to the engine's
-maximum batch. The names match the repository `vitfast export --format triton-repo` writes.
+(best first; scored as transformers' pipeline scores the model: softmax probabilities, a sigmoid per class for a
+multi-label classifier or a single output, the logits for regression; `--scores` to choose), and `topk_labels` BYTES
+[B, k] (UTF-8 class names) when the model has labels (HF id2label, timm label_names, or `--labels FILE`). Triton's
+dynamic batcher groups requests up to the engine's maximum batch. The names match the repository `vitfast export --format triton-repo` writes.
 
 Bad requests get an error response of one line each, and the server goes on serving:
 - Triton checks dtype, shape, batch size and byte count against the model config before any
@@ -55,7 +56,7 @@ from vitfast.export.triton_repo import check_model_name
 from .errors import BackendUnavailable, InputError, VitfastError, first_line
 from .pytriton_adapter import rewrite_model_files
 from .runtime import Engine, load_engine
-from .scores import top_classes
+from .scores import SCORES, default_scores, top_classes
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 DEFAULT_MAX_BATCH = 32  # for artifacts without a batch profile (checkpoints)
@@ -89,9 +90,10 @@ class Predictor:
     the responses hold the logits alone.
     """
 
-    def __init__(self, engine, k: int, lock: threading.Lock, labels: tuple[str, ...] | None = None):
+    def __init__(self, engine, k: int, lock: threading.Lock, labels: tuple[str, ...] | None = None, scores: str | None = None):
         self.engine = engine
         self.k = k
+        self.scores = scores or default_scores(engine.config.num_classes, engine.config.problem_type)[0]
         self.lock = lock
         self.labels = np.array([label.encode() for label in labels], dtype=np.bytes_) if labels else None
 
@@ -110,7 +112,7 @@ class Predictor:
                 rows = logits[start : start + len(images[i])]
                 responses[i] = {"logits": rows}
                 if self.k:
-                    indices, scores = top_classes(rows, self.k)
+                    indices, scores = top_classes(rows, self.k, self.scores)
                     responses[i] |= {"topk_indices": indices, "topk_scores": scores}
                     if self.labels is not None:
                         responses[i]["topk_labels"] = self.labels[indices]
@@ -219,12 +221,14 @@ def start(
     top_k: int = DEFAULT_TOP_K,
     name: str = "vit",
     labels: list[str] | tuple[str, ...] | None = None,
+    scores: str | None = None,
     verbose: bool = False,
     allow_nonfinite: bool = False,
     backend: str = "auto",
 ) -> Server:
     """Load `artifact` (a path, or an `Engine`), start Triton and bind both models; returns when they are ready.
-    `labels` (one per class) replace the artifact's own class names in `topk_labels`."""
+    `labels` (one per class) replace the artifact's own class names in `topk_labels`; `scores` ("softmax", "sigmoid" or
+    "logits") replaces the artifact's own rule for `topk_scores` (`vitfast.scores.default_scores`)."""
     require_pytriton()
     check_model_name(name)
     engine = artifact if isinstance(artifact, Engine) else load_engine(artifact, backend=backend)
@@ -235,6 +239,8 @@ def start(
     max_batch = _max_batch(engine, max_batch_size)
     if top_k < 1 or max_queue_delay_us < 0:
         raise InputError("--top-k must be >= 1 and --max-queue-delay-us >= 0")
+    if scores is not None and scores not in SCORES:
+        raise InputError(f"--scores must be one of {', '.join(SCORES)}, got {scores!r}")
     ports = {"http": port, "grpc": grpc_port, "metrics": metrics_port}
     if len(set(ports.values())) != 3:
         raise ServeError(f"the HTTP, gRPC and metrics ports must differ, got {ports}")
@@ -243,7 +249,7 @@ def start(
     log_dir = Path(tempfile.mkdtemp(prefix="vitfast-serve-"))
     triton = _triton(host, ports, log_dir, verbose)
     try:
-        _bind(triton, engine, name, max_batch, max_queue_delay_us, top_k, labels)
+        _bind(triton, engine, name, max_batch, max_queue_delay_us, top_k, labels, scores)
         with interpreter_library_path():
             triton.run()
         server = Server(triton, engine, name=name, host=host, ports=ports, max_batch=max_batch, log_dir=log_dir)
@@ -291,7 +297,7 @@ def _triton(host: str, ports: dict[str, int], log_dir: Path, verbose: bool):
     return Triton(config=config)
 
 
-def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int, labels: tuple[str, ...] | None) -> None:
+def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int, labels: tuple[str, ...] | None, scores: str | None) -> None:
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 
     cfg = engine.config
@@ -309,7 +315,7 @@ def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int, labe
         f"{name}_uint8": Tensor(name="images", dtype=np.uint8, shape=(-1, -1, cfg.in_chans)),
     }
     for model, tensor in inputs.items():
-        triton.bind(model_name=model, infer_func=Predictor(engine, k, lock, labels), inputs=[tensor], outputs=outputs, config=model_config)
+        triton.bind(model_name=model, infer_func=Predictor(engine, k, lock, labels, scores), inputs=[tensor], outputs=outputs, config=model_config)
     _install_guard(triton, set(inputs), allow_nonfinite=engine.allow_nonfinite, patch_size=cfg.patch_size if cfg.dynamic_img_size else None,
                    image_sizes=engine.image_sizes)  # fmt: skip
 

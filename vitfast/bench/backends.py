@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from vitfast._version import __version__
-from vitfast.config import PREPROCESSING_FIELDS, ViTConfig
+from vitfast.config import OUTPUT_MEANING_FIELDS, PREPROCESSING_FIELDS, ViTConfig
 from vitfast.data import find_images, random_images
 from vitfast.errors import ArtifactError, BackendUnavailable, InputError
 from vitfast.foreign import is_onnx_artifact
@@ -204,8 +204,8 @@ def match_engine(paths: list[str], config: ViTConfig, precision: str) -> tuple[P
 
 
 def _arch(config: dict[str, Any]) -> dict[str, Any]:
-    """The fields that decide the computation (the name and preprocessing do not)."""
-    return {k: v for k, v in config.items() if k not in ("name", "labels", *PREPROCESSING_FIELDS)}
+    """The fields that decide the computation (the name, preprocessing and what the output means do not)."""
+    return {k: v for k, v in config.items() if k not in ("name", *OUTPUT_MEANING_FIELDS, *PREPROCESSING_FIELDS)}
 
 
 # ---------------------------------------------------------------------------- building

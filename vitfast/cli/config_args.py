@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vitfast.config import ACT_LAYERS, CROP_MODES, GLOBAL_POOLS, INTERPOLATIONS, OUTPUT_FMTS, check_field_names
+from vitfast.config import ACT_LAYERS, CROP_MODES, GLOBAL_POOLS, INTERPOLATIONS, OUTPUT_FMTS, PROBLEM_TYPES, check_field_names
 from vitfast.errors import ConfigError, InputError
 from vitfast.foreign import config_file_fields
 
@@ -21,7 +21,8 @@ from vitfast.foreign import config_file_fields
 _FLAGS = {"num_heads": "--num-heads", "act_layer": "--act-layer", "norm_eps": "--norm-eps", "num_classes": "--num-classes",
           "global_pool": "--global-pool", "features_only": "--features-only", "out_indices": "--out-indices",
           "output_fmt": "--output-fmt", "feature_norm": "--feature-norm", "dynamic_img_size": "--dynamic-img-size",
-          "mean": "--mean", "std": "--std", "crop_pct": "--crop-pct", "crop_mode": "--crop-mode", "interpolation": "--interpolation"}  # fmt: skip
+          "mean": "--mean", "std": "--std", "crop_pct": "--crop-pct", "crop_mode": "--crop-mode", "interpolation": "--interpolation",
+          "problem_type": "--problem-type"}  # fmt: skip
 
 
 def add_config_args(parser: argparse.ArgumentParser, labels: bool = True) -> None:
@@ -56,6 +57,10 @@ def add_config_args(parser: argparse.ArgumentParser, labels: bool = True) -> Non
     group.add_argument("--crop-pct", type=float, metavar="P", help="centre-crop fraction (resize to img_size / P first)")
     group.add_argument("--crop-mode", choices=CROP_MODES, help="center: keep the aspect ratio, crop; squash: resize both sides; border: keep the aspect ratio, pad")
     group.add_argument("--interpolation", choices=INTERPOLATIONS, help="resize filter")
+    group.add_argument("--problem-type", choices=PROBLEM_TYPES,
+                       help="what the classifier's logits mean (transformers' config.json names; read from there when it says): "
+                            "it sets how predict and serve score them (softmax, sigmoid per class, or the logits for regression) "
+                            "and is kept in the export's sidecar")  # fmt: skip
     if labels:
         group.add_argument("--labels", metavar="FILE", help="class names: a text file (one per line) or a JSON list / {index: name}")
 

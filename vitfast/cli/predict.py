@@ -23,13 +23,12 @@ from vitfast.data import find_images
 from vitfast.errors import InputError
 from vitfast.flags import positive_int
 from vitfast.runtime import Engine
-from vitfast.scores import SCORES, top_classes
+from vitfast.scores import SCORES, default_scores, top_classes
 
 from .export import add_artifact_args, add_loading_args, load_artifact
 from .progress import add_quiet, reporter
 
 FORMATS = (".jsonl", ".csv", ".npz")
-MULTI_LABEL = "multi_label_classification"  # transformers' config.json problem_type
 
 
 def input_files(paths: list[str]) -> list[Path]:
@@ -44,26 +43,6 @@ def input_files(paths: list[str]) -> list[Path]:
         else:
             raise InputError(f"no such image file or folder: {path}")
     return files
-
-
-def default_scores(artifact: str, engine: Engine) -> tuple[str, str | None]:
-    """(scores, note): softmax, or sigmoid where transformers' image-classification pipeline applies it: a single-output
-    classifier, or one whose config.json (in or beside the artifact, or the folder an ONNX graph took its files from)
-    says `problem_type: multi_label_classification`."""
-    if engine.config.num_classes == 1:
-        return "sigmoid", "scores: sigmoid (one output class, as transformers scores it); --scores to change"
-    path = Path(artifact)
-    candidates = [path / "config.json" if path.is_dir() else path.with_name("config.json"),
-                  *map(Path, engine.metadata.get("config_files", []))]  # fmt: skip
-    for candidate in candidates:
-        if candidate.name == "config.json" and candidate.is_file():
-            try:
-                problem = json.loads(candidate.read_text()).get("problem_type")
-            except (OSError, ValueError, AttributeError):
-                continue
-            if problem == MULTI_LABEL:
-                return "sigmoid", f"scores: sigmoid ({candidate} says problem_type {MULTI_LABEL}); --scores to change"
-    return "softmax", None
 
 
 def classifier_rows(engine: Engine, results: Iterator[tuple[list[Path], torch.Tensor]], k: int, scores: str) -> Iterator[dict[str, Any]]:
@@ -124,9 +103,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if classifier and fmt == ".npz" and (args.top_k or args.scores):
         raise InputError("--out FILE.npz holds the logits themselves: drop --top-k / --scores, or write .jsonl / .csv")
     top_k = classifier and fmt != ".npz"  # top-k rows rather than whole outputs
-    scores, note = (args.scores, None) if args.scores else default_scores(args.artifact, engine)
-    if note and top_k and not args.quiet:
-        print(f"vitfast: note: {note}", file=sys.stderr)
+    scores, why = (args.scores, None) if args.scores else default_scores(engine.config.num_classes, engine.config.problem_type)
+    if scores != "softmax" and why and top_k and not args.quiet:
+        print(f"vitfast: note: {why}; --scores to change", file=sys.stderr)
     k = min(args.top_k or pipeline.TOP_K, engine.config.num_classes) if classifier else 0
     with reporter("predict", args.quiet) as progress:
         results = pipeline.predict(engine, files, batch_size=args.batch_size, workers=args.workers, progress=progress)
@@ -161,8 +140,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("images", nargs="+", help="image files, or folders (every image under them, sorted)")
     p.add_argument("--top-k", type=positive_int, metavar="K", help=f"classes per image (default {pipeline.TOP_K})")
     p.add_argument("--scores", choices=SCORES,
-                   help="softmax probabilities (default), sigmoid (multi-label; the default when a transformers config.json "
-                        "says problem_type multi_label_classification, or for one class) or the raw logits")  # fmt: skip
+                   help="default: as transformers' pipeline scores the model: sigmoid per class for problem_type "
+                        "multi_label_classification or one class, the logits for regression, else softmax")  # fmt: skip
     p.add_argument("--out", metavar="FILE", help="write to FILE.jsonl (a row per image), FILE.csv (classifiers: index, label, "
                    "score per rank) or FILE.npz (outputs [N, ...] float32 and files [N]: logits, features or tokens)")  # fmt: skip
     p.add_argument("--force", action="store_true", help="overwrite an existing --out")

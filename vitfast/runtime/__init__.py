@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vitfast.checkpoint import load_checkpoint
-from vitfast.config import ViTConfig
+from vitfast.config import OUTPUT_MEANING_FIELDS, ViTConfig
 from vitfast.errors import ArtifactError, InputError
 from vitfast.foreign import is_onnx_artifact
 
@@ -39,7 +39,8 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
     """An `Engine` for a checkpoint, an ONNX file (vitfast's or another tool's), an Optimum export
     folder or a TensorRT engine, chosen from the path. `overrides`: ViTConfig fields for a checkpoint,
     as `load_checkpoint` takes them (plus `img_size`); for an ONNX file, its preprocessing (all of
-    img_size/mean/std/... for a graph without a vitfast sidecar). `output`: for an ONNX file, which of its outputs
+    img_size/mean/std/... for a graph without a vitfast sidecar); for any artifact, what its output means (class
+    names `labels`, `problem_type`). `output`: for an ONNX file, which of its outputs
     to run, by name (a graph from another tool may return logits, pooled features and every token side by side).
 
     `backend`: "auto" (torch for checkpoints, TensorRT for engines, for ONNX files the rule of
@@ -79,6 +80,9 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
         img_size = overrides.pop("img_size", None)
         engine = TorchEngine(load_checkpoint(path, img_size=img_size, overrides=overrides), device=device, optimized=optimized,
                              path=path, **kwargs)  # fmt: skip
+    meaning = {k: v for k, v in (overrides or {}).items() if k in OUTPUT_MEANING_FIELDS and v is not None}
+    if meaning and kind != "checkpoint":  # the graph or engine holds no such thing: they describe its output
+        engine.config = engine.config.replace(**meaning)
     engine.backend_choice = reason if kind == "onnx" or backend != "auto" else f"auto: {engine.kind} runs {kind} artifacts"
     return engine
 
