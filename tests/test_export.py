@@ -434,6 +434,24 @@ def test_engine_checks_shapes_and_takes_uint8(exported):
         torch.testing.assert_close(engine(raw), model(vitfast.preprocess(raw, model.config)), atol=1e-4, rtol=1e-4)
 
 
+def test_exported_onnx_takes_preprocessing_and_meaning_and_refuses_what_it_fixed(exported):
+    model, fp32, _ = exported["vit_cifar_patch4_32"]
+    names = [f"c{i}" for i in range(10)]
+    for backend in ("onnxruntime", "openvino"):
+        if backend == "openvino":
+            pytest.importorskip("openvino", reason="the OpenVINO engine needs openvino")
+        engine = vitfast.load_engine(fp32, backend=backend, overrides={"mean": [0.0] * 3, "labels": names, "problem_type": "regression"})
+        assert (engine.config.mean, engine.config.labels, engine.config.problem_type) == ((0.0,) * 3, tuple(names), "regression")
+        raw = np.random.default_rng(1).integers(0, 256, (2, 40, 40, 3), dtype=np.uint8)
+        with torch.no_grad():  # the raw images are normalised with the given mean
+            torch.testing.assert_close(engine(raw), model(vitfast.preprocess(raw, engine.config)), atol=1e-4, rtol=1e-4)
+        whole = vitfast.load_engine(fp32, backend=backend, overrides=model.config.to_dict() | {"name": "other"})  # all agree
+        assert whole.config == model.config
+        fixed = r"fixes what these override: num_heads 2 \(it has 4\), img_size 64 \(it has 32\); drop --num-heads / --img-size"
+        with pytest.raises(vitfast.InputError, match=fixed):
+            vitfast.load_engine(fp32, backend=backend, overrides={"num_heads": 2, "img_size": 64, "depth": model.config.depth})
+
+
 # ---------------------------------------------------------------------------- CLI
 def test_cli_export_check_eval_round_trip(tmp_path):
     assert run("export", "--model", "vit_cifar_patch4_32", "--format", "onnx", "--out", tmp_path / "m.onnx").returncode == 0

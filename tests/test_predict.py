@@ -159,6 +159,28 @@ def test_features_and_tokens_are_written_whole(hf, tmp_path):
     assert np.abs(np.array([r["output"] for r in rows]) - hidden.numpy()).max() < 1e-4  # every token, as transformers' last_hidden_state
 
 
+def test_npz_is_streamed_batch_by_batch_and_loads_as_numpy_wrote_it(tmp_path):
+    """Each batch is in the file before the next one is computed (a folder's tokens need not fit in memory)."""
+    from vitfast.cli.predict import write_npz
+
+    rng = np.random.default_rng(8)
+    batches = [([tmp_path / f"{b}-{i}.png" for i in range(n)], torch.from_numpy(rng.standard_normal((n, 50, 64)).astype(np.float32)))
+               for b, n in enumerate((4, 4, 3))]  # fmt: skip
+    out, sizes = tmp_path / "o.npz", []
+
+    def results():
+        for batch in batches:
+            yield batch
+            sizes.append(out.stat().st_size)
+
+    assert write_npz(results(), out, 11) == 11
+    block = 4 * 50 * 64 * 4  # bytes of a batch, past the file's write buffer
+    assert sizes[0] >= block and sizes[1] >= sizes[0] + block  # written as it came
+    saved = np.load(out)
+    assert saved["outputs"].dtype == np.float32 and np.array_equal(saved["outputs"], np.concatenate([b[1].numpy() for b in batches]))
+    assert list(saved["files"]) == [str(f) for b in batches for f in b[0]]
+
+
 def test_bad_input_is_refused_and_nothing_is_left_half_written(hf, tmp_path):
     folder, _, _, images = hf
     cases = {

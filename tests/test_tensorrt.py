@@ -749,6 +749,11 @@ def test_engine_loads_a_compatible_build(rec, gpu, onnx_file, tmp_path):
     assert (engine.input_name, engine.output_name) == ("images", "logits")
     assert engine.input_dtype == torch.float32 and engine.device == torch.device("cuda", 0)
     assert engine.config == vitfast.create_model("vit_cifar_patch4_32").config
+    names = [f"c{i}" for i in range(10)]  # what the output means and the preprocessing are taken, not ignored
+    given = vitfast.load_engine(path, overrides={"mean": [0.5] * 3, "labels": names, "problem_type": "multi_label_classification"})
+    assert (given.config.mean, given.config.labels, given.config.problem_type) == ((0.5,) * 3, tuple(names), "multi_label_classification")
+    with pytest.raises(vitfast.InputError, match=r"fixes what these override: global_pool 'avg' \(it has 'token'\); drop --global-pool"):
+        vitfast.load_engine(path, overrides={"global_pool": "avg"})
 
 
 @pytest.fixture(scope="module")

@@ -297,7 +297,7 @@ def _triton(host: str, ports: dict[str, int], log_dir: Path, verbose: bool):
     return Triton(config=config)
 
 
-def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int, labels: tuple[str, ...] | None, scores: str | None) -> None:
+def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int, labels: tuple[str, ...] | None, scores: str | None = None) -> None:
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 
     cfg = engine.config

@@ -13,7 +13,7 @@ from rich.table import Table
 from vitfast import pipeline
 from vitfast.data import find_images
 from vitfast.errors import BackendUnavailable, InputError
-from vitfast.foreign import is_onnx_artifact, report_choice
+from vitfast.foreign import FOREIGN_FIELDS, is_onnx_artifact, report_choice
 from vitfast.flags import int_in, ov_streams, positive_float, positive_int
 from vitfast.atomic import check_output_free, reserve_output
 from vitfast.export.artifacts import parse_batch, parse_image_sizes, read_sidecar
@@ -125,14 +125,18 @@ def _report(path: Path, quiet: bool) -> None:
 
 
 # ---------------------------------------------------------------------------- artifacts
-def load_artifact(path: str, args: argparse.Namespace, labels: bool = True, backend: str = "auto", primary: bool = True) -> Engine:
+def load_artifact(path: str, args: argparse.Namespace, labels: bool = True, backend: str = "auto", primary: bool = True,
+                  architecture: bool = True) -> Engine:  # fmt: skip
     """`load_engine(path)` with the command's --config / field overrides / --img-size (and --labels
-    unless `labels` is False), and for the `primary` artifact (not an --against one) --threads and
+    unless `labels` is False; only the fields an exported graph can take unless `architecture`: the others then
+    describe the reference `check` builds), and for the `primary` artifact (not an --against one) --threads and
     the OpenVINO flags; says what it read off a foreign ONNX graph, and refuses one whose
     preprocessing is unknown (raw images need it)."""
     overrides = config_overrides(args) | ({"img_size": args.img_size} if getattr(args, "img_size", None) else {})
     if not labels:
         overrides.pop("labels", None)
+    if not architecture and (is_onnx_artifact(path) or Path(path).suffix.lower() in ENGINE_SUFFIXES):
+        overrides = {k: v for k, v in overrides.items() if k in FOREIGN_FIELDS}
     output = getattr(args, "output", None) if primary else None
     engine = load_engine(path, backend=backend, overrides=overrides, output=output, **(runtime_options(path, args, backend) if primary else {}))
     if backend == "auto" and engine.kind == "openvino" and not getattr(args, "quiet", False):  # not the runtime it was calibrated with
@@ -193,7 +197,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.mark_all and args.against and all(is_onnx_artifact(p) for p in (args.artifact, args.against)):
         # marked intermediate outputs are an ONNX Runtime session feature: there, auto means ONNX Runtime
         backend, other_backend = "onnxruntime" if backend == "auto" else backend, "onnxruntime"
-    engine = load_artifact(args.artifact, args, backend=backend)
+    engine = load_artifact(args.artifact, args, backend=backend, architecture=bool(args.against))  # else the flags describe the reference
     if args.against:
         other = load_artifact(args.against, args, backend=other_backend, primary=False)
         with reporter("check", args.quiet) as progress:

@@ -8,9 +8,11 @@ image). Output files are written under a temporary name and renamed when complet
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -77,15 +79,26 @@ def write_rows(rows: Iterator[dict[str, Any]], fmt: str, stream) -> int:
     return n
 
 
-def write_npz(results: Iterator[tuple[list[Path], torch.Tensor]], tmp: Path) -> int:
-    """Write every image's output to .npz: `outputs` [N, ...] float32 and `files` [N]; returns the count."""
-    names, outs = [], []
-    for files, out in results:
-        names += map(str, files)
-        outs.append(out.numpy())
-    with tmp.open("wb") as stream:  # a file object: np.savez would add .npz to a name
-        np.savez(stream, outputs=np.concatenate(outs), files=np.array(names))
-    return len(names)
+def write_npz(results: Iterator[tuple[list[Path], torch.Tensor]], tmp: Path, n: int) -> int:
+    """Write `n` images' outputs to .npz as they come, so a folder's tokens need not fit in memory: `outputs` [n, ...]
+    float32, streamed into the archive batch by batch under a header sized up front, then `files` [n]; returns n."""
+    names: list[str] = []
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as archive, contextlib.ExitStack() as stack:
+        stream = None
+        for files, out in results:
+            block = np.ascontiguousarray(out.numpy(), dtype=np.float32)
+            if stream is None:  # the header needs the whole shape: every image's output is the first one's shape
+                stream = stack.enter_context(archive.open("outputs.npy", "w", force_zip64=True))
+                header = {"descr": np.lib.format.dtype_to_descr(block.dtype), "fortran_order": False, "shape": (n, *block.shape[1:])}
+                np.lib.format.write_array_header_1_0(stream, header)
+            stream.write(block.tobytes())
+            names += map(str, files)
+        if len(names) != n:  # the header said n rows
+            raise RuntimeError(f"expected {n} outputs, got {len(names)}")
+        stack.close()
+        with archive.open("files.npy", "w") as stream:
+            np.lib.format.write_array(stream, np.array(names))
+    return n
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -114,7 +127,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             rows = list(rows)
         elif fmt == ".npz":
             with claim_output(args.out, args.force) as claim:
-                n = write_npz(results, claim.tmp)
+                n = write_npz(results, claim.tmp, len(files))
         else:
             with claim_output(args.out, args.force) as claim, claim.tmp.open("w", newline="") as stream:
                 n = write_rows(rows, fmt, stream)

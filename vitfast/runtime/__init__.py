@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from vitfast.checkpoint import load_checkpoint
-from vitfast.config import OUTPUT_MEANING_FIELDS, ViTConfig
-from vitfast.errors import ArtifactError, InputError
+from vitfast.config import OUTPUT_MEANING_FIELDS, PREPROCESSING_FIELDS, ViTConfig
+from vitfast.errors import ArtifactError, ConfigError, InputError
 from vitfast.foreign import is_onnx_artifact
 
 from .engine import Engine, is_float_images
@@ -80,11 +80,34 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
         img_size = overrides.pop("img_size", None)
         engine = TorchEngine(load_checkpoint(path, img_size=img_size, overrides=overrides), device=device, optimized=optimized,
                              path=path, **kwargs)  # fmt: skip
-    meaning = {k: v for k, v in (overrides or {}).items() if k in OUTPUT_MEANING_FIELDS and v is not None}
-    if meaning and kind != "checkpoint":  # the graph or engine holds no such thing: they describe its output
-        engine.config = engine.config.replace(**meaning)
+    if kind != "checkpoint" and overrides:
+        engine.config = exported_config(engine, path, {k: v for k, v in overrides.items() if v is not None})
     engine.backend_choice = reason if kind == "onnx" or backend != "auto" else f"auto: {engine.kind} runs {kind} artifacts"
     return engine
+
+
+def exported_config(engine: Engine, path: Path, overrides: dict[str, Any]) -> ViTConfig:
+    """An exported artifact's config with the `overrides` it can take: what its output means (class names,
+    `problem_type`), and for vitfast's own artifacts the preprocessing (and the image size of a dynamic-size ONNX
+    graph). The graph or engine fixed every other field: an override that differs from it is refused, not ignored."""
+    config = engine.config
+    if engine.metadata.get("foreign"):  # its config holds only what the graph's files and the overrides said
+        return config.replace(**{k: v for k, v in overrides.items() if k in OUTPUT_MEANING_FIELDS})
+    takes = (*OUTPUT_MEANING_FIELDS, *PREPROCESSING_FIELDS, *(("img_size",) if config.dynamic_img_size and engine.kind != "tensorrt" else ()))
+    fixed = [k for k, v in overrides.items() if k not in (*takes, "name") and not _same(config, k, v)]
+    if fixed:
+        said = ", ".join(f"{k} {overrides[k]!r} (it has {getattr(config, k)!r})" for k in fixed)
+        raise InputError(f"{path} is an exported model and fixes what these override: {said}; drop "
+                         f"{' / '.join('--' + k.replace('_', '-') for k in fixed)}, or export again from the checkpoint with them")  # fmt: skip
+    return config.replace(**{k: v for k, v in overrides.items() if k in takes})
+
+
+def _same(config: ViTConfig, key: str, value: Any) -> bool:
+    """Whether setting `key` to `value` leaves `config` as it is (after the config's own normalising)."""
+    try:
+        return getattr(config.replace(**{key: value}), key) == getattr(config, key)
+    except ConfigError:
+        return False
 
 
 def onnx_backend(meta: dict | None, kwargs: dict[str, Any]) -> tuple[str, str]:
