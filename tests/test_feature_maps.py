@@ -38,22 +38,25 @@ def truncated_tokens(model: vitfast.VisionTransformer, x: torch.Tensor, block: i
     return short.eval().forward_features(x)
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
-@pytest.mark.parametrize("fmt", ["NCHW", "NLC"])
+@pytest.mark.parametrize("name, fmt", [(name, fmt) for fmt in ("NCHW", "NLC", "every-token") for name, cfg in VARIANTS.items()
+                                       if fmt != "every-token" or cfg.num_prefix_tokens])  # every-token: NLC with the prefix tokens
 def test_feature_maps_are_the_blocks_patch_tokens(name, fmt):
     cfg = VARIANTS[name]
     full = randomize(vitfast.create_model(cfg)).eval()
     blocks = (0, cfg.depth - 1)
-    feats = vitfast.create_model(cfg.replace(features_only=True, out_indices=(0, -1), output_fmt=fmt, feature_norm=True)).eval()
+    every = fmt == "every-token"
+    feats = vitfast.create_model(cfg.replace(features_only=True, out_indices=(0, -1), output_fmt="NLC" if every else fmt, feature_norm=True,
+                                             feature_prefix_tokens=every)).eval()  # fmt: skip
     feats.load_state_dict({k: v for k, v in full.state_dict().items() if k in feats.state_dict()})
     x = torch.randn(2, cfg.in_chans, *cfg.img_hw)
     gh, gw = cfg.grid_size
     with torch.no_grad():
         got = feats(x)
         assert got.shape == (2, *feats.config.output_shape)
-        assert got.shape == ((2, 2, cfg.embed_dim, gh, gw) if fmt == "NCHW" else (2, 2, gh * gw, cfg.embed_dim))
+        tokens = gh * gw + (cfg.num_prefix_tokens if every else 0)
+        assert got.shape == ((2, 2, cfg.embed_dim, gh, gw) if fmt == "NCHW" else (2, 2, tokens, cfg.embed_dim))
         for i, block in enumerate(blocks):
-            want = full.norm(truncated_tokens(full, x, block))[:, cfg.num_prefix_tokens :]  # feature_norm: the final norm
+            want = full.norm(truncated_tokens(full, x, block))[:, 0 if every else cfg.num_prefix_tokens :]  # feature_norm: the final norm
             if fmt == "NCHW":  # row-major over the grid: token r * gw + c is pixel row r, column c
                 want = want.reshape(2, gh, gw, -1).permute(0, 3, 1, 2)
             torch.testing.assert_close(got[:, i], want, atol=1e-5, rtol=0)
@@ -88,6 +91,9 @@ def test_config_describes_and_validates_feature_maps():
     assert vitfast.ViTConfig.from_json(nlc.to_json()) == nlc
     assert cfg.replace(features_only=False) == tiny_config(depth=6)  # the feature settings go with it
     assert nlc.replace(features_only=False).out_indices == 3
+    every = nlc.replace(feature_prefix_tokens=True, reg_tokens=2)  # class token, 2 registers, 16 patches
+    assert every.output_shape == (2, 19, 64) and every.replace(dynamic_img_size=True).output_shape == (2, None, 64)
+    assert vitfast.ViTConfig.from_json(every.to_json()) == every
     refusals = {
         "configure the feature maps of features_only=True": dict(out_indices=(1,)),
         "last 7 blocks; the model has 6": dict(features_only=True, out_indices=7),
@@ -98,6 +104,9 @@ def test_config_describes_and_validates_feature_maps():
         r"after pooling \(fc_norm\)": dict(features_only=True, feature_norm=True, global_pool="avg"),
         r"nowhere \(final_norm=False\)": dict(features_only=True, feature_norm=True, final_norm=False),
         "number of last blocks or a tuple": dict(features_only=True, out_indices=(1.0,)),
+        r"needs output_fmt='NLC' \(this model has 'NCHW'\)": dict(features_only=True, feature_prefix_tokens=True),
+        r"a model with such tokens \(this one has 0\)": dict(features_only=True, output_fmt="NLC", feature_prefix_tokens=True,
+                                                              class_token=False, global_pool="avg", fc_norm=False),  # fmt: skip
     }
     for message, fields in refusals.items():
         with pytest.raises(ConfigError, match=message):
@@ -212,6 +221,19 @@ def test_cli_exports_checks_and_refuses_to_eval_feature_maps(tmp_path):
     assert result.returncode == 2 and "returns feature maps (features_only)" in result.stderr
     result = run("export", "--checkpoint", ckpt, "--out-indices", "1", "--format", "onnx", "--out", tmp_path / "x.onnx")
     assert result.returncode == 2 and "set features_only=True" in result.stderr and not (tmp_path / "x.onnx").exists()
+    every = tmp_path / "every.onnx"  # every token, the class token first (a DPT-style head's input)
+    result = run("export", "--checkpoint", ckpt, "--features-only", "--out-indices", "1", "-1", "--output-fmt", "nlc",
+                 "--feature-prefix-tokens", "--format", "onnx", "--out", every)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert read_sidecar(every)["output"]["shape"] == ["batch", 2, 17, 64] and read_sidecar(every)["config"]["feature_prefix_tokens"]
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = torch.stack([truncated_tokens(model, x, b) for b in (1, 3)], dim=1)  # no --feature-norm: the blocks' own tokens
+    got = vitfast.load_engine(every)(x)
+    assert got.shape == want.shape and ((got - want).abs().max() / want.abs().max()).item() <= 1e-4
+    check = run("check", every, "--checkpoint", ckpt, "--features-only", "--out-indices", "1", "-1", "--output-fmt", "NLC",
+                "--feature-prefix-tokens", "--json")  # fmt: skip
+    assert check.returncode == 0 and '"passed": true' in check.stdout, check.stderr
 
 
 @onnx_tests

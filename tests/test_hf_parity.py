@@ -797,13 +797,17 @@ BACKBONES = {
     "kind, kw, fmt",
     [("dinov2", dict(out_indices=[1, 3]), "NCHW"), ("dinov2", dict(apply_layernorm=False), "NCHW"),  # default: the last stage
      ("dinov2-registers", dict(out_features=["stage2", "stage4"]), "NCHW"), ("dinov3", dict(out_indices=[2, 4]), "NCHW"),
-     ("dinov3", dict(out_indices=[1, 3], reshape_hidden_states=False, apply_layernorm=False), "NLC")],
-    ids=["dinov2", "dinov2-default-stage-no-norm", "dinov2-registers", "dinov3", "dinov3-tokens-no-norm"],
+     ("dinov3", dict(out_indices=[1, 3], reshape_hidden_states=False, apply_layernorm=False), "NLC"),
+     ("dinov2", dict(out_indices=[2, 4], reshape_hidden_states=False), "NLC"),  # Depth Anything's: every token, normalised
+     ("dinov2-registers", dict(out_indices=[1, 3], reshape_hidden_states=False), "NLC")],
+    ids=["dinov2", "dinov2-default-stage-no-norm", "dinov2-registers", "dinov3", "dinov3-tokens-no-norm", "dinov2-every-token",
+         "dinov2-registers-every-token"],
 )  # fmt: skip
 def test_hf_backbone_folder_returns_its_feature_maps(tmp_path, kind, kw, fmt):
     """A *Backbone folder (AutoBackbone: DPT / Depth Anything / Mask2Former encoders) loads as features_only and returns
     transformers' `feature_maps`, stacked: the stages out_indices name (stage i = after block i - 1), normalised with
-    apply_layernorm, NCHW with reshape_hidden_states. Unused blocks are not built."""
+    apply_layernorm, NCHW with reshape_hidden_states; without it DINOv2's every token (class and registers first), DINOv3's
+    patch tokens. Unused blocks are not built."""
     backbone_cls, config_cls, fields = BACKBONES[kind]
     hf = _perturbed(backbone_cls(config_cls(**fields | dict(num_hidden_layers=4) | kw)))
     hf.save_pretrained(tmp_path)
@@ -814,6 +818,7 @@ def test_hf_backbone_folder_returns_its_feature_maps(tmp_path, kind, kw, fmt):
     stages = hf.out_indices
     assert (c.features_only, c.feature_indices, c.output_fmt, c.feature_norm) == (True, tuple(i - 1 for i in stages), fmt,
                                                                                    kw.get("apply_layernorm", True))  # fmt: skip
+    assert c.feature_prefix_tokens == (fmt == "NLC" and kind != "dinov3")
     assert len(model.blocks) == stages[-1]
     x = torch.randn(2, 3, fields["image_size"], fields["image_size"])
     with torch.no_grad():
@@ -823,7 +828,6 @@ def test_hf_backbone_folder_returns_its_feature_maps(tmp_path, kind, kw, fmt):
 @pytest.mark.parametrize(
     "kind, kw, named",
     [("dinov2", dict(out_features=["stem", "stage2"]), "returns the stem"),
-     ("dinov2", dict(reshape_hidden_states=False), "every token, the class token included"),
      ("dinov3", dict(apply_layernorm=False), "normalises its last stage anyway")],
 )  # fmt: skip
 def test_hf_backbone_feature_maps_vitfast_cannot_compute_are_refused_by_name(tmp_path, kind, kw, named):

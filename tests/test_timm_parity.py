@@ -128,6 +128,12 @@ def test_feature_maps_match_timms_feature_getter(tmp_path, variant, fmt):
             torch.testing.assert_close(ours(x), torch.stack(feats(x), dim=1), atol=ATOL, rtol=0)
         key_bias = sum(p.numel() for n, p in feats.named_parameters() if n.endswith(("attn.q_bias", "attn.q_proj.bias")))
         assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in feats.parameters()) + key_bias
+    if fmt == "NLC" and cfg.num_prefix_tokens:  # every token: timm's prefix tokens (paired with each map) first
+        every = vitfast.load_checkpoint(tmp_path / "model.pth", config=cfg, overrides=dict(
+            features_only=True, out_indices=(1, -2), output_fmt="NLC", feature_norm=norm, feature_prefix_tokens=True))  # fmt: skip
+        with torch.no_grad():
+            pairs = ref.forward_intermediates(x, indices=[1, 2], norm=norm, output_fmt="NLC", return_prefix_tokens=True, intermediates_only=True)
+            torch.testing.assert_close(every(x), torch.stack([torch.cat([prefix, tokens], 1) for tokens, prefix in pairs], 1), atol=ATOL, rtol=0)
 
 
 DYNAMIC = ["plain", "deit-distilled", "deit3-layerscale", "reg4-gap", "hybrid-r26", "clip", "dinov2-reg4", "siglip-map",

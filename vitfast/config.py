@@ -45,7 +45,7 @@ ROPE_THETA = {"dinov3": 100.0, "axial": 10000.0}  # each kind's default base per
 ROPE_GRID_INDEXINGS = ("ij", "xy")
 ROPE_SETTINGS = ("rope_theta", "rope_ref_grid", "rope_grid_indexing", "rope_grid_offset")  # meaningful only with `rope`
 MAP_POOL_SETTINGS = ("pool_include_prefix", "attn_pool_num_heads", "attn_pool_mlp_ratio")  # only with global_pool="map"
-FEATURE_SETTINGS = ("out_indices", "output_fmt", "feature_norm")  # only with features_only=True
+FEATURE_SETTINGS = ("out_indices", "output_fmt", "feature_norm", "feature_prefix_tokens")  # only with features_only=True
 # Feature maps per image: channels first over the patch grid [C, gh, gw] (timm's default), or tokens [gh * gw, C]
 OUTPUT_FMTS = ("NCHW", "NLC")
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
@@ -115,6 +115,10 @@ class ViTConfig:
     out_indices: int | tuple[int, ...] = 3  # timm's: n = the last n blocks, or block indices (negative from the end)
     output_fmt: str = "NCHW"  # one of OUTPUT_FMTS
     feature_norm: bool = False  # the final norm on every feature map (timm's norm=True; DINOv2's get_intermediate_layers)
+    # NLC maps keep the prefix (class, distillation, register) tokens before the patch tokens: [B, len, prefix + gh * gw,
+    # C], every token of the block, as transformers' DINOv2 backbones return them with reshape_hidden_states=False (and
+    # timm's forward_intermediates pairs them with return_prefix_tokens=True); DPT-style heads read the class token
+    feature_prefix_tokens: bool = False
     norm_eps: float = 1e-6
     act_layer: str = "gelu"  # "gelu" (erf), "gelu_tanh" or "quick_gelu" (x sigmoid(1.702 x), OpenAI CLIP); "silu"
     mlp_layer: str = "mlp"  # "swiglu_packed": SwiGLU with fc1 packed (mlp_hidden is fc1's width, twice fc2's input);
@@ -226,7 +230,9 @@ class ViTConfig:
             grid, patches, tokens = (None, None), None, None
         if self.features_only:
             n = len(self.feature_indices)
-            return (n, self.embed_dim, *grid) if self.output_fmt == "NCHW" else (n, patches, self.embed_dim)
+            if self.output_fmt == "NCHW":
+                return (n, self.embed_dim, *grid)
+            return (n, tokens if self.feature_prefix_tokens else patches, self.embed_dim)
         return (tokens, self.out_features) if self.global_pool == "" else (self.out_features,)
 
     @property
@@ -403,6 +409,9 @@ class ViTConfig:
                 f"block order), e.g. {blocks}")  # fmt: skip
         if self.output_fmt not in OUTPUT_FMTS:
             bad(f"output_fmt must be one of {OUTPUT_FMTS}, got {self.output_fmt!r}")
+        if self.feature_prefix_tokens and (self.output_fmt != "NLC" or not self.num_prefix_tokens):
+            bad("feature_prefix_tokens keeps the class and register tokens in each map's token sequence: it needs output_fmt='NLC' "
+                f"(this model has {self.output_fmt!r}) and a model with such tokens (this one has {self.num_prefix_tokens})")  # fmt: skip
         if self.feature_norm and not (self.final_norm and not self.use_fc_norm):
             where = "after pooling (fc_norm)" if self.final_norm else "nowhere (final_norm=False)"
             bad(f"feature_norm applies the final norm to the feature maps, and this model's final norm is {where}: timm's norm=True "

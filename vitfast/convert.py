@@ -406,7 +406,8 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
 def _backbone_fields(cfg: dict[str, Any], model_type: str, depth: int) -> dict[str, Any]:
     """A `Dinov2Backbone` / `Dinov2WithRegistersBackbone` / `DINOv3ViTBackbone` folder returns `feature_maps`: the patch
     tokens of its `out_indices` stages (stage i = after block i - 1; transformers' default the last), normalised with
-    `apply_layernorm`, as NCHW maps with `reshape_hidden_states` (DINOv3 without it: the tokens, NLC). The features_only
+    `apply_layernorm`, as NCHW maps with `reshape_hidden_states`; without it DINOv2's are every token of the stage, the class
+    and register tokens first (Depth Anything's backbone), DINOv3's the patch tokens, NLC. The features_only
     fields that compute them; what vitfast cannot compute is refused by name. Other folders: no fields."""
     arch = next((a for a in cfg.get("architectures") or () if a.endswith("Backbone")), None)
     if arch is None:
@@ -421,13 +422,12 @@ def _backbone_fields(cfg: dict[str, Any], model_type: str, depth: int) -> dict[s
     if 0 in stages:
         raise CheckpointError(f"this {arch} returns the stem (the embeddings before any block) as a feature map; vitfast's feature maps "
                               "are block outputs: drop 'stem' from out_features in config.json, or load the weights alone")  # fmt: skip
-    if not reshape and model_type != dinov3.MODEL_TYPE:
-        raise CheckpointError(f"this {arch} has reshape_hidden_states=false: its feature maps are every token, the class token included; "
-                              "vitfast returns patch tokens (set it to true for NCHW maps, or pass --global-pool none for every token)")  # fmt: skip
     if not norm and model_type == dinov3.MODEL_TYPE and depth in stages:
         raise CheckpointError(f"this {arch} has apply_layernorm=false but normalises its last stage anyway, one map of {len(stages)}; "
                               "vitfast normalises all maps or none: set apply_layernorm to true, or leave the last stage out")  # fmt: skip
-    return dict(features_only=True, out_indices=tuple(s - 1 for s in stages), output_fmt="NCHW" if reshape else "NLC", feature_norm=norm)
+    every_token = not reshape and model_type != dinov3.MODEL_TYPE  # DINOv2's backbones then return the prefix tokens too
+    return dict(features_only=True, out_indices=tuple(s - 1 for s in stages), output_fmt="NCHW" if reshape else "NLC", feature_norm=norm,
+                feature_prefix_tokens=every_token)  # fmt: skip
 
 
 def _hf_act(section: dict[str, Any], default: str) -> str:

@@ -246,7 +246,10 @@ class VisionTransformer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = self.config
         if c.features_only:  # [B, len(out_indices), *feature map]
-            maps = self.forward_intermediates(x, c.feature_indices, norm=c.feature_norm, output_fmt=c.output_fmt, intermediates_only=True)
+            maps = self.forward_intermediates(x, c.feature_indices, return_prefix_tokens=c.feature_prefix_tokens, norm=c.feature_norm,
+                                              output_fmt=c.output_fmt, intermediates_only=True)  # fmt: skip
+            if c.feature_prefix_tokens:  # every token in the block's order: prefix first
+                maps = [torch.cat([prefix, patches], dim=1) for patches, prefix in maps]
             return torch.stack(maps, dim=1)
         return self.forward_head(self.forward_features(x))
 

@@ -20,7 +20,7 @@ from vitfast.foreign import config_file_fields
 # flag -> ViTConfig field
 _FLAGS = {"num_heads": "--num-heads", "act_layer": "--act-layer", "norm_eps": "--norm-eps", "num_classes": "--num-classes",
           "global_pool": "--global-pool", "features_only": "--features-only", "out_indices": "--out-indices",
-          "output_fmt": "--output-fmt", "feature_norm": "--feature-norm", "dynamic_img_size": "--dynamic-img-size",
+          "output_fmt": "--output-fmt", "feature_norm": "--feature-norm", "feature_prefix_tokens": "--feature-prefix-tokens", "dynamic_img_size": "--dynamic-img-size",
           "mean": "--mean", "std": "--std", "crop_pct": "--crop-pct", "crop_mode": "--crop-mode", "interpolation": "--interpolation",
           "problem_type": "--problem-type"}  # fmt: skip
 
@@ -48,6 +48,10 @@ def add_config_args(parser: argparse.ArgumentParser, labels: bool = True) -> Non
                        help="with --features-only: NCHW feature maps [B, n, C, H, W] (default) or NLC tokens [B, n, H*W, C]")
     group.add_argument("--feature-norm", action="store_true", default=None,
                        help="with --features-only: apply the model's final norm to every feature map (timm's norm=True)")
+    group.add_argument("--feature-prefix-tokens", action="store_true", default=None,
+                       help="with --features-only --output-fmt NLC: every token of each block, the class and register tokens first "
+                            "[B, n, prefix + H*W/patch^2, C] (transformers' DINOv2 backbones with reshape_hidden_states=false; "
+                            "DPT-style heads read the class token)")  # fmt: skip
     group.add_argument("--dynamic-img-size", action="store_true", default=None,
                        help="take images of any height and width in whole patches (timm's dynamic_img_size): the position "
                             "embeddings are resized to each input's patch grid in the model and in its ONNX graph, by the "
