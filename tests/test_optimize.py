@@ -57,9 +57,13 @@ def optimize_and_compare(cfg, device, **optimize_kwargs):
     return model, x, ref
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
+# every token of each map, the prefix tokens first: sliced from the (x, norm1(x)) the fused blocks hand on
+EVERY_TOKEN = tiny_config(depth=3, features_only=True, out_indices=(0, 2), output_fmt="NLC", feature_prefix_tokens=True, reg_tokens=1)
+
+
+@pytest.mark.parametrize("name", [*VARIANTS, "feature-maps-every-token"])
 def test_optimized_logits_match_reference(device, name):
-    model, x, ref = optimize_and_compare(VARIANTS[name], device)
+    model, x, ref = optimize_and_compare(VARIANTS.get(name, EVERY_TOKEN), device)
     with torch.no_grad():
         vitfast.restore(model)
         assert not any(isinstance(b, FusedBlock) for b in model.blocks)
