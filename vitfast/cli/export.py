@@ -126,12 +126,12 @@ def _report(path: Path, quiet: bool) -> None:
 
 # ---------------------------------------------------------------------------- artifacts
 def load_artifact(path: str, args: argparse.Namespace, labels: bool = True, backend: str = "auto", primary: bool = True,
-                  architecture: bool = True) -> Engine:  # fmt: skip
+                  architecture: bool = True, preprocessing: bool = True) -> Engine:  # fmt: skip
     """`load_engine(path)` with the command's --config / field overrides / --img-size (and --labels
     unless `labels` is False; only the fields an exported graph can take unless `architecture`: the others then
     describe the reference `check` builds), and for the `primary` artifact (not an --against one) --threads and
     the OpenVINO flags; says what it read off a foreign ONNX graph, and refuses one whose
-    preprocessing is unknown (raw images need it)."""
+    preprocessing is unknown (raw images need it) unless `preprocessing` is False."""
     overrides = config_overrides(args) | ({"img_size": args.img_size} if getattr(args, "img_size", None) else {})
     if not labels:
         overrides.pop("labels", None)
@@ -145,7 +145,7 @@ def load_artifact(path: str, args: argparse.Namespace, labels: bool = True, back
         print(f"vitfast: note: {engine.picked}", file=sys.stderr)
     if engine.metadata.get("foreign"):
         report_choice(engine.path, engine.io, engine.metadata)
-    if getattr(engine, "missing_preprocessing", None):
+    if preprocessing and getattr(engine, "missing_preprocessing", None):
         raise InputError(engine.missing_preprocessing)
     return engine
 

@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from rich import box
 from rich.table import Table
 
-from vitfast.errors import ConfigError
+from vitfast.describe import describe, describe_sidecar
+from vitfast.errors import BackendUnavailable, ConfigError, first_line
 from vitfast.flops import count_macs, count_params
 from vitfast.info import collect
 from vitfast.registry import get_config, list_models
 
+from vitfast.runtime import ENGINE_SUFFIXES, read_sidecar, sidecar_path
+
+from .export import add_artifact_args, load_artifact
 from .output import console, fitting
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    if args.artifact:
+        return cmd_describe(args)
     info = collect()
     if args.json:
         print(json.dumps(info))
@@ -31,6 +38,37 @@ def cmd_info(args: argparse.Namespace) -> int:
     table.add_row("Triton interpreter", "on (TRITON_INTERPRET=1)" if info["triton_interpret"] else "off")
     console().print(table)
     return 0
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    """`vitfast info ARTIFACT`: what it is and what vitfast will do with it; a TensorRT engine this machine cannot
+    load is described from its sidecar."""
+    path = Path(args.artifact)
+    try:
+        facts = describe(load_artifact(args.artifact, args, backend=args.backend, preprocessing=False))
+    except BackendUnavailable as exc:
+        if path.suffix.lower() not in ENGINE_SUFFIXES or not sidecar_path(path).is_file():
+            raise
+        facts = describe_sidecar(str(path), read_sidecar(path, verify=False), first_line(exc))
+    if args.json:
+        print(json.dumps(facts))
+        return 0
+    table = Table(title=str(path), show_header=False)
+    for key, value in facts.items():
+        if isinstance(value, dict):
+            for sub, item in value.items():
+                if item is not None:
+                    table.add_row(f"{key}: {sub}", _text(item))
+        elif value not in (None, [], {}):
+            table.add_row(key, _text(value))
+    console().print(table)
+    return 0
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return "" if value is None else str(value)
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -79,8 +117,12 @@ def models_table(rows: list[dict[str, Any]], compact: bool = False) -> Table:
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("info", parents=[common], help="versions, GPU and compute capability, TensorRT, interpreter mode")
+    p = sub.add_parser("info", parents=[common], help="versions, GPU and compute capability, TensorRT, interpreter mode; "
+                       "or what an artifact is and how vitfast runs it")  # fmt: skip
+    p.add_argument("artifact", nargs="?", help="describe this artifact instead (checkpoint, ONNX file or folder, TensorRT engine): "
+                   "runtime, precision, input and output, preprocessing, scoring, and what its sidecar recorded")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_artifact_args(p)
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("models", parents=[common], help="registered variants with parameters and GFLOPs")
