@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -189,6 +190,11 @@ def test_the_graph_takes_any_size_and_matches_the_model(exported):
         torch.testing.assert_close(engine(x), model(x), atol=1e-4, rtol=0)
     with pytest.raises(InputError, match=f"not whole {p}x{p} patches"):
         engine(torch.randn(1, 3, gh * p + 1, gw * p))
+    hw = (gh * p, gw * p)  # the size raw images are resized to is the user's to choose for such a graph
+    resized = vitfast.load_engine(path, backend="onnxruntime", overrides={"img_size": hw})
+    raw = np.random.default_rng(3).integers(0, 256, (2, 50, 45, 3), dtype=np.uint8)
+    with torch.no_grad():
+        torch.testing.assert_close(resized(raw), model(vitfast.preprocess(raw, model.config.replace(img_size=hw))), atol=1e-4, rtol=0)
 
 
 def test_fp16_and_int8_graphs_are_checked_at_every_size(tmp_path):
