@@ -22,10 +22,9 @@ def describe(engine: Engine) -> dict[str, Any]:
         out["assumed"] = meta.get("assumed") or []
     if guesses := getattr(getattr(engine, "model", None), "config_guesses", None):  # a checkpoint's
         out["guessed"] = guesses
-    if missing := getattr(engine, "missing_preprocessing", None):  # float inputs run; raw images cannot
-        out["preprocessing_missing"] = missing
     out |= shape_and_meaning(engine.config, engine.batch, architecture=not foreign) | recorded(meta)
-    if out.get("preprocessing_missing"):  # the config's mean and std are placeholders then, not the graph's
+    if missing := getattr(engine, "missing_preprocessing", None):  # float inputs run; raw images cannot
+        out["preprocessing_missing"] = missing  # and the config's mean and std are placeholders, not the graph's
         out["preprocessing"] = {k: v for k, v in out["preprocessing"].items() if k not in ("mean", "std")}
     return out
 
@@ -53,7 +52,7 @@ def shape_and_meaning(config: ViTConfig, batch: tuple[int, ...] | None, *, archi
     if config.classifies:
         scores, why = default_scores(config.num_classes, config.problem_type)
         out["output"] |= {"classes": config.num_classes, "labels": len(config.labels) if config.labels else None,
-                          "problem_type": config.problem_type, "scores": scores, "scores_rule": why.removeprefix("scores: ")}  # fmt: skip
+                          "problem_type": config.problem_type, "scores": scores, "scores_rule": why}  # fmt: skip
     out["preprocessing"] = {k: list(v) if isinstance(v, tuple) else v for k, v in ((k, getattr(config, k)) for k in PREPROCESSING_FIELDS)}
     return out
 

@@ -30,9 +30,9 @@ def default_scores(num_classes: int, problem_type: str | None) -> tuple[str, str
     """(scores, why) for a classifier's logits, by transformers' image-classification pipeline's rule: none for
     regression, a sigmoid per class for a multi-label classifier or a single output, else softmax."""
     if problem_type == "regression":
-        return "logits", "scores: the logits themselves (problem_type regression)"
+        return "logits", "the logits themselves (problem_type regression)"
     if problem_type == "multi_label_classification":
-        return "sigmoid", "scores: sigmoid per class (problem_type multi_label_classification)"
+        return "sigmoid", "sigmoid per class (problem_type multi_label_classification)"
     if num_classes == 1:
-        return "sigmoid", "scores: sigmoid (one output class, as transformers scores it)"
-    return "softmax", "scores: softmax over the classes"
+        return "sigmoid", "sigmoid (one output class, as transformers scores it)"
+    return "softmax", "softmax over the classes"

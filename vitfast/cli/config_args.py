@@ -20,8 +20,8 @@ from vitfast.foreign import config_file_fields
 # flag -> ViTConfig field
 _FLAGS = {"num_heads": "--num-heads", "act_layer": "--act-layer", "norm_eps": "--norm-eps", "num_classes": "--num-classes",
           "global_pool": "--global-pool", "features_only": "--features-only", "out_indices": "--out-indices",
-          "output_fmt": "--output-fmt", "feature_norm": "--feature-norm", "feature_prefix_tokens": "--feature-prefix-tokens", "dynamic_img_size": "--dynamic-img-size",
-          "mean": "--mean", "std": "--std", "crop_pct": "--crop-pct", "crop_mode": "--crop-mode", "interpolation": "--interpolation",
+          "output_fmt": "--output-fmt", "feature_norm": "--feature-norm", "feature_prefix_tokens": "--feature-prefix-tokens",
+          "dynamic_img_size": "--dynamic-img-size", "mean": "--mean", "std": "--std", "crop_pct": "--crop-pct", "crop_mode": "--crop-mode", "interpolation": "--interpolation",
           "problem_type": "--problem-type"}  # fmt: skip
 
 

@@ -15,7 +15,6 @@ from vitfast.errors import BackendUnavailable, ConfigError, first_line
 from vitfast.flops import count_macs, count_params
 from vitfast.info import collect
 from vitfast.registry import get_config, list_models
-
 from vitfast.runtime import ENGINE_SUFFIXES, read_sidecar, sidecar_path
 
 from .export import add_artifact_args, load_artifact

@@ -118,7 +118,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     top_k = classifier and fmt != ".npz"  # top-k rows rather than whole outputs
     scores, why = (args.scores, None) if args.scores else default_scores(engine.config.num_classes, engine.config.problem_type)
     if scores != "softmax" and why and top_k and not args.quiet:
-        print(f"vitfast: note: {why}; --scores to change", file=sys.stderr)
+        print(f"vitfast: note: scores: {why}; --scores to change", file=sys.stderr)
     k = min(args.top_k or pipeline.TOP_K, engine.config.num_classes) if classifier else 0
     with reporter("predict", args.quiet) as progress:
         results = pipeline.predict(engine, files, batch_size=args.batch_size, workers=args.workers, progress=progress)
