@@ -49,6 +49,7 @@ PARTS = ("tests", "kernels", "e2e")
 BUDGET_S = 540.0
 BUDGET_SHARE = {"tests": 0.3, "kernels": 0.3, "e2e": 0.4}  # of --budget under --part all
 GRACE_S = 30.0  # the watchdog fires this long after a part's time box
+INTERRUPT_GRACE_S = 20.0  # a pytest run past its box gets SIGINT, then this long to write its JUnit XML
 TEST_FILES = ("tests/test_kernels.py", "tests/test_linear_layernorm.py", "tests/test_optimize.py")
 ATOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}  # DESIGN.md's 2x rule
 
@@ -150,12 +151,20 @@ def run_pytest(args: argparse.Namespace, deadline: float) -> dict:
         env.pop("TRITON_INTERPRET", None)
     timeout = max(deadline - time.monotonic(), 10.0)
     summary = {"command": " ".join(cmd[1:]), "timeout_s": round(timeout)}
-    try:
-        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-        summary |= {"returncode": done.returncode, "tail": done.stdout[-2000:]}
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        summary |= {"returncode": None, "timed_out": True, "tail": out[-2000:]}
+    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # SIGINT, not SIGKILL: pytest (and xdist's controller) stop the run and still write the
+            # JUnit XML of the tests that finished, so a time box keeps their results
+            proc.send_signal(signal.SIGINT)
+            try:
+                out, _ = proc.communicate(timeout=INTERRUPT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+            summary["timed_out"] = True
+    summary |= {"returncode": proc.returncode, "tail": (out or "")[-2000:]}
     if junit.exists():
         summary |= junit_counts(junit)
     return summary

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One device call of the GPU proof for a short lease (15 device minutes, one call of <= 10 minutes):
+# install, then the three parts back to back under their own time boxes, results packed into two
+# files under $OUT (the device returns at most 8): proof.tgz (every part's JSON, markdown, PNG, JUnit
+# XML and mlp_dispatch.json) and log.txt. Budgets in seconds: TESTS_S, E2E_S, KERNELS_S; the e2e part
+# takes E2E_ARGS (default: ViT-B/16 fp16, no max-autotune, which alone takes minutes). PROOF_FLAGS go to
+# every part: PROOF_FLAGS=--dry-run checks this script on CPU (tests/test_gpu_proof.py).
+#   run: bash benchmarks/gpu_proof_call.sh     (carry .whl when the image's setuptools is older than 77)
+set -uo pipefail
+OUT=${OUT:-gpu-proof-out}
+DIR=$(mktemp -d)
+LOG=$OUT/log.txt
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+{
+  date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv || true
+  if ls .whl/setuptools-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/setuptools-*.whl && export PYTHONPATH=/tmp/site
+  fi
+  python3 -m pip install -q --no-deps --no-build-isolation -e . || { echo "install failed"; exit 2; }
+  python3 -c "import torch, triton, vitfast.kernels; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.is_available() and torch.cuda.get_device_name())"
+  # shellcheck disable=SC2086  # PROOF_FLAGS is a list of flags
+  part() {  # part NAME BUDGET [ARGS...]: the watchdog fires at BUDGET + 30 s; `timeout` is the last resort
+    local name=$1 budget=$2; shift 2
+    echo "=== $name ($budget s) $(date -u +%T)"
+    timeout -k 10 $((budget + 60)) python3 benchmarks/gpu_proof.py --out "$DIR" --part "$name" --budget "$budget" "$@" ${PROOF_FLAGS:-}
+    echo "=== $name exit $? $(date -u +%T)"
+  }
+  part tests "${TESTS_S:-140}"
+  # shellcheck disable=SC2086  # E2E_ARGS is a list of flags
+  part e2e "${E2E_S:-190}" ${E2E_ARGS:---models vit_base_patch16_224 --precisions fp16 --backends eager,vitfast,vitfast-graphs,compile}
+  part kernels "${KERNELS_S:-130}"
+  for f in "$DIR"/*.md; do echo "----- $f"; cat "$f"; done
+} >"$LOG" 2>&1
+tar -C "$DIR" -czf "$OUT/proof.tgz" .
+tail -c 11000 "$LOG"
