@@ -23,13 +23,13 @@ export PYTHONUNBUFFERED=1
   part() {  # part NAME BUDGET [ARGS...]: the watchdog fires at BUDGET + 30 s; `timeout` is the last resort
     local name=$1 budget=$2; shift 2
     echo "=== $name ($budget s) $(date -u +%T)"
-    timeout -k 10 $((budget + 60)) python3 benchmarks/gpu_proof.py --out "$DIR" --part "$name" --budget "$budget" "$@" ${PROOF_FLAGS:-}
+    timeout -k 5 $((budget + 40)) python3 benchmarks/gpu_proof.py --out "$DIR" --part "$name" --budget "$budget" "$@" ${PROOF_FLAGS:-}
     echo "=== $name exit $? $(date -u +%T)"
   }
-  part tests "${TESTS_S:-140}"
+  part tests "${TESTS_S:-130}"
   # shellcheck disable=SC2086  # E2E_ARGS is a list of flags
-  part e2e "${E2E_S:-190}" ${E2E_ARGS:---models vit_base_patch16_224 --precisions fp16 --backends eager,vitfast,vitfast-graphs,compile}
-  part kernels "${KERNELS_S:-130}"
+  part e2e "${E2E_S:-180}" ${E2E_ARGS:---models vit_base_patch16_224 --precisions fp16 --backends eager,vitfast,vitfast-graphs,compile}
+  part kernels "${KERNELS_S:-120}"
   for f in "$DIR"/*.md; do echo "----- $f"; cat "$f"; done
 } >"$LOG" 2>&1
 tar -C "$DIR" -czf "$OUT/proof.tgz" .
