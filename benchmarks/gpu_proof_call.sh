@@ -4,8 +4,11 @@
 # files under $OUT (the device returns at most 8): proof.tgz (every part's JSON, markdown, PNG, JUnit
 # XML and mlp_dispatch.json) and log.txt. Budgets in seconds: TESTS_S, E2E_S, KERNELS_S; the e2e part
 # takes E2E_ARGS (default: ViT-B/16 fp16, no max-autotune, which alone takes minutes). PROOF_FLAGS go to
-# every part: PROOF_FLAGS=--dry-run checks this script on CPU (tests/test_gpu_proof.py).
-#   run: bash benchmarks/gpu_proof_call.sh     (carry .whl when the image's setuptools is older than 77)
+# every part: PROOF_FLAGS=--dry-run checks this script on CPU (tests/test_gpu_proof.py). Set VITFAST_GIT_SHA to the
+# commit sent (the device gets the working tree beside an older .git, whose HEAD would be recorded):
+#   run: VITFAST_GIT_SHA=<git rev-parse HEAD here> bash benchmarks/gpu_proof_call.sh
+# carrying .whl/ with a setuptools wheel in it when the image's setuptools may be older than 77 (the
+# device's 2026-11-26 run carried setuptools 80.9.0). INSTALL=0 skips the editable install (tests).
 set -uo pipefail
 OUT=${OUT:-gpu-proof-out}
 DIR=$(mktemp -d)
@@ -17,7 +20,9 @@ export PYTHONUNBUFFERED=1
   if ls .whl/setuptools-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/setuptools-*.whl && export PYTHONPATH=/tmp/site
   fi
-  python3 -m pip install -q --no-deps --no-build-isolation -e . || { echo "install failed"; exit 2; }
+  if [ "${INSTALL:-1}" = 1 ]; then
+    python3 -m pip install -q --no-deps --no-build-isolation -e . || { echo "install failed"; exit 2; }
+  fi
   python3 -c "import torch, triton, vitfast.kernels; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.is_available() and torch.cuda.get_device_name())"
   # shellcheck disable=SC2086  # PROOF_FLAGS is a list of flags
   part() {  # part NAME BUDGET [ARGS...]: the watchdog fires at BUDGET + 30 s; `timeout` is the last resort

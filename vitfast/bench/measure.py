@@ -180,7 +180,12 @@ def cpu_model() -> str:
 
 
 def git_state() -> dict[str, Any]:
-    """The vitfast source checkout's commit, and which tracked files differ from it."""
+    """The vitfast source checkout's commit, and which tracked files differ from it; or the commit
+    named by VITFAST_GIT_SHA, for a tree copied without its own history (the lent GPU machine gets
+    the working tree beside an older .git, which would name the wrong commit and list every file
+    changed since as uncommitted)."""
+    if os.environ.get("VITFAST_GIT_SHA"):
+        return {"sha": os.environ["VITFAST_GIT_SHA"], "dirty": None, "changed_files": [], "source": "VITFAST_GIT_SHA"}
     root = Path(__file__).resolve().parents[2]
     sha = _run(["git", "rev-parse", "HEAD"], root)
     changed = _run(["git", "diff", "--name-only", "HEAD"], root)

@@ -311,7 +311,7 @@ commit the JSON and regenerate this file with
 {command}
 ```
 
-### The GPU proof: one script, one device call per part
+### The GPU proof: one script, one device call
 
 `benchmarks/gpu_proof.py` is everything a lent GPU must show (GPU tests and optimize() parity;
 kernels vs SDPA backends, PyTorch, copy bandwidth and cuBLAS: attention, add+LayerNorm,
@@ -320,30 +320,30 @@ S/B/L at 256 px; interleaved: EVA-02 B/L at 448 px; vs eager `apply_rope`), the 
 and the MLP dispatch table from that measurement, with each autotuned kernel's timings per config and a per-kernel profile of one
 ViT-B/16 forward, eager vs optimize(); end to end ViT-S/B/L fp16 + bf16 at batch 1-256 across eager, torch.compile default
 and max-autotune, optimize, optimize + CUDA graphs, optimize + torch.compile), written as JSON +
-markdown + PNG into one folder. Offline, no TensorRT; each part is time-boxed (9 minutes by
-default) and always writes its files. Each part first compiles the kernels x autotune configs it
-will need in parallel threads (`vitfast.kernels.precompile`), and the GPU tests run under
-pytest-xdist, so the box is spent measuring rather than compiling one config after another. On the device (repository root, files come back from `$OUT`):
+markdown + PNG into one folder. Offline, no TensorRT; each part is time-boxed and always writes its
+files. Each part first compiles the kernels x autotune configs it will need in parallel threads
+(`vitfast.kernels.precompile`), and the GPU tests run under pytest-xdist.
+
+A session is lent 15 device minutes, machine start included, and a machine idle for 30 s goes back:
+`benchmarks/gpu_proof_call.sh` runs the three parts in one call (tests 130 s, e2e 180 s, kernels
+120 s by default; about 5.5 minutes on the H100 of 2026-11-26) and packs the results into the two
+files the device returns. On the device (repository root, files come back from `$OUT`), carrying a
+setuptools wheel in `.whl/`:
 
 ```bash
-python3 -m pip install --no-deps --no-build-isolation -e . && python3 benchmarks/gpu_proof.py --out $OUT --part tests --budget 480
-python3 -m pip install --no-deps --no-build-isolation -e . && python3 benchmarks/gpu_proof.py --out $OUT --part kernels --budget 480
-python3 -m pip install --no-deps --no-build-isolation -e . && python3 benchmarks/gpu_proof.py --out $OUT --part e2e --budget 480
-# more e2e, when the first call's time box cut it short: --models vit_large_patch16_224 --precisions bf16
+VITFAST_GIT_SHA=<the commit sent> bash benchmarks/gpu_proof_call.sh
+# then, on the same warm machine, within 30 s: more e2e rows, e.g.
+python3 benchmarks/gpu_proof.py --out $OUT --part e2e --budget 300 --models vit_small_patch16_224,vit_large_patch16_224 --precisions fp16,bf16 --backends eager,vitfast,vitfast-graphs,compile --batches 1,64,256
 ```
 
-Then copy `mlp_dispatch.json` to `kernels/`, `proof-e2e.json` to `results/` (it is a `vitfast
-bench` result), commit the rest under `results/`, and regenerate this file. `make gpu-proof`
-runs all three parts on a CUDA machine; `--dry-run` (CPU, tiny shapes, Triton interpreter) is in
-`make test`. Before spending device time, `make test-device-stack` runs the whole suite on CPU
-with the device's own versions (torch 2.11, triton 3.6, onnxruntime 1.30, transformers 5.17); its
-first run found what `make test`'s versions hid (interpreted kernels refused by torch 2.11's
-wrap_triton, int8 export failing in onnxruntime 1.30). A session's 30 device minutes include each
-machine start, and an idle machine goes back after 30 s: send the three calls back to back, and
-`--budget 480` per part leaves room for the starts. The editable install there uses the image's
-setuptools (`--no-build-isolation`), which must be 77 or newer for pyproject's SPDX license string;
-the image's version has not been read yet: if it is older, carry a setuptools wheel (the device
-tool's README: `.whl` and `carry`).
+`VITFAST_GIT_SHA` names the commit in the results: the device gets the working tree beside an older
+`.git`. Then copy `mlp_dispatch.json` to `kernels/`, the e2e JSON to `results/` (it is a `vitfast
+bench` result), commit the rest under `results/gpu-proof-<gpu>-<sha>/`, and regenerate this file.
+`make gpu-proof` runs all three parts on a CUDA machine; `--dry-run` (CPU, tiny shapes, Triton
+interpreter) of the call script is in `make test`. Before spending device time, `make
+test-device-stack` runs the whole suite on CPU with the device's own versions (torch 2.11, triton
+3.6, onnxruntime 1.30, transformers 5.17). The first GPU run's findings are in
+`results/gpu-proof-h100-18ef7c3/README.md`.
 """
 
 README_TAIL = """\
