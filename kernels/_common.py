@@ -12,6 +12,12 @@ from torch._subclasses.fake_tensor import is_fake
 
 from vitfast.errors import InputError
 
+try:  # torch's switch for wrap_triton's higher-order op, off in a triton_op's eager call (private: guarded)
+    from torch._library.triton import is_wrap_triton_enabled as _is_wrap_triton_enabled
+    from torch._library.triton import set_wrap_triton_enabled as _set_wrap_triton_enabled
+except ImportError:
+    _is_wrap_triton_enabled = _set_wrap_triton_enabled = None
+
 # Read once, like triton itself: TRITON_INTERPRET must be set before triton is imported.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 INT32_MAX = 2**31 - 1
@@ -35,11 +41,48 @@ def check_device(*tensors: torch.Tensor) -> None:
 
 
 def wrap_triton(kernel):
-    """`torch.library.wrap_triton(kernel)`, except under the Triton interpreter, where the kernel is
-    launched as it is. torch 2.13's wrap_triton does the same by itself; torch 2.11 (the GPU
-    device's) refuses an interpreted kernel, or fails tracing an autotuned one, so without this no
-    kernel test ran in the interpreter there. On a GPU nothing changes."""
-    return kernel if INTERPRET else torch.library.wrap_triton(kernel)
+    """`torch.library.wrap_triton(kernel)` where a trace needs it, else the kernel as it is:
+    - in an eager call (a `triton_op` on real tensors, or `EAGER_OPS`) torch launches the kernel
+      directly anyway (the higher-order op is off), but building its wrapper still costs 5-7 us per
+      launch (on this project's CPU VM; 85-96 us with the higher-order op on);
+    - under the Triton interpreter: torch 2.13's wrap_triton does the same by itself; torch 2.11
+      (the GPU device's) refuses an interpreted kernel, or fails tracing an autotuned one."""
+    if INTERPRET or not _hop_dispatch_enabled():
+        return kernel
+    return torch.library.wrap_triton(kernel)
+
+
+# name -> the op's launcher called straight, as torch's triton_op runs it on real tensors (the
+# higher-order op off): what vitfast.fused calls in eager mode (`vitfast_op`)
+EAGER_OPS: dict[str, Callable] = {}
+
+
+def vitfast_op(name: str):
+    """`torch.library.triton_op("vitfast::<name>")`, the function also kept in `EAGER_OPS`.
+
+    Through the dispatcher a custom op costs about 30 us of host time per call on this project's
+    CPU VM (autograd and backend redispatch, Dynamo's disable wrapper), 48 calls per ViT-B/16
+    forward; at batch 1 on an H100 host time set optimize()'s latency (6.2 ms, 0.61 ms with CUDA
+    graphs, eager 2.8 ms). `vitfast.fused.kernel_ops` calls these in eager mode
+    (benchmarks/host_overhead.py); traces and dispatch modes still see the torch op."""
+
+    def decorate(fn):
+        if _set_wrap_triton_enabled is not None:
+
+            def eager(*args, **kwargs):
+                with _set_wrap_triton_enabled(False):
+                    return fn(*args, **kwargs)
+
+            EAGER_OPS[name] = functools.wraps(fn)(eager)
+        return torch.library.triton_op(f"vitfast::{name}", mutates_args=())(fn)
+
+    return decorate
+
+
+def _hop_dispatch_enabled() -> bool:
+    """Whether a wrap_triton launch here would go through torch's higher-order op (tracing); True
+    where this torch cannot say."""
+    return _is_wrap_triton_enabled() if _is_wrap_triton_enabled is not None else True
 
 
 def runs_reference(t: torch.Tensor) -> bool:

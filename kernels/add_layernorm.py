@@ -13,9 +13,8 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op
 
-from ._common import check_device, next_pow2, rows_view, runs_reference, wrap_triton
+from ._common import check_device, next_pow2, rows_view, runs_reference, vitfast_op, wrap_triton
 
 
 @triton.jit
@@ -43,7 +42,7 @@ def _add_layernorm_kernel(
         xc = x  # masked columns loaded as 0
     else:
         xc = tl.where(mask, x - tl.sum(x, axis=0) / C, 0.0)
-    rstd = tl.math.rsqrt(tl.sum(xc * xc, axis=0) / C + eps)
+    rstd = tl.math.rsqrt(tl.sum(xc * xc, axis=0) / C + tl.cast(eps, tl.float32))  # eps is fp64 under Inductor
     # -- affine and store
     y = xc * rstd * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
     if not RMS:
@@ -104,7 +103,7 @@ def _add_norm(x, branch, weight, bias, eps, gamma, rms):
     return residual, out
 
 
-@triton_op("vitfast::add_layernorm", mutates_args=())
+@vitfast_op("add_layernorm")
 def add_layernorm(
     x: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
     gamma: Optional[torch.Tensor] = None,
@@ -113,13 +112,13 @@ def add_layernorm(
     return _add_norm(x, branch, weight, bias, eps, gamma, rms=False)
 
 
-@triton_op("vitfast::layernorm", mutates_args=())
+@vitfast_op("layernorm")
 def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
     """LayerNorm over the last dim of x [..., C], as one torch op."""
     return _add_norm(x, None, weight, bias, eps, None, rms=False)[1]
 
 
-@triton_op("vitfast::add_rmsnorm", mutates_args=())
+@vitfast_op("add_rmsnorm")
 def add_rmsnorm(
     x: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, eps: float, gamma: Optional[torch.Tensor] = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,7 +126,7 @@ def add_rmsnorm(
     return _add_norm(x, branch, weight, None, eps, gamma, rms=True)
 
 
-@triton_op("vitfast::rmsnorm", mutates_args=())
+@vitfast_op("rmsnorm")
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim of x [..., C], as one torch op."""
     return _add_norm(x, None, weight, None, eps, None, rms=True)[1]

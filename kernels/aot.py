@@ -14,8 +14,10 @@ rows or more, mma.sync otherwise). Registers and spills (ptxas -v) are reported.
 
 Must run without TRITON_INTERPRET (the interpreter replaces the compiler). Exit status 1 when
 a kernel fails to compile, when a kept config exceeds the limit or its estimate, when an fp16/bf16
-dot misses its tensor-core instruction, or when a launch in the supported range
-(`Launch.required`) has no config that fits.
+dot misses its tensor-core instruction, when a launch in the supported range
+(`Launch.required`) has no config that fits, or when a kernel compiled with its float arguments
+typed fp64 (as torch.compile's Inductor passes Python floats to user kernels) fails or does
+fp64 arithmetic.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from vitfast.kernels.precompile import Recorded, recording
 
 # Kernels with a tl.dot, checked for the tensor-core instruction they compile to
 DOT_KERNELS = ("_attention_fwd_kernel", "_linear_epilogue_kernel", "_linear_residual_layernorm_kernel")
-RESULT_VERSION = "v2"  # bump when compile_one's cached fields change (v2: "mma")
+RESULT_VERSION = "v3"  # bump when compile_one's cached fields change (v2: "mma", v3: "f64_ops")
 # target -> (compute capability, bytes of shared memory per block: the opt-in maximum)
 TARGETS = {"sm_80": (80, 166912), "sm_89": (89, 101376), "sm_90a": (90, 232448)}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -220,8 +222,9 @@ def _init_worker() -> None:
 
 
 def compile_one(job: tuple) -> dict:
-    """Compile launch `i` with config `c` (an index into the kept list) for `target`."""
-    i, c, target, cache_dir = job
+    """Compile launch `i` with config `c` (an index into the kept list) for `target`; with
+    `fp64_scalars`, its float arguments typed fp64, as Inductor types them."""
+    i, c, target, fp64_scalars, cache_dir = job
     rec = _RECORDED[i]
     arch, limit = TARGETS[target]
     config = rec.configs(TARGETS[target])[c]
@@ -232,11 +235,14 @@ def compile_one(job: tuple) -> dict:
     bind = create_function_from_signature(jit.signature, jit.params, backend)
     bound, specialization, options = bind(*rec.args, **rec.launch_kwargs, **config.all_kwargs())
     options, signature, constexprs, attrs = jit._pack_args(backend, options, bound, specialization, options)
+    if fp64_scalars:
+        signature = {name: "fp64" if kind == "fp32" else kind for name, kind in signature.items()}
     src = ASTSource(jit, signature, constexprs, attrs)
     key = hashlib.sha256(get_cache_key(src, backend, options, {}).encode()).hexdigest()
     row = {"launch": LAUNCHES[i].name, "kernel": jit.__name__, "target": target, "limit": limit,
            "config": _common.describe_config(config), "estimate": _estimate(rec, config, arch),
-           "mma_expected": expected_matrix_instruction(jit.__name__, LAUNCHES[i].dtype, target, config.kwargs.get("BLOCK_M", 0))}  # fmt: skip
+           "mma_expected": expected_matrix_instruction(jit.__name__, LAUNCHES[i].dtype, target, config.kwargs.get("BLOCK_M", 0)),
+           "scalars": "fp64" if fp64_scalars else "fp32"}  # fmt: skip
     cached = os.path.join(cache_dir, f"{key}.{RESULT_VERSION}.json")
     if os.path.exists(cached):
         with open(cached) as f:
@@ -248,7 +254,8 @@ def compile_one(job: tuple) -> dict:
     except Exception as e:  # a compile error is a finding, reported with its first line
         return {**row, "error": describe_exception(e)}
     result = {"shared": compiled.metadata.shared, "compile_s": round(time.perf_counter() - start, 2),
-              "mma": matrix_instruction(compiled.asm["ptx"]), **_ptxas_stats(log.getvalue())}  # fmt: skip
+              "mma": matrix_instruction(compiled.asm["ptx"]), "f64_ops": f64_arithmetic(compiled.asm["ptx"]),
+              **_ptxas_stats(log.getvalue())}  # fmt: skip
     os.makedirs(cache_dir, exist_ok=True)
     with open(cached + ".tmp", "w") as f:
         json.dump(result, f)
@@ -262,6 +269,11 @@ def matrix_instruction(ptx: str) -> str:
     if "wgmma.mma_async" in ptx:
         return "wgmma"
     return "mma.sync" if re.search(r"\bmma\.sync\b", ptx) else "none"
+
+
+def f64_arithmetic(ptx: str) -> int:
+    """fp64 arithmetic instructions in the PTX (conversions, loads and moves are not counted)."""
+    return len(re.findall(r"\b(?:add|sub|mul|fma|div|rcp|rsqrt|sqrt|max|min|neg|abs|ex2|lg2)(?:\.\w+)*\.f64\b", ptx))
 
 
 def expected_matrix_instruction(kernel: str, dtype: str, target: str, block_m: int) -> str | None:
@@ -295,9 +307,12 @@ def _ptxas_stats(log: str) -> dict:
 
 # ---------------------------------------------------------------------------- the check
 def plan(targets: list[str]) -> tuple[list[tuple], list[dict]]:
-    """(compile jobs, launches with no config on a target). Rotation picks which kept config a
-    sampled launch compiles, so across launches every config gets compiled on every target."""
-    jobs, unfit = [], []
+    """(compile jobs (launch, config, target, fp64 scalars), launches with no config on a target).
+    Rotation picks which kept config a sampled launch compiles, so across launches every config
+    gets compiled on every target. The first launch of each kernel with a float argument is also
+    compiled with it typed fp64 (torch.compile's Inductor passes Python floats to user kernels so:
+    `torch._inductor.config._use_fp64_for_unbacked_floats`), on the last target."""
+    jobs, unfit, typed = [], [], set()
     for i, launch in enumerate(LAUNCHES):
         for t, target in enumerate(targets):
             kept = _RECORDED[i].configs(TARGETS[target])
@@ -305,7 +320,12 @@ def plan(targets: list[str]) -> tuple[list[tuple], list[dict]]:
                 unfit.append({"launch": launch.name, "target": target, "required": launch.required})
                 continue
             picks = range(len(kept)) if launch.all_configs else [(i + t) % len(kept)]
-            jobs += [(i, c, target) for c in picks]
+            jobs += [(i, c, target, False) for c in picks]
+        rec = _RECORDED[i]
+        if rec.jit.__name__ not in typed and any(isinstance(v, float) for v in rec.named_args().values()):
+            if rec.configs(TARGETS[targets[-1]]):
+                typed.add(rec.jit.__name__)
+                jobs.append((i, 0, targets[-1], True))
     return jobs, unfit
 
 
@@ -320,20 +340,25 @@ def problems(rows: list[dict], unfit: list[dict]) -> list[str]:
             found.append(f"{r['launch']} [{r['config']}] on {r['target']}: {r['shared']} B shared > estimate {r['estimate']} B")
         if r["mma_expected"] and r["mma"] != r["mma_expected"]:
             found.append(f"{r['launch']} [{r['config']}] on {r['target']}: compiles its dot to {r['mma']}, not {r['mma_expected']}")
+        if r.get("scalars") == "fp64" and r.get("f64_ops"):
+            found.append(f"{r['launch']} [{r['config']}] on {r['target']}: {r['f64_ops']} fp64 instructions with its float arguments "
+                         "typed fp64 (as Inductor passes them): cast them to fp32 in the kernel")
     found += [f"{u['launch']} on {u['target']}: no config fits the shared memory" for u in unfit if u["required"]]
     return found
 
 
 def table(rows: list[dict], unfit: list[dict]) -> str:
-    head = f"{'target':<7} {'launch':<44} {'config':<34} {'shared':>7} {'estim':>7} {'regs':>4} {'spill':>5} {'mma':<8}"
+    head = f"{'target':<7} {'launch':<44} {'config':<34} {'shared':>7} {'estim':>7} {'regs':>4} {'spill':>5} {'mma':<8} {'f64':>3}"
     lines = [head, "-" * len(head)]
-    for r in sorted(rows, key=lambda r: (r["target"], r["launch"], r["config"])):
+    for r in sorted(rows, key=lambda r: (r["target"], r["launch"], r["scalars"], r["config"])):
+        launch = r["launch"] + (" (fp64 args)" if r["scalars"] == "fp64" else "")
         if "error" in r:
-            lines.append(f"{r['target']:<7} {r['launch']:<44} {r['config']:<34} ERROR {r['error']}")
+            lines.append(f"{r['target']:<7} {launch:<44} {r['config']:<34} ERROR {r['error']}")
             continue
         est = "" if r["estimate"] is None else r["estimate"]
         spill = r["spill_stores"] if r["spill_stores"] is not None else "?"
-        lines.append(f"{r['target']:<7} {r['launch']:<44} {r['config']:<34} {r['shared']:>7} {est:>7} {r['regs'] or '?':>4} {spill:>5} {r['mma']:<8}")
+        lines.append(f"{r['target']:<7} {launch:<44} {r['config']:<34} {r['shared']:>7} {est:>7} {r['regs'] or '?':>4} {spill:>5} {r['mma']:<8} "
+                     f"{r['f64_ops']:>3}")
     lines += [f"{u['target']:<7} {u['launch']:<44} no config fits ({'a failure' if u['required'] else 'the launcher refuses it'})" for u in unfit]
     return "\n".join(lines)
 

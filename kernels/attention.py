@@ -13,11 +13,10 @@ import math
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op
 
 from vitfast.errors import InputError
 
-from ._common import INT32_MAX, INTERPRET, autotune, check_device, next_pow2, require_fitting_config, runs_reference, span, wrap_triton
+from ._common import INT32_MAX, INTERPRET, autotune, check_device, next_pow2, require_fitting_config, runs_reference, span, vitfast_op, wrap_triton
 
 LOG2E = 1.0 / math.log(2.0)  # exp(x) = exp2(x / ln 2): folded into the softmax scale
 
@@ -85,6 +84,9 @@ def _attention_fwd_kernel(
         mask=mask_m[:, None] & mask_d[None, :], other=0.0,
     )  # fmt: skip
 
+    # Inductor passes a Python float to a user kernel as fp64: without the cast the scores, and the
+    # running max carried through the loop, would turn fp64 (a compile error in the loop)
+    qk_scale = tl.cast(qk_scale, tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running row max (base 2)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running softmax denominator
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -161,7 +163,7 @@ def attention_grid(B: int, N: int, H: int, block_m: int) -> tuple[int]:
     return (programs,)
 
 
-@triton_op("vitfast::fused_attention", mutates_args=())
+@vitfast_op("fused_attention")
 def fused_attention(qkv: torch.Tensor, scale: float) -> torch.Tensor:
     """qkv [B, N, 3, H, D] -> [B, N, H*D]; a torch op, so it composes with torch.compile."""
     if runs_reference(qkv):

@@ -12,9 +12,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op
 
-from ._common import check_device, elementwise_tiles, rows_view, runs_reference, wrap_triton
+from ._common import check_device, elementwise_tiles, rows_view, runs_reference, vitfast_op, wrap_triton
 
 GELU_FORMS = {"none": 0, "tanh": 1, "sigmoid": 2}  # `approximate` -> the FORM constexpr
 
@@ -69,7 +68,7 @@ def bias_gelu_launch(x: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, app
     )  # fmt: skip
 
 
-@triton_op("vitfast::bias_gelu", mutates_args=())
+@vitfast_op("bias_gelu")
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> torch.Tensor:
     """gelu(x + bias) for x [..., C], as one torch op."""
     if runs_reference(x):

@@ -14,9 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op
 
-from ._common import check_device, elementwise_tiles, rows_view, runs_reference, wrap_triton
+from ._common import check_device, elementwise_tiles, rows_view, runs_reference, vitfast_op, wrap_triton
 
 
 @triton.jit
@@ -67,7 +66,7 @@ def bias_swiglu_launch(x: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -
     swiglu_launch(x[..., : C // 2], x[..., C // 2 :], out, bias)
 
 
-@triton_op("vitfast::bias_swiglu", mutates_args=())
+@vitfast_op("bias_swiglu")
 def bias_swiglu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """silu(gate) * value of x [..., 2H] + bias, as one torch op -> [..., H]."""
     if runs_reference(x):
@@ -77,7 +76,7 @@ def bias_swiglu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@triton_op("vitfast::swiglu", mutates_args=())
+@vitfast_op("swiglu")
 def swiglu(gate: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """silu(gate) * value for gate, value [..., H], as one torch op -> [..., H]."""
     if runs_reference(gate):

@@ -22,11 +22,10 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op
 
 from vitfast.errors import InputError
 
-from ._common import INT32_MAX, INTERPRET, autotune, check_device, next_pow2, require_fitting_config, runs_reference, span, wrap_triton
+from ._common import INT32_MAX, INTERPRET, autotune, check_device, next_pow2, require_fitting_config, runs_reference, span, vitfast_op, wrap_triton
 from .bias_gelu import GELU_FORMS, gelu_reference
 from .bias_gelu import gelu as gelu_tile
 
@@ -206,7 +205,7 @@ def linear_epilogue_launch(
     return out
 
 
-@triton_op("vitfast::linear_bias_gelu", mutates_args=())
+@vitfast_op("linear_bias_gelu")
 def linear_bias_gelu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], approximate: str) -> torch.Tensor:
     """gelu(x @ weight^T + bias) (bias None: 0) for x [..., K], weight [N, K], as one torch op (fc1 + bias + GELU)."""
     if runs_reference(x):
@@ -215,7 +214,7 @@ def linear_bias_gelu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     return linear_epilogue_launch(x, weight, bias, out, gelu=approximate)
 
 
-@triton_op("vitfast::linear_bias_residual", mutates_args=())
+@vitfast_op("linear_bias_residual")
 def linear_bias_residual(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor, gamma: Optional[torch.Tensor]
 ) -> torch.Tensor:

@@ -22,9 +22,8 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op
 
-from ._common import INTERPRET, autotune, check_device, next_pow2, require_fitting_config, rows_view, runs_reference, wrap_triton
+from ._common import INTERPRET, autotune, check_device, next_pow2, require_fitting_config, rows_view, runs_reference, vitfast_op, wrap_triton
 from .linear_epilogue import check_column_offsets, gemm_tile, linear_epilogue_reference, shared_memory_bytes
 
 
@@ -89,7 +88,7 @@ def _linear_residual_layernorm_kernel(
             mean += delta * (n_b / total)
             m2 += m2_b + delta * delta * (count * n_b / total)
             count = total
-    rstd = tl.math.rsqrt(m2 / N + eps)
+    rstd = tl.math.rsqrt(m2 / N + tl.cast(eps, tl.float32))  # eps is fp64 under Inductor
     tl.debug_barrier()  # this program's stores of r are visible to all its threads
 
     # -- pass 2: normalise the stored r (L2-resident: this program has just written it)
@@ -183,7 +182,7 @@ def _linear_residual_norm(x, weight, bias, residual, gamma, ln_weight, ln_bias, 
     return residual_out, out
 
 
-@triton_op("vitfast::linear_residual_layernorm", mutates_args=())
+@vitfast_op("linear_residual_layernorm")
 def linear_residual_layernorm(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor, gamma: Optional[torch.Tensor],
     ln_weight: torch.Tensor, ln_bias: torch.Tensor, eps: float,
@@ -192,7 +191,7 @@ def linear_residual_layernorm(
     return _linear_residual_norm(x, weight, bias, residual, gamma, ln_weight, ln_bias, eps, rms=False)
 
 
-@triton_op("vitfast::linear_residual_rmsnorm", mutates_args=())
+@vitfast_op("linear_residual_rmsnorm")
 def linear_residual_rmsnorm(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor, gamma: Optional[torch.Tensor],
     ln_weight: torch.Tensor, eps: float,

@@ -25,11 +25,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op
 
 from vitfast.errors import InputError
 
-from ._common import INT32_MAX, check_device, next_pow2, runs_reference, span, wrap_triton
+from ._common import INT32_MAX, check_device, next_pow2, runs_reference, span, vitfast_op, wrap_triton
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Elements of one [BLOCK_H, BLOCK_D] tile: 32 heads x 128 (ViT-7B's q or k in one tile, 16 fp32
@@ -127,7 +126,7 @@ def rope_qkv_launch(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out
     return out
 
 
-@triton_op("vitfast::rope_qkv", mutates_args=())
+@vitfast_op("rope_qkv")
 def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """qkv [B, N, 3, H, D] -> a new contiguous [B, N, 3, H, D]: q and k of the last Np tokens
     rotated by cos, sin [Np, D] in the rotate-half layout (DINOv3) or `interleaved` (EVA-02, timm);

@@ -143,3 +143,22 @@ def test_the_matrix_instruction_is_read_off_the_ptx():
     rows = [{"launch": "attention B1 N7 H1 D64 fp16", "config": "w4,s2", "target": "sm_90a", "kernel": "_attention_fwd_kernel",
              "shared": 1, "limit": 2, "estimate": 1, "mma": "mma.sync", "mma_expected": "wgmma"}]  # fmt: skip
     assert aot.problems(rows, []) == ["attention B1 N7 H1 D64 fp16 [w4,s2] on sm_90a: compiles its dot to mma.sync, not wgmma"]
+    # fp64 arithmetic is counted, conversions and parameter loads are not
+    assert aot.f64_arithmetic("ld.param.f64 %fd1, [p];\ncvt.rn.f32.f64 %f1, %fd1;\nmul.rn.f32 %f2, %f1, %f3;") == 0
+    assert aot.f64_arithmetic("add.rn.f64 %fd2, %fd1, %fd3;\nrsqrt.approx.ftz.f64 %fd4, %fd2;\nfma.rn.f64 %fd5, %fd4, %fd4, %fd1;") == 3
+    rows = [{"launch": "add_layernorm 7x37 fp16", "config": "w4,s3", "target": "sm_90a", "kernel": "_add_layernorm_kernel", "shared": 1,
+             "limit": 2, "estimate": 1, "mma": "none", "mma_expected": None, "scalars": "fp64", "f64_ops": 18}]  # fmt: skip
+    assert aot.problems(rows, []) == ["add_layernorm 7x37 fp16 [w4,s3] on sm_90a: 18 fp64 instructions with its float arguments typed fp64 "
+                                      "(as Inductor passes them): cast them to fp32 in the kernel"]  # fmt: skip
+
+
+def test_float_arguments_typed_fp64_as_inductor_passes_them(report):
+    """torch.compile over optimize() hands each Python float (softmax scale, LayerNorm eps) to the
+    kernels as fp64; found on an H100, where the attention kernel then failed to compile (its
+    running max turned fp64 inside the loop). Each such kernel compiles that way too, without
+    fp64 arithmetic."""
+    typed = {r["kernel"]: r for r in report["rows"] if r["scalars"] == "fp64"}
+    assert set(typed) == {"_attention_fwd_kernel", "_add_layernorm_kernel", "_linear_residual_layernorm_kernel"}
+    for kernel, row in typed.items():
+        assert "error" not in row, f"{kernel}: {row.get('error')}"
+        assert row["f64_ops"] == 0, f"{kernel}: {row['f64_ops']} fp64 instructions"

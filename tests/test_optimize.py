@@ -82,6 +82,33 @@ def test_fused_path_really_runs_the_kernels(device, monkeypatch):
     assert len(calls) == tiny_config().depth
 
 
+def test_eager_forward_calls_the_launchers_without_the_op_dispatcher(device):
+    """Eager mode skips the torch op dispatcher (its host time per call set the batch-1 latency on an
+    H100); a dispatch mode (here FlopCounterMode) and traces still see the `vitfast::` ops, with the
+    same result."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = vitfast.optimize(randomize(vitfast.create_model(tiny_config(init_values=0.1))).to(device), mlp="cublas")
+    x = torch.randn(2, 3, 32, 32, device=device)
+
+    def vitfast_ops_seen(run) -> tuple[set[str], torch.Tensor]:
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = run()
+        return {e.name for e in prof.events() if e.name.startswith("vitfast::")}, out
+
+    eager_ops, out = vitfast_ops_seen(lambda: model(x))
+    assert eager_ops == set()
+
+    def in_mode():
+        with FlopCounterMode(display=False):
+            return model(x)
+
+    mode_ops, out_mode = vitfast_ops_seen(in_mode)
+    assert {"vitfast::fused_attention", "vitfast::add_layernorm", "vitfast::bias_gelu"} <= mode_ops
+    torch.testing.assert_close(out, out_mode, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("name", ["plain", "tanh-no-qkv-bias-no-final-norm", "layer-scale-registers-avg"])
 def test_epilogue_mlp_path_matches_reference(device, name, monkeypatch):
     """mlp="epilogue": fc1 + bias + GELU as a Triton GEMM epilogue; proj and fc2 + bias
@@ -111,7 +138,7 @@ def test_epilogue_mlp_path_matches_reference(device, name, monkeypatch):
 
 
 def test_auto_mlp_path_is_cublas_until_measured(device, monkeypatch):
-    """The default: no committed GPU measurement, so "auto" runs cuBLAS + the standalone kernel."""
+    """"auto" runs cuBLAS + the standalone kernel where no GPU of this compute capability measured the shape (off CUDA too)."""
     from vitfast import fused
 
     model = vitfast.optimize(vitfast.create_model(tiny_config()).to(device))

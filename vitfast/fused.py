@@ -16,8 +16,9 @@ followed by a non-fused block) ends with the plain residual add. The GEMMs that 
 `optimize(model, mlp="auto")` takes, for each shape, the path that `benchmarks/gpu_proof.py`
 measured faster on a GPU of the same compute capability (kernels/mlp_dispatch.json, see
 `choose_mlp_paths`; proj follows fc2's choice, having the same epilogue). Where nothing was
-measured it takes "cublas". No GPU measurement has been committed yet, so today "auto" is
-"cublas" everywhere; "epilogue" is implemented and tested and can be forced with `mlp="epilogue"`.
+measured it takes "cublas". Measured so far: an H100 (sm_90, 2026-11-26), where cuBLAS won all
+but two of 48 GEMM shapes (fc2 + LayerNorm epilogue: 0.29-0.87x of cuBLAS + the add+LayerNorm
+kernel), so "auto" is mostly "cublas" there too; "epilogue" can be forced with `mlp="epilogue"`.
 
 DINOv2 giant's SwiGLU MLP (`SwiGLUPacked`) runs fc1 on cuBLAS without its bias, then the
 bias + silu(gate) * value kernel (kernels/bias_swiglu.py) whatever the path; AIMv2's (`SwiGLU`, gate
@@ -30,7 +31,9 @@ branch (EVA-02, BEiT-3: before the attention's output projection, before fc2) is
 
 The forward has no Python-side state or caches to trace through: `torch.compile(fullgraph=True)`
 and `torch.export` see one graph of `torch.ops.vitfast.*` calls (see kernels/_common.py,
-`runs_reference`, for what those ops run on CPU).
+`runs_reference`, for what those ops run on CPU). In plain eager mode the same launchers are called
+straight, not through the op dispatcher (`kernel_ops`), whose host time per call set the batch-1
+latency on an H100.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import importlib
 import importlib.resources
 import json
 import math
+import types
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +63,31 @@ def load_kernels() -> None:
     optional dependency, so not at vitfast's import)."""
     for name in KERNEL_MODULES:
         importlib.import_module(f"vitfast.kernels.{name}")  # lazy: each kernel module imports triton (optional)
+
+
+try:  # private, so guarded: where missing, every forward takes the torch ops
+    from torch.utils._python_dispatch import is_in_torch_dispatch_mode as _in_dispatch_mode
+except ImportError:
+
+    def _in_dispatch_mode() -> bool:
+        return True
+
+
+def kernel_ops(x: torch.Tensor):
+    """The vitfast ops for a forward on x: `torch.ops.vitfast` where a trace or a dispatch mode must
+    see them (torch.compile, torch.export, FakeTensor, FlopCounterMode, a subclass tensor), else
+    the same launchers called straight (kernels/_common.py `vitfast_op`). Same names, same results."""
+    if torch.compiler.is_compiling() or type(x) is not torch.Tensor or _in_dispatch_mode():
+        return torch.ops.vitfast
+    return _eager_ops()
+
+
+@functools.cache
+def _eager_ops():
+    from vitfast.kernels._common import EAGER_OPS
+
+    load_kernels()
+    return types.SimpleNamespace(**EAGER_OPS) if EAGER_OPS else torch.ops.vitfast
 
 
 # ---------------------------------------------------------------------------- MLP dispatch
@@ -137,11 +166,11 @@ def _fusable_norm(norm: nn.Module) -> bool:
     return type(norm) is nn.RMSNorm and norm.elementwise_affine and norm.eps is not None
 
 
-def _norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """norm(x) by the LayerNorm or RMSNorm kernel."""
+def _norm(ops, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """norm(x) by the LayerNorm or RMSNorm kernel (`ops`: `kernel_ops(x)`)."""
     if isinstance(norm, nn.RMSNorm):
-        return torch.ops.vitfast.rmsnorm(x, norm.weight, norm.eps)
-    return torch.ops.vitfast.layernorm(x, norm.weight, norm.bias, norm.eps)
+        return ops.rmsnorm(x, norm.weight, norm.eps)
+    return ops.layernorm(x, norm.weight, norm.bias, norm.eps)
 
 
 class FusedBlock(nn.Module):
@@ -185,19 +214,19 @@ class FusedBlock(nn.Module):
         x, h = x if isinstance(x, tuple) else (x, None)
         if return_attention or self.training:
             return self.reference(x, return_attention=return_attention, **({} if rope is None else {"rope": rope}))
-        ops = torch.ops.vitfast
+        ops = kernel_ops(x)
         attn, mlp, nxt = self.attn, self.mlp, self.next_norm
         B, N, C = x.shape
         fc1, fc2 = self.mlp_paths(x.dtype, B * N)
         if h is None:
-            h = _norm(x, self.norm1)
+            h = _norm(ops, x, self.norm1)
         qkv = F.linear(h, attn.qkv.weight, attn.qkv.bias).view(B, N, 3, attn.num_heads, attn.head_dim)
         if rope is not None:
             qkv = ops.rope_qkv(qkv, rope.cos, rope.sin, rope.interleaved)
         o = ops.fused_attention(qkv, attn.scale)
         if type(attn.norm) is not nn.Identity:
-            o = _norm(o, attn.norm)
-        x, h = self._branch_end(fc2, o, attn.proj, x, self.ls1, self.norm2)
+            o = _norm(ops, o, attn.norm)
+        x, h = self._branch_end(ops, fc2, o, attn.proj, x, self.ls1, self.norm2)
         if isinstance(mlp, SwiGLU):  # gate and value GEMMs on cuBLAS (biases included), then silu(gate) * value
             m = ops.swiglu(F.linear(h, mlp.fc1_g.weight, mlp.fc1_g.bias), F.linear(h, mlp.fc1_x.weight, mlp.fc1_x.bias))
         elif isinstance(mlp, SwiGLUPacked):  # no GEMM epilogue for the gate: cuBLAS, then the bias+SwiGLU kernel
@@ -210,13 +239,13 @@ class FusedBlock(nn.Module):
         else:
             m = ops.bias_gelu(F.linear(h, mlp.fc1.weight), mlp.fc1.bias, mlp.act.approximate)
         if type(mlp.norm) is not nn.Identity:
-            m = _norm(m, mlp.norm)
-        return self._branch_end(fc2, m, mlp.fc2, x, self.ls2, nxt) if nxt is not None else self._last_end(fc2, m, x)
+            m = _norm(ops, m, mlp.norm)
+        return self._branch_end(ops, fc2, m, mlp.fc2, x, self.ls2, nxt) if nxt is not None else self._last_end(ops, fc2, m, x)
 
     @staticmethod
-    def _branch_end(path: str, y: torch.Tensor, linear: nn.Linear, x: torch.Tensor, ls: nn.Module, norm: nn.Module):
+    def _branch_end(ops, path: str, y: torch.Tensor, linear: nn.Linear, x: torch.Tensor, ls: nn.Module, norm: nn.Module):
         """(r, norm(r)) with r = x + ls(linear(y)): one Triton GEMM, or cuBLAS + the add+LayerNorm (RMSNorm) kernel."""
-        ops, gamma = torch.ops.vitfast, ls.gamma if isinstance(ls, LayerScale) else None
+        gamma = ls.gamma if isinstance(ls, LayerScale) else None
         rms = isinstance(norm, nn.RMSNorm)
         if path == "epilogue" and rms:
             return ops.linear_residual_rmsnorm(y, linear.weight, linear.bias, x, gamma, norm.weight, norm.eps)
@@ -227,9 +256,9 @@ class FusedBlock(nn.Module):
             return ops.add_rmsnorm(x, branch, norm.weight, norm.eps, gamma)
         return ops.add_layernorm(x, branch, norm.weight, norm.bias, norm.eps, gamma)
 
-    def _last_end(self, path: str, m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def _last_end(self, ops, path: str, m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """x + ls2(fc2(m)) with no LayerNorm after it (the model's final norm runs as it is)."""
         fc2, gamma = self.mlp.fc2, self.ls2.gamma if isinstance(self.ls2, LayerScale) else None
         if path == "epilogue":
-            return torch.ops.vitfast.linear_bias_residual(m, fc2.weight, fc2.bias, x, gamma)
+            return ops.linear_bias_residual(m, fc2.weight, fc2.bias, x, gamma)
         return x + self.ls2(F.linear(m, fc2.weight, fc2.bias))
