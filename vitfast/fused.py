@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitfast.kernels._common import next_pow2  # triton-free: the launchers' own bucketing
-from .layers import Attention, Block, LayerScale, Mlp, Rope, SwiGLU, SwiGLUPacked
+from .layers import Attention, Block, LayerScale, Mlp, PatchEmbed, Rope, SwiGLU, SwiGLUPacked, check_image_shape
 
 MLP_PATHS = ("auto", "cublas", "epilogue")
 DEFAULT_MLP_PATHS = ("cublas", "cublas")  # (fc1, fc2) where no measurement exists
@@ -262,3 +262,41 @@ class FusedBlock(nn.Module):
         if path == "epilogue":
             return ops.linear_bias_residual(m, fc2.weight, fc2.bias, x, gamma)
         return x + self.ls2(F.linear(m, fc2.weight, fc2.bias))
+
+
+# ---------------------------------------------------------------------------- the patch embedding
+class GemmPatchEmbed(nn.Module):
+    """A `PatchEmbed` whose stride = kernel convolution runs as one GEMM over the unfolded patches.
+
+    Patches do not overlap, so the im2col is a view, permute and one copy of the image; the GEMM is
+    then [B*N, in_chans*p*p] x [in_chans*p*p, C] on cuBLAS. On the H100 (ViT-B/16 fp16, batch 256) cuDNN
+    ran the convolution as a 1.5 ms implicit GEMM plus 0.6 ms of NCHW -> NHWC conversions, 8% of the
+    forward, for 59 GFLOP (torch.profiler, benchmarks/results/gpu-proof-h100-18ef7c3). Same submodules
+    (`proj`, `norm`) and so the same state_dict keys; the same sums in another order.
+    """
+
+    def __init__(self, embed: PatchEmbed):
+        super().__init__()
+        for name, child in embed.named_children():
+            self.add_module(name, child)
+        object.__setattr__(self, "reference", embed)  # for restore(); not a submodule
+        self.img_size, self.in_chans, self.dynamic_patch = embed.img_size, embed.in_chans, embed.dynamic_patch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, in_chans, H, W] -> [B, (H/p)*(W/p), C]."""
+        check_image_shape(x, self.in_chans, self.img_size, self.dynamic_patch)
+        B, c, H, W = x.shape
+        p = self.proj.kernel_size[0]
+        patches = x.view(B, c, H // p, p, W // p, p).permute(0, 2, 4, 1, 3, 5).reshape(B, (H // p) * (W // p), c * p * p)
+        return self.norm(F.linear(patches, self.proj.weight.view(self.proj.out_channels, -1), self.proj.bias))
+
+
+def can_gemm_embed(embed: nn.Module) -> bool:
+    """The reference PatchEmbed with a square stride = kernel convolution and no padding or dilation."""
+    if type(embed) is not PatchEmbed:
+        return False
+    conv = embed.proj
+    k = conv.kernel_size
+    return (k[0] == k[1] and tuple(conv.stride) == tuple(k) and tuple(conv.padding) == (0, 0) and tuple(conv.dilation) == (1, 1)
+            and conv.groups == 1 and conv.padding_mode == "zeros")  # fmt: skip
+
