@@ -19,7 +19,7 @@ Triton kernel against what it replaces, timed side by side.
 4. Where one ViT-B/16 forward's time goes (batch 256): torch.profiler per kernel and per category,
    eager vs optimize() on each MLP path (`forward_profile`).
 5. The GEMMs with epilogues vs cuBLAS + the separate kernels, ViT-S/B/L widths, M = batch x 197:
-   fc1 + bias + GELU (cuBLAS GEMM without bias + bias_gelu kernel vs one Triton GEMM); fc2 and
+   fc1 + bias + GELU (cuBLAS GEMM with bias + PyTorch's GELU, FusedBlock's cuBLAS path, vs one Triton GEMM); fc2 and
    proj + bias + LayerScale + residual + LayerNorm (cuBLAS GEMM + add+LayerNorm kernel vs one
    Triton GEMM). TFLOP/s, which is faster, parity of both vs fp32 with the 2x rule.
    `write_dispatch` turns the fc1/fc2 winners into kernels/mlp_dispatch.json entries.
@@ -216,7 +216,6 @@ def warm_mlp(s: Shapes) -> dict:
             return torch.empty(*shape, device=s.device, dtype=dtype)
 
         return (lambda: le.linear_bias_gelu(e(M, C), e(hidden, C), e(hidden), "none"),
-                lambda: bg.bias_gelu(e(M, hidden), e(hidden), "none"),
                 lambda: ll.linear_residual_layernorm(e(M, hidden), e(C, hidden), e(C), e(M, C), e(C), e(C), e(C), 1e-6),
                 lambda: ll.linear_residual_layernorm(e(M, C), e(C, C), e(C), e(M, C), e(C), e(C), e(C), 1e-6),
                 lambda: aln.add_layernorm(e(M, C), e(M, C), e(C), e(C), 1e-6, e(C)))  # fmt: skip
@@ -415,7 +414,7 @@ def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
                 hs = [(rand(M, C),) for _ in range(3)]
                 rows.append(gemm_row(
                     "fc1+bias+gelu", common, 2 * M * C * hidden, s, hs, le._linear_epilogue_kernel,
-                    cublas=lambda h: bg.bias_gelu(F.linear(h, w1), b1, "none"),
+                    cublas=lambda h: F.gelu(F.linear(h, w1, b1)),  # what FusedBlock's cuBLAS path runs for GELU
                     epilogue=lambda h: le.linear_bias_gelu(h, w1, b1, "none"),
                     reference=lambda h, w, b: le.linear_epilogue_reference(h, w, b, "none"), ref_args=(w1, b1),
                 ))  # fmt: skip

@@ -45,7 +45,7 @@ def optimize(model: nn.Module, *, cuda_graphs: bool = False, mlp: str = "auto") 
     whole forward once per input shape/dtype and replays it (the batch-1 latency path); inputs are
     copied into the captured buffer and outputs are returned as fresh tensors.
 
-    `mlp` picks the MLP path: "cublas" (cuBLAS GEMMs + the standalone bias+GELU kernel),
+    `mlp` picks the MLP path: "cublas" (cuBLAS GEMMs with their bias, then PyTorch's GELU or the QuickGELU kernel),
     "epilogue" (Triton GEMMs with bias+GELU and bias+LayerScale+residual as epilogues) or "auto"
     (per shape, whichever `benchmarks/gpu_kernels.py` measured faster on this kind of GPU;
     "cublas" where nothing was measured; on the H100 measured so far, cuBLAS on 46 of 48 shapes).
