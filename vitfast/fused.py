@@ -18,8 +18,9 @@ followed by a non-fused block) ends with the plain residual add. The GEMMs that 
 measured faster on a GPU of the same compute capability (kernels/mlp_dispatch.json, see
 `choose_mlp_paths`; proj follows fc2's choice, having the same epilogue). Where nothing was
 measured it takes "cublas". Measured so far: an H100 (sm_90, 2026-11-26), where cuBLAS won all
-but two of 48 GEMM shapes (fc2 + LayerNorm epilogue: 0.29-0.87x of cuBLAS + the add+LayerNorm
-kernel), so "auto" is mostly "cublas" there too; "epilogue" can be forced with `mlp="epilogue"`.
+but two of 48 GEMM shapes (fc2 + LayerNorm epilogue at batch 256: 0.36-0.51x of cuBLAS + the
+add+LayerNorm kernel; its rows at small batches timed host overhead too, to be measured again), so
+"auto" is mostly "cublas" there too; "epilogue" can be forced with `mlp="epilogue"`.
 
 DINOv2 giant's SwiGLU MLP (`SwiGLUPacked`) runs fc1 on cuBLAS without its bias, then the
 bias + silu(gate) * value kernel (kernels/bias_swiglu.py) whatever the path; AIMv2's (`SwiGLU`, gate
@@ -291,7 +292,7 @@ class GemmPatchEmbed(nn.Module):
         B, c, H, W = x.shape
         p = self.proj.kernel_size[0]
         patches = x.view(B, c, H // p, p, W // p, p).permute(0, 2, 4, 1, 3, 5).reshape(B, (H // p) * (W // p), c * p * p)
-        return self.norm(F.linear(patches, self.proj.weight.view(self.proj.out_channels, -1), self.proj.bias))
+        return self.norm(F.linear(patches, self.proj.weight.reshape(self.proj.out_channels, -1), self.proj.bias))
 
 
 def can_gemm_embed(embed: nn.Module) -> bool:
