@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitfast.kernels._common import next_pow2  # triton-free: the launchers' own bucketing
+from vitfast.kernels._common import EAGER_OPS, next_pow2  # triton-free: the launchers' bucketing, the ops' eager entries
 from .layers import Attention, Block, LayerScale, Mlp, PatchEmbed, Rope, SwiGLU, SwiGLUPacked, check_image_shape
 
 MLP_PATHS = ("auto", "cublas", "epilogue")
@@ -86,9 +86,7 @@ def kernel_ops(x: torch.Tensor):
 
 @functools.cache
 def _eager_ops():
-    from vitfast.kernels._common import EAGER_OPS
-
-    load_kernels()
+    load_kernels()  # fills EAGER_OPS
     return types.SimpleNamespace(**EAGER_OPS) if EAGER_OPS else torch.ops.vitfast
 
 
