@@ -108,32 +108,16 @@ DRY_RUN = Shapes(
 )  # fmt: skip
 
 
-SPIN_CYCLES = 1_000_000  # ~0.5 ms of GPU clock at 1.98 GHz: longer than any timed call's host launch path
-
-
 def median_ms(fn, inputs: list, device: str = "cuda", iters: int = 100) -> float:
     """Median ms of fn(*inputs[i]) with i rotating (so repeated calls do not time a warm cache on one
-    buffer), after a few untimed calls. On a GPU this is device time: each timed call is queued behind
-    a spin kernel (`torch.cuda._sleep`), so the host has launched it before the GPU reaches its begin
-    event. Events right around a call time the host's launch path instead whenever that is the longer:
-    the H100 run of 2026-11-26 timed add+LayerNorm at 0.17-0.19 ms for every width, the batch-1 MLP
-    GEMMs at 0.12-0.18 ms and the attention at batch 256 1.7x its autotuner's own figure."""
+    buffer), after a few untimed calls. On a GPU this is device time ("cuda-device"): events right
+    around a short call time the host's launch path instead (the H100 run of 2026-11-26: add+LayerNorm
+    0.17-0.19 ms at every width, the batch-1 MLP GEMMs 0.12-0.18 ms, the attention at batch 256 1.7x
+    its autotuner's own figure)."""
+    timer = "cuda-device" if device == "cuda" else "perf_counter_ns"
     call = lambda args: fn(*args)  # noqa: E731
-    if device != "cuda":
-        time_calls(call, inputs, min(iters, 10), 30.0, torch.device(device), "perf_counter_ns")
-        return statistics.median(time_calls(call, inputs, iters, 10.0, torch.device(device), "perf_counter_ns"))
-    for i in range(min(iters, 10)):
-        call(inputs[i % len(inputs)])
-    events = []
-    for i in range(iters):
-        torch.cuda._sleep(SPIN_CYCLES)
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        call(inputs[i % len(inputs)])
-        end.record()
-        events.append((begin, end))
-    torch.cuda.synchronize()
-    return statistics.median(b.elapsed_time(e) for b, e in events)
+    time_calls(call, inputs, min(iters, 10), 30.0, torch.device(device), timer)
+    return statistics.median(time_calls(call, inputs, iters, 10.0, torch.device(device), timer))
 
 
 def rel_err(out, ref) -> float:

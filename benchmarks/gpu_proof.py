@@ -370,6 +370,7 @@ def part_e2e(result: dict, args: argparse.Namespace, deadline: float) -> None:
     if args.dry_run:
         measure.CPU_MATMUL = (256, measure.CPU_MATMUL[1])  # a quick ceiling: the dry run measures nothing
     result |= {"schema": SCHEMA, "settings": merged_settings([]), "rows": [], "peak": None, "sweeps": [], "precompile": []}
+    jobs = []
     for cfg, precision, backends, mode, batches in e2e_jobs(args):
         skipped = [b for b in backends if args.dry_run and "compile" in b]  # no Inductor C++ build in the dry run
         run = [b for b in backends if b not in skipped]
@@ -386,7 +387,8 @@ def part_e2e(result: dict, args: argparse.Namespace, deadline: float) -> None:
         settings = Settings(models=[cfg], backends=run, batches=list(batches), precisions=[precision],
                             repeats=5 if args.dry_run else 20, warmup=2 if args.dry_run else 5, max_seconds=2.0,
                             options=BackendOptions(compile_mode=mode))  # fmt: skip
-        result["settings"] = merged_settings([*result["settings"]["jobs"], settings.to_dict() | {"options": {"compile_mode": mode}}])
+        jobs.append(settings.to_dict() | {"options": {"compile_mode": mode}})
+        result["settings"] = merged_settings(jobs)  # each time: a time box keeps the jobs started
         sweep = run_sweep(settings, on_row=lambda row: _take_row(row, label, result["rows"]))
         result["peak"] = result["peak"] or sweep["peak"]
         result["sweeps"].append({"command": sweep["environment"]["command"], "peak_tflops": sweep["peak"]["tflops"],

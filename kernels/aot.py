@@ -321,11 +321,10 @@ def plan(targets: list[str]) -> tuple[list[tuple], list[dict]]:
                 continue
             picks = range(len(kept)) if launch.all_configs else [(i + t) % len(kept)]
             jobs += [(i, c, target, False) for c in picks]
-        rec = _RECORDED[i]
-        if rec.jit.__name__ not in typed and any(isinstance(v, float) for v in rec.named_args().values()):
-            if rec.configs(TARGETS[targets[-1]]):
-                typed.add(rec.jit.__name__)
-                jobs.append((i, 0, targets[-1], True))
+        rec = _RECORDED[i]  # `kept` is the last target's now
+        if kept and rec.jit.__name__ not in typed and any(isinstance(v, float) for v in rec.named_args().values()):
+            typed.add(rec.jit.__name__)
+            jobs.append((i, 0, targets[-1], True))
     return jobs, unfit
 
 

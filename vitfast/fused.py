@@ -281,12 +281,12 @@ class GemmPatchEmbed(nn.Module):
         super().__init__()
         for name, child in embed.named_children():
             self.add_module(name, child)
-        object.__setattr__(self, "reference", embed)  # for restore(); not a submodule
-        self.img_size, self.in_chans, self.dynamic_patch = embed.img_size, embed.in_chans, embed.dynamic_patch
+        object.__setattr__(self, "reference", embed)  # for restore() and its shape rules; not a submodule
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, in_chans, H, W] -> [B, (H/p)*(W/p), C]."""
-        check_image_shape(x, self.in_chans, self.img_size, self.dynamic_patch)
+        ref = self.reference
+        check_image_shape(x, ref.in_chans, ref.img_size, ref.dynamic_patch)
         B, c, H, W = x.shape
         p = self.proj.kernel_size[0]
         patches = x.view(B, c, H // p, p, W // p, p).permute(0, 2, 4, 1, 3, 5).reshape(B, (H // p) * (W // p), c * p * p)
@@ -301,4 +301,3 @@ def can_gemm_embed(embed: nn.Module) -> bool:
     k = conv.kernel_size
     return (k[0] == k[1] and tuple(conv.stride) == tuple(k) and tuple(conv.padding) == (0, 0) and tuple(conv.dilation) == (1, 1)
             and conv.groups == 1 and conv.padding_mode == "zeros")  # fmt: skip
-
