@@ -17,7 +17,7 @@ Triton kernel against what it replaces, timed side by side.
    N = 1 + 1024 patches), fp16 and bf16, batch 64 and 256, vs the reference model's `layers.apply_rope`
    on the q and k views, checked against float64 with the 2x rule first.
 4. Where one ViT-B/16 forward's time goes (batch 256): torch.profiler per kernel and per category,
-   eager vs optimize() on each MLP path (`forward_profile`).
+   eager vs optimize() on each MLP path and with approximate_gelu (`forward_profile`).
 5. The GEMMs with epilogues vs cuBLAS + the separate kernels, ViT-S/B/L widths, M = batch x 197:
    fc1 + bias + GELU (cuBLAS GEMM with bias + PyTorch's GELU, FusedBlock's cuBLAS path, vs one Triton GEMM); fc2 and
    proj + bias + LayerScale + residual + LayerNorm (cuBLAS GEMM + add+LayerNorm kernel vs one
@@ -401,6 +401,8 @@ def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
                     cublas=lambda h: F.gelu(F.linear(h, w1, b1)),  # what FusedBlock's cuBLAS path runs for GELU
                     epilogue=lambda h: le.linear_bias_gelu(h, w1, b1, "none"),
                     reference=lambda h, w, b: le.linear_epilogue_reference(h, w, b, "none"), ref_args=(w1, b1),
+                    # optimize(approximate_gelu=True): GELU's tanh form in cuBLASLt's epilogue, its error still vs erf
+                    variants={"cublaslt_tanh": lambda h: fused.linear_gelu_tanh(h, w1, b1)},
                 ))  # fmt: skip
                 for op, K, w, b in (("fc2", hidden, w2, b2), ("proj", C, wp, bp)):
                     ins = [(rand(M, K), rand(M, C)) for _ in range(3)]
@@ -416,16 +418,24 @@ def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
     return rows
 
 
-def gemm_row(op: str, common: dict, flops: int, s: Shapes, inputs: list, tuner, *, cublas, epilogue, reference, ref_args) -> dict:
+def gemm_row(op: str, common: dict, flops: int, s: Shapes, inputs: list, tuner, *, cublas, epilogue, reference, ref_args,
+             variants: dict | None = None) -> dict:  # fmt: skip
     """Both paths timed on the same rotating inputs; errors relative to the fp32 result, next to
-    plain PyTorch's (the reference in the same dtype) for the 2x rule."""
+    plain PyTorch's (the reference in the same dtype) for the 2x rule. `variants`: more paths by name,
+    each timed and checked the same way (columns `<name>_ms`, `<name>_TFLOPs`, `<name>_speedup` over the
+    cuBLAS path, `<name>_rel_err`, `<name>_passes_2x_rule`)."""
     tuned = tuning(tuner, lambda: epilogue(*inputs[0]))
     cublas_ms, epilogue_ms = median_ms(cublas, inputs, s.device, s.iters), median_ms(epilogue, inputs, s.device, s.iters)
     args = (*inputs[0], *ref_args)
     exact = reference(*(t.float() for t in args))
     torch_err = rel_err(reference(*args), exact)
     cublas_err, epilogue_err = rel_err(cublas(*inputs[0]), exact), rel_err(epilogue(*inputs[0]), exact)
-    return dict(op=op, **common, status="ok", cublas_ms=cublas_ms, epilogue_ms=epilogue_ms,
+    more = {}
+    for name, fn in (variants or {}).items():
+        ms, err = median_ms(fn, inputs, s.device, s.iters), rel_err(fn(*inputs[0]), exact)
+        more |= {f"{name}_ms": ms, f"{name}_TFLOPs": flops / ms / 1e9, f"{name}_speedup": cublas_ms / ms, f"{name}_rel_err": err,
+                 f"{name}_passes_2x_rule": err <= 2 * torch_err + 1e-3}  # fmt: skip
+    return more | dict(op=op, **common, status="ok", cublas_ms=cublas_ms, epilogue_ms=epilogue_ms,
                 cublas_TFLOPs=flops / cublas_ms / 1e9, epilogue_TFLOPs=flops / epilogue_ms / 1e9,
                 speedup=cublas_ms / epilogue_ms, faster="epilogue" if epilogue_ms < cublas_ms else "cublas",
                 torch_rel_err=torch_err, cublas_rel_err=cublas_err, epilogue_rel_err=epilogue_err,
@@ -463,12 +473,14 @@ def forward_profile(s: Shapes, deadline: float, iters: int = 10) -> dict:
     model = vitfast.create_model(cfg).to(device=s.device, dtype=dtype).eval()
     x = torch.randn(batch, cfg.in_chans, *cfg.img_hw, device=s.device, dtype=dtype)
     result = {"model": name, "overrides": overrides, "batch": batch, "dtype": dtype_name(dtype), "iters": iters, "backends": {}}
-    for label, mlp in (("eager", None), ("optimize mlp=auto", "auto"), ("optimize mlp=epilogue", "epilogue")):
+    variants = (("eager", None), ("optimize mlp=auto", dict(mlp="auto")), ("optimize mlp=auto approximate_gelu", dict(mlp="auto", approximate_gelu=True)),
+                ("optimize mlp=epilogue", dict(mlp="epilogue")))  # fmt: skip
+    for label, options in variants:
         if time.monotonic() > deadline:
             result["backends"][label] = dict(NOT_REACHED)
             continue
-        if mlp:
-            vitfast.optimize(model, mlp=mlp)
+        if options:
+            vitfast.optimize(model, **options)
         with torch.no_grad():
             for _ in range(3):  # autotuning and compiles stay out of the profile
                 model(x)
@@ -477,7 +489,7 @@ def forward_profile(s: Shapes, deadline: float, iters: int = 10) -> dict:
                 for _ in range(iters):
                     model(x)
                 _sync(s.device)
-        if mlp:
+        if options:
             vitfast.restore(model)
         result["backends"][label] = kernel_table(prof.key_averages(), iters, gpu)
     return result

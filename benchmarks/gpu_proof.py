@@ -332,7 +332,7 @@ def section(result: dict, key: str, run) -> None:
 # ---------------------------------------------------------------------------- end to end
 E2E_MODELS = ("vit_base_patch16_224", "vit_small_patch16_224", "vit_large_patch16_224")
 E2E_BATCHES = (1, 8, 64, 256)
-E2E_BACKENDS = ("eager", "vitfast", "vitfast-graphs", "compile", "vitfast-compile")
+E2E_BACKENDS = ("eager", "vitfast", "vitfast-graphs", "compile", "vitfast-compile", "vitfast-approx-gelu")
 
 
 def e2e_jobs(args: argparse.Namespace):
@@ -484,8 +484,11 @@ def markdown(part: str, result: dict) -> str:
                                                    "speedup", "fraction_of_copy", "passes_2x_rule"])  # fmt: skip
         lines += profile_markdown(result.get("profile"))
         lines += ["", "## GEMMs with epilogues vs cuBLAS + separate kernels", ""]
+        lines += ["speedup: cuBLAS path / Triton epilogue GEMM; cublaslt_tanh: fc1 with GELU's tanh form in cuBLASLt's epilogue "
+                  "(optimize(approximate_gelu=True)), its speedup over the cuBLAS path and its error vs the erf GELU (2x rule).", ""]
         lines += md_table(result.get("mlp", []), ["op", "model", "dtype", "batch", "status", "cublas_TFLOPs", "epilogue_TFLOPs", "speedup",
-                                                  "faster", "passes_2x_rule"])  # fmt: skip
+                                                  "faster", "passes_2x_rule", "cublaslt_tanh_speedup",
+                                                  "cublaslt_tanh_passes_2x_rule"])  # fmt: skip
         lines += ["", f"Dispatch entries written to mlp_dispatch.json: {len(result.get('mlp_dispatch') or [])}"]
     else:
         from vitfast.bench.report import to_markdown

@@ -33,7 +33,7 @@ export PYTHONUNBUFFERED=1
   }
   part tests "${TESTS_S:-130}"
   # shellcheck disable=SC2086  # E2E_ARGS is a list of flags
-  part e2e "${E2E_S:-180}" ${E2E_ARGS:---models vit_base_patch16_224 --precisions fp16 --backends eager,vitfast,vitfast-graphs,compile}
+  part e2e "${E2E_S:-200}" ${E2E_ARGS:---models vit_base_patch16_224 --precisions fp16 --backends eager,vitfast,vitfast-graphs,compile,vitfast-approx-gelu}
   part kernels "${KERNELS_S:-120}"
   for f in "$DIR"/*.md; do echo "----- $f"; cat "$f"; done
 } >"$LOG" 2>&1

@@ -226,17 +226,22 @@ def launches_per_block(model, x) -> list[list[str]]:
     return per_block
 
 
-@pytest.mark.parametrize("mlp, most", [("epilogue", 5), ("cublas", 8)])
-def test_launches_per_block(device, mlp, most):
+@pytest.mark.parametrize("mlp, act, approximate_gelu, most", [
+    ("epilogue", "gelu", False, 5), ("cublas", "gelu", False, 8), ("cublas", "gelu_tanh", False, 7), ("cublas", "gelu", True, 7),
+])  # fmt: skip
+def test_launches_per_block(device, mlp, act, approximate_gelu, most):
     """Reference block with LayerScale: 12 launches (LN, qkv, SDPA, proj, *gamma, +, LN, fc1, GELU,
     fc2, *gamma, +). Optimized: LayerScale and the residual adds live in the epilogues and each
     block's last add is fused with the next block's LayerNorm, so only block 0 runs a LayerNorm of
     its own: epilogue path 5 (qkv, attention, proj+LN, fc1+GELU, fc2+LN), cuBLAS path 8 (qkv,
-    attention, proj, add+LN, fc1, bias+GELU, fc2, add+LN)."""
-    model = randomize(vitfast.create_model(tiny_config(depth=3, init_values=0.1))).to(device)
+    attention, proj, add+LN, fc1, GELU, fc2, add+LN), 7 with GELU's tanh form, which cuBLASLt
+    applies in fc1's epilogue (on CPU the count is of `linear_gelu_tanh`'s two ops less one: see below)."""
+    model = randomize(vitfast.create_model(tiny_config(depth=3, init_values=0.1, act_layer=act))).to(device)
     x = torch.randn(2, 3, 32, 32, device=device)
     assert [len(ops) for ops in launches_per_block(model, x)] == [12, 12, 12]
-    vitfast.optimize(model, mlp=mlp)
+    vitfast.optimize(model, mlp=mlp, approximate_gelu=approximate_gelu)
+    if most == 7 and device != "cuda":  # off CUDA linear_gelu_tanh is addmm + gelu (the CPU addmm_activation is erf)
+        most += 1
     counts = [len(ops) for ops in launches_per_block(model, x)]
     # block 0 runs its own norm1; the last block has no next LayerNorm, so on the cuBLAS path its
     # residual add is PyTorch's (x + gamma * y: 2 ops)
@@ -281,6 +286,40 @@ def test_eva02_clip_launches_per_block(device, mlp, most):
     assert [len(ops) for ops in per_block][:2] == [most + 1, most], per_block
     assert sum("rope_qkv" in op for op in per_block[1]) == 1 and sum(op == "vitfast.layernorm.default" for op in per_block[1]) == 2, per_block[1]
     assert not any("layer_norm" in op for op in per_block[1])
+
+
+@pytest.mark.parametrize("mlp", ["cublas", "epilogue"])
+def test_approximate_gelu_runs_the_tanh_form(device, mlp):
+    """optimize(approximate_gelu=True) on an erf-GELU model computes the same model with GELU's tanh form
+    (checked against the reference with nn.GELU('tanh') swapped in), which really differs from the erf
+    model; optimizing again without it goes back to the erf form, and restore() to the reference."""
+    cfg = tiny_config(init_values=0.1)
+    model = randomize(vitfast.create_model(cfg)).to(device)
+    tanh_model = copy.deepcopy(model)
+    for block in tanh_model.blocks:
+        block.mlp.act = torch.nn.GELU(approximate="tanh")
+    x = 3 * torch.randn(3, 3, *cfg.img_hw, device=device)  # wide activations: where the two forms differ most
+    with torch.no_grad():
+        erf_ref, tanh_ref = model(x), tanh_model(x)
+        assert (erf_ref - tanh_ref).abs().max() > 1e-5  # the check below can tell the forms apart
+        vitfast.optimize(model, mlp=mlp, approximate_gelu=True)
+        assert {b.gelu_form for b in model.blocks} == {"tanh"}
+        torch.testing.assert_close(model(x), tanh_ref, atol=1e-5, rtol=1e-5)
+        vitfast.optimize(model, mlp=mlp)
+        torch.testing.assert_close(model(x), erf_ref, atol=1e-5, rtol=1e-5)
+        assert torch.equal(vitfast.restore(model)(x), erf_ref)
+
+
+def test_linear_gelu_tanh_is_the_tanh_form_on_every_device(device):
+    """torch._addmm_activation's GELU is the tanh form on CUDA and the erf form on CPU: the helper must be
+    the tanh form on both, with and without a bias, for any leading dims."""
+    from vitfast.fused import linear_gelu_tanh
+
+    h, w, b = torch.randn(2, 5, 16, device=device), torch.randn(24, 16, device=device), torch.randn(24, device=device)
+    for bias in (b, None):
+        ref = torch.nn.functional.gelu(torch.nn.functional.linear(h.double(), w.double(), None if bias is None else bias.double()),
+                                       approximate="tanh")  # fmt: skip
+        torch.testing.assert_close(linear_gelu_tanh(h, w, bias).double(), ref, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("mlp", ["cublas", "epilogue"])
@@ -413,6 +452,25 @@ def test_gpu_low_precision_model_parity(device, dtype, mlp, name):
         eager_err = (model(x.to(dtype)).double() - exact).abs().max().item()
         fused_err = (vitfast.optimize(model, mlp=mlp)(x.to(dtype)).double() - exact).abs().max().item()
     assert fused_err <= 2 * eager_err + (1e-2 if dtype == torch.float16 else 5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", ["vit_base_patch16_224", "vit_large_patch16_224"])
+def test_gpu_approximate_gelu_parity(device, dtype, name):
+    """GELU's tanh form in fc1's cuBLASLt epilogue (optimize(approximate_gelu=True)) on an erf-GELU ViT: its
+    fp16/bf16 logits err at most 2x the eager erf model's in the same dtype, both against the fp32 erf model.
+    Wide inputs (3x randn) put activations where the forms differ most."""
+    _require_cuda(device)
+    cfg = vitfast.get_config(name, num_classes=100)
+    model = randomize(vitfast.create_model(cfg)).to(device)
+    x = 3 * torch.randn(8, 3, *cfg.img_hw, device=device)
+    with torch.no_grad():
+        exact = model(x).double()
+        model.to(dtype)
+        eager_err = (model(x.to(dtype)).double() - exact).abs().max().item()
+        fused_err = (vitfast.optimize(model, mlp="cublas", approximate_gelu=True)(x.to(dtype)).double() - exact).abs().max().item()
+    assert fused_err <= 2 * eager_err + (1e-2 if dtype == torch.float16 else 5e-2), (fused_err, eager_err)
 
 
 @pytest.mark.gpu

@@ -9,7 +9,9 @@ followed by a non-fused block) ends with the plain residual add. The GEMMs that 
 
 - "cublas": cuBLAS GEMM (bias included) -> add + LayerNorm kernel (x + gamma * y); fc1: GEMM
   with its bias -> PyTorch's GELU (QuickGELU: GEMM without bias -> the bias + GELU kernel, one
-  kernel for PyTorch's three). 8 launches per block.
+  kernel for PyTorch's three). 8 launches per block. GELU's tanh form (SigLIP, or any model
+  under `optimize(model, approximate_gelu=True)`) is applied by cuBLASLt in fc1's epilogue
+  (`linear_gelu_tanh`): 7 launches, and the 4x-wide activation is written once.
 - "epilogue": Triton GEMMs with the elementwise work as their epilogue: proj and fc2 + bias +
   LayerScale + residual + LayerNorm (kernels/linear_layernorm.py), fc1 + bias + GELU
   (kernels/linear_epilogue.py). 5 launches per block (qkv, attention, proj, fc1, fc2).
@@ -55,6 +57,8 @@ from vitfast.kernels._common import EAGER_OPS, next_pow2  # triton-free: the lau
 from .layers import Attention, Block, LayerScale, Mlp, PatchEmbed, Rope, SwiGLU, SwiGLUPacked, check_image_shape
 
 MLP_PATHS = ("auto", "cublas", "epilogue")
+# erf GELU vs its tanh approximation, per activation: at most 4.7e-4 absolute (at x = +-2.70)
+GELU_TANH_MAX_ABS_DIFF = 4.7e-4
 DEFAULT_MLP_PATHS = ("cublas", "cublas")  # (fc1, fc2) where no measurement exists
 KERNEL_MODULES = ("add_layernorm", "attention", "bias_gelu", "bias_swiglu", "linear_epilogue", "linear_layernorm", "rope")
 
@@ -179,12 +183,13 @@ class FusedBlock(nn.Module):
 
     forward takes x [B, N, C] or the previous fused block's `(x, norm1(x))` and returns
     `(x, next_norm(x))` when `next_norm` (the next block's norm1, set by `optimize`) is given,
-    else x. `mlp_path` is "auto", "cublas" or "epilogue" (see the module docstring). Attention
+    else x. `mlp_path` is "auto", "cublas" or "epilogue" (see the module docstring);
+    `approximate_gelu` runs an erf-GELU MLP in GELU's tanh form (`gelu_form`). Attention
     maps (`return_attention=True`) and training mode (dropout, drop-path) run the reference
     block's math path on the same parameters.
     """
 
-    def __init__(self, block: Block, mlp: str = "auto"):
+    def __init__(self, block: Block, mlp: str = "auto", approximate_gelu: bool = False):
         super().__init__()
         if mlp not in MLP_PATHS:
             raise ValueError(f"mlp must be one of {MLP_PATHS}, got {mlp!r}")
@@ -195,6 +200,7 @@ class FusedBlock(nn.Module):
         object.__setattr__(self, "reference", block)
         object.__setattr__(self, "next_norm", None)
         self.mlp_path = mlp
+        self.approximate_gelu = approximate_gelu
         fc1 = block.mlp.fc1_g if isinstance(block.mlp, SwiGLU) else block.mlp.fc1
         self.measured = measured_choices(fc1.weight.device, fc1.in_features, fc1.out_features)
         self.train(block.training)
@@ -202,6 +208,13 @@ class FusedBlock(nn.Module):
     def train(self, mode: bool = True) -> "FusedBlock":
         self.reference.training = mode  # the fallback path must see the same mode
         return super().train(mode)
+
+    @property
+    def gelu_form(self) -> str | None:
+        """The GELU form fc1's path applies ('none' = erf, 'tanh', 'sigmoid'; None for the SwiGLU MLPs):
+        the model's own, or 'tanh' for an erf model optimized with `approximate_gelu=True`."""
+        form = getattr(self.mlp.act, "approximate", None) if type(self.mlp) is Mlp else None
+        return "tanh" if self.approximate_gelu and form == "none" else form
 
     def mlp_paths(self, dtype: torch.dtype, rows: int) -> tuple[str, str]:
         if self.mlp_path != "auto":
@@ -233,7 +246,9 @@ class FusedBlock(nn.Module):
             gv = F.linear(h, mlp.fc1.weight)
             m = ops.bias_swiglu(gv, mlp.fc1.bias) if mlp.fc1.bias is not None else ops.swiglu(*gv.chunk(2, dim=-1))
         elif fc1 == "epilogue":
-            m = ops.linear_bias_gelu(h, mlp.fc1.weight, mlp.fc1.bias, mlp.act.approximate)
+            m = ops.linear_bias_gelu(h, mlp.fc1.weight, mlp.fc1.bias, self.gelu_form)
+        elif self.gelu_form == "tanh":  # one cuBLASLt GEMM with bias + GELU (tanh form) as its epilogue
+            m = linear_gelu_tanh(h, mlp.fc1.weight, mlp.fc1.bias)
         elif mlp.fc1.bias is None or mlp.act.approximate != "sigmoid":
             # cuBLAS adds the bias in its epilogue at no cost and PyTorch's GELU is one kernel: on the H100 this
             # beat fc1 without bias + the bias+GELU kernel (ViT-B/16 batch 256: 223 vs 263 us per GELU)
@@ -264,6 +279,20 @@ class FusedBlock(nn.Module):
         if path == "epilogue":
             return ops.linear_bias_residual(m, fc2.weight, fc2.bias, x, gamma)
         return x + self.ls2(F.linear(m, fc2.weight, fc2.bias))
+
+
+def linear_gelu_tanh(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """gelu_tanh(h @ weight^T + bias), h [..., K], weight [N, K] -> [..., N].
+
+    On CUDA one cuBLASLt GEMM with bias + GELU as its epilogue (`torch._addmm_activation`, whose
+    GELU is the tanh form there: CUBLASLT_EPILOGUE_GELU_BIAS, or PyTorch's tanh GELU after the GEMM
+    where cuBLASLt declines the shape). Its CPU kernel applies the erf form instead, so off CUDA
+    (and without a bias) this is the GEMM then PyTorch's tanh GELU: the same function everywhere.
+    """
+    if not h.is_cuda or bias is None:
+        return F.gelu(F.linear(h, weight, bias), approximate="tanh")
+    y = torch._addmm_activation(bias, h.reshape(-1, h.shape[-1]), weight.t(), use_gelu=True)
+    return y.view(*h.shape[:-1], weight.shape[0])
 
 
 # ---------------------------------------------------------------------------- the patch embedding

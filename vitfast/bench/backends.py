@@ -34,12 +34,13 @@ from vitfast.registry import create_model
 from vitfast.runtime import ENGINE_SUFFIXES, TorchEngine, load_engine
 from vitfast.sources import RANDOM_SEED
 
-BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitfast-compile", "onnxruntime", "openvino", "tensorrt")
+BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitfast-compile", "vitfast-approx-gelu", "onnxruntime", "openvino",
+            "tensorrt")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # the int8 QDQ form each CPU runtime runs fastest (benchmarks/cpu_runtimes.py measures them all)
 INT8_TARGETS = {"onnxruntime": "cpu", "openvino": "openvino"}
-TORCH_BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitfast-compile")
+TORCH_BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitfast-compile", "vitfast-approx-gelu")
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ def skip_reason(backend: str, precision: str, platform: Platform, options: Backe
     """Why `backend` at `precision` cannot be measured here, or None when it can."""
     if backend in TORCH_BACKENDS and precision not in TORCH_PRECISIONS:
         return "PyTorch backends run fp32/fp16/bf16; int8 is measured through onnxruntime (quantize_int8) and tensorrt engines"
-    if backend in ("vitfast", "vitfast-graphs"):
+    if backend in ("vitfast", "vitfast-graphs", "vitfast-approx-gelu"):
         return _vitfast_reason(backend, platform)
     if backend == "vitfast-compile":  # torch.compile over the optimized model
         return _vitfast_reason(backend, platform) or _compile_reason(platform)
@@ -268,8 +269,13 @@ def _torch_runner(backend: str, precision: str, config: ViTConfig, platform: Pla
         model.set_fused_attn(False)
         details["attention"] = "explicit softmax(QK^T)V"
     if backend.startswith("vitfast"):
-        optimize(model, cuda_graphs=backend == "vitfast-graphs")
+        # vitfast-approx-gelu: GELU's tanh form in fc1's cuBLASLt epilogue, a different function for an erf-GELU model
+        approximate = backend == "vitfast-approx-gelu"
+        optimize(model, cuda_graphs=backend == "vitfast-graphs", approximate_gelu=approximate)
         details["attention"] = "vitfast Triton kernel"
+        if approximate:
+            details["gelu"] = "tanh form in fc1's cuBLASLt epilogue" + (
+                "" if config.act_layer == "gelu_tanh" else f"; the model's is {config.act_layer!r}: a different function")
     forward = model
     if backend in ("compile", "vitfast-compile"):
         mode = None if options.compile_mode == "default" else options.compile_mode
