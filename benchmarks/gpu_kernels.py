@@ -34,6 +34,7 @@ measured before a failure are kept.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -61,6 +62,7 @@ from vitfast.layers import apply_rope
 from vitfast.layers import rope_tables as layer_rope_tables
 
 DISPATCH_TABLE = Path(__file__).resolve().parents[1] / "kernels" / "mlp_dispatch.json"
+ATTENTION_TABLE = DISPATCH_TABLE.with_name("attention_dispatch.json")
 NOT_REACHED = {"status": "not reached", "reason": "the part's time box ran out before this row"}
 
 
@@ -261,17 +263,19 @@ def ceilings(s: Shapes) -> dict:
 
 
 def _sdpa(backend_name: str):
+    """SDPA on the packed qkv's views as FusedBlock's "sdpa" path runs it, on one backend, or
+    ("default") on the one PyTorch picks."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-               "cudnn": SDPBackend.CUDNN_ATTENTION}[backend_name]  # fmt: skip
+               "cudnn": SDPBackend.CUDNN_ATTENTION, "default": None}[backend_name]  # fmt: skip
 
     def run(qkv):
         B, N, _, H, D = qkv.shape
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # views, last stride 1
-        with sdpa_kernel(backend):
+        with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
             o = F.scaled_dot_product_attention(q, k, v)
-        return o.transpose(1, 2).reshape(B, N, H * D)  # the copy back to token-major layout
+        return o.transpose(1, 2).reshape(B, N, H * D)  # back to token-major (a copy unless SDPA wrote it so)
 
     return run
 
@@ -287,7 +291,7 @@ def attention_speed(s: Shapes, deadline: float, rows: list) -> list[dict]:
         row["tuning"] = tuning(att._attention_fwd_kernel, lambda: att.fused_attention(*qkvs[0], D**-0.5))
         ours = median_ms(lambda qkv: att.fused_attention(qkv, D**-0.5), qkvs, s.device, s.iters)
         row |= dict(status="ok", vitfast_ms=ours, vitfast_TFLOPs=flops / ours / 1e9)
-        for name in ("flash", "efficient", "cudnn"):
+        for name in ("flash", "efficient", "cudnn", "default"):
             try:
                 ms = median_ms(_sdpa(name), qkvs, s.device, s.iters)
                 row |= {f"sdpa_{name}_ms": ms, f"sdpa_{name}_TFLOPs": flops / ms / 1e9}
@@ -295,6 +299,7 @@ def attention_speed(s: Shapes, deadline: float, rows: list) -> list[dict]:
                 row[f"sdpa_{name}_reason"] = first_line(exc)
         best = min((row[k] for k in row if k.startswith("sdpa_") and k.endswith("_ms")), default=None)
         row["speedup_vs_best_sdpa"] = best / ours if best else None
+        row["speedup_vs_sdpa_default"] = row["sdpa_default_ms"] / ours if "sdpa_default_ms" in row else None
         rows.append(row)
         del qkvs
     return rows
@@ -515,6 +520,31 @@ def kernel_table(averages, iters: int, gpu: bool, top: int = 15) -> dict:
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+def write_attention_dispatch(rows: list[dict], env: dict, path: Path = ATTENTION_TABLE) -> list[dict]:
+    """Merge this run's attention rows into the attention table at `path` (atomically); returns the
+    new entries. A shape gets "sdpa" only where SDPA's default backend was >= min_speedup faster than
+    the autotuned kernel; entries of other GPUs and shapes are kept."""
+    table = json.loads(path.read_text())
+    min_speedup = table["min_speedup"]
+    new = []
+    for row in rows:
+        if row.get("status") != "ok" or "sdpa_default_ms" not in row:
+            continue
+        faster = row["vitfast_ms"] / row["sdpa_default_ms"]  # > 1: SDPA is faster
+        new.append(dict(compute_capability=env["compute_capability"], gpu=env["gpu"], dtype=row["dtype"], N=row["N"], head_dim=row["D"],
+                        bh_bucket=fused.next_pow2(row["B"] * row["H"]), path="sdpa" if faster >= min_speedup else "vitfast",
+                        vitfast_ms=round(row["vitfast_ms"], 5), sdpa_ms=round(row["sdpa_default_ms"], 5), git_sha=env["git_sha"],
+                        command=env["command"]))  # fmt: skip
+    key = lambda e: (e["compute_capability"], e["dtype"], e["N"], e["head_dim"], e["bh_bucket"])  # noqa: E731
+    replaced = {key(e) for e in new}
+    table["entries"] = sorted([e for e in table["entries"] if key(e) not in replaced] + new, key=key)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(table, indent=1) + "\n")
+    os.replace(tmp, path)
+    fused.attention_dispatch_table.cache_clear()  # optimize(attention="auto") in this process sees the new table
+    return new
 
 
 def write_dispatch(rows: list[dict], env: dict, path: Path = DISPATCH_TABLE) -> list[dict]:

@@ -12,11 +12,11 @@
   256 px; interleaved: EVA-02 B/L at 448 px; checked against float64 first) vs PyTorch and vs the
   copy bandwidth; a per-kernel profile of one ViT-B/16 forward (eager vs optimize()); the GEMMs
   with epilogues vs cuBLAS + separate kernels (benchmarks/gpu_kernels.py), and from these the MLP
-  dispatch table, written as DIR/mlp_dispatch.json (kernels/mlp_dispatch.json merged with this
-  GPU's entries: copy it there to commit it).
+  and attention dispatch tables, written as DIR/mlp_dispatch.json and DIR/attention_dispatch.json
+  (the committed kernels/ tables merged with this GPU's entries: copy them there to commit them).
 - e2e: ViT-B/16, S/16, L/16 at 224 px, fp16 then bf16, batch 1/8/64/256: eager (SDPA),
   torch.compile default and max-autotune, optimize(), optimize() + CUDA graphs, optimize() +
-  torch.compile, through the `vitfast bench` harness (img/s, p50/p99, peak memory, % of the
+  torch.compile, optimize(approximate_gelu=True), through the `vitfast bench` harness (img/s, p50/p99, peak memory, % of the
   measured matmul peak, GPU, driver, versions, git sha), most important first.
 
 Each part writes DIR/proof-<part>.json, .md and (kernels, e2e) .png; at most 8 files per call.
@@ -316,6 +316,9 @@ def part_kernels(result: dict, args: argparse.Namespace, deadline: float) -> Non
     dispatch_env = {"compute_capability": gpu.get("compute_capability") or "cpu (dry run)", "gpu": gpu.get("name") or "cpu (dry run)",
                     "git_sha": env["git"]["sha"], "command": env["command"]}  # fmt: skip
     result["mlp_dispatch"] = gk.write_dispatch(rows, dispatch_env, table)
+    attention_table = args.out / "attention_dispatch.json"
+    shutil.copyfile(gk.ATTENTION_TABLE, attention_table)
+    result["attention_dispatch"] = gk.write_attention_dispatch(result.get("attention", []), dispatch_env, attention_table)
     result["failed"] = bool(result.get("errors")) or any(r.get("passes_2x_rule") is False for r in rows + result.get("rope", []))
 
 
@@ -472,7 +475,7 @@ def markdown(part: str, result: dict) -> str:
                   "Kernel timings are device time: each call queued behind a spin kernel, so launch overhead stays out "
                   "(gpu_kernels.median_ms); the per-forward profile is torch.profiler's kernel time.", "", "## Attention", ""]  # fmt: skip
         att_cols = ["B", "N", "H", "D", "dtype", "status", "vitfast_TFLOPs", "sdpa_flash_TFLOPs", "sdpa_efficient_TFLOPs",
-                    "sdpa_cudnn_TFLOPs", "speedup_vs_best_sdpa"]  # fmt: skip
+                    "sdpa_cudnn_TFLOPs", "sdpa_default_TFLOPs", "speedup_vs_best_sdpa", "speedup_vs_sdpa_default"]  # fmt: skip
         lines += md_table(result.get("attention", []), att_cols) + ["", "## add + LayerNorm", ""]
         lines += md_table(result.get("add_layernorm", []), ["rows", "C", "dtype", "status", "vitfast_GBps", "torch_GBps", "fraction_of_copy"])
         lines += ["", "## bias + activation after a bias-free fc1", ""]
@@ -489,7 +492,9 @@ def markdown(part: str, result: dict) -> str:
         lines += md_table(result.get("mlp", []), ["op", "model", "dtype", "batch", "status", "cublas_TFLOPs", "epilogue_TFLOPs", "speedup",
                                                   "faster", "passes_2x_rule", "cublaslt_tanh_speedup",
                                                   "cublaslt_tanh_passes_2x_rule"])  # fmt: skip
-        lines += ["", f"Dispatch entries written to mlp_dispatch.json: {len(result.get('mlp_dispatch') or [])}"]
+        lines += ["", f"Dispatch entries written to mlp_dispatch.json: {len(result.get('mlp_dispatch') or [])}, to attention_dispatch.json: "
+                  f"{len(result.get('attention_dispatch') or [])} (SDPA where it was faster: "
+                  f"{sum(e['path'] == 'sdpa' for e in result.get('attention_dispatch') or [])})"]  # fmt: skip
     else:
         from vitfast.bench.report import to_markdown
 

@@ -3,7 +3,9 @@
 q, k and v are read from the qkv Linear's output `[B, N, 3, H, D]` through strides (no
 permute/contiguous copies) and the result is written as `[B, N, H*D]`, ready for the output
 projection. Online softmax in base 2 with fp32 statistics and accumulation; any N, any head
-dim up to 256 (non powers of two by masking), fp16 / bf16 / fp32.
+dim up to 256 (non powers of two by masking), fp16 / bf16 / fp32. Only the last query and key
+tiles are masked, and with TAIL=16 they are 16 wide: at N = 197 a 64-row tiling computes 208 x 208
+scores instead of 256 x 256.
 """
 
 from __future__ import annotations
@@ -22,30 +24,113 @@ LOG2E = 1.0 / math.log(2.0)  # exp(x) = exp2(x / ln 2): folded into the softmax 
 
 
 def _configs() -> list[triton.Config]:
-    if INTERPRET:  # the interpreter is slow and gains nothing from tuning: one config
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
+    if INTERPRET:  # the interpreter is slow and gains nothing from tuning: one config, with tail tiles
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "TAIL": 16}, num_warps=4, num_stages=1)]
     # A short list, so a first call tunes in seconds: wide query tiles for the large batches,
     # 8-warp variants that keep fp32 (IEEE products) out of register spills (ptxas counts in
     # `python -m vitfast.kernels.aot`), and the small (64, 32) tiles that still fit fp32 at
-    # head_dim 128 on 99 KB parts. The autotuner only benchmarks those that fit the device's
-    # shared memory (`shared_memory_bytes`).
+    # head_dim 128 on 99 KB parts. TAIL=16: the last N % BLOCK rows and keys in 16-wide tiles
+    # (ViT's N is 2^k * m + 1: 197, 257, 577, 1025), the tiles the H100 picked in its first run
+    # (benchmarks/results/gpu-proof-h100-18ef7c3). The autotuner only benchmarks those that fit the
+    # device's shared memory (`shared_memory_bytes`).
     tiles = [
-        (64, 32, 4, 2), (64, 32, 8, 2), (64, 64, 4, 2), (64, 64, 4, 3), (128, 32, 8, 2),
-        (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2),
+        (64, 32, 0, 4, 2), (64, 64, 0, 4, 3), (64, 64, 16, 4, 3), (128, 32, 0, 8, 2), (128, 32, 16, 8, 2),
+        (128, 64, 0, 8, 3), (128, 64, 16, 8, 3), (128, 128, 16, 8, 2),
     ]  # fmt: skip
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in tiles]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "TAIL": t}, num_warps=w, num_stages=s) for bm, bn, t, w, s in tiles]
 
 
 def shared_memory_bytes(config: triton.Config, args: dict, capability: int) -> int:
     """Upper estimate of the kernel's shared memory for one config, fitted to and checked against
     the compiled kernels' `metadata.shared` on sm_80/89/90a (tests/test_aot_compile.py): buffered
     k and v tiles [BLOCK_N, BLOCK_D] (num_stages of them for fp16/bf16 on Hopper, num_stages - 1
-    with cp.async before it and for fp32), the query tile, and the layout change of p."""
+    with cp.async before it and for fp32), the query tile, and the layout change of p. The tail
+    tiles are smaller and share it."""
     elsize, block_d = args["QKV"].element_size(), args["BLOCK_D"]
     bm, bn, stages = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_stages
     buffers = stages if capability >= 90 and elsize == 2 else stages - 1
     p = bm * (bn + 1) * 4 if elsize == 4 else bm * bn * elsize
     return max(buffers, 1) * 2 * bn * block_d * elsize + bm * block_d * elsize + p
+
+
+def tail_tiles(block: int, tail: int) -> int:
+    """Rows (or keys) per tail tile: TAIL, or (TAIL=0) one more tile of the full width."""
+    return tail if tail else block
+
+
+def programs_per_head(N: int, block_m: int, tail: int) -> int:
+    """Query tiles of one (batch, head): N // BLOCK_M full ones, then the rest in tail tiles."""
+    return N // block_m + triton.cdiv(N % block_m, tail_tiles(block_m, tail))
+
+
+@triton.jit
+def _kv_tile(acc, m_i, l_i, q, k_base, v_base, start_n, N, stride_n, stride_d, offs_d, mask_d, qk_scale,
+             BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, IEEE_FP32: tl.constexpr):  # fmt: skip
+    """One online-softmax step over keys [start_n, start_n + BLOCK_N): scores, running max and sum,
+    acc rescaled then p @ v accumulated into it. MASK_N: keys past N score -inf (the last tiles only)."""
+    cols = start_n + tl.arange(0, BLOCK_N)
+    k_ptrs = k_base + cols[None, :] * stride_n + offs_d[:, None] * stride_d  # k^T tile [BLOCK_D, BLOCK_N]
+    v_ptrs = v_base + cols[:, None] * stride_n + offs_d[None, :] * stride_d  # [BLOCK_N, BLOCK_D]
+    if MASK_N:
+        mask_n = cols < N
+        k = tl.load(k_ptrs, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs, mask=mask_d[:, None], other=0.0)
+    if IEEE_FP32:
+        s = tl.dot(q, k, input_precision="ieee") * qk_scale
+    else:
+        s = tl.dot(q, k) * qk_scale
+    if MASK_N:
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)  # rescales what was accumulated under the old max
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if MASK_N:
+        v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    else:
+        v = tl.load(v_ptrs, mask=mask_d[None, :], other=0.0)
+    acc = acc * alpha[:, None]  # then accumulated into by the dot itself (no second [BLOCK_M, BLOCK_D] tile)
+    if IEEE_FP32:
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _query_tile(base, out_base, row0, N, stride_n, stride_3, stride_d, stride_on, stride_od, qk_scale,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, MASK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, TAIL: tl.constexpr, IEEE_FP32: tl.constexpr):  # fmt: skip
+    """Attention for query rows [row0, row0 + ROWS) of one (batch, head), written normalised. Keys in
+    BLOCK_N tiles, all masked (TAIL=0), or (TAIL > 0) full tiles without masks then the last
+    N % BLOCK_N keys in TAIL-wide masked tiles. (TAIL=0 keeps one loop: a second pipelined loop of
+    BLOCK_N tiles would take a second set of shared-memory buffers.)"""
+    offs_m = row0 + tl.arange(0, ROWS)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    # rows past N (the last tile only) read zeros and are never stored
+    mask = (offs_m < N)[:, None] & mask_d[None, :] if MASK_M else mask_d[None, :]
+    q = tl.load(base + offs_m[:, None] * stride_n + offs_d[None, :] * stride_d, mask=mask, other=0.0)
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)  # running row max (base 2)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)  # running softmax denominator
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    k_base, v_base = base + stride_3, base + 2 * stride_3
+    if TAIL > 0:
+        full = (N // BLOCK_N) * BLOCK_N
+        for start_n in range(0, full, BLOCK_N):
+            acc, m_i, l_i = _kv_tile(acc, m_i, l_i, q, k_base, v_base, start_n, N, stride_n, stride_d, offs_d, mask_d, qk_scale,
+                                     BLOCK_N, False, IEEE_FP32)  # fmt: skip
+        for start_n in range(full, N, TAIL):
+            acc, m_i, l_i = _kv_tile(acc, m_i, l_i, q, k_base, v_base, start_n, N, stride_n, stride_d, offs_d, mask_d, qk_scale,
+                                     TAIL, True, IEEE_FP32)  # fmt: skip
+    else:
+        for start_n in range(0, N, BLOCK_N):
+            acc, m_i, l_i = _kv_tile(acc, m_i, l_i, q, k_base, v_base, start_n, N, stride_n, stride_d, offs_d, mask_d, qk_scale,
+                                     BLOCK_N, True, IEEE_FP32)  # fmt: skip
+    acc = acc / l_i[:, None]
+    out_ptrs = out_base + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    tl.store(out_ptrs, acc.to(out_base.dtype.element_ty), mask=mask)
 
 
 # Keyed on the sequence length, the head dim and the number of (batch, head) pairs rounded up to
@@ -58,70 +143,38 @@ def _attention_fwd_kernel(
     stride_b, stride_n, stride_3, stride_h, stride_d,  # qkv [B, N, 3, H, D]
     stride_ob, stride_on, stride_oh, stride_od,  # out viewed as [B, N, H, D]
     N, H, BH_BUCKET, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr,
     IEEE_FP32: tl.constexpr,
 ):  # fmt: skip
-    # -- one flat grid axis (axis 1 would cap B * H at 65,535): query tiles of one (batch, head)
-    # are neighbours, so they share its k/v in L2
+    # -- one flat grid axis (axis 1 would cap B * H at 65,535): the query tiles of one (batch,
+    # head) are neighbours, so they share its k/v in L2; ceil(N / BLOCK_M) tiles, or (TAIL > 0)
+    # N // BLOCK_M full tiles then the last N % BLOCK_M rows in TAIL-row tiles (programs_per_head)
     pid = tl.program_id(0)
-    num_m = tl.cdiv(N, BLOCK_M)
-    pid_m = pid % num_m
-    pid_bh = pid // num_m
+    full_m = N // BLOCK_M
+    if TAIL > 0:
+        per_head = full_m + tl.cdiv(N - full_m * BLOCK_M, TAIL)
+    else:
+        per_head = tl.cdiv(N, BLOCK_M)
+    pid_bh = pid // per_head
+    tile = pid % per_head
     # (batch, head) base offsets in int64: B * N * 3 * H * D passes 2^31 at large batches; the
     # offsets inside one (batch, head) stay int32 (the launcher checks they fit)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_m = offs_m < N
-    mask_d = offs_d < HEAD_DIM
     base = QKV + b * stride_b + h * stride_h
-
-    # -- load the query tile once (scores are scaled in fp32 after the dot, by scale * log2(e))
-    q = tl.load(
-        base + offs_m[:, None] * stride_n + offs_d[None, :] * stride_d,
-        mask=mask_m[:, None] & mask_d[None, :], other=0.0,
-    )  # fmt: skip
-
+    out_base = Out + b * stride_ob + h * stride_oh
     # Inductor passes a Python float to a user kernel as fp64: without the cast the scores, and the
     # running max carried through the loop, would turn fp64 (a compile error in the loop)
     qk_scale = tl.cast(qk_scale, tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running row max (base 2)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running softmax denominator
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-
-    # -- stream over key/value tiles with the online softmax
-    for start_n in range(0, N, BLOCK_N):
-        cols = start_n + offs_n
-        mask_n = cols < N
-        k = tl.load(
-            base + stride_3 + cols[None, :] * stride_n + offs_d[:, None] * stride_d,
-            mask=mask_n[None, :] & mask_d[:, None], other=0.0,
-        )  # fmt: skip  # [BLOCK_D, BLOCK_N]
-        if IEEE_FP32:
-            s = tl.dot(q, k, input_precision="ieee") * qk_scale
-        else:
-            s = tl.dot(q, k) * qk_scale
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)  # rescales what was accumulated under the old max
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            base + 2 * stride_3 + cols[:, None] * stride_n + offs_d[None, :] * stride_d,
-            mask=mask_n[:, None] & mask_d[None, :], other=0.0,
-        )  # fmt: skip  # [BLOCK_N, BLOCK_D]
-        if IEEE_FP32:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
-
-    # -- normalise and write [B, N, H*D]
-    acc = acc / l_i[:, None]
-    out_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-    tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+    if TAIL == 0:
+        _query_tile(base, out_base, tile * BLOCK_M, N, stride_n, stride_3, stride_d, stride_on, stride_od, qk_scale,
+                    HEAD_DIM, BLOCK_D, BLOCK_M, True, BLOCK_N, TAIL, IEEE_FP32)  # fmt: skip
+    elif tile < full_m:
+        _query_tile(base, out_base, tile * BLOCK_M, N, stride_n, stride_3, stride_d, stride_on, stride_od, qk_scale,
+                    HEAD_DIM, BLOCK_D, BLOCK_M, False, BLOCK_N, TAIL, IEEE_FP32)  # fmt: skip
+    else:
+        _query_tile(base, out_base, full_m * BLOCK_M + (tile - full_m) * TAIL, N, stride_n, stride_3, stride_d, stride_on, stride_od,
+                    qk_scale, HEAD_DIM, BLOCK_D, TAIL, True, BLOCK_N, TAIL, IEEE_FP32)  # fmt: skip
 
 
 def attention_launch(qkv: torch.Tensor, out: torch.Tensor, scale: float | None = None) -> torch.Tensor:
@@ -146,7 +199,7 @@ def attention_launch(qkv: torch.Tensor, out: torch.Tensor, scale: float | None =
         require_fitting_config(_attention_fwd_kernel, {"QKV": qkv, "BLOCK_D": block_d}, qkv.device,
                                f"fused attention ({str(qkv.dtype).removeprefix('torch.')}, head_dim {D})")
 
-    wrap_triton(_attention_fwd_kernel)[lambda meta: attention_grid(B, N, H, meta["BLOCK_M"])](
+    wrap_triton(_attention_fwd_kernel)[lambda meta: attention_grid(B, N, H, meta["BLOCK_M"], meta["TAIL"])](
         qkv, out4,
         *qkv.stride(), *out4.stride(),
         N, H, next_pow2(B * H), scale * LOG2E,
@@ -155,9 +208,9 @@ def attention_launch(qkv: torch.Tensor, out: torch.Tensor, scale: float | None =
     return out
 
 
-def attention_grid(B: int, N: int, H: int, block_m: int) -> tuple[int]:
+def attention_grid(B: int, N: int, H: int, block_m: int, tail: int = 0) -> tuple[int]:
     """One program per (query tile, batch, head), flattened on grid axis 0 (up to 2^31 - 1 programs)."""
-    programs = triton.cdiv(N, block_m) * B * H
+    programs = programs_per_head(N, block_m, tail) * B * H
     if programs > INT32_MAX:
         raise InputError(f"fused attention: {programs} programs exceed CUDA's grid limit; split the batch")
     return (programs,)

@@ -120,7 +120,7 @@ def wheel(tmp_path_factory) -> Path:
 def test_regular_wheel_maps_kernels_and_export(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "vitfast/kernels/__init__.py" in names and "vitfast/export/__init__.py" in names
-    assert "vitfast/kernels/mlp_dispatch.json" in names  # package data read by vitfast.fused
+    assert {"vitfast/kernels/mlp_dispatch.json", "vitfast/kernels/attention_dispatch.json"} <= set(names)  # package data read by vitfast.fused
     assert not any(n.startswith(("kernels/", "export/", "tests/")) for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "vitfast = vitfast.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -37,7 +37,8 @@ def dry_run(tmp_path_factory) -> Path:
     done = subprocess.run(["bash", str(CALL_SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
     log = (out / "log.txt").read_text() if (out / "log.txt").exists() else done.stdout + done.stderr
     assert done.returncode == 0 and sorted(p.name for p in out.iterdir()) == ["log.txt", "proof.tgz"], log[-3000:]
-    assert [line.split()[1] for line in log.splitlines() if line.startswith("=== ") and " exit " in line] == ["tests", "e2e", "kernels"]
+    assert [line.split()[1] for line in log.splitlines() if line.startswith("=== ") and " exit " in line] == ["tests", "kernels", "e2e"]
+    assert "dry run: the committed dispatch tables stay as they are" in log and "copied into kernels/" not in log
     assert all(line.endswith(" exit 0") or " exit 0 " in line for line in log.splitlines() if " exit " in line and line.startswith("=== "))
     subprocess.run(["tar", "-C", str(unpacked), "-xzf", str(out / "proof.tgz")], check=True)
     return unpacked
@@ -49,7 +50,7 @@ def load(out: Path, name: str) -> dict:
 
 def test_every_part_writes_json_markdown_and_plots(dry_run):
     names = sorted(p.name for p in dry_run.iterdir())
-    assert names == ["mlp_dispatch.json", "proof-e2e.json", "proof-e2e.md", "proof-e2e.png", "proof-kernels.json",
+    assert names == ["attention_dispatch.json", "mlp_dispatch.json", "proof-e2e.json", "proof-e2e.md", "proof-e2e.png", "proof-kernels.json",
                      "proof-kernels.md", "proof-kernels.png", "proof-tests.json", "proof-tests.md", "tests-junit.xml"]  # fmt: skip
     for part in ("tests", "kernels", "e2e"):
         result = load(dry_run, f"proof-{part}.json")
@@ -115,6 +116,12 @@ def test_kernels_part_schema(dry_run):
     committed = json.loads((ROOT / "kernels" / "mlp_dispatch.json").read_text())["entries"]
     assert [e for e in table["entries"] if e not in dry] == committed  # other GPUs' entries are kept
     assert {"compute_capability", "dtype", "C", "hidden", "m_bucket", "fc1", "fc2"} <= table["entries"][0].keys()
+    attention = load(dry_run, "attention_dispatch.json")["entries"]
+    measured = [r for r in result["attention"] if r["status"] == "ok" and "sdpa_default_ms" in r]
+    assert len(attention) == len(result["attention_dispatch"]) == len(measured) > 0  # one per row SDPA's default could time
+    for entry, row in zip(attention, sorted(measured, key=lambda r: (r["dtype"], r["N"], r["D"], r["B"] * r["H"]))):
+        assert (entry["N"], entry["head_dim"], entry["compute_capability"]) == (row["N"], row["D"], "cpu (dry run)")
+        assert entry["path"] == ("sdpa" if row["vitfast_ms"] >= 1.03 * row["sdpa_default_ms"] else "vitfast")
 
 
 @pytest.mark.parametrize("broken", ["rotates nothing", "leaves v unwritten", "ignores the layout"])

@@ -139,9 +139,19 @@ CUDA_GRID_LIMITS = (2**31 - 1, 65535, 65535)
 def test_attention_grid_fits_cuda_limits(B, N, H):
     """Batch 6000 x 12 heads put 72,000 on grid axis 1 (limit 65,535) before; one flat axis now."""
     for block_m in {c.kwargs["BLOCK_M"] for c in att._configs()} | {16, 128}:
-        grid = att.attention_grid(B, N, H, block_m)
-        assert len(grid) <= 3 and all(0 < g <= limit for g, limit in zip(grid, CUDA_GRID_LIMITS))
-        assert math.prod(grid) == -(-N // block_m) * B * H  # one program per (query tile, batch, head)
+        for tail in (0, 16):
+            grid = att.attention_grid(B, N, H, block_m, tail)
+            assert len(grid) <= 3 and all(0 < g <= limit for g, limit in zip(grid, CUDA_GRID_LIMITS))
+            # one program per (query tile, batch, head): full tiles, then the rest in tiles of `tail` rows
+            tiles = -(-N // block_m) if not tail else N // block_m + -(-(N % block_m) // tail)
+            assert math.prod(grid) == tiles * B * H
+
+
+@pytest.mark.parametrize("N, block_m, tail, tiles", [(197, 64, 16, 4), (197, 128, 16, 6), (197, 64, 0, 4), (256, 64, 16, 4),
+                                                     (1, 128, 16, 1), (15, 16, 16, 1), (577, 128, 16, 9), (577, 128, 0, 5)])  # fmt: skip
+def test_query_tiles_per_head(N, block_m, tail, tiles):
+    """197 rows in 64-row tiles: 3 full + one 16-row tail (208 rows computed instead of 256)."""
+    assert att.programs_per_head(N, block_m, tail) == tiles
 
 
 def test_attention_grid_beyond_cuda_limit_is_refused():

@@ -60,6 +60,18 @@ def test_attention_odd_shapes(device, dtype, B, N, H, D):
     run_attention(torch.randn(B, N, 3, H, D, device=device).to(dtype), dtype)
 
 
+@pytest.mark.parametrize("block_m, block_n, tail", [(32, 32, 0), (32, 16, 16), (64, 32, 16), (16, 64, 0)])
+@pytest.mark.parametrize("N", [1, 15, 16, 17, 47, 64, 97])
+def test_attention_tilings(device, monkeypatch, block_m, block_n, tail, N):
+    """Each tiling the autotuner can pick, at N below, at and around its tile sizes: full tiles, query
+    and key tails of TAIL rows, or (TAIL=0) one more masked tile of the full width."""
+    import triton
+
+    config = triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, "TAIL": tail}, num_warps=4, num_stages=1)
+    monkeypatch.setattr(att._attention_fwd_kernel, "configs", [config])  # one config: no tuning
+    run_attention(torch.randn(2, N, 3, 2, 32, device=device), torch.float32)
+
+
 def test_attention_reads_strided_qkv_without_copies(device):
     """qkv as the Linear output view, sliced along batch and tokens: not contiguous."""
     B, N, H, D = 3, 40, 2, 48

@@ -191,6 +191,46 @@ def test_auto_mlp_path_is_cublas_until_measured(device, monkeypatch):
     assert fused.choose_mlp_paths("epilogue", cuda, torch.float16, 384, 1536, 1) == ("epilogue", "epilogue")
 
 
+def test_attention_dispatch_is_the_kernel_until_measured(device, monkeypatch):
+    """"auto" runs the Triton kernel where nothing was measured; with measurements, the entry of the same
+    compute capability, dtype, N and head_dim whose batch x heads bucket is nearest (log scale)."""
+    from vitfast import fused
+
+    model = vitfast.optimize(vitfast.create_model(tiny_config()).to(device))
+    assert {b.attention_kernel(torch.float32, 2, 17) for b in model.blocks} == {"vitfast"}
+    table = [
+        dict(compute_capability="9.0", dtype="float16", N=197, head_dim=64, bh_bucket=16, path="vitfast"),
+        dict(compute_capability="9.0", dtype="float16", N=197, head_dim=64, bh_bucket=4096, path="sdpa"),
+        dict(compute_capability="9.0", dtype="float16", N=577, head_dim=80, bh_bucket=1024, path="sdpa"),
+    ]
+    monkeypatch.setattr(fused, "attention_dispatch_table", lambda: tuple(table))
+    monkeypatch.setattr(fused, "_capability", lambda device: "9.0")
+    choices = fused.measured_attention(torch.device("cuda"), 64)  # only a key here: nothing touches CUDA
+    assert set(choices) == {torch.float16} and fused.measured_attention(torch.device("cpu"), 64) == {}
+    assert fused.nearest_attention_path(choices[torch.float16], 197, 256 * 12) == "sdpa"  # 4096
+    assert fused.nearest_attention_path(choices[torch.float16], 197, 12) == "vitfast"  # 16
+    assert fused.nearest_attention_path(choices[torch.float16], 257, 256 * 12) == "vitfast"  # N not measured
+    assert fused.nearest_attention_path(fused.measured_attention(torch.device("cuda"), 80)[torch.float16], 577, 8) == "sdpa"
+
+
+@pytest.mark.parametrize("config", [tiny_config(init_values=0.1), tiny_config(**DINOV3)], ids=["layer-scale", "dinov3-rope"])
+def test_sdpa_attention_path_matches_reference(device, config):
+    """attention="sdpa": PyTorch's SDPA on the packed qkv's views (after the RoPE kernel where there is one) instead
+    of the Triton kernel, the rest fused as before; same logits, one graph."""
+    model = randomize(vitfast.create_model(config)).to(device)
+    x = torch.randn(2, 3, *config.img_hw, device=device)
+    with torch.no_grad():
+        ref = model(x)
+        vitfast.optimize(model, attention="sdpa")
+        per_block = launches_per_block(model, x)
+        ops = traced_vitfast_ops(model, x, ref, device)  # also checks the logits (eager, compiled, exported)
+    assert all(any("scaled_dot_product" in op for op in block) for block in per_block), per_block[1]
+    assert not any("fused_attention" in op for block in per_block for op in block)
+    assert "vitfast.fused_attention.default" not in ops and ("vitfast.add_layernorm.default" in ops)
+    vitfast.optimize(model)  # back to "auto": the kernel off a measured GPU
+    assert {b.attention_path for b in model.blocks} == {"auto"}
+
+
 class LaunchCounter(TorchDispatchMode):
     """Counts the ops that launch work (one kernel each on CUDA; `addmm` with a 1-D bias is one
     cuBLASLt call with the bias epilogue): every dispatched op except views and allocations."""
@@ -378,6 +418,17 @@ def test_committed_mlp_dispatch_table_is_well_formed():
 def test_unknown_mlp_path_is_a_clear_error():
     with pytest.raises(vitfast.VitfastError, match="mlp must be one of auto, cublas, epilogue"):
         vitfast.optimize(vitfast.create_model(tiny_config()), mlp="fast")
+    with pytest.raises(vitfast.VitfastError, match="attention must be one of auto, vitfast, sdpa"):
+        vitfast.optimize(vitfast.create_model(tiny_config()), attention="flash")
+
+
+def test_committed_attention_dispatch_table_is_well_formed():
+    from vitfast import fused
+
+    fused.attention_dispatch_table.cache_clear()
+    for entry in fused.attention_dispatch_table():
+        assert {"compute_capability", "dtype", "N", "head_dim", "bh_bucket", "path", "git_sha"} <= entry.keys()
+        assert entry["path"] in ("vitfast", "sdpa") and entry["bh_bucket"] == fused.next_pow2(entry["bh_bucket"])
 
 
 def test_attention_maps_and_training_fall_back_to_reference(device, monkeypatch):

@@ -24,6 +24,12 @@ but two of 48 GEMM shapes (fc2 + LayerNorm epilogue at batch 256: 0.36-0.51x of 
 add+LayerNorm kernel; its rows at small batches timed host overhead too, to be measured again), so
 "auto" is mostly "cublas" there too; "epilogue" can be forced with `mlp="epilogue"`.
 
+The attention takes the same kind of choice (`optimize(model, attention="auto")`): the Triton
+kernel reading the packed qkv, or PyTorch's scaled_dot_product_attention on its [B, H, N, D] views
+(cuDNN's on an H100), per (compute capability, dtype, N, head_dim, batch x heads bucket), from
+kernels/attention_dispatch.json, which the GPU proof's attention rows write (`write_attention_dispatch`);
+"vitfast" where nothing was measured.
+
 DINOv2 giant's SwiGLU MLP (`SwiGLUPacked`) runs fc1 on cuBLAS without its bias, then the
 bias + silu(gate) * value kernel (kernels/bias_swiglu.py) whatever the path; AIMv2's (`SwiGLU`, gate
 and value Linears apart) runs both on cuBLAS, then silu(gate) * value in the same kernel. Their fc2
@@ -57,6 +63,7 @@ from vitfast.kernels._common import EAGER_OPS, next_pow2  # triton-free: the lau
 from .layers import Attention, Block, LayerScale, Mlp, PatchEmbed, Rope, SwiGLU, SwiGLUPacked, check_image_shape
 
 MLP_PATHS = ("auto", "cublas", "epilogue")
+ATTENTION_PATHS = ("auto", "vitfast", "sdpa")
 # erf GELU vs its tanh approximation, per activation: at most 4.7e-4 absolute (at x = +-2.70)
 GELU_TANH_MAX_ABS_DIFF = 4.7e-4
 DEFAULT_MLP_PATHS = ("cublas", "cublas")  # (fc1, fc2) where no measurement exists
@@ -149,6 +156,37 @@ def choose_mlp_paths(mode: str, device: torch.device, dtype: torch.dtype, C: int
     return nearest_paths(measured_choices(device, C, hidden).get(dtype, ()), rows)
 
 
+# ---------------------------------------------------------------------------- attention dispatch
+@functools.cache
+def attention_dispatch_table() -> tuple[dict, ...]:
+    """The measured entries of kernels/attention_dispatch.json (read once; `cache_clear()` after rewriting it)."""
+    text = importlib.resources.files("vitfast.kernels").joinpath("attention_dispatch.json").read_text()
+    return tuple(json.loads(text)["entries"])
+
+
+def measured_attention(device: torch.device, head_dim: int) -> dict[torch.dtype, tuple[tuple[int, int, str], ...]]:
+    """This GPU's measured attention entries for one head_dim: dtype -> ((N, bh_bucket, path), ...);
+    empty off CUDA or where nothing was measured."""
+    if device.type != "cuda" or not attention_dispatch_table():
+        return {}
+    capability = _capability(device)
+    choices: dict[torch.dtype, list] = {}
+    for e in attention_dispatch_table():
+        if (e["compute_capability"], e["head_dim"]) == (capability, head_dim):
+            choices.setdefault(getattr(torch, e["dtype"]), []).append((e["N"], e["bh_bucket"], e["path"]))
+    return {dtype: tuple(entries) for dtype, entries in choices.items()}
+
+
+def nearest_attention_path(choices: tuple[tuple[int, int, str], ...], N: int, bh: int) -> str:
+    """The path of the entry for this sequence length whose batch x heads bucket is nearest (log
+    scale) to `next_pow2(bh)`; "vitfast" where that N was not measured."""
+    same_n = [c for c in choices if c[0] == N]
+    if not same_n:
+        return "vitfast"
+    bucket = math.log2(next_pow2(bh))
+    return min(same_n, key=lambda c: abs(math.log2(c[1]) - bucket))[2]
+
+
 # ---------------------------------------------------------------------------- the block
 def can_fuse(block: nn.Module) -> bool:
     """Only the reference classes are fused; injected custom layers keep their own forward."""
@@ -183,16 +221,19 @@ class FusedBlock(nn.Module):
 
     forward takes x [B, N, C] or the previous fused block's `(x, norm1(x))` and returns
     `(x, next_norm(x))` when `next_norm` (the next block's norm1, set by `optimize`) is given,
-    else x. `mlp_path` is "auto", "cublas" or "epilogue" (see the module docstring);
+    else x. `mlp_path` is "auto", "cublas" or "epilogue" and `attention_path` "auto", "vitfast" or
+    "sdpa" (see the module docstring);
     `approximate_gelu` runs an erf-GELU MLP in GELU's tanh form (`gelu_form`). Attention
     maps (`return_attention=True`) and training mode (dropout, drop-path) run the reference
     block's math path on the same parameters.
     """
 
-    def __init__(self, block: Block, mlp: str = "auto", approximate_gelu: bool = False):
+    def __init__(self, block: Block, mlp: str = "auto", approximate_gelu: bool = False, attention: str = "auto"):
         super().__init__()
         if mlp not in MLP_PATHS:
             raise ValueError(f"mlp must be one of {MLP_PATHS}, got {mlp!r}")
+        if attention not in ATTENTION_PATHS:
+            raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
         load_kernels()  # import (and register) the Triton ops now, not on the first forward
         for name, child in block.named_children():
             self.add_module(name, child)
@@ -201,8 +242,10 @@ class FusedBlock(nn.Module):
         object.__setattr__(self, "next_norm", None)
         self.mlp_path = mlp
         self.approximate_gelu = approximate_gelu
+        self.attention_path = attention
         fc1 = block.mlp.fc1_g if isinstance(block.mlp, SwiGLU) else block.mlp.fc1
         self.measured = measured_choices(fc1.weight.device, fc1.in_features, fc1.out_features)
+        self.measured_attention = measured_attention(fc1.weight.device, block.attn.head_dim)
         self.train(block.training)
 
     def train(self, mode: bool = True) -> "FusedBlock":
@@ -215,6 +258,12 @@ class FusedBlock(nn.Module):
         the model's own, or 'tanh' for an erf model optimized with `approximate_gelu=True`."""
         form = getattr(self.mlp.act, "approximate", None) if type(self.mlp) is Mlp else None
         return "tanh" if self.approximate_gelu and form == "none" else form
+
+    def attention_kernel(self, dtype: torch.dtype, B: int, N: int) -> str:
+        """"vitfast" (kernels/attention.py) or "sdpa" (PyTorch's scaled_dot_product_attention) for this input."""
+        if self.attention_path != "auto":
+            return self.attention_path
+        return nearest_attention_path(self.measured_attention.get(dtype, ()), N, B * self.attn.num_heads)
 
     def mlp_paths(self, dtype: torch.dtype, rows: int) -> tuple[str, str]:
         if self.mlp_path != "auto":
@@ -236,7 +285,11 @@ class FusedBlock(nn.Module):
         qkv = F.linear(h, attn.qkv.weight, attn.qkv.bias).view(B, N, 3, attn.num_heads, attn.head_dim)
         if rope is not None:
             qkv = ops.rope_qkv(qkv, rope.cos, rope.sin, rope.interleaved)
-        o = ops.fused_attention(qkv, attn.scale)
+        if self.attention_kernel(x.dtype, B, N) == "sdpa":  # where SDPA measured faster on this GPU
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, N, D] views
+            o = F.scaled_dot_product_attention(q, k, v, scale=attn.scale).transpose(1, 2).reshape(B, N, -1)
+        else:
+            o = ops.fused_attention(qkv, attn.scale)
         if type(attn.norm) is not nn.Identity:
             o = _norm(ops, o, attn.norm)
         x, h = self._branch_end(ops, fc2, o, attn.proj, x, self.ls1, self.norm2)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .errors import VitfastError
-from .fused import MLP_PATHS, FusedBlock, GemmPatchEmbed, can_fuse, can_gemm_embed
+from .fused import ATTENTION_PATHS, MLP_PATHS, FusedBlock, GemmPatchEmbed, can_fuse, can_gemm_embed
 
 _GRAPHED = "_vitfast_cuda_graphs"
 
@@ -35,7 +35,8 @@ def _check_backend(model: nn.Module, cuda_graphs: bool) -> None:
         raise VitfastError("cuda_graphs=True needs the model on a CUDA GPU")
 
 
-def optimize(model: nn.Module, *, cuda_graphs: bool = False, mlp: str = "auto", approximate_gelu: bool = False) -> nn.Module:
+def optimize(model: nn.Module, *, cuda_graphs: bool = False, mlp: str = "auto", approximate_gelu: bool = False,
+             attention: str = "auto") -> nn.Module:  # fmt: skip
     """Replace every reference `Block` of a vitfast model with a `FusedBlock` sharing its parameters,
     and the patch embedding's convolution with one GEMM over the unfolded patches (`GemmPatchEmbed`).
 
@@ -50,26 +51,32 @@ def optimize(model: nn.Module, *, cuda_graphs: bool = False, mlp: str = "auto", 
     (per shape, whichever `benchmarks/gpu_kernels.py` measured faster on this kind of GPU;
     "cublas" where nothing was measured; on the H100 measured so far, cuBLAS on 46 of 48 shapes).
 
+    `attention` picks the attention: "vitfast" (the Triton kernel on the packed qkv), "sdpa" (PyTorch's
+    scaled_dot_product_attention, cuDNN's on an H100) or "auto" (per shape, whichever the GPU proof
+    measured faster on this kind of GPU: kernels/attention_dispatch.json; "vitfast" where nothing was).
+
     `approximate_gelu=True` runs an erf-GELU model's GELU in its tanh form, which cuBLASLt applies in
     fc1's epilogue: one launch less per block and the 4x-wide activation written once, for at most
     4.7e-4 absolute difference per activation (at x = +-2.70, where fp16's rounding step is 2e-3).
     Off by default: it changes the model's function; check it with `vitfast.parity` or the 2x rule
-    before serving. Models trained with the tanh form (SigLIP) take that epilogue anyway. Calling optimize again on an optimized model changes `mlp` and
-    `approximate_gelu` (and can add CUDA graphs).
+    before serving. Models trained with the tanh form (SigLIP) take that epilogue anyway. Calling optimize again on an optimized model changes `mlp`,
+    `attention` and `approximate_gelu` (and can add CUDA graphs).
     """
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.Sequential):
         raise VitfastError("optimize takes a vitfast VisionTransformer (create_model / load_checkpoint)")
     if mlp not in MLP_PATHS:
         raise VitfastError(f"mlp must be one of {', '.join(MLP_PATHS)}, got {mlp!r}")
+    if attention not in ATTENTION_PATHS:
+        raise VitfastError(f"attention must be one of {', '.join(ATTENTION_PATHS)}, got {attention!r}")
     _check_backend(model, cuda_graphs)
     if can_gemm_embed(getattr(model, "patch_embed", None)):
         model.patch_embed = GemmPatchEmbed(model.patch_embed)
     for i, block in enumerate(blocks):
         if can_fuse(block):
-            blocks[i] = FusedBlock(block, mlp=mlp, approximate_gelu=approximate_gelu)
-        elif isinstance(block, FusedBlock) and (block.mlp_path, block.approximate_gelu) != (mlp, approximate_gelu):
-            block.mlp_path, block.approximate_gelu = mlp, approximate_gelu
+            blocks[i] = FusedBlock(block, mlp=mlp, approximate_gelu=approximate_gelu, attention=attention)
+        elif isinstance(block, FusedBlock) and (block.mlp_path, block.approximate_gelu, block.attention_path) != (mlp, approximate_gelu, attention):
+            block.mlp_path, block.approximate_gelu, block.attention_path = mlp, approximate_gelu, attention
             if hasattr(model, _GRAPHED):
                 getattr(model, _GRAPHED).graphs.clear()  # captured with the old path: capture again
     for block, following in zip(blocks, list(blocks)[1:] + [None]):
