@@ -147,7 +147,7 @@ def _linear_layernorm(rows, K, N, gamma, bias=True, rms=False):
 
 
 def _launches() -> list[Launch]:
-    """ViT shapes: ViT-S/B/L (head_dim 64, 6/12/16 heads, N 197/577), ViT-H/14 (head_dim 80, N 257),
+    """ViT shapes: ViT-S/B/L (head_dim 64, 6/12/16 heads, N 197/577), ViT-H/14 (head_dim 80, N 257), SigLIP so400m (72, N 729),
     head_dims 32 and 128 (DESIGN.md's range), 256 (the launcher's limit, outside the range). AIMv2-L/14
     at 224 px (256 tokens, C 1024, SwiGLU hidden 2816; RMSNorm, no linear biases): one launch per new
     variant, the GEMMs' at their real shape. DINOv3's RoPE at 224 px (201 tokens: 1 class + 4 registers
@@ -159,7 +159,8 @@ def _launches() -> list[Launch]:
         out += [
             Launch(f"attention B8 N197 H12 D64 {dt}", dt, _attention(8, 197, 12, 64)),
             Launch(f"attention B2 N577 H16 D64 {dt}", dt, _attention(2, 577, 16, 64)),
-            Launch(f"attention B2 N257 H16 D80 {dt}", dt, _attention(2, 257, 16, 80)),
+            Launch(f"attention B2 N257 H16 D80 {dt}", dt, _attention(2, 257, 16, 80)),  # ViT-H/14: head dim as 64 + 16
+            Launch(f"attention B2 N729 H16 D72 {dt}", dt, _attention(2, 729, 16, 72)),  # SigLIP so400m/14 at 384 px: 64 + 16
             Launch(f"attention B2 N50 H6 D32 {dt}", dt, _attention(2, 50, 6, 32)),
             Launch(f"attention B2 N256 H8 D128 {dt}", dt, _attention(2, 256, 8, 128), all_configs=every),
             Launch(f"attention B1 N197 H2 D256 {dt}", dt, _attention(1, 197, 2, 256), required=False),

@@ -3,7 +3,8 @@
 q, k and v are read from the qkv Linear's output `[B, N, 3, H, D]` through strides (no
 permute/contiguous copies) and the result is written as `[B, N, H*D]`, ready for the output
 projection. Online softmax in base 2 with fp32 statistics and accumulation; any N, any head
-dim up to 256 (non powers of two by masking), fp16 / bf16 / fp32. Only the last query and key
+dim up to 256 (non powers of two by masking, or as two column tiles where one would pad more:
+80 = 64 + 16), fp16 / bf16 / fp32. Only the last query and key
 tiles are masked, and with TAIL=16 they are 16 wide: at N = 197 a 64-row tiling computes 208 x 208
 scores instead of 256 x 256.
 """
@@ -43,14 +44,27 @@ def _configs() -> list[triton.Config]:
 def shared_memory_bytes(config: triton.Config, args: dict, capability: int) -> int:
     """Upper estimate of the kernel's shared memory for one config, fitted to and checked against
     the compiled kernels' `metadata.shared` on sm_80/89/90a (tests/test_aot_compile.py): buffered
-    k and v tiles [BLOCK_N, BLOCK_D] (num_stages of them for fp16/bf16 on Hopper, num_stages - 1
-    with cp.async before it and for fp32), the query tile, and the layout change of p. The tail
-    tiles are smaller and share it."""
-    elsize, block_d = args["QKV"].element_size(), args["BLOCK_D"]
+    k and v tiles [BLOCK_N, BLOCK_D + BLOCK_D1] (num_stages of them for fp16/bf16 on Hopper,
+    num_stages - 1 with cp.async before it and for fp32), the query tile, and the layout change of
+    p. The tail tiles are smaller and share it."""
+    elsize, block_d = args["QKV"].element_size(), args["BLOCK_D"] + args.get("BLOCK_D1", 0)
     bm, bn, stages = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_stages
     buffers = stages if capability >= 90 and elsize == 2 else stages - 1
     p = bm * (bn + 1) * 4 if elsize == 4 else bm * bn * elsize
     return max(buffers, 1) * 2 * bn * block_d * elsize + bm * block_d * elsize + p
+
+
+def head_dim_tiles(D: int) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_D1): the head dim as one power-of-two tile (BLOCK_D1 = 0), or, where that would
+    pad more, a power of two plus a smaller one: 80 = 64 + 16 (ViT-H/14), 72 -> 64 + 16 (SigLIP
+    so400m), 96 = 64 + 32; 112 stays one 128-wide tile. Tiles are at least 16 wide (the tensor cores'
+    K step)."""
+    whole = max(next_pow2(D), 16)
+    first = max(16, 1 << (D.bit_length() - 1))  # the largest power of two <= D
+    if first >= D:
+        return whole, 0
+    second = max(16, next_pow2(D - first))
+    return (first, second) if first + second < whole else (whole, 0)
 
 
 def tail_tiles(block: int, tail: int) -> int:
@@ -64,73 +78,104 @@ def programs_per_head(N: int, block_m: int, tail: int) -> int:
 
 
 @triton.jit
-def _kv_tile(acc, m_i, l_i, q, k_base, v_base, start_n, N, stride_n, stride_d, offs_d, mask_d, qk_scale,
-             BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, IEEE_FP32: tl.constexpr):  # fmt: skip
-    """One online-softmax step over keys [start_n, start_n + BLOCK_N): scores, running max and sum,
-    acc rescaled then p @ v accumulated into it. MASK_N: keys past N score -inf (the last tiles only)."""
-    cols = start_n + tl.arange(0, BLOCK_N)
-    k_ptrs = k_base + cols[None, :] * stride_n + offs_d[:, None] * stride_d  # k^T tile [BLOCK_D, BLOCK_N]
-    v_ptrs = v_base + cols[:, None] * stride_n + offs_d[None, :] * stride_d  # [BLOCK_N, BLOCK_D]
-    if MASK_N:
-        mask_n = cols < N
-        k = tl.load(k_ptrs, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+def _tile(base, rows, offs_d, N, stride_n, stride_d, HEAD_DIM: tl.constexpr, MASK_ROWS: tl.constexpr, ROWS_FIRST: tl.constexpr):
+    """Rows x head-dim columns of q, k or v: [len(rows), len(offs_d)], or (ROWS_FIRST=False) its
+    transpose, as k^T is read; zeros past HEAD_DIM and (MASK_ROWS: the last tiles only) past N."""
+    mask_d = offs_d < HEAD_DIM
+    if ROWS_FIRST:
+        ptrs = base + rows[:, None] * stride_n + offs_d[None, :] * stride_d
+        if MASK_ROWS:
+            mask = (rows < N)[:, None] & mask_d[None, :]
+        else:
+            mask = mask_d[None, :]
     else:
-        k = tl.load(k_ptrs, mask=mask_d[:, None], other=0.0)
+        ptrs = base + rows[None, :] * stride_n + offs_d[:, None] * stride_d
+        if MASK_ROWS:
+            mask = (rows < N)[None, :] & mask_d[:, None]
+        else:
+            mask = mask_d[:, None]
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _dot(a, b, acc, IEEE_FP32: tl.constexpr):
+    """acc + a @ b in fp32: IEEE products for fp32 inputs (not TF32), tensor cores for fp16/bf16."""
     if IEEE_FP32:
-        s = tl.dot(q, k, input_precision="ieee") * qk_scale
+        out = tl.dot(a, b, acc, input_precision="ieee")
     else:
-        s = tl.dot(q, k) * qk_scale
+        out = tl.dot(a, b, acc)
+    return out
+
+
+@triton.jit
+def _kv_tile(acc, acc1, m_i, l_i, q, q1, k_base, v_base, start_n, N, stride_n, stride_d, qk_scale,
+             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_N: tl.constexpr,
+             MASK_N: tl.constexpr, IEEE_FP32: tl.constexpr):  # fmt: skip
+    """One online-softmax step over keys [start_n, start_n + BLOCK_N): scores, running max and sum,
+    acc rescaled then p @ v accumulated into it by the dot. With BLOCK_D1 the head dim is two
+    column tiles (q, q1; acc, acc1), else acc1 and q1 pass through unused. MASK_N: keys past N score
+    -inf (the last tiles only)."""
+    cols = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    s = tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32)
+    s = _dot(q, _tile(k_base, cols, offs_d, N, stride_n, stride_d, HEAD_DIM, MASK_N, False), s, IEEE_FP32)
+    if BLOCK_D1 > 0:
+        offs_d1 = BLOCK_D + tl.arange(0, BLOCK_D1)
+        s = _dot(q1, _tile(k_base, cols, offs_d1, N, stride_n, stride_d, HEAD_DIM, MASK_N, False), s, IEEE_FP32)
+    s *= qk_scale
     if MASK_N:
-        s = tl.where(mask_n[None, :], s, float("-inf"))
+        s = tl.where((cols < N)[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     p = tl.math.exp2(s - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)  # rescales what was accumulated under the old max
     l_i = l_i * alpha + tl.sum(p, 1)
-    if MASK_N:
-        v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-    else:
-        v = tl.load(v_ptrs, mask=mask_d[None, :], other=0.0)
-    acc = acc * alpha[:, None]  # then accumulated into by the dot itself (no second [BLOCK_M, BLOCK_D] tile)
-    if IEEE_FP32:
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
-    else:
-        acc = tl.dot(p.to(v.dtype), v, acc)
-    return acc, m_new, l_i
+    p = p.to(q.dtype)
+    acc = _dot(p, _tile(v_base, cols, offs_d, N, stride_n, stride_d, HEAD_DIM, MASK_N, True), acc * alpha[:, None], IEEE_FP32)
+    if BLOCK_D1 > 0:
+        acc1 = _dot(p, _tile(v_base, cols, offs_d1, N, stride_n, stride_d, HEAD_DIM, MASK_N, True), acc1 * alpha[:, None], IEEE_FP32)
+    return acc, acc1, m_new, l_i
 
 
 @triton.jit
 def _query_tile(base, out_base, row0, N, stride_n, stride_3, stride_d, stride_on, stride_od, qk_scale,
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, MASK_M: tl.constexpr,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D1: tl.constexpr, ROWS: tl.constexpr, MASK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, TAIL: tl.constexpr, IEEE_FP32: tl.constexpr):  # fmt: skip
     """Attention for query rows [row0, row0 + ROWS) of one (batch, head), written normalised. Keys in
     BLOCK_N tiles, all masked (TAIL=0), or (TAIL > 0) full tiles without masks then the last
     N % BLOCK_N keys in TAIL-wide masked tiles. (TAIL=0 keeps one loop: a second pipelined loop of
     BLOCK_N tiles would take a second set of shared-memory buffers.)"""
-    offs_m = row0 + tl.arange(0, ROWS)
+    rows = row0 + tl.arange(0, ROWS)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
-    # rows past N (the last tile only) read zeros and are never stored
-    mask = (offs_m < N)[:, None] & mask_d[None, :] if MASK_M else mask_d[None, :]
-    q = tl.load(base + offs_m[:, None] * stride_n + offs_d[None, :] * stride_d, mask=mask, other=0.0)
+    q = _tile(base, rows, offs_d, N, stride_n, stride_d, HEAD_DIM, MASK_M, True)  # rows past N: zeros, never stored
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    if BLOCK_D1 > 0:
+        offs_d1 = BLOCK_D + tl.arange(0, BLOCK_D1)
+        q1 = _tile(base, rows, offs_d1, N, stride_n, stride_d, HEAD_DIM, MASK_M, True)
+        acc1 = tl.zeros([ROWS, BLOCK_D1], dtype=tl.float32)
+    else:  # one column tile: these pass through the loops unused
+        q1 = q
+        acc1 = acc
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)  # running row max (base 2)
     l_i = tl.zeros([ROWS], dtype=tl.float32)  # running softmax denominator
-    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
     k_base, v_base = base + stride_3, base + 2 * stride_3
     if TAIL > 0:
         full = (N // BLOCK_N) * BLOCK_N
         for start_n in range(0, full, BLOCK_N):
-            acc, m_i, l_i = _kv_tile(acc, m_i, l_i, q, k_base, v_base, start_n, N, stride_n, stride_d, offs_d, mask_d, qk_scale,
-                                     BLOCK_N, False, IEEE_FP32)  # fmt: skip
+            acc, acc1, m_i, l_i = _kv_tile(acc, acc1, m_i, l_i, q, q1, k_base, v_base, start_n, N, stride_n, stride_d, qk_scale,
+                                           HEAD_DIM, BLOCK_D, BLOCK_D1, BLOCK_N, False, IEEE_FP32)  # fmt: skip
         for start_n in range(full, N, TAIL):
-            acc, m_i, l_i = _kv_tile(acc, m_i, l_i, q, k_base, v_base, start_n, N, stride_n, stride_d, offs_d, mask_d, qk_scale,
-                                     TAIL, True, IEEE_FP32)  # fmt: skip
+            acc, acc1, m_i, l_i = _kv_tile(acc, acc1, m_i, l_i, q, q1, k_base, v_base, start_n, N, stride_n, stride_d, qk_scale,
+                                           HEAD_DIM, BLOCK_D, BLOCK_D1, TAIL, True, IEEE_FP32)  # fmt: skip
     else:
         for start_n in range(0, N, BLOCK_N):
-            acc, m_i, l_i = _kv_tile(acc, m_i, l_i, q, k_base, v_base, start_n, N, stride_n, stride_d, offs_d, mask_d, qk_scale,
-                                     BLOCK_N, True, IEEE_FP32)  # fmt: skip
-    acc = acc / l_i[:, None]
-    out_ptrs = out_base + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-    tl.store(out_ptrs, acc.to(out_base.dtype.element_ty), mask=mask)
+            acc, acc1, m_i, l_i = _kv_tile(acc, acc1, m_i, l_i, q, q1, k_base, v_base, start_n, N, stride_n, stride_d, qk_scale,
+                                           HEAD_DIM, BLOCK_D, BLOCK_D1, BLOCK_N, True, IEEE_FP32)  # fmt: skip
+    mask_m = rows < N
+    out_ptrs = out_base + rows[:, None] * stride_on + offs_d[None, :] * stride_od
+    tl.store(out_ptrs, (acc / l_i[:, None]).to(out_base.dtype.element_ty), mask=mask_m[:, None] & (offs_d < HEAD_DIM)[None, :])
+    if BLOCK_D1 > 0:
+        out_ptrs = out_base + rows[:, None] * stride_on + offs_d1[None, :] * stride_od
+        tl.store(out_ptrs, (acc1 / l_i[:, None]).to(out_base.dtype.element_ty), mask=mask_m[:, None] & (offs_d1 < HEAD_DIM)[None, :])
 
 
 # Keyed on the sequence length, the head dim and the number of (batch, head) pairs rounded up to
@@ -143,8 +188,8 @@ def _attention_fwd_kernel(
     stride_b, stride_n, stride_3, stride_h, stride_d,  # qkv [B, N, 3, H, D]
     stride_ob, stride_on, stride_oh, stride_od,  # out viewed as [B, N, H, D]
     N, H, BH_BUCKET, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr,
-    IEEE_FP32: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D1: tl.constexpr,  # head_dim_tiles
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, IEEE_FP32: tl.constexpr,
 ):  # fmt: skip
     # -- one flat grid axis (axis 1 would cap B * H at 65,535): the query tiles of one (batch,
     # head) are neighbours, so they share its k/v in L2; ceil(N / BLOCK_M) tiles, or (TAIL > 0)
@@ -168,13 +213,13 @@ def _attention_fwd_kernel(
     qk_scale = tl.cast(qk_scale, tl.float32)
     if TAIL == 0:
         _query_tile(base, out_base, tile * BLOCK_M, N, stride_n, stride_3, stride_d, stride_on, stride_od, qk_scale,
-                    HEAD_DIM, BLOCK_D, BLOCK_M, True, BLOCK_N, TAIL, IEEE_FP32)  # fmt: skip
+                    HEAD_DIM, BLOCK_D, BLOCK_D1, BLOCK_M, True, BLOCK_N, TAIL, IEEE_FP32)  # fmt: skip
     elif tile < full_m:
         _query_tile(base, out_base, tile * BLOCK_M, N, stride_n, stride_3, stride_d, stride_on, stride_od, qk_scale,
-                    HEAD_DIM, BLOCK_D, BLOCK_M, False, BLOCK_N, TAIL, IEEE_FP32)  # fmt: skip
+                    HEAD_DIM, BLOCK_D, BLOCK_D1, BLOCK_M, False, BLOCK_N, TAIL, IEEE_FP32)  # fmt: skip
     else:
         _query_tile(base, out_base, full_m * BLOCK_M + (tile - full_m) * TAIL, N, stride_n, stride_3, stride_d, stride_on, stride_od,
-                    qk_scale, HEAD_DIM, BLOCK_D, TAIL, True, BLOCK_N, TAIL, IEEE_FP32)  # fmt: skip
+                    qk_scale, HEAD_DIM, BLOCK_D, BLOCK_D1, TAIL, True, BLOCK_N, TAIL, IEEE_FP32)  # fmt: skip
 
 
 def attention_launch(qkv: torch.Tensor, out: torch.Tensor, scale: float | None = None) -> torch.Tensor:
@@ -194,16 +239,16 @@ def attention_launch(qkv: torch.Tensor, out: torch.Tensor, scale: float | None =
     if max(span(qkv, slice(1, None)), span(out4, slice(1, None))) > INT32_MAX:
         raise InputError(f"fused attention: one image's qkv {tuple(qkv.shape[1:])} spans 2^31 elements or more "
                          "(the kernel's in-image offsets are 32-bit); use fewer tokens or heads")
-    block_d = max(next_pow2(D), 16)
+    block_d, block_d1 = head_dim_tiles(D)
     if qkv.is_cuda:
-        require_fitting_config(_attention_fwd_kernel, {"QKV": qkv, "BLOCK_D": block_d}, qkv.device,
+        require_fitting_config(_attention_fwd_kernel, {"QKV": qkv, "BLOCK_D": block_d, "BLOCK_D1": block_d1}, qkv.device,
                                f"fused attention ({str(qkv.dtype).removeprefix('torch.')}, head_dim {D})")
 
     wrap_triton(_attention_fwd_kernel)[lambda meta: attention_grid(B, N, H, meta["BLOCK_M"], meta["TAIL"])](
         qkv, out4,
         *qkv.stride(), *out4.stride(),
         N, H, next_pow2(B * H), scale * LOG2E,
-        HEAD_DIM=D, BLOCK_D=block_d, IEEE_FP32=qkv.dtype == torch.float32,
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_D1=block_d1, IEEE_FP32=qkv.dtype == torch.float32,
     )  # fmt: skip
     return out
 

@@ -170,14 +170,24 @@ def test_interpreter_tunes_nothing():
     assert len(att._attention_fwd_kernel.configs) == 1 and len(le._linear_epilogue_kernel.configs) == 1
 
 
+@pytest.mark.parametrize("D, tiles", [(64, (64, 0)), (80, (64, 16)), (72, (64, 16)), (96, (64, 32)), (112, (128, 0)), (48, (32, 16)),
+                                      (40, (32, 16)), (24, (32, 0)), (5, (16, 0)), (16, (16, 0)), (160, (128, 32)), (200, (256, 0))])  # fmt: skip
+def test_head_dim_tiles(D, tiles):
+    """One power-of-two tile, or two where they pad less: ViT-H/14's 80 as 64 + 16 instead of 128."""
+    assert att.head_dim_tiles(D) == tiles
+    first, second = tiles
+    assert first + second >= D and first % 16 == 0 and second % 16 == 0
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("head_dim", [32, 64, 80, 128])
+@pytest.mark.parametrize("head_dim", [32, 64, 72, 80, 96, 128])
 @pytest.mark.parametrize("arch", BUDGET)
 def test_attention_has_a_fitting_config_for_vit_head_dims(monkeypatch, arch, head_dim, dtype):
     """Every head_dim of DESIGN.md's range, in every dtype, keeps at least one config on each
     target, and none of those kept exceeds the target's limit (tests/test_aot_compile.py checks
     the estimate against the compiled kernels' real shared memory)."""
-    args = {"QKV": torch.empty(0, dtype=dtype), "BLOCK_D": max(_common.next_pow2(head_dim), 16)}
+    block_d, block_d1 = att.head_dim_tiles(head_dim)
+    args = {"QKV": torch.empty(0, dtype=dtype), "BLOCK_D": block_d, "BLOCK_D1": block_d1}
     configs = gpu_configs(att, monkeypatch)
     kept = _common.configs_within(configs, att.shared_memory_bytes, args, BUDGET[arch])
     capability, limit = BUDGET[arch]

@@ -54,8 +54,8 @@ def run_attention(qkv: torch.Tensor, dtype: torch.dtype) -> None:
     check_2x(out, att.attention_reference(qkv), exact, dtype)
 
 
-@pytest.mark.parametrize("B, N, H, D", [(2, 197, 2, 64), (1, 577, 1, 64), (2, 50, 3, 32), (1, 1025, 1, 32),
-                                        (3, 1, 2, 80), (1, 13, 2, 96), (1, 65, 1, 128)])  # fmt: skip
+@pytest.mark.parametrize("B, N, H, D", [(2, 197, 2, 64), (1, 577, 1, 64), (2, 50, 3, 32), (1, 1025, 1, 32), (3, 1, 2, 80),
+                                        (1, 13, 2, 96), (1, 65, 1, 128), (1, 33, 2, 72), (1, 40, 1, 5), (1, 17, 1, 160)])  # fmt: skip
 def test_attention_odd_shapes(device, dtype, B, N, H, D):
     run_attention(torch.randn(B, N, 3, H, D, device=device).to(dtype), dtype)
 
@@ -70,6 +70,7 @@ def test_attention_tilings(device, monkeypatch, block_m, block_n, tail, N):
     config = triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, "TAIL": tail}, num_warps=4, num_stages=1)
     monkeypatch.setattr(att._attention_fwd_kernel, "configs", [config])  # one config: no tuning
     run_attention(torch.randn(2, N, 3, 2, 32, device=device), torch.float32)
+    run_attention(torch.randn(1, N, 3, 2, 80, device=device), torch.float32)  # head dim in two column tiles, 64 + 16
 
 
 def test_attention_reads_strided_qkv_without_copies(device):
