@@ -335,7 +335,7 @@ def section(result: dict, key: str, run) -> None:
 # ---------------------------------------------------------------------------- end to end
 E2E_MODELS = ("vit_base_patch16_224", "vit_small_patch16_224", "vit_large_patch16_224")
 E2E_BATCHES = (1, 8, 64, 256)
-E2E_BACKENDS = ("eager", "vitfast", "vitfast-graphs", "compile", "vitfast-compile", "vitfast-approx-gelu")
+E2E_BACKENDS = ("eager", "vitfast", "vitfast-approx-gelu", "vitfast-graphs", "compile", "vitfast-compile")  # torch.compile's last: slowest to start
 
 
 def e2e_jobs(args: argparse.Namespace):

@@ -34,7 +34,7 @@ export PYTHONUNBUFFERED=1
     echo "=== $name exit $? $(date -u +%T)"
   }
   part tests "${TESTS_S:-130}"
-  part kernels "${KERNELS_S:-120}"
+  part kernels "${KERNELS_S:-150}"
   case " ${PROOF_FLAGS:-} " in
     *" --dry-run "*) echo "dry run: the committed dispatch tables stay as they are" ;;  # CPU figures must not reach kernels/
     *) for table in mlp_dispatch.json attention_dispatch.json; do
