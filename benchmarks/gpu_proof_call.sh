@@ -11,6 +11,9 @@
 #   run: VITFAST_GIT_SHA=<git rev-parse HEAD here> bash benchmarks/gpu_proof_call.sh
 # carrying .whl/ with a setuptools wheel in it when the image's setuptools may be older than 77 (the
 # device's 2026-11-26 run carried setuptools 80.9.0). INSTALL=0 skips the editable install (tests).
+# PARTS picks parts (default "tests kernels e2e"); a second call on the same machine can time what the
+# first leaves out, e.g. torch.compile max-autotune (minutes of tuning):
+#   PARTS=e2e E2E_S=420 E2E_ARGS="--models vit_base_patch16_224 --precisions fp16 --backends compile-max-autotune --batches 1,256"
 set -uo pipefail
 OUT=${OUT:-gpu-proof-out}
 DIR=$(mktemp -d)
@@ -33,8 +36,9 @@ export PYTHONUNBUFFERED=1
     timeout -k 5 $((budget + 40)) python3 benchmarks/gpu_proof.py --out "$DIR" --part "$name" --budget "$budget" "$@" ${PROOF_FLAGS:-}
     echo "=== $name exit $? $(date -u +%T)"
   }
-  part tests "${TESTS_S:-130}"
-  part kernels "${KERNELS_S:-150}"
+  parts=" ${PARTS:-tests kernels e2e} "
+  [[ $parts == *" tests "* ]] && part tests "${TESTS_S:-130}"
+  [[ $parts == *" kernels "* ]] && part kernels "${KERNELS_S:-150}"
   case " ${PROOF_FLAGS:-} " in
     *" --dry-run "*) echo "dry run: the committed dispatch tables stay as they are" ;;  # CPU figures must not reach kernels/
     *) for table in mlp_dispatch.json attention_dispatch.json; do
@@ -42,7 +46,7 @@ export PYTHONUNBUFFERED=1
        done ;;
   esac
   # shellcheck disable=SC2086  # E2E_ARGS is a list of flags
-  part e2e "${E2E_S:-200}" ${E2E_ARGS:---models vit_base_patch16_224 --precisions fp16 --backends eager,vitfast,vitfast-graphs,compile,vitfast-approx-gelu}
+  [[ $parts == *" e2e "* ]] && part e2e "${E2E_S:-200}" ${E2E_ARGS:---models vit_base_patch16_224 --precisions fp16 --backends eager,vitfast,vitfast-graphs,compile,vitfast-approx-gelu}
   for f in "$DIR"/*.md; do echo "----- $f"; cat "$f"; done
 } >"$LOG" 2>&1
 tar -C "$DIR" -czf "$OUT/proof.tgz" .
