@@ -64,8 +64,6 @@ from .layers import Attention, Block, LayerScale, Mlp, PatchEmbed, Rope, SwiGLU,
 
 MLP_PATHS = ("auto", "cublas", "epilogue")
 ATTENTION_PATHS = ("auto", "vitfast", "sdpa")
-# erf GELU vs its tanh approximation, per activation: at most 4.7e-4 absolute (at x = +-2.70)
-GELU_TANH_MAX_ABS_DIFF = 4.7e-4
 DEFAULT_MLP_PATHS = ("cublas", "cublas")  # (fc1, fc2) where no measurement exists
 KERNEL_MODULES = ("add_layernorm", "attention", "bias_gelu", "bias_swiglu", "linear_epilogue", "linear_layernorm", "rope")
 

@@ -272,7 +272,7 @@ def _torch_runner(backend: str, precision: str, config: ViTConfig, platform: Pla
         # vitfast-approx-gelu: GELU's tanh form in fc1's cuBLASLt epilogue, a different function for an erf-GELU model
         approximate = backend == "vitfast-approx-gelu"
         optimize(model, cuda_graphs=backend == "vitfast-graphs", approximate_gelu=approximate)
-        details["attention"] = "vitfast Triton kernel"
+        details["attention"] = "vitfast Triton kernel, or SDPA where kernels/attention_dispatch.json measured it faster"
         if approximate:
             details["gelu"] = "tanh form in fc1's cuBLASLt epilogue" + (
                 "" if config.act_layer == "gelu_tanh" else f"; the model's is {config.act_layer!r}: a different function")
