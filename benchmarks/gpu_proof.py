@@ -476,7 +476,8 @@ def markdown(part: str, result: dict) -> str:
                   "(gpu_kernels.median_ms); the per-forward profile is torch.profiler's kernel time.", "", "## Attention", ""]  # fmt: skip
         att_cols = ["B", "N", "H", "D", "dtype", "status", "vitfast_TFLOPs", "sdpa_flash_TFLOPs", "sdpa_efficient_TFLOPs",
                     "sdpa_cudnn_TFLOPs", "sdpa_default_TFLOPs", "speedup_vs_best_sdpa", "speedup_vs_sdpa_default"]  # fmt: skip
-        lines += md_table(result.get("attention", []), att_cols) + ["", "## add + LayerNorm", ""]
+        att_rows = [r | {"picked": (r.get("tuning") or {}).get("picked")} for r in result.get("attention", [])]  # TAIL=16: tail tiles won
+        lines += md_table(att_rows, [*att_cols, "picked"]) + ["", "## add + LayerNorm", ""]
         lines += md_table(result.get("add_layernorm", []), ["rows", "C", "dtype", "status", "vitfast_GBps", "torch_GBps", "fraction_of_copy"])
         lines += ["", "## bias + activation after a bias-free fc1", ""]
         lines += md_table(result.get("activations", []), ["op", "rows", "H", "dtype", "status", "vitfast_GBps", "torch_GBps", "speedup",

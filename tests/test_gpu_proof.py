@@ -98,6 +98,7 @@ def test_kernels_part_schema(dry_run):
     assert all(r["torch_rel_err"] < 1e-6 for r in rope)  # eager in the row's layout too, else the 2x rule would pass anything
     md = (dry_run / "proof-kernels.md").read_text()
     assert "## 2-D RoPE on the packed qkv" in md and "| eva02_tiny_patch14_224 | interleaved |" in md
+    assert "| BLOCK_M=32,BLOCK_N=32,TAIL=16,w4,s1 |" in md  # the attention rows name the tile the autotuner picked
     ops = {r["op"].split("+")[0] for r in result["mlp"]}
     assert ops == {"fc1", "fc2", "proj"} and all(r["passes_2x_rule"] for r in result["mlp"])
     assert all(r["tuning"]["picked"] for r in result["attention"] + result["mlp"])  # one config under the interpreter
