@@ -89,7 +89,8 @@ class Shapes:
 
 GPU = Shapes(
     device="cuda", dtypes=(torch.float16, torch.bfloat16), copy_elems=1 << 28, matmul_n=8192,
-    attention=tuple((B, N, 12, D) for N, B in ((197, 256), (577, 64), (1025, 16)) for D in (64, 80, 128)),
+    # + ViT-B/16 at batch 1 and 8: the attention dispatch table's small batch x heads buckets
+    attention=tuple((B, N, 12, D) for N, B in ((197, 256), (577, 64), (1025, 16)) for D in (64, 80, 128)) + ((1, 197, 12, 64), (8, 197, 12, 64)),
     attention_fp32=((64, 197, 12, 64),),
     layernorm=tuple((256 * 197, C) for C in (384, 768, 1024)),
     activations=(("bias+gelu", 256 * 197, 3072), ("bias+swiglu", 16 * 1370, 4096)),  # ViT-B/16 batch 256; giant/14 518 px batch 16
