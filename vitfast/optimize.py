@@ -58,9 +58,12 @@ def optimize(model: nn.Module, *, cuda_graphs: bool = False, mlp: str = "auto", 
     `approximate_gelu=True` runs an erf-GELU model's GELU in its tanh form, which cuBLASLt applies in
     fc1's epilogue: one launch less per block and the 4x-wide activation written once, for at most
     4.7e-4 absolute difference per activation (at x = +-2.70, where fp16's rounding step is 2e-3).
-    Off by default: it changes the model's function; check it with `vitfast.parity` or the 2x rule
-    before serving. Models trained with the tanh form (SigLIP) take that epilogue anyway. Calling optimize again on an optimized model changes `mlp`,
-    `attention` and `approximate_gelu` (and can add CUDA graphs).
+    Off by default: it changes the model's function, so measure its effect on your data before
+    serving (the GPU tests hold ViT-B/L fp16/bf16 logits to the 2x rule against the fp32 erf model).
+    Models trained with the tanh form (SigLIP) take that epilogue anyway.
+
+    Calling optimize again on an optimized model changes `mlp`, `attention` and `approximate_gelu`
+    (and can add CUDA graphs).
     """
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.Sequential):
