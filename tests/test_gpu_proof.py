@@ -74,7 +74,7 @@ def test_tests_part_schema(dry_run):
     assert {"ViT-S/16", "ViT-B/16", "ViT-L/16", "DeiT-B distilled", "hybrid R26+ViT-S/32"} <= models
     assert all(r["status"] == "ok" for r in rows), [r for r in rows if r["status"] != "ok"]
     checks = {r["check"] for r in rows}
-    assert {"eager", "optimize mlp=auto", "optimize mlp=epilogue", "optimize + torch.compile(aot_eager, fullgraph)"} <= checks
+    assert {"eager", "optimize mlp=auto", "optimize mlp=epilogue", "optimize attention=sdpa", "optimize + torch.compile(aot_eager, fullgraph)"} <= checks
     assert all(r["passes"] for r in rows if r["check"] != "eager")
     assert all(r["eager_max_abs_err"] > 0 for r in rows)  # against float64, fp32 eager errs a little
 
