@@ -538,14 +538,19 @@ def write_attention_dispatch(rows: list[dict], env: dict, path: Path = ATTENTION
                         bh_bucket=fused.next_pow2(row["B"] * row["H"]), path="sdpa" if faster >= min_speedup else "vitfast",
                         vitfast_ms=round(row["vitfast_ms"], 5), sdpa_ms=round(row["sdpa_default_ms"], 5), git_sha=env["git_sha"],
                         command=env["command"]))  # fmt: skip
-    key = lambda e: (e["compute_capability"], e["dtype"], e["N"], e["head_dim"], e["bh_bucket"])  # noqa: E731
+    merge_entries(path, table, new, lambda e: (e["compute_capability"], e["dtype"], e["N"], e["head_dim"], e["bh_bucket"]))
+    fused.attention_dispatch_table.cache_clear()  # optimize(attention="auto") in this process sees the new table
+    return new
+
+
+def merge_entries(path: Path, table: dict, new: list[dict], key) -> None:
+    """Write `table` to `path` (atomically: a temporary beside it, then a rename) with `new` in place of
+    its entries of the same `key`, every entry in `key` order."""
     replaced = {key(e) for e in new}
     table["entries"] = sorted([e for e in table["entries"] if key(e) not in replaced] + new, key=key)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(table, indent=1) + "\n")
     os.replace(tmp, path)
-    fused.attention_dispatch_table.cache_clear()  # optimize(attention="auto") in this process sees the new table
-    return new
 
 
 def write_dispatch(rows: list[dict], env: dict, path: Path = DISPATCH_TABLE) -> list[dict]:
@@ -571,11 +576,6 @@ def write_dispatch(rows: list[dict], env: dict, path: Path = DISPATCH_TABLE) -> 
         new.append(dict(compute_capability=env["compute_capability"], gpu=env["gpu"], dtype=dtype, C=C, hidden=hidden,
                         m_bucket=bucket, fc1=choice(fc1), fc2=choice(fc2), fc1_speedup=round(fc1["speedup"], 3),
                         fc2_speedup=round(fc2["speedup"], 3), git_sha=env["git_sha"], command=env["command"]))  # fmt: skip
-    replaced = {(e["compute_capability"], e["dtype"], e["C"], e["hidden"], e["m_bucket"]) for e in new}
-    kept = [e for e in table["entries"] if (e["compute_capability"], e["dtype"], e["C"], e["hidden"], e["m_bucket"]) not in replaced]
-    table["entries"] = sorted(kept + new, key=lambda e: (e["compute_capability"], e["dtype"], e["C"], e["m_bucket"]))
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(table, indent=1) + "\n")
-    os.replace(tmp, path)
+    merge_entries(path, table, new, lambda e: (e["compute_capability"], e["dtype"], e["C"], e["m_bucket"], e["hidden"]))
     fused.mlp_dispatch_table.cache_clear()  # optimize(mlp="auto") in this process sees the new table
     return new

@@ -232,8 +232,8 @@ def model_parity(rows: list, warm: list, dry_run: bool, deadline: float) -> None
     # every family once (fp16, batch 64) before any second row of one: a time box then cuts the extra
     # dtypes and batches, not the families (the H100's first run reached ViT-S/B only)
     for dtype, batch in ((d, b) for d in dtypes for b in batches):
+        name = gk.dtype_name(dtype)
         for label, cfg in models:
-            name = gk.dtype_name(dtype)
             if (label, name) not in warmed and time.monotonic() < deadline:
                 warmed.add((label, name))
                 warm.append(dict(model=label, dtype=name) | gk.warm_model(cfg, dtype, device, batches))

@@ -31,8 +31,8 @@ def _configs() -> list[triton.Config]:
     # 8-warp variants that keep fp32 (IEEE products) out of register spills (ptxas counts in
     # `python -m vitfast.kernels.aot`), and the small (64, 32) tiles that still fit fp32 at
     # head_dim 128 on 99 KB parts. TAIL=16: the last N % BLOCK rows and keys in 16-wide tiles
-    # (ViT's N is 2^k * m + 1: 197, 257, 577, 1025), the tiles the H100 picked in its first run
-    # (benchmarks/results/gpu-proof-h100-18ef7c3). The autotuner only benchmarks those that fit the
+    # (ViT's N is 2^k * m + 1: 197, 257, 577, 1025), added to the tiles the H100 picked in its first
+    # run (benchmarks/results/gpu-proof-h100-18ef7c3). The autotuner only benchmarks those that fit the
     # device's shared memory (`shared_memory_bytes`).
     tiles = [
         (64, 32, 0, 4, 2), (64, 64, 0, 4, 3), (64, 64, 16, 4, 3), (128, 32, 0, 8, 2), (128, 32, 16, 8, 2),

@@ -106,11 +106,15 @@ def m_bucket(rows: int) -> int:
     return next_pow2(rows)
 
 
+def _read_table(name: str) -> tuple[dict, ...]:
+    """The measured entries of the dispatch table kernels/`name` (package data)."""
+    return tuple(json.loads(importlib.resources.files("vitfast.kernels").joinpath(name).read_text())["entries"])
+
+
 @functools.cache
 def mlp_dispatch_table() -> tuple[dict, ...]:
     """The measured entries of kernels/mlp_dispatch.json (read once; `cache_clear()` after rewriting it)."""
-    text = importlib.resources.files("vitfast.kernels").joinpath("mlp_dispatch.json").read_text()
-    return tuple(json.loads(text)["entries"])
+    return _read_table("mlp_dispatch.json")
 
 
 @functools.cache
@@ -119,17 +123,28 @@ def _capability(device: torch.device) -> str:
     return f"{major}.{minor}"
 
 
-def measured_choices(device: torch.device, C: int, hidden: int) -> dict[torch.dtype, tuple[tuple[int, str, str], ...]]:
-    """This GPU's measured entries for one MLP shape: dtype -> ((m_bucket, fc1, fc2), ...); empty
-    off CUDA or where nothing was measured. Read once per block, so the forward only does a lookup."""
-    if device.type != "cuda" or not mlp_dispatch_table():
+def _measured(table: tuple[dict, ...], device: torch.device, match: dict, fields: tuple[str, ...]) -> dict[torch.dtype, tuple[tuple, ...]]:
+    """This GPU's entries of a dispatch table whose `match` fields agree, as dtype -> (their `fields`, ...);
+    empty off CUDA or where nothing was measured. Read once per block, so the forward only does a lookup."""
+    if device.type != "cuda" or not table:
         return {}
-    capability = _capability(device)
+    match = {"compute_capability": _capability(device)} | match
     choices: dict[torch.dtype, list] = {}
-    for e in mlp_dispatch_table():
-        if (e["compute_capability"], e["C"], e["hidden"]) == (capability, C, hidden):
-            choices.setdefault(getattr(torch, e["dtype"]), []).append((e["m_bucket"], e["fc1"], e["fc2"]))
+    for e in table:
+        if all(e[k] == v for k, v in match.items()):
+            choices.setdefault(getattr(torch, e["dtype"]), []).append(tuple(e[f] for f in fields))
     return {dtype: tuple(entries) for dtype, entries in choices.items()}
+
+
+def _nearest_bucket(entries: list | tuple, index: int, n: int) -> tuple:
+    """The entry whose power-of-two bucket (its element `index`) is nearest, on a log scale, to `next_pow2(n)`."""
+    bucket = math.log2(next_pow2(n))
+    return min(entries, key=lambda e: abs(math.log2(e[index]) - bucket))
+
+
+def measured_choices(device: torch.device, C: int, hidden: int) -> dict[torch.dtype, tuple[tuple[int, str, str], ...]]:
+    """This GPU's measured entries for one MLP shape: dtype -> ((m_bucket, fc1, fc2), ...)."""
+    return _measured(mlp_dispatch_table(), device, {"C": C, "hidden": hidden}, ("m_bucket", "fc1", "fc2"))
 
 
 def nearest_paths(choices: tuple[tuple[int, str, str], ...], rows: int) -> tuple[str, str]:
@@ -137,8 +152,7 @@ def nearest_paths(choices: tuple[tuple[int, str, str], ...], rows: int) -> tuple
     for both when there is none."""
     if not choices:
         return DEFAULT_MLP_PATHS
-    bucket = math.log2(m_bucket(rows))
-    _, fc1, fc2 = min(choices, key=lambda c: abs(math.log2(c[0]) - bucket))
+    _, fc1, fc2 = _nearest_bucket(choices, 0, rows)
     return fc1, fc2
 
 
@@ -158,31 +172,19 @@ def choose_mlp_paths(mode: str, device: torch.device, dtype: torch.dtype, C: int
 @functools.cache
 def attention_dispatch_table() -> tuple[dict, ...]:
     """The measured entries of kernels/attention_dispatch.json (read once; `cache_clear()` after rewriting it)."""
-    text = importlib.resources.files("vitfast.kernels").joinpath("attention_dispatch.json").read_text()
-    return tuple(json.loads(text)["entries"])
+    return _read_table("attention_dispatch.json")
 
 
 def measured_attention(device: torch.device, head_dim: int) -> dict[torch.dtype, tuple[tuple[int, int, str], ...]]:
-    """This GPU's measured attention entries for one head_dim: dtype -> ((N, bh_bucket, path), ...);
-    empty off CUDA or where nothing was measured."""
-    if device.type != "cuda" or not attention_dispatch_table():
-        return {}
-    capability = _capability(device)
-    choices: dict[torch.dtype, list] = {}
-    for e in attention_dispatch_table():
-        if (e["compute_capability"], e["head_dim"]) == (capability, head_dim):
-            choices.setdefault(getattr(torch, e["dtype"]), []).append((e["N"], e["bh_bucket"], e["path"]))
-    return {dtype: tuple(entries) for dtype, entries in choices.items()}
+    """This GPU's measured attention entries for one head_dim: dtype -> ((N, bh_bucket, path), ...)."""
+    return _measured(attention_dispatch_table(), device, {"head_dim": head_dim}, ("N", "bh_bucket", "path"))
 
 
 def nearest_attention_path(choices: tuple[tuple[int, int, str], ...], N: int, bh: int) -> str:
     """The path of the entry for this sequence length whose batch x heads bucket is nearest (log
     scale) to `next_pow2(bh)`; "vitfast" where that N was not measured."""
     same_n = [c for c in choices if c[0] == N]
-    if not same_n:
-        return "vitfast"
-    bucket = math.log2(next_pow2(bh))
-    return min(same_n, key=lambda c: abs(math.log2(c[1]) - bucket))[2]
+    return _nearest_bucket(same_n, 1, bh)[2] if same_n else "vitfast"
 
 
 # ---------------------------------------------------------------------------- the block
