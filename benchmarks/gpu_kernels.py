@@ -54,6 +54,7 @@ from vitfast.kernels import attention as att
 from vitfast.kernels import bias_gelu as bg
 from vitfast.kernels import bias_swiglu as bs
 from vitfast.kernels import linear_epilogue as le
+from vitfast.kernels import linear_epilogue_tma as lt
 from vitfast.kernels import linear_layernorm as ll
 from vitfast.kernels import rope
 from vitfast.kernels._common import describe_config
@@ -203,6 +204,7 @@ def warm_mlp(s: Shapes) -> dict:
             return torch.empty(*shape, device=s.device, dtype=dtype)
 
         return (lambda: le.linear_bias_gelu(e(M, C), e(hidden, C), e(hidden), "none"),
+                lambda: le.linear_epilogue_launch(e(M, C), e(hidden, C), e(hidden), e(M, hidden), gelu="none", kernel="pointer"),
                 lambda: ll.linear_residual_layernorm(e(M, hidden), e(C, hidden), e(C), e(M, C), e(C), e(C), e(C), 1e-6),
                 lambda: ll.linear_residual_layernorm(e(M, C), e(C, C), e(C), e(M, C), e(C), e(C), e(C), 1e-6),
                 lambda: aln.add_layernorm(e(M, C), e(M, C), e(C), e(C), 1e-6, e(C)))  # fmt: skip
@@ -402,13 +404,17 @@ def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
                     rows += [dict(op=op, **common) | NOT_REACHED for op in ("fc1", "fc2", "proj")]
                     continue
                 hs = [(rand(M, C),) for _ in range(3)]
+                tma = le.takes_tma("auto", hs[0][0], w1, None, hs[0][0].new_empty(M, hidden))  # what optimize() launches here
                 rows.append(gemm_row(
-                    "fc1+bias+gelu", common, 2 * M * C * hidden, s, hs, le._linear_epilogue_kernel,
+                    "fc1+bias+gelu", common, 2 * M * C * hidden, s, hs, lt._linear_epilogue_tma_kernel if tma else le._linear_epilogue_kernel,
                     cublas=lambda h: F.gelu(F.linear(h, w1, b1)),  # what FusedBlock's cuBLAS path runs for GELU
                     epilogue=lambda h: le.linear_bias_gelu(h, w1, b1, "none"),
                     reference=lambda h, w, b: le.linear_epilogue_reference(h, w, b, "none"), ref_args=(w1, b1),
-                    # optimize(approximate_gelu=True): GELU's tanh form in cuBLASLt's epilogue, its error still vs erf
-                    variants={"cublaslt_tanh": lambda h: fused.linear_gelu_tanh(h, w1, b1)},
+                    # optimize(approximate_gelu=True): GELU's tanh form in cuBLASLt's epilogue, its error still vs erf;
+                    # on Hopper the epilogue column is the TMA kernel, and `pointer` the kernel it replaced there
+                    variants={"cublaslt_tanh": lambda h: fused.linear_gelu_tanh(h, w1, b1)} | ({"pointer": lambda h: le.linear_epilogue_launch(
+                        h, w1, b1, h.new_empty(M, hidden), gelu="none", kernel="pointer")} if tma else {}),
+                    more={"epilogue_kernel": "tma" if tma else "pointer"},
                 ))  # fmt: skip
                 for op, K, w, b in (("fc2", hidden, w2, b2), ("proj", C, wp, bp)):
                     ins = [(rand(M, K), rand(M, C)) for _ in range(3)]
@@ -425,18 +431,18 @@ def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
 
 
 def gemm_row(op: str, common: dict, flops: int, s: Shapes, inputs: list, tuner, *, cublas, epilogue, reference, ref_args,
-             variants: dict | None = None) -> dict:  # fmt: skip
+             variants: dict | None = None, more: dict | None = None) -> dict:  # fmt: skip
     """Both paths timed on the same rotating inputs; errors relative to the fp32 result, next to
     plain PyTorch's (the reference in the same dtype) for the 2x rule. `variants`: more paths by name,
     each timed and checked the same way (columns `<name>_ms`, `<name>_TFLOPs`, `<name>_speedup` over the
-    cuBLAS path, `<name>_rel_err`, `<name>_passes_2x_rule`)."""
+    cuBLAS path, `<name>_rel_err`, `<name>_passes_2x_rule`); `more`: fields copied into the row."""
     tuned = tuning(tuner, lambda: epilogue(*inputs[0]))
     cublas_ms, epilogue_ms = median_ms(cublas, inputs, s.device, s.iters), median_ms(epilogue, inputs, s.device, s.iters)
     args = (*inputs[0], *ref_args)
     exact = reference(*(t.float() for t in args))
     torch_err = rel_err(reference(*args), exact)
     cublas_err, epilogue_err = rel_err(cublas(*inputs[0]), exact), rel_err(epilogue(*inputs[0]), exact)
-    more = {}
+    more = dict(more or {})
     for name, fn in (variants or {}).items():
         ms, err = median_ms(fn, inputs, s.device, s.iters), rel_err(fn(*inputs[0]), exact)
         more |= {f"{name}_ms": ms, f"{name}_TFLOPs": flops / ms / 1e9, f"{name}_speedup": cublas_ms / ms, f"{name}_rel_err": err,

@@ -47,7 +47,7 @@ def wrap_triton(kernel):
       launch (on this project's CPU VM; 85-96 us with the higher-order op on);
     - under the Triton interpreter: torch 2.13's wrap_triton does the same by itself; torch 2.11
       (the GPU device's) refuses an interpreted kernel, or fails tracing an autotuned one."""
-    if INTERPRET or not _hop_dispatch_enabled():
+    if INTERPRET or not hop_dispatch_enabled():
         return kernel
     return torch.library.wrap_triton(kernel)
 
@@ -79,7 +79,7 @@ def vitfast_op(name: str):
     return decorate
 
 
-def _hop_dispatch_enabled() -> bool:
+def hop_dispatch_enabled() -> bool:
     """Whether a wrap_triton launch here would go through torch's higher-order op (tracing); True
     where this torch cannot say."""
     return _is_wrap_triton_enabled() if _is_wrap_triton_enabled is not None else True

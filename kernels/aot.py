@@ -51,7 +51,7 @@ from vitfast.kernels import _common, add_layernorm, attention, bias_gelu, bias_s
 from vitfast.kernels.precompile import Recorded, recording
 
 # Kernels with a tl.dot, checked for the tensor-core instruction they compile to
-DOT_KERNELS = ("_attention_fwd_kernel", "_linear_epilogue_kernel", "_linear_residual_layernorm_kernel")
+DOT_KERNELS = ("_attention_fwd_kernel", "_linear_epilogue_kernel", "_linear_epilogue_tma_kernel", "_linear_residual_layernorm_kernel")
 RESULT_VERSION = "v3"  # bump when compile_one's cached fields change (v2: "mma", v3: "f64_ops")
 # target -> (compute capability, bytes of shared memory per block: the opt-in maximum)
 TARGETS = {"sm_80": (80, 166912), "sm_89": (89, 101376), "sm_90a": (90, 232448)}
@@ -62,13 +62,15 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 class Launch:
     """One representative launcher call. `required`: inside the supported range, so every target
     must keep a config for it; `all_configs`: compile every config kept (the shapes where shared
-    memory is tightest), otherwise one kept config per target, rotating through the list."""
+    memory is tightest), otherwise one kept config per target, rotating through the list;
+    `min_capability`: compiled only for the targets from that compute capability on (TMA: 90)."""
 
     name: str
     dtype: str
     call: Callable[[torch.dtype], None]
     required: bool = True
     all_configs: bool = False
+    min_capability: int = 0
 
 
 def _attention(B, N, H, D):
@@ -125,13 +127,13 @@ def _rope(B, N, Np, H, D, fp32_tables, interleaved=False):
     return call
 
 
-def _linear(rows, K, N, epilogue, bias=True):
+def _linear(rows, K, N, epilogue, bias=True, kernel="pointer"):
     def call(dtype):
         x, w, b, out = (torch.empty(s, dtype=dtype) for s in ((rows, K), (N, K), (N,), (rows, N)))
         kw = {"gelu": epilogue} if epilogue in bias_gelu.GELU_FORMS else {}
         if epilogue.startswith("residual"):
             kw = {"residual": torch.empty(rows, N, dtype=dtype), "gamma": b if epilogue == "residual_gamma" else None}
-        linear_epilogue.linear_epilogue_launch(x, w, b if bias else None, out, **kw)
+        linear_epilogue.linear_epilogue_launch(x, w, b if bias else None, out, **kw, kernel=kernel)
 
     return call
 
@@ -180,6 +182,17 @@ def _launches() -> list[Launch]:
             Launch(f"linear fc1+gelu_tanh 50x192->771 {dt}", dt, _linear(50, 192, 771, "tanh")),
             Launch(f"linear fc1+quick_gelu 257x1024->4096 {dt}", dt, _linear(257, 1024, 4096, "sigmoid")),
             Launch(f"linear fc2+residual 13x100->37 {dt}", dt, _linear(13, 100, 37, "residual")),
+        ]
+        if dt != "fp32":  # the Hopper GEMM (fp16 / bf16): its epilogues, every config at ViT-B's fc1
+            out += [
+                Launch(f"linear tma fc1+gelu 1576x768->3072 {dt}", dt, _linear(1576, 768, 3072, "none", kernel="tma"),
+                       all_configs=every, min_capability=90),
+                Launch(f"linear tma fc2+residual*gamma 197x3072->768 {dt}", dt,
+                       _linear(197, 3072, 768, "residual_gamma", kernel="tma"), min_capability=90),
+                Launch(f"linear tma fc1+gelu_tanh nobias 50x192->776 {dt}", dt,
+                       _linear(50, 192, 776, "tanh", bias=False, kernel="tma"), min_capability=90),
+            ]
+        out += [
             Launch(f"linear_layernorm proj 1576x768->768 {dt}", dt, _linear_layernorm(1576, 768, 768, False), all_configs=every),
             Launch(f"linear_layernorm fc2*gamma 197x3072->768 {dt}", dt, _linear_layernorm(197, 3072, 768, True)),
             Launch(f"linear_layernorm 13x100->37 {dt}", dt, _linear_layernorm(13, 100, 37, False)),
@@ -315,14 +328,17 @@ def plan(targets: list[str]) -> tuple[list[tuple], list[dict]]:
     `torch._inductor.config._use_fp64_for_unbacked_floats`), on the last target."""
     jobs, unfit, typed = [], [], set()
     for i, launch in enumerate(LAUNCHES):
+        kept = []
         for t, target in enumerate(targets):
+            if TARGETS[target][0] < launch.min_capability:
+                continue
             kept = _RECORDED[i].configs(TARGETS[target])
             if not kept:
                 unfit.append({"launch": launch.name, "target": target, "required": launch.required})
                 continue
             picks = range(len(kept)) if launch.all_configs else [(i + t) % len(kept)]
             jobs += [(i, c, target, False) for c in picks]
-        rec = _RECORDED[i]  # `kept` is the last target's now
+        rec = _RECORDED[i]  # `kept` is the last compiled target's now
         if kept and rec.jit.__name__ not in typed and any(isinstance(v, float) for v in rec.named_args().values()):
             typed.add(rec.jit.__name__)
             jobs.append((i, 0, targets[-1], True))

@@ -16,20 +16,26 @@ uses it only where that measurement says so (vitfast/fused.py, kernels/mlp_dispa
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
+from torch._subclasses.fake_tensor import is_fake
 
 from vitfast.errors import InputError
 
-from ._common import INT32_MAX, INTERPRET, autotune, check_device, next_pow2, require_fitting_config, runs_reference, span, vitfast_op, wrap_triton
+from ._common import (INT32_MAX, INTERPRET, autotune, check_device, hop_dispatch_enabled, next_pow2, require_fitting_config,
+                      runs_reference, shared_memory_budget, span, vitfast_op, wrap_triton)  # fmt: skip
 from .bias_gelu import GELU_FORMS, gelu_reference
 from .bias_gelu import gelu as gelu_tile
+from .linear_epilogue_tma import linear_epilogue_tma_launch, tma_ready
 
 ACTIVATIONS = {None: 0} | {form: 1 + code for form, code in GELU_FORMS.items()}  # ACTIVATION: no GELU, or 1 + FORM
+KERNELS = ("auto", "tma", "pointer")  # linear_epilogue_launch's `kernel`
+INTERPRETED_PROGRAMS = 3  # the TMA kernel's persistent grid under the interpreter: several tiles per program
 
 
 def _configs() -> list[triton.Config]:
@@ -148,15 +154,22 @@ def linear_epilogue_launch(
     gelu: str | None = None,
     residual: torch.Tensor | None = None,
     gamma: torch.Tensor | None = None,
+    kernel: str = "auto",
 ) -> torch.Tensor:
     """out = epilogue(x @ weight^T + bias) for x [..., K], weight [N, K], bias [N] or None (written in place).
 
     gelu 'none' (erf), 'tanh' or 'sigmoid' applies GELU; `residual` [..., N] adds it, the GEMM result first
     scaled by `gamma` [N] when given: out = residual + gamma * (x @ weight^T + bias). `out` is a
     contiguous [..., N] tensor that must not be `residual` itself.
+
+    `kernel` "auto" takes the persistent TMA kernel (linear_epilogue_tma.py) on an sm_90 GPU outside
+    traces when every operand is TMA-ready, else the pointer kernel; "tma" / "pointer" force one (tests,
+    benchmarks).
     """
     if gelu not in ACTIVATIONS:
         raise ValueError(f"gelu must be None or one of {', '.join(GELU_FORMS)}, got {gelu!r}")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
     if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"x [..., K] and weight [N, K] must agree on K, got {tuple(x.shape)} and {tuple(weight.shape)}")
     N, K = weight.shape
@@ -188,6 +201,10 @@ def linear_epilogue_launch(
     mode = 0 if residual is None else 1 if gamma is None else 2
     res2 = residual.reshape(M, N) if residual is not None else out2  # placeholders when unused
     check_column_offsets("linear epilogue", weight, x2, res2, out2)
+    if takes_tma(kernel, x2, weight, res2 if residual is not None else None, out2):
+        programs = _sm_count(x.device) if x.is_cuda else INTERPRETED_PROGRAMS
+        linear_epilogue_tma_launch(x2, weight, bias, res2, gamma, out2, ACTIVATIONS[gelu], mode, programs)
+        return out
     if x.is_cuda:
         require_fitting_config(_linear_epilogue_kernel, {"X": x2}, x.device, f"linear epilogue ({str(x.dtype).removeprefix('torch.')})")
 
@@ -203,6 +220,29 @@ def linear_epilogue_launch(
         IEEE_FP32=x.dtype == torch.float32,
     )  # fmt: skip
     return out
+
+
+def takes_tma(kernel: str, x2, weight, res2, out2) -> bool:
+    """Whether this launch runs the TMA kernel: forced ("tma", refused where it cannot run), or "auto" on
+    compute capability >= 9.0, in an eager call (a trace keeps the pointer kernel: the TMA kernel's
+    launch allocates its descriptors' scratch), with TMA-ready operands."""
+    operands = [t for t in (x2, weight, res2, out2) if t is not None]
+    if kernel == "pointer":
+        return False
+    if kernel == "tma":
+        if x2.is_cuda and shared_memory_budget(x2.device)[0] < 90:
+            raise InputError("linear epilogue: kernel='tma' needs a GPU of compute capability 9.0 (Hopper) or newer")
+        if not tma_ready(*operands):
+            raise InputError("linear epilogue: kernel='tma' needs fp16/bf16 operands with contiguous rows whose start "
+                             "and row stride are 16-byte aligned (widths divisible by 8); use kernel='auto'")
+        return True
+    traced = hop_dispatch_enabled() or is_fake(x2)  # (fake tensors have no data pointer to check)
+    return x2.is_cuda and shared_memory_budget(x2.device)[0] >= 90 and not traced and tma_ready(*operands)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @vitfast_op("linear_bias_gelu")

@@ -54,9 +54,15 @@ def test_every_kernel_dtype_and_target_was_compiled(report):
     seen = {(r["kernel"], r["launch"].split()[-1], r["target"]) for r in report["rows"] if "shared" in r}
     kernels = {r["kernel"] for r in report["rows"]}
     assert kernels == {"_attention_fwd_kernel", "_add_layernorm_kernel", "_bias_gelu_kernel", "_bias_swiglu_kernel",
-                       "_linear_epilogue_kernel", "_linear_residual_layernorm_kernel", "_rope_qkv_kernel"}
-    missing = {(k, d, t) for k in kernels for d in ("fp16", "bf16", "fp32") for t in TARGETS} - seen
-    assert not missing
+                       "_linear_epilogue_kernel", "_linear_epilogue_tma_kernel", "_linear_residual_layernorm_kernel", "_rope_qkv_kernel"}
+
+    def coverage(kernel: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(dtypes, targets) a kernel is compiled for: the TMA GEMM fp16 / bf16 on sm_90a only."""
+        if kernel == "_linear_epilogue_tma_kernel":
+            return ("fp16", "bf16"), ("sm_90a",)
+        return ("fp16", "bf16", "fp32"), TARGETS
+
+    assert seen == {(k, d, t) for k in kernels for d in coverage(k)[0] for t in coverage(k)[1]}
 
 
 def test_both_rope_layouts_compile_for_every_dtype_and_target(report):
@@ -79,15 +85,17 @@ def test_every_autotune_config_that_fits_was_compiled_on_every_target(report, mo
     from vitfast.kernels import _common, aot
     from vitfast.kernels import attention as att
     from vitfast.kernels import linear_epilogue as le
+    from vitfast.kernels import linear_epilogue_tma as lt
     from vitfast.kernels import linear_layernorm as lln
 
     t = torch.empty(0, dtype=aot.DTYPES[dtype])
     for module, launch, args in ((att, f"attention B2 N256 H8 D128 {dtype}", {"QKV": t, "BLOCK_D": 128}),
                                  (le, f"linear fc1+gelu 1576x768->3072 {dtype}", {"X": t}),
+                                 (lt, f"linear tma fc1+gelu 1576x768->3072 {dtype}", {"X": t, "RESIDUAL": 0}),
                                  (lln, f"linear_layernorm proj 1576x768->768 {dtype}", {"X": t})):  # fmt: skip
         monkeypatch.setattr(module, "INTERPRET", False)
         configs = module._configs()
-        for target in TARGETS:
+        for target in TARGETS if module is not lt else ["sm_90a"]:
             kept = _common.configs_within(configs, module.shared_memory_bytes, args, aot.TARGETS[target])
             compiled = {r["config"] for r in report["rows"] if r["launch"] == launch and r["target"] == target and "shared" in r}
             assert kept and {_common.describe_config(c) for c in kept} == compiled, (launch, target)

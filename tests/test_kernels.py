@@ -299,9 +299,9 @@ def epilogue_args(epilogue: str, out_shape, dtype, device) -> dict:
     return {}
 
 
-def run_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype, **kw) -> None:
+def run_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype, kernel: str = "auto", **kw) -> None:
     out = poisoned((*x.shape[:-1], w.shape[0]), dtype, x.device)
-    assert le.linear_epilogue_launch(x, w, b, out, **kw) is out
+    assert le.linear_epilogue_launch(x, w, b, out, **kw, kernel=kernel) is out
     as_double = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     exact = le.linear_epilogue_reference(x.double(), w.double(), None if b is None else b.double(), **as_double)  # same rounded inputs
     check_2x(out, le.linear_epilogue_reference(x, w, b, **kw), exact, dtype)
@@ -389,6 +389,79 @@ def test_linear_epilogue_rejects_bad_input(device, monkeypatch):
     if device == "cpu":
         with pytest.raises(ValueError, match="need CUDA tensors.*TRITON_INTERPRET=1"):  # the op takes its reference
             le.linear_epilogue_launch(x, w, b, out, gelu="none")
+
+
+# ---------------------------------------------------------------------------- the Hopper (TMA) GEMM
+@pytest.fixture(params=[torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def tma_dtype(request, device) -> torch.dtype:
+    """fp16 / bf16 (all the TMA kernel takes), on CPU under the interpreter or on a GPU of compute capability >= 9."""
+    if request.param == torch.bfloat16 and device == "cpu":
+        pytest.skip("bf16 is checked on the GPU only (see the module docstring)")
+    if device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the TMA kernel needs compute capability 9.0 (Hopper) or newer")
+    return request.param
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+@pytest.mark.parametrize("M_shape, K, N", [((3, 197), 192, 200),  # several tiles per persistent program, a partial one on each edge
+                                           ((1, 13), 776, 72), ((5,), 8, 8)])  # K past one BLOCK_K, then smaller than one  # fmt: skip
+def test_linear_epilogue_tma_kernel(device, tma_dtype, epilogue, M_shape, K, N, bias):
+    """The persistent TMA kernel (forced), every epilogue, against float64 with the 2x rule; TMA-ready
+    widths (multiples of 8), partial tiles on every edge."""
+    x, w, b = linear_inputs(M_shape, K, N, tma_dtype, device, bias)
+    run_linear(x, w, b, tma_dtype, **epilogue_args(epilogue, (*M_shape, N), tma_dtype, device), kernel="tma")
+
+
+def test_linear_epilogue_tma_kernel_reads_row_strides(device, tma_dtype):
+    """x a column slice of a wider buffer (row stride 16-byte aligned, not its width), W a column slice of
+    a wider weight: both read through their row strides (2x rule against float64)."""
+    K, N, M = 64, 48, 70
+    x = torch.randn(M, K + 16, device=device).to(tma_dtype)[:, 8 : 8 + K]
+    w = (torch.randn(N, K + 8, device=device) * K**-0.5).to(tma_dtype)[:, :K]
+    assert not x.is_contiguous() and not w.is_contiguous()
+    b, r = torch.randn(N, device=device).to(tma_dtype), torch.randn(M, N, device=device).to(tma_dtype)
+    run_linear(x, w, b, tma_dtype, gelu="none", kernel="tma")
+    run_linear(x, w, b, tma_dtype, residual=r, kernel="tma")
+
+
+def test_linear_epilogue_tma_kernel_refuses_what_tma_cannot_read(device):
+    """Forced on operands TMA cannot take, the launcher says why instead of faulting inside the copy engine."""
+    from vitfast.errors import InputError
+
+    x, w, b = linear_inputs((4,), 100, 8, torch.float16, device)  # row stride 200 bytes: not 16-byte aligned
+    with pytest.raises(InputError, match="kernel='tma' needs fp16/bf16 operands .* 16-byte aligned"):
+        le.linear_epilogue_launch(x, w, b, torch.empty(4, 8, dtype=torch.float16, device=device), kernel="tma")
+    x, w, b = linear_inputs((4,), 16, 8, torch.float32, device)
+    with pytest.raises(InputError, match="kernel='tma' needs fp16/bf16"):
+        le.linear_epilogue_launch(x, w, b, torch.empty(4, 8, device=device), kernel="tma")
+    x, w, b = linear_inputs((4,), 24, 8, torch.float16, device)
+    with pytest.raises(InputError, match="16-byte aligned"):  # start 2 bytes into the buffer
+        le.linear_epilogue_launch(x.view(-1)[1 : 1 + 3 * 24].view(3, 24), w, b, torch.empty(3, 8, dtype=torch.float16, device=device),
+                                  kernel="tma")  # fmt: skip
+    with pytest.raises(ValueError, match="kernel must be one of auto, tma, pointer"):
+        le.linear_epilogue_launch(x, w, b, torch.empty(4, 8, dtype=torch.float16, device=device), kernel="wgmma")
+
+
+def test_auto_takes_the_tma_kernel_only_in_eager_calls_on_hopper(device, monkeypatch):
+    """kernel="auto": the TMA kernel on compute capability >= 9 for TMA-ready operands outside traces;
+    the pointer kernel under a trace (torch.compile / torch.export launch through wrap_triton), for
+    unaligned operands, before Hopper and on CPU. Which kernel launched is read off the recorded launch."""
+    from vitfast.kernels.precompile import recording
+
+    def launched(x, w, **kw) -> str:
+        with recording(cpu=device == "cpu") as calls:
+            le.linear_epilogue_launch(x, w, None, torch.empty(*x.shape[:-1], w.shape[0], dtype=x.dtype, device=device), **kw)
+        return calls[0].jit.__name__
+
+    x, w, _ = linear_inputs((2, 9), 64, 40, torch.float16, device)
+    hopper = device == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+    assert launched(x, w) == ("_linear_epilogue_tma_kernel" if hopper else "_linear_epilogue_kernel")
+    assert launched(x, w, kernel="pointer") == "_linear_epilogue_kernel"
+    x60, w60, _ = linear_inputs((2, 9), 60, 40, torch.float16, device)
+    assert launched(x60, w60) == "_linear_epilogue_kernel"  # 120-byte rows: not TMA-ready
+    monkeypatch.setattr(le, "hop_dispatch_enabled", lambda: True)  # as inside a trace
+    assert launched(x, w) == "_linear_epilogue_kernel"
 
 
 # ---------------------------------------------------------------------------- tracing
