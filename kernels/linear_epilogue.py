@@ -31,11 +31,11 @@ from ._common import (INT32_MAX, INTERPRET, autotune, check_device, hop_dispatch
                       runs_reference, shared_memory_budget, span, vitfast_op, wrap_triton)  # fmt: skip
 from .bias_gelu import GELU_FORMS, gelu_reference
 from .bias_gelu import gelu as gelu_tile
-from .linear_epilogue_tma import linear_epilogue_tma_launch, tma_ready
 
 ACTIVATIONS = {None: 0} | {form: 1 + code for form, code in GELU_FORMS.items()}  # ACTIVATION: no GELU, or 1 + FORM
 KERNELS = ("auto", "tma", "pointer")  # linear_epilogue_launch's `kernel`
 INTERPRETED_PROGRAMS = 3  # the TMA kernel's persistent grid under the interpreter: several tiles per program
+TMA_ALIGN = 16  # TMA's rule for a tensor it reads or writes: 16-byte aligned base and row stride (and unit column stride)
 
 
 def _configs() -> list[triton.Config]:
@@ -85,6 +85,20 @@ def gemm_tile(x_ptrs, w_ptrs, K, stride_xk, stride_wk, IEEE_FP32: tl.constexpr,
     return acc
 
 
+@triton.jit
+def branch_tile(acc, Bias, Gamma, offs_n, N, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, RESIDUAL: tl.constexpr):
+    """The epilogue before the residual add, on an fp32 [rows, len(offs_n)] tile of columns offs_n:
+    + bias, then GELU (ACTIVATION > 0) or the LayerScale gamma (RESIDUAL == 2)."""
+    mask_n = offs_n < N
+    if HAS_BIAS:
+        acc += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    if ACTIVATION > 0:
+        acc = gelu_tile(acc, ACTIVATION - 1)
+    if RESIDUAL == 2:
+        acc *= tl.load(Gamma + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    return acc
+
+
 # Keyed on the GEMM shape (M by power-of-two bucket, so a new batch size does not always retune)
 # and the epilogue; tensor dtypes are part of the key too.
 @autotune(configs=_configs(), key=["M_BUCKET", "N", "K", "HAS_BIAS", "ACTIVATION", "RESIDUAL"], estimate=shared_memory_bytes)
@@ -122,15 +136,9 @@ def _linear_epilogue_kernel(
     acc = gemm_tile(x_ptrs, w_ptrs, K, stride_xk, stride_wk, IEEE_FP32, BLOCK_M, BLOCK_N, BLOCK_K)
 
     # -- epilogue in fp32 registers: bias, then GELU or the (scaled) residual add; one rounding
-    mask_n = offs_n < N
-    mask = (offs_m < M)[:, None] & mask_n[None, :]
-    if HAS_BIAS:
-        acc += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    if ACTIVATION > 0:
-        acc = gelu_tile(acc, ACTIVATION - 1)
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    acc = branch_tile(acc, Bias, Gamma, offs_n, N, HAS_BIAS, ACTIVATION, RESIDUAL)
     if RESIDUAL > 0:
-        if RESIDUAL == 2:
-            acc *= tl.load(Gamma + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         res_ptrs = Res + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn
         acc += tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
     out_ptrs = Out + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
@@ -202,6 +210,8 @@ def linear_epilogue_launch(
     res2 = residual.reshape(M, N) if residual is not None else out2  # placeholders when unused
     check_column_offsets("linear epilogue", weight, x2, res2, out2)
     if takes_tma(kernel, x2, weight, res2 if residual is not None else None, out2):
+        from .linear_epilogue_tma import linear_epilogue_tma_launch  # (it imports this module's epilogue)
+
         programs = _sm_count(x.device) if x.is_cuda else INTERPRETED_PROGRAMS
         linear_epilogue_tma_launch(x2, weight, bias, res2, gamma, out2, ACTIVATIONS[gelu], mode, programs)
         return out
@@ -220,6 +230,19 @@ def linear_epilogue_launch(
         IEEE_FP32=x.dtype == torch.float32,
     )  # fmt: skip
     return out
+
+
+def tma_ready(*tensors: torch.Tensor) -> bool:
+    """Whether TMA may read / write each 2-D tensor as it is: fp16 / bf16, unit column stride, base
+    and row stride 16-byte aligned (a ViT's activations and nn.Linear weights are, for widths
+    divisible by 8)."""
+    return all(
+        t.dtype in (torch.float16, torch.bfloat16)
+        and t.stride(1) == 1
+        and (t.stride(0) * t.element_size()) % TMA_ALIGN == 0
+        and t.data_ptr() % TMA_ALIGN == 0
+        for t in tensors
+    )
 
 
 def takes_tma(kernel: str, x2, weight, res2, out2) -> bool:

@@ -14,7 +14,7 @@ below the ~62% at which the fused GELU pays for itself: benchmarks/NOTES.md):
 - the wide 128x256 tile stores its result in two 128-column halves, which halves the epilogue's
   shared-memory staging and leaves room for a fourth pipeline stage.
 The launcher (`linear_epilogue_launch`) picks this kernel on an sm_90 GPU in eager calls when
-every operand meets TMA's rules (`tma_ready`); under torch.compile / torch.export it keeps the
+every operand meets TMA's rules (`linear_epilogue.tma_ready`); under torch.compile / torch.export it keeps the
 pointer kernel, whose launch needs no device-side scratch memory. Which of the two (and cuBLAS)
 is faster per shape is the GPU proof's measurement (benchmarks/gpu_kernels.py, fc1 rows).
 """
@@ -26,10 +26,7 @@ import triton
 import triton.language as tl
 
 from ._common import INTERPRET, autotune, next_pow2, wrap_triton
-from .bias_gelu import gelu as gelu_tile
-
-# TMA's rules for a tensor it reads or writes: 16-byte aligned base and row stride, unit column stride
-TMA_ALIGN = 16
+from .linear_epilogue import branch_tile
 
 
 def _configs() -> list[triton.Config]:
@@ -75,15 +72,8 @@ def _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 def _epilogue_store(acc, out_desc, res_desc, Bias, Gamma, row, col, N,
                     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     """acc [BLOCK_M, BLOCK_N] fp32 at (row, col) of the output: bias, GELU or the (scaled) residual, one rounding, TMA store."""
-    offs_n = col + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    if HAS_BIAS:
-        acc += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    if ACTIVATION > 0:
-        acc = gelu_tile(acc, ACTIVATION - 1)
+    acc = branch_tile(acc, Bias, Gamma, col + tl.arange(0, BLOCK_N), N, HAS_BIAS, ACTIVATION, RESIDUAL)
     if RESIDUAL > 0:
-        if RESIDUAL == 2:
-            acc *= tl.load(Gamma + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         acc += res_desc.load([row, col]).to(tl.float32)
     out_desc.store([row, col], acc.to(out_desc.dtype))
 
@@ -133,19 +123,6 @@ def _linear_epilogue_tma_kernel(
             _epilogue_store(right, out_desc, res_desc, Bias, Gamma, row, col + STORE_N, N, HAS_BIAS, ACTIVATION, RESIDUAL, STORE_N)
         else:
             _epilogue_store(acc, out_desc, res_desc, Bias, Gamma, row, col, N, HAS_BIAS, ACTIVATION, RESIDUAL, STORE_N)
-
-
-def tma_ready(*tensors: torch.Tensor) -> bool:
-    """Whether TMA may read / write each 2-D tensor as it is: fp16 / bf16, unit column stride, base
-    and row stride 16-byte aligned (a ViT's activations and nn.Linear weights are, for widths
-    divisible by 8)."""
-    return all(
-        t.dtype in (torch.float16, torch.bfloat16)
-        and t.stride(1) == 1
-        and (t.stride(0) * t.element_size()) % TMA_ALIGN == 0
-        and t.data_ptr() % TMA_ALIGN == 0
-        for t in tensors
-    )
 
 
 def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:

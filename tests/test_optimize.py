@@ -538,3 +538,27 @@ def test_gpu_cuda_graphs_and_torch_compile(device, mlp):
         vitfast.restore(model)
         compiled = torch.compile(vitfast.optimize(model, mlp=mlp))
         torch.testing.assert_close(compiled(x), ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_gpu_tma_gemm_in_cuda_graphs(device):
+    """On Hopper the epilogue path's fc1 (and the last block's fc2) run the persistent TMA GEMM, whose launch
+    allocates its descriptors' scratch memory: it must launch (read off the recorded launches), and a CUDA
+    graph of the fp16 forward, captured and replayed on new data, must give what the eager forward gives."""
+    from vitfast.kernels.precompile import recording
+
+    _require_cuda(device)
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the TMA GEMM needs compute capability 9.0 (Hopper) or newer")
+    model = randomize(vitfast.create_model(tiny_config())).to(device).half()
+    x = torch.randn(2, 3, 32, 32, device=device, dtype=torch.float16)
+    with torch.no_grad():
+        vitfast.optimize(model, mlp="epilogue")
+        with recording() as calls:
+            model(x)
+        assert "_linear_epilogue_tma_kernel" in {c.jit.__name__ for c in calls}
+        eager, eager2 = model(x), model(2 * x)
+        vitfast.restore(model)
+        vitfast.optimize(model, mlp="epilogue", cuda_graphs=True)
+        torch.testing.assert_close(model(x), eager, atol=1e-3, rtol=1e-3)  # first call captures
+        torch.testing.assert_close(model(2 * x), eager2, atol=1e-3, rtol=1e-3)  # replay with new data
