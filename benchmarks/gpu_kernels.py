@@ -54,7 +54,6 @@ from vitfast.kernels import attention as att
 from vitfast.kernels import bias_gelu as bg
 from vitfast.kernels import bias_swiglu as bs
 from vitfast.kernels import linear_epilogue as le
-from vitfast.kernels import linear_epilogue_tma as lt
 from vitfast.kernels import linear_layernorm as ll
 from vitfast.kernels import rope
 from vitfast.kernels._common import describe_config
@@ -406,7 +405,7 @@ def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
                 hs = [(rand(M, C),) for _ in range(3)]
                 tma = le.takes_tma("auto", hs[0][0], w1, None, hs[0][0].new_empty(M, hidden))  # what optimize() launches here
                 rows.append(gemm_row(
-                    "fc1+bias+gelu", common, 2 * M * C * hidden, s, hs, lt._linear_epilogue_tma_kernel if tma else le._linear_epilogue_kernel,
+                    "fc1+bias+gelu", common, 2 * M * C * hidden, s, hs, le._linear_epilogue_tma_kernel if tma else le._linear_epilogue_kernel,
                     cublas=lambda h: F.gelu(F.linear(h, w1, b1)),  # what FusedBlock's cuBLAS path runs for GELU
                     epilogue=lambda h: le.linear_bias_gelu(h, w1, b1, "none"),
                     reference=lambda h, w, b: le.linear_epilogue_reference(h, w, b, "none"), ref_args=(w1, b1),
@@ -562,12 +561,16 @@ def merge_entries(path: Path, table: dict, new: list[dict], key) -> None:
 def write_dispatch(rows: list[dict], env: dict, path: Path = DISPATCH_TABLE) -> list[dict]:
     """Merge this run's fc1/fc2 winners into the dispatch table at `path` (atomically); returns the
     new entries. A shape gets "epilogue" only where it was >= min_speedup faster and passed the
-    2x rule; entries of other GPUs and shapes are kept."""
+    2x rule; entries of other GPUs and shapes are kept. `fc1_traced`: fc1's choice under torch.compile /
+    torch.export, judged by the pointer kernel's own timing where eager timed the TMA kernel."""
     table = json.loads(path.read_text())
     min_speedup = table["min_speedup"]
 
-    def choice(row: dict) -> str:
-        return "epilogue" if row["speedup"] >= min_speedup and row["passes_2x_rule"] else "cublas"
+    def choice(row: dict, kernel: str = "") -> str:
+        return "epilogue" if row[f"{kernel}speedup"] >= min_speedup and row[f"{kernel}passes_2x_rule"] else "cublas"
+
+    def traced_choice(row: dict) -> str:  # a trace runs the pointer kernel where eager ran the TMA one
+        return choice(row, "pointer_") if row.get("epilogue_kernel") == "tma" else choice(row)
 
     by_shape: dict[tuple, dict] = {}
     for row in rows:
@@ -580,7 +583,7 @@ def write_dispatch(rows: list[dict], env: dict, path: Path = DISPATCH_TABLE) -> 
             continue
         fc1, fc2 = ops["fc1"], ops["fc2"]
         new.append(dict(compute_capability=env["compute_capability"], gpu=env["gpu"], dtype=dtype, C=C, hidden=hidden,
-                        m_bucket=bucket, fc1=choice(fc1), fc2=choice(fc2), fc1_speedup=round(fc1["speedup"], 3),
+                        m_bucket=bucket, fc1=choice(fc1), fc2=choice(fc2), fc1_traced=traced_choice(fc1), fc1_speedup=round(fc1["speedup"], 3),
                         fc2_speedup=round(fc2["speedup"], 3), git_sha=env["git_sha"], command=env["command"]))  # fmt: skip
     merge_entries(path, table, new, lambda e: (e["compute_capability"], e["dtype"], e["C"], e["m_bucket"], e["hidden"]))
     fused.mlp_dispatch_table.cache_clear()  # optimize(mlp="auto") in this process sees the new table

@@ -126,6 +126,7 @@ def test_fc2_bias_residual(benchmark, path):
 def test_write_dispatch_merges_measured_winners(tmp_path, monkeypatch):
     """gpu_kernels.write_dispatch (gpu_proof.py --part kernels): epilogue only where >= min_speedup faster and within the
     2x rule; other GPUs' entries kept, this GPU's same shapes replaced; fused reads the result."""
+    import functools
     import json
 
     import gpu_kernels
@@ -149,6 +150,14 @@ def test_write_dispatch_merges_measured_winners(tmp_path, monkeypatch):
     assert other_gpu in entries and old not in entries and len(entries) == 3
     got = {(e["compute_capability"], e["m_bucket"]): (e["fc1"], e["fc2"]) for e in entries}
     assert got == {("8.0", 65536): ("epilogue", "cublas"), ("9.0", 65536): ("epilogue", "cublas"), ("9.0", 256): ("cublas", "cublas")}
-    monkeypatch.setattr(fused, "mlp_dispatch_table", lambda: tuple(entries))
+    monkeypatch.setattr(fused, "mlp_dispatch_table", functools.cache(lambda: tuple(entries)))  # (write_dispatch clears its cache)
     monkeypatch.setattr(fused, "_capability", lambda device: "9.0")
+    assert fused.choose_mlp_paths("auto", torch.device("cuda"), torch.float16, 768, 3072, 256 * 197) == ("epilogue", "cublas")
+    # the pointer kernel's timing decides fc1 for traces where eager timed the TMA kernel (Hopper)
+    assert [e["fc1_traced"] for e in entries if e["compute_capability"] == "9.0"] == ["cublas", "epilogue"]  # no TMA rows: as fc1
+    rows[0] |= dict(epilogue_kernel="tma", pointer_speedup=0.9, pointer_passes_2x_rule=True)
+    entries = [e for e in gpu_kernels.write_dispatch(rows, env, table) if e["m_bucket"] == 65536]
+    assert (entries[0]["fc1"], entries[0]["fc1_traced"]) == ("epilogue", "cublas")
+    monkeypatch.setattr(fused, "mlp_dispatch_table", functools.cache(lambda: tuple(entries)))
+    assert fused.choose_mlp_paths("auto", torch.device("cuda"), torch.float16, 768, 3072, 256 * 197, traced=True) == ("cublas", "cublas")
     assert fused.choose_mlp_paths("auto", torch.device("cuda"), torch.float16, 768, 3072, 256 * 197) == ("epilogue", "cublas")

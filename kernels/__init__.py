@@ -2,6 +2,5 @@
 
 Installed as `vitfast.kernels`: one module per op (kernel, launcher, torch op, reference), used by
 `vitfast.optimize` through `vitfast.fused`; nothing here is imported by the reference model.
-`linear_epilogue_tma.py` is the GEMM's Hopper form (persistent, TMA), picked by its launcher on sm_90.
 `mlp_dispatch.json` is the measured per-shape choice between the MLP paths (see vitfast/fused.py).
 """

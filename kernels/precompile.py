@@ -26,9 +26,9 @@ from unittest import mock
 
 from triton import Config
 
-from . import _common, add_layernorm, attention, bias_gelu, bias_swiglu, linear_epilogue, linear_epilogue_tma, linear_layernorm, rope
+from . import _common, add_layernorm, attention, bias_gelu, bias_swiglu, linear_epilogue, linear_layernorm, rope
 
-KERNEL_MODULES = (add_layernorm, attention, bias_gelu, bias_swiglu, linear_epilogue, linear_epilogue_tma, linear_layernorm, rope)
+KERNEL_MODULES = (add_layernorm, attention, bias_gelu, bias_swiglu, linear_epilogue, linear_layernorm, rope)
 
 
 @dataclass(frozen=True)

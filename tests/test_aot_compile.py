@@ -85,18 +85,18 @@ def test_every_autotune_config_that_fits_was_compiled_on_every_target(report, mo
     from vitfast.kernels import _common, aot
     from vitfast.kernels import attention as att
     from vitfast.kernels import linear_epilogue as le
-    from vitfast.kernels import linear_epilogue_tma as lt
     from vitfast.kernels import linear_layernorm as lln
 
     t = torch.empty(0, dtype=aot.DTYPES[dtype])
-    for module, launch, args in ((att, f"attention B2 N256 H8 D128 {dtype}", {"QKV": t, "BLOCK_D": 128}),
-                                 (le, f"linear fc1+gelu 1576x768->3072 {dtype}", {"X": t}),
-                                 (lt, f"linear tma fc1+gelu 1576x768->3072 {dtype}", {"X": t, "RESIDUAL": 0}),
-                                 (lln, f"linear_layernorm proj 1576x768->768 {dtype}", {"X": t})):  # fmt: skip
+    for module, (configs, estimate), launch, args, targets in (
+        (att, ("_configs", "shared_memory_bytes"), f"attention B2 N256 H8 D128 {dtype}", {"QKV": t, "BLOCK_D": 128}, TARGETS),
+        (le, ("_configs", "shared_memory_bytes"), f"linear fc1+gelu 1576x768->3072 {dtype}", {"X": t}, TARGETS),
+        (le, ("_tma_configs", "tma_shared_memory_bytes"), f"linear tma fc1+gelu 1576x768->3072 {dtype}", {"X": t, "RESIDUAL": 0}, ["sm_90a"]),
+        (lln, ("_configs", "shared_memory_bytes"), f"linear_layernorm proj 1576x768->768 {dtype}", {"X": t}, TARGETS),
+    ):
         monkeypatch.setattr(module, "INTERPRET", False)
-        configs = module._configs()
-        for target in TARGETS if module is not lt else ["sm_90a"]:
-            kept = _common.configs_within(configs, module.shared_memory_bytes, args, aot.TARGETS[target])
+        for target in targets:
+            kept = _common.configs_within(getattr(module, configs)(), getattr(module, estimate), args, aot.TARGETS[target])
             compiled = {r["config"] for r in report["rows"] if r["launch"] == launch and r["target"] == target and "shared" in r}
             assert kept and {_common.describe_config(c) for c in kept} == compiled, (launch, target)
 

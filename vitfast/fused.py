@@ -14,8 +14,7 @@ followed by a non-fused block) ends with the plain residual add. The GEMMs that 
   (`linear_gelu_tanh`): 7 launches, and the 4x-wide activation is written once.
 - "epilogue": Triton GEMMs with the elementwise work as their epilogue: proj and fc2 + bias +
   LayerScale + residual + LayerNorm (kernels/linear_layernorm.py), fc1 + bias + GELU
-  (kernels/linear_epilogue.py; on Hopper, in eager calls, its persistent TMA form,
-  kernels/linear_epilogue_tma.py). 5 launches per block (qkv, attention, proj, fc1, fc2).
+  (kernels/linear_epilogue.py; on Hopper, in eager calls, its persistent TMA form). 5 launches per block (qkv, attention, proj, fc1, fc2).
 
 `optimize(model, mlp="auto")` takes, for each shape, the path that `benchmarks/gpu_proof.py`
 measured faster on a GPU of the same compute capability (kernels/mlp_dispatch.json, see
@@ -133,7 +132,7 @@ def _measured(table: tuple[dict, ...], device: torch.device, match: dict, fields
     choices: dict[torch.dtype, list] = {}
     for e in table:
         if all(e[k] == v for k, v in match.items()):
-            choices.setdefault(getattr(torch, e["dtype"]), []).append(tuple(e[f] for f in fields))
+            choices.setdefault(getattr(torch, e["dtype"]), []).append(tuple(e.get(f) for f in fields))
     return {dtype: tuple(entries) for dtype, entries in choices.items()}
 
 
@@ -143,30 +142,33 @@ def _nearest_bucket(entries: list | tuple, index: int, n: int) -> tuple:
     return min(entries, key=lambda e: abs(math.log2(e[index]) - bucket))
 
 
-def measured_choices(device: torch.device, C: int, hidden: int) -> dict[torch.dtype, tuple[tuple[int, str, str], ...]]:
-    """This GPU's measured entries for one MLP shape: dtype -> ((m_bucket, fc1, fc2), ...)."""
-    return _measured(mlp_dispatch_table(), device, {"C": C, "hidden": hidden}, ("m_bucket", "fc1", "fc2"))
+def measured_choices(device: torch.device, C: int, hidden: int) -> dict[torch.dtype, tuple[tuple[int, str, str, str | None], ...]]:
+    """This GPU's measured entries for one MLP shape: dtype -> ((m_bucket, fc1, fc2, fc1_traced), ...)."""
+    return _measured(mlp_dispatch_table(), device, {"C": C, "hidden": hidden}, ("m_bucket", "fc1", "fc2", "fc1_traced"))
 
 
-def nearest_paths(choices: tuple[tuple[int, str, str], ...], rows: int) -> tuple[str, str]:
+def nearest_paths(choices: tuple[tuple[int, str, str, str | None], ...], rows: int, traced: bool = False) -> tuple[str, str]:
     """(fc1, fc2) of the entry whose M bucket is nearest (log scale) to `m_bucket(rows)`; "cublas"
-    for both when there is none."""
+    for both when there is none. `traced` (torch.compile, torch.export): fc1 as measured for the
+    kernel a trace launches (`fc1_traced`: on Hopper eager calls take the TMA GEMM, traces the
+    pointer one), where the entry has it."""
     if not choices:
         return DEFAULT_MLP_PATHS
-    _, fc1, fc2 = _nearest_bucket(choices, 0, rows)
-    return fc1, fc2
+    _, fc1, fc2, fc1_traced = _nearest_bucket(choices, 0, rows)
+    return (fc1_traced or fc1) if traced else fc1, fc2
 
 
-def choose_mlp_paths(mode: str, device: torch.device, dtype: torch.dtype, C: int, hidden: int, rows: int) -> tuple[str, str]:
+def choose_mlp_paths(mode: str, device: torch.device, dtype: torch.dtype, C: int, hidden: int, rows: int, traced: bool = False) -> tuple[str, str]:
     """(fc1 path, fc2 path), each "cublas" or "epilogue" (proj follows fc2).
 
     mode "cublas" / "epilogue" forces both. "auto" looks up the measured table: the entry for this
     GPU's compute capability, dtype, C and hidden whose M bucket is nearest (log scale) to
     `m_bucket(rows)`; with no such entry (CPU, an unmeasured GPU or shape) both are "cublas".
+    `traced`: the choice for a torch.compile / torch.export trace (see `nearest_paths`).
     """
     if mode != "auto":
         return mode, mode
-    return nearest_paths(measured_choices(device, C, hidden).get(dtype, ()), rows)
+    return nearest_paths(measured_choices(device, C, hidden).get(dtype, ()), rows, traced)
 
 
 # ---------------------------------------------------------------------------- attention dispatch
@@ -269,7 +271,7 @@ class FusedBlock(nn.Module):
     def mlp_paths(self, dtype: torch.dtype, rows: int) -> tuple[str, str]:
         if self.mlp_path != "auto":
             return self.mlp_path, self.mlp_path
-        return nearest_paths(self.measured.get(dtype, ()), rows)
+        return nearest_paths(self.measured.get(dtype, ()), rows, torch.compiler.is_compiling())
 
     def forward(self, x, return_attention: bool = False, rope: Rope | None = None):
         """x [B, N, C] or (x, norm1(x)) -> x, or (x, next_norm(x)) when `next_norm` is set. `rope`: the rotary
