@@ -21,8 +21,10 @@ Triton kernel against what it replaces, timed side by side.
 5. The GEMMs with epilogues vs cuBLAS + the separate kernels, ViT-S/B/L widths, M = batch x 197:
    fc1 + bias + GELU (cuBLAS GEMM with bias + PyTorch's GELU, FusedBlock's cuBLAS path, vs one Triton GEMM); fc2 and
    proj + bias + LayerScale + residual + LayerNorm (cuBLAS GEMM + add+LayerNorm kernel vs one
-   Triton GEMM). TFLOP/s, which is faster, parity of both vs fp32 with the 2x rule.
-   `write_dispatch` turns the fc1/fc2 winners into kernels/mlp_dispatch.json entries.
+   Triton GEMM). TFLOP/s, which is faster, parity of both vs fp32 with the 2x rule. On Hopper the
+   Triton GEMM is the TMA kernel optimize() launches there, and `pointer_*` columns time the pointer
+   kernel (what a torch.compile trace launches) beside it. `write_dispatch` turns the fc1/fc2 winners
+   into kernels/mlp_dispatch.json entries. gpu_proof.py runs this section before 3's RoPE rows and 4.
 
 Timing: device time on a GPU (CUDA events around each call, queued behind a spin kernel so launch
 overhead stays out: `median_ms`), `perf_counter_ns` on the CPU; median, inputs rotated among buffers. Each autotuned kernel's row also records the config it picked and, when that row did the
@@ -204,6 +206,10 @@ def warm_mlp(s: Shapes) -> dict:
 
         return (lambda: le.linear_bias_gelu(e(M, C), e(hidden, C), e(hidden), "none"),
                 lambda: le.linear_epilogue_launch(e(M, C), e(hidden, C), e(hidden), e(M, hidden), gelu="none", kernel="pointer"),
+                lambda: ll.linear_residual_layernorm_launch(e(M, hidden), e(C, hidden), e(C), e(M, C), e(C), e(C), e(C), 1e-6, e(M, C), e(M, C),
+                                                            kernel="pointer"),
+                lambda: ll.linear_residual_layernorm_launch(e(M, C), e(C, C), e(C), e(M, C), e(C), e(C), e(C), 1e-6, e(M, C), e(M, C),
+                                                            kernel="pointer"),
                 lambda: ll.linear_residual_layernorm(e(M, hidden), e(C, hidden), e(C), e(M, C), e(C), e(C), e(C), 1e-6),
                 lambda: ll.linear_residual_layernorm(e(M, C), e(C, C), e(C), e(M, C), e(C), e(C), e(C), 1e-6),
                 lambda: aln.add_layernorm(e(M, C), e(M, C), e(C), e(C), 1e-6, e(C)))  # fmt: skip
@@ -403,7 +409,7 @@ def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
                     rows += [dict(op=op, **common) | NOT_REACHED for op in ("fc1", "fc2", "proj")]
                     continue
                 hs = [(rand(M, C),) for _ in range(3)]
-                tma = le.takes_tma("auto", hs[0][0], w1, None, hs[0][0].new_empty(M, hidden))  # what optimize() launches here
+                tma = le.takes_tma("auto", "fc1", hs[0][0], w1, None, hs[0][0].new_empty(M, hidden))  # what optimize() launches here
                 rows.append(gemm_row(
                     "fc1+bias+gelu", common, 2 * M * C * hidden, s, hs, le._linear_epilogue_tma_kernel if tma else le._linear_epilogue_kernel,
                     cublas=lambda h: F.gelu(F.linear(h, w1, b1)),  # what FusedBlock's cuBLAS path runs for GELU
@@ -417,12 +423,21 @@ def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
                 ))  # fmt: skip
                 for op, K, w, b in (("fc2", hidden, w2, b2), ("proj", C, wp, bp)):
                     ins = [(rand(M, K), rand(M, C)) for _ in range(3)]
+                    tma = le.takes_tma("auto", op, ins[0][0], w)
+
+                    def pointer(y, x, w=w, b=b):  # the kernel a trace launches, where eager takes the TMA one
+                        r, out = torch.empty_like(x), torch.empty_like(x)
+                        ll.linear_residual_layernorm_launch(y, w, b, x, gamma, lnw, lnb, 1e-6, r, out, kernel="pointer")
+                        return r, out
+
                     rows.append(gemm_row(
-                        f"{op}+bias+layerscale+residual+layernorm", common, 2 * M * K * C, s, ins, ll._linear_residual_layernorm_kernel,
+                        f"{op}+bias+layerscale+residual+layernorm", common, 2 * M * K * C, s, ins,
+                        ll._linear_residual_layernorm_tma_kernel if tma else ll._linear_residual_layernorm_kernel,
                         cublas=lambda y, x, w=w, b=b: aln.add_layernorm(x, F.linear(y, w, b), lnw, lnb, 1e-6, gamma),
                         epilogue=lambda y, x, w=w, b=b: ll.linear_residual_layernorm(y, w, b, x, gamma, lnw, lnb, 1e-6),
                         reference=lambda y, x, w, b, *rest: ll.linear_residual_layernorm_reference(y, w, b, x, *rest, 1e-6),
-                        ref_args=(w, b, gamma, lnw, lnb),
+                        ref_args=(w, b, gamma, lnw, lnb), variants={"pointer": pointer} if tma else {},
+                        more={"epilogue_kernel": "tma" if tma else "pointer"},
                     ))  # fmt: skip
                     del ins
                 del hs
@@ -561,8 +576,8 @@ def merge_entries(path: Path, table: dict, new: list[dict], key) -> None:
 def write_dispatch(rows: list[dict], env: dict, path: Path = DISPATCH_TABLE) -> list[dict]:
     """Merge this run's fc1/fc2 winners into the dispatch table at `path` (atomically); returns the
     new entries. A shape gets "epilogue" only where it was >= min_speedup faster and passed the
-    2x rule; entries of other GPUs and shapes are kept. `fc1_traced`: fc1's choice under torch.compile /
-    torch.export, judged by the pointer kernel's own timing where eager timed the TMA kernel."""
+    2x rule; entries of other GPUs and shapes are kept. `fc1_traced` / `fc2_traced`: the choices under
+    torch.compile / torch.export, judged by the pointer kernels' own timings where eager timed the TMA ones."""
     table = json.loads(path.read_text())
     min_speedup = table["min_speedup"]
 
@@ -583,7 +598,8 @@ def write_dispatch(rows: list[dict], env: dict, path: Path = DISPATCH_TABLE) -> 
             continue
         fc1, fc2 = ops["fc1"], ops["fc2"]
         new.append(dict(compute_capability=env["compute_capability"], gpu=env["gpu"], dtype=dtype, C=C, hidden=hidden,
-                        m_bucket=bucket, fc1=choice(fc1), fc2=choice(fc2), fc1_traced=traced_choice(fc1), fc1_speedup=round(fc1["speedup"], 3),
+                        m_bucket=bucket, fc1=choice(fc1), fc2=choice(fc2), fc1_traced=traced_choice(fc1), fc2_traced=traced_choice(fc2),
+                        fc1_speedup=round(fc1["speedup"], 3),
                         fc2_speedup=round(fc2["speedup"], 3), git_sha=env["git_sha"], command=env["command"]))  # fmt: skip
     merge_entries(path, table, new, lambda e: (e["compute_capability"], e["dtype"], e["C"], e["m_bucket"], e["hidden"]))
     fused.mlp_dispatch_table.cache_clear()  # optimize(mlp="auto") in this process sees the new table

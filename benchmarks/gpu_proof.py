@@ -8,11 +8,11 @@
   bf16 at batch 64 and 1 (both MLP paths; every model at fp16 batch 64 first), and on ViT-B/16
   approximate_gelu, attention=sdpa, torch.compile over an optimized model and CUDA graphs.
 - kernels: copy bandwidth and matmul ceilings; fused attention vs SDPA flash / efficient / cuDNN;
-  add+LayerNorm, bias+GELU / SwiGLU and the 2-D RoPE in both layouts (rotate-half: DINOv3 S/B/L at
-  256 px; interleaved: EVA-02 B/L at 448 px; checked against float64 first) vs PyTorch and vs the
-  copy bandwidth; a per-kernel profile of one ViT-B/16 forward (eager vs optimize()); the GEMMs
-  with epilogues vs cuBLAS + separate kernels (benchmarks/gpu_kernels.py), and from these the MLP
-  and attention dispatch tables, written as DIR/mlp_dispatch.json and DIR/attention_dispatch.json
+  add+LayerNorm and bias+GELU / SwiGLU vs PyTorch and vs the copy bandwidth; the GEMMs with
+  epilogues vs cuBLAS + separate kernels (on Hopper the TMA kernels, the pointer ones beside them);
+  the 2-D RoPE in both layouts (rotate-half: DINOv3 S/B/L at 256 px; interleaved: EVA-02 B/L at
+  448 px; checked against float64 first); a per-kernel profile of one ViT-B/16 forward (eager vs
+  optimize(); benchmarks/gpu_kernels.py), and from these the MLP and attention dispatch tables, written as DIR/mlp_dispatch.json and DIR/attention_dispatch.json
   (the committed kernels/ tables merged with this GPU's entries: copy them there to commit them).
 - e2e: ViT-B/16, S/16, L/16 at 224 px, fp16 then bf16, batch 1/8/64/256: eager (SDPA),
   torch.compile default and max-autotune, optimize(), optimize() + CUDA graphs, optimize() +
@@ -307,14 +307,15 @@ def part_kernels(result: dict, args: argparse.Namespace, deadline: float) -> Non
     section(result, "attention", lambda: gk.attention_speed(s, left(0.6), result.setdefault("attention", [])))
     section(result, "add_layernorm", lambda: gk.layernorm_speed(s, copy_GBps, left(0.7), result.setdefault("add_layernorm", [])))
     section(result, "activations", lambda: gk.activation_speed(s, copy_GBps, left(0.7), result.setdefault("activations", [])))
-    warm.append({"section": "rope"} | gk.warm_rope(s))
-    section(result, "rope", lambda: gk.rope_speed(s, copy_GBps, left(0.7), result.setdefault("rope", [])))
-    name, overrides, batch = s.profile
-    warm.append({"section": "profile"} | gk.warm_model(vitfast.get_config(name, **overrides), s.dtypes[0], s.device, (batch,)))
-    section(result, "profile", lambda: gk.forward_profile(s, left(0.6)))
+    # the GEMM rows before RoPE and the profile: the MLP dispatch table is written from them
     warm.append({"section": "mlp"} | gk.warm_mlp(s))
     rows = result["mlp"] = []
-    section(result, "mlp", lambda: gk.mlp_gemms(s, deadline, rows))
+    section(result, "mlp", lambda: gk.mlp_gemms(s, left(0.3), rows))
+    warm.append({"section": "rope"} | gk.warm_rope(s))
+    section(result, "rope", lambda: gk.rope_speed(s, copy_GBps, left(0.5), result.setdefault("rope", [])))
+    name, overrides, batch = s.profile
+    warm.append({"section": "profile"} | gk.warm_model(vitfast.get_config(name, **overrides), s.dtypes[0], s.device, (batch,)))
+    section(result, "profile", lambda: gk.forward_profile(s, deadline))
     env = result["environment"]
     gpu = env["gpu"]
     table = args.out / "mlp_dispatch.json"

@@ -157,7 +157,7 @@ def test_write_dispatch_merges_measured_winners(tmp_path, monkeypatch):
     assert [e["fc1_traced"] for e in entries if e["compute_capability"] == "9.0"] == ["cublas", "epilogue"]  # no TMA rows: as fc1
     rows[0] |= dict(epilogue_kernel="tma", pointer_speedup=0.9, pointer_passes_2x_rule=True)
     entries = [e for e in gpu_kernels.write_dispatch(rows, env, table) if e["m_bucket"] == 65536]
-    assert (entries[0]["fc1"], entries[0]["fc1_traced"]) == ("epilogue", "cublas")
+    assert (entries[0]["fc1"], entries[0]["fc1_traced"], entries[0]["fc2_traced"]) == ("epilogue", "cublas", "cublas")
     monkeypatch.setattr(fused, "mlp_dispatch_table", functools.cache(lambda: tuple(entries)))
     assert fused.choose_mlp_paths("auto", torch.device("cuda"), torch.float16, 768, 3072, 256 * 197, traced=True) == ("cublas", "cublas")
     assert fused.choose_mlp_paths("auto", torch.device("cuda"), torch.float16, 768, 3072, 256 * 197) == ("epilogue", "cublas")

@@ -51,7 +51,8 @@ from vitfast.kernels import _common, add_layernorm, attention, bias_gelu, bias_s
 from vitfast.kernels.precompile import Recorded, recording
 
 # Kernels with a tl.dot, checked for the tensor-core instruction they compile to
-DOT_KERNELS = ("_attention_fwd_kernel", "_linear_epilogue_kernel", "_linear_epilogue_tma_kernel", "_linear_residual_layernorm_kernel")
+DOT_KERNELS = ("_attention_fwd_kernel", "_linear_epilogue_kernel", "_linear_epilogue_tma_kernel", "_linear_residual_layernorm_kernel",
+               "_linear_residual_layernorm_tma_kernel")
 RESULT_VERSION = "v3"  # bump when compile_one's cached fields change (v2: "mma", v3: "f64_ops")
 # target -> (compute capability, bytes of shared memory per block: the opt-in maximum)
 TARGETS = {"sm_80": (80, 166912), "sm_89": (89, 101376), "sm_90a": (90, 232448)}
@@ -138,12 +139,12 @@ def _linear(rows, K, N, epilogue, bias=True, kernel="pointer"):
     return call
 
 
-def _linear_layernorm(rows, K, N, gamma, bias=True, rms=False):
+def _linear_layernorm(rows, K, N, gamma, bias=True, rms=False, kernel="pointer"):
     def call(dtype):
         x, w, res, r_out, out = (torch.empty(s, dtype=dtype) for s in ((rows, K), (N, K), (rows, N), (rows, N), (rows, N)))
         vec = torch.empty(N, dtype=dtype)
         linear_layernorm.linear_residual_layernorm_launch(x, w, vec if bias else None, res, vec if gamma else None, vec,
-                                                          None if rms else vec, 1e-6, r_out, out, rms=rms)  # fmt: skip
+                                                          None if rms else vec, 1e-6, r_out, out, rms=rms, kernel=kernel)  # fmt: skip
 
     return call
 
@@ -191,6 +192,12 @@ def _launches() -> list[Launch]:
                        _linear(197, 3072, 768, "residual_gamma", kernel="tma"), min_capability=90),
                 Launch(f"linear tma fc1+gelu_tanh nobias 50x192->776 {dt}", dt,
                        _linear(50, 192, 776, "tanh", bias=False, kernel="tma"), min_capability=90),
+                Launch(f"linear_layernorm tma proj 1576x768->768 {dt}", dt, _linear_layernorm(1576, 768, 768, False, kernel="tma"),
+                       all_configs=every, min_capability=90),
+                Launch(f"linear_layernorm tma fc2*gamma 197x3072->768 {dt}", dt, _linear_layernorm(197, 3072, 768, True, kernel="tma"),
+                       min_capability=90),
+                Launch(f"linear_layernorm tma rms nobias 13x104->40 {dt}", dt,
+                       _linear_layernorm(13, 104, 40, False, bias=False, rms=True, kernel="tma"), min_capability=90),
             ]
         out += [
             Launch(f"linear_layernorm proj 1576x768->768 {dt}", dt, _linear_layernorm(1576, 768, 768, False), all_configs=every),

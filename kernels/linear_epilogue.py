@@ -283,8 +283,6 @@ def linear_epilogue_launch(
     """
     if gelu not in ACTIVATIONS:
         raise ValueError(f"gelu must be None or one of {', '.join(GELU_FORMS)}, got {gelu!r}")
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
     if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"x [..., K] and weight [N, K] must agree on K, got {tuple(x.shape)} and {tuple(weight.shape)}")
     N, K = weight.shape
@@ -316,7 +314,7 @@ def linear_epilogue_launch(
     mode = 0 if residual is None else 1 if gamma is None else 2
     res2 = residual.reshape(M, N) if residual is not None else out2  # placeholders when unused
     check_column_offsets("linear epilogue", weight, x2, res2, out2)
-    if takes_tma(kernel, x2, weight, res2 if residual is not None else None, out2):
+    if takes_tma(kernel, "linear epilogue", x2, weight, res2 if residual is not None else None, out2):
         programs = _sm_count(x.device) if x.is_cuda else INTERPRETED_PROGRAMS
         _tma_launch(x2, weight, bias, res2, gamma, out2, ACTIVATIONS[gelu], mode, programs)
         return out
@@ -350,22 +348,26 @@ def tma_ready(*tensors: torch.Tensor) -> bool:
     )
 
 
-def takes_tma(kernel: str, x2, weight, res2, out2) -> bool:
-    """Whether this launch runs the TMA kernel: forced ("tma", refused where it cannot run), or "auto" on
-    compute capability >= 9.0, in an eager call (a trace keeps the pointer kernel: the TMA kernel's
-    launch allocates its descriptors' scratch), with TMA-ready operands."""
-    operands = [t for t in (x2, weight, res2, out2) if t is not None]
+def takes_tma(kernel: str, what: str, *operands: torch.Tensor | None) -> bool:
+    """Whether a launch of the GEMM `what` runs its TMA kernel, given the 2-D tensors that kernel moves by
+    TMA (None: absent): forced ("tma", refused where it cannot run), or "auto" on compute capability >= 9.0,
+    in an eager call (a trace keeps the pointer kernel: the TMA kernel's launch allocates its descriptors'
+    scratch), with TMA-ready operands."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+    tensors = [t for t in operands if t is not None]
+    x2 = tensors[0]
     if kernel == "pointer":
         return False
     if kernel == "tma":
         if x2.is_cuda and shared_memory_budget(x2.device)[0] < 90:
-            raise InputError("linear epilogue: kernel='tma' needs a GPU of compute capability 9.0 (Hopper) or newer")
-        if not tma_ready(*operands):
-            raise InputError("linear epilogue: kernel='tma' needs fp16/bf16 operands with contiguous rows whose start "
+            raise InputError(f"{what}: kernel='tma' needs a GPU of compute capability 9.0 (Hopper) or newer")
+        if not tma_ready(*tensors):
+            raise InputError(f"{what}: kernel='tma' needs fp16/bf16 operands with contiguous rows whose start "
                              "and row stride are 16-byte aligned (widths divisible by 8); use kernel='auto'")
         return True
     traced = hop_dispatch_enabled() or is_fake(x2)  # (fake tensors have no data pointer to check)
-    return x2.is_cuda and shared_memory_budget(x2.device)[0] >= 90 and not traced and tma_ready(*operands)
+    return x2.is_cuda and shared_memory_budget(x2.device)[0] >= 90 and not traced and tma_ready(*tensors)
 
 
 @functools.cache
@@ -378,7 +380,7 @@ def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def _ensure_allocator() -> None:
+def ensure_tma_allocator() -> None:
     """Give Triton an allocator for the device-side descriptors unless the caller has set one (it is
     per context, so a server's worker thread gets its own here)."""
     from triton.runtime import _allocation  # private, so guarded: where it moved, always set ours
@@ -397,7 +399,7 @@ def _tma_launch(x2, weight, bias, res2, gamma, out2, activation: int, residual_m
     M, K = x2.shape
     N = weight.shape[0]
     if x2.is_cuda:
-        _ensure_allocator()
+        ensure_tma_allocator()
 
     def grid(meta):
         return (min(programs, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)

@@ -54,11 +54,12 @@ def test_every_kernel_dtype_and_target_was_compiled(report):
     seen = {(r["kernel"], r["launch"].split()[-1], r["target"]) for r in report["rows"] if "shared" in r}
     kernels = {r["kernel"] for r in report["rows"]}
     assert kernels == {"_attention_fwd_kernel", "_add_layernorm_kernel", "_bias_gelu_kernel", "_bias_swiglu_kernel",
-                       "_linear_epilogue_kernel", "_linear_epilogue_tma_kernel", "_linear_residual_layernorm_kernel", "_rope_qkv_kernel"}
+                       "_linear_epilogue_kernel", "_linear_epilogue_tma_kernel", "_linear_residual_layernorm_kernel",
+                       "_linear_residual_layernorm_tma_kernel", "_rope_qkv_kernel"}
 
     def coverage(kernel: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """(dtypes, targets) a kernel is compiled for: the TMA GEMM fp16 / bf16 on sm_90a only."""
-        if kernel == "_linear_epilogue_tma_kernel":
+        """(dtypes, targets) a kernel is compiled for: the TMA GEMMs fp16 / bf16 on sm_90a only."""
+        if kernel.endswith("_tma_kernel"):
             return ("fp16", "bf16"), ("sm_90a",)
         return ("fp16", "bf16", "fp32"), TARGETS
 
@@ -93,6 +94,7 @@ def test_every_autotune_config_that_fits_was_compiled_on_every_target(report, mo
         (le, ("_configs", "shared_memory_bytes"), f"linear fc1+gelu 1576x768->3072 {dtype}", {"X": t}, TARGETS),
         (le, ("_tma_configs", "tma_shared_memory_bytes"), f"linear tma fc1+gelu 1576x768->3072 {dtype}", {"X": t, "RESIDUAL": 0}, ["sm_90a"]),
         (lln, ("_configs", "shared_memory_bytes"), f"linear_layernorm proj 1576x768->768 {dtype}", {"X": t}, TARGETS),
+        (lln, ("_tma_configs", "tma_shared_memory_bytes"), f"linear_layernorm tma proj 1576x768->768 {dtype}", {"X": t}, ["sm_90a"]),
     ):
         monkeypatch.setattr(module, "INTERPRET", False)
         for target in targets:
@@ -166,7 +168,8 @@ def test_float_arguments_typed_fp64_as_inductor_passes_them(report):
     running max turned fp64 inside the loop). Each such kernel compiles that way too, without
     fp64 arithmetic."""
     typed = {r["kernel"]: r for r in report["rows"] if r["scalars"] == "fp64"}
-    assert set(typed) == {"_attention_fwd_kernel", "_add_layernorm_kernel", "_linear_residual_layernorm_kernel"}
+    assert set(typed) == {"_attention_fwd_kernel", "_add_layernorm_kernel", "_linear_residual_layernorm_kernel",
+                          "_linear_residual_layernorm_tma_kernel"}  # (traces launch the pointer kernel; checked all the same)
     for kernel, row in typed.items():
         assert "error" not in row, f"{kernel}: {row.get('error')}"
         assert row["f64_ops"] == 0, f"{kernel}: {row['f64_ops']} fp64 instructions"

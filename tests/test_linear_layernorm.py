@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'vitfast[triton]')")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from test_kernels import check_2x, dtype, poisoned  # noqa: E402,F401  (dtype is a fixture)
+from test_kernels import check_2x, dtype, poisoned, tma_dtype  # noqa: E402,F401  (dtype, tma_dtype are fixtures)
 
 from vitfast.kernels import add_layernorm as aln  # noqa: E402
 from vitfast.kernels import linear_layernorm as ll  # noqa: E402
@@ -35,12 +35,12 @@ def branch_reference(t: dict, eps: float, rms: bool, double: bool = False):
     return ll.linear_residual_layernorm_reference(*t.values(), eps)
 
 
-def run_branch(t: dict, rms: bool) -> None:
+def run_branch(t: dict, rms: bool, kernel: str = "auto") -> None:
     """The launcher on branch_inputs `t` against the float64 reference, 2x rule, poisoned outputs."""
     x = t["x"]
     shape = (*x.shape[:-1], t["weight"].shape[0])
     r_out, out = poisoned(shape, x.dtype, x.device), poisoned(shape, x.dtype, x.device)
-    ll.linear_residual_layernorm_launch(**t, eps=1e-6, residual_out=r_out, out=out, rms=rms)
+    ll.linear_residual_layernorm_launch(**t, eps=1e-6, residual_out=r_out, out=out, rms=rms, kernel=kernel)
     exact, plain = branch_reference(t, 1e-6, rms, double=True), branch_reference(t, 1e-6, rms)
     check_2x(r_out, plain[0], exact[0], x.dtype)
     check_2x(out, plain[1], exact[1], x.dtype)
@@ -53,6 +53,24 @@ def run_branch(t: dict, rms: bool) -> None:
 def test_linear_residual_layernorm_odd_shapes(device, dtype, gamma, bias, norm, lead, K, N):
     rms = norm == "rmsnorm"
     run_branch(branch_inputs(lead, K, N, dtype, device, gamma, bias, rms), rms)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("gamma", [True, False], ids=["layerscale", "no-layerscale"])
+@pytest.mark.parametrize("lead, K, N", [((2, 197), 192, 200), ((1, 50), 776, 64), ((3,), 8, 24)])  # TMA-ready widths (multiples of 8)
+def test_linear_residual_layernorm_tma_kernel(device, tma_dtype, gamma, bias, norm, lead, K, N):
+    """The Hopper form (forced): x and W by TMA, K past one step and shorter than one, N across column chunks."""
+    rms = norm == "rmsnorm"
+    run_branch(branch_inputs(lead, K, N, tma_dtype, device, gamma, bias, rms), rms, kernel="tma")
+
+
+def test_linear_residual_layernorm_tma_kernel_refuses_unaligned_rows(device):
+    from vitfast.errors import InputError
+
+    t = branch_inputs((4,), 100, 8, torch.float16, device)  # x rows of 200 bytes: not 16-byte aligned
+    with pytest.raises(InputError, match=r"linear \+ LayerNorm: kernel='tma' needs fp16/bf16 operands"):
+        run_branch(t, rms=False, kernel="tma")
 
 
 @settings(max_examples=12, deadline=None)

@@ -192,15 +192,15 @@ def test_auto_mlp_path_is_cublas_until_measured(device, monkeypatch):
 
 
 def test_traces_take_fc1_as_measured_for_the_kernel_they_launch(monkeypatch):
-    """On Hopper an eager fc1 epilogue runs the TMA GEMM, a torch.compile trace the pointer one: inside a trace
-    a block takes the entry's `fc1_traced`, or its fc1 where the entry predates it."""
+    """On Hopper an eager epilogue path runs the TMA GEMMs, a torch.compile trace the pointer ones: inside a trace
+    a block takes the entry's `fc1_traced` / `fc2_traced`, or its fc1 / fc2 where the entry predates them."""
     model = vitfast.optimize(vitfast.create_model(tiny_config()))
     block = model.blocks[0]
-    block.measured = {torch.float16: ((65536, "epilogue", "cublas", "cublas"),)}
-    assert block.mlp_paths(torch.float16, 64 * 197) == ("epilogue", "cublas")
+    block.measured = {torch.float16: ((65536, "epilogue", "epilogue", "cublas", "epilogue"),)}
+    assert block.mlp_paths(torch.float16, 64 * 197) == ("epilogue", "epilogue")
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert block.mlp_paths(torch.float16, 64 * 197) == ("cublas", "cublas")
-    block.measured = {torch.float16: ((65536, "epilogue", "cublas", None),)}  # an entry without fc1_traced
+    assert block.mlp_paths(torch.float16, 64 * 197) == ("cublas", "epilogue")
+    block.measured = {torch.float16: ((65536, "epilogue", "cublas", None, None),)}  # an entry from before the TMA kernels
     assert block.mlp_paths(torch.float16, 64 * 197) == ("epilogue", "cublas")
 
 
@@ -425,7 +425,7 @@ def test_committed_mlp_dispatch_table_is_well_formed():
     for entry in fused.mlp_dispatch_table():
         assert {"compute_capability", "dtype", "C", "hidden", "m_bucket", "fc1", "fc2"} <= entry.keys()
         assert entry["fc1"] in ("cublas", "epilogue") and entry["fc2"] in ("cublas", "epilogue")
-        assert entry.get("fc1_traced") in (None, "cublas", "epilogue")
+        assert entry.get("fc1_traced") in (None, "cublas", "epilogue") and entry.get("fc2_traced") in (None, "cublas", "epilogue")
         assert entry["m_bucket"] == fused.m_bucket(entry["m_bucket"])
 
 

@@ -142,20 +142,23 @@ def _nearest_bucket(entries: list | tuple, index: int, n: int) -> tuple:
     return min(entries, key=lambda e: abs(math.log2(e[index]) - bucket))
 
 
-def measured_choices(device: torch.device, C: int, hidden: int) -> dict[torch.dtype, tuple[tuple[int, str, str, str | None], ...]]:
-    """This GPU's measured entries for one MLP shape: dtype -> ((m_bucket, fc1, fc2, fc1_traced), ...)."""
-    return _measured(mlp_dispatch_table(), device, {"C": C, "hidden": hidden}, ("m_bucket", "fc1", "fc2", "fc1_traced"))
+MlpChoice = tuple[int, str, str, "str | None", "str | None"]  # (m_bucket, fc1, fc2, fc1_traced, fc2_traced)
 
 
-def nearest_paths(choices: tuple[tuple[int, str, str, str | None], ...], rows: int, traced: bool = False) -> tuple[str, str]:
+def measured_choices(device: torch.device, C: int, hidden: int) -> dict[torch.dtype, tuple[MlpChoice, ...]]:
+    """This GPU's measured entries for one MLP shape: dtype -> ((m_bucket, fc1, fc2, fc1_traced, fc2_traced), ...)."""
+    return _measured(mlp_dispatch_table(), device, {"C": C, "hidden": hidden}, ("m_bucket", "fc1", "fc2", "fc1_traced", "fc2_traced"))
+
+
+def nearest_paths(choices: tuple[MlpChoice, ...], rows: int, traced: bool = False) -> tuple[str, str]:
     """(fc1, fc2) of the entry whose M bucket is nearest (log scale) to `m_bucket(rows)`; "cublas"
-    for both when there is none. `traced` (torch.compile, torch.export): fc1 as measured for the
-    kernel a trace launches (`fc1_traced`: on Hopper eager calls take the TMA GEMM, traces the
-    pointer one), where the entry has it."""
+    for both when there is none. `traced` (torch.compile, torch.export): the paths as measured for the
+    kernels a trace launches (`fc1_traced`, `fc2_traced`: on Hopper eager calls take the TMA GEMMs,
+    traces the pointer ones), where the entry has them."""
     if not choices:
         return DEFAULT_MLP_PATHS
-    _, fc1, fc2, fc1_traced = _nearest_bucket(choices, 0, rows)
-    return (fc1_traced or fc1) if traced else fc1, fc2
+    _, fc1, fc2, fc1_traced, fc2_traced = _nearest_bucket(choices, 0, rows)
+    return ((fc1_traced or fc1), (fc2_traced or fc2)) if traced else (fc1, fc2)
 
 
 def choose_mlp_paths(mode: str, device: torch.device, dtype: torch.dtype, C: int, hidden: int, rows: int, traced: bool = False) -> tuple[str, str]:
