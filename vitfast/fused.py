@@ -14,7 +14,9 @@ followed by a non-fused block) ends with the plain residual add. The GEMMs that 
   (`linear_gelu_tanh`): 7 launches, and the 4x-wide activation is written once.
 - "epilogue": Triton GEMMs with the elementwise work as their epilogue: proj and fc2 + bias +
   LayerScale + residual + LayerNorm (kernels/linear_layernorm.py), fc1 + bias + GELU
-  (kernels/linear_epilogue.py; on Hopper, in eager calls, its persistent TMA form). 5 launches per block (qkv, attention, proj, fc1, fc2).
+  (kernels/linear_epilogue.py); on Hopper, in eager calls, their TMA forms. 5 launches per block
+  (qkv, attention, proj, fc1, fc2). A torch.compile / torch.export trace launches the pointer forms,
+  so inside a trace the table's `fc1_traced` / `fc2_traced` choices apply (`nearest_paths`).
 
 `optimize(model, mlp="auto")` takes, for each shape, the path that `benchmarks/gpu_proof.py`
 measured faster on a GPU of the same compute capability (kernels/mlp_dispatch.json, see
