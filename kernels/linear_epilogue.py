@@ -353,10 +353,14 @@ def takes_tma(kernel: str, what: str, *operands: torch.Tensor | None) -> bool:
     TMA (None: absent): forced ("tma", refused where it cannot run), or "auto" on compute capability >= 9.0,
     in an eager call (a trace keeps the pointer kernel: the TMA kernel's launch allocates its descriptors'
     scratch), with TMA-ready operands."""
+    x2 = operands[0]
+    if kernel == "auto":  # the common case first, cheapest checks first: this runs on every launch
+        if not x2.is_cuda or shared_memory_budget(x2.device)[0] < 90 or hop_dispatch_enabled() or is_fake(x2):
+            return False  # (a trace: wrap_triton on, or fake tensors, which have no data pointer to check)
+        return tma_ready(*(t for t in operands if t is not None))
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
     tensors = [t for t in operands if t is not None]
-    x2 = tensors[0]
     if kernel == "pointer":
         return False
     if kernel == "tma":
@@ -365,9 +369,7 @@ def takes_tma(kernel: str, what: str, *operands: torch.Tensor | None) -> bool:
         if not tma_ready(*tensors):
             raise InputError(f"{what}: kernel='tma' needs fp16/bf16 operands with contiguous rows whose start "
                              "and row stride are 16-byte aligned (widths divisible by 8); use kernel='auto'")
-        return True
-    traced = hop_dispatch_enabled() or is_fake(x2)  # (fake tensors have no data pointer to check)
-    return x2.is_cuda and shared_memory_budget(x2.device)[0] >= 90 and not traced and tma_ready(*tensors)
+    return True
 
 
 @functools.cache
