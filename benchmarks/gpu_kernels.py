@@ -409,7 +409,7 @@ def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
                     rows += [dict(op=op, **common) | NOT_REACHED for op in ("fc1", "fc2", "proj")]
                     continue
                 hs = [(rand(M, C),) for _ in range(3)]
-                tma = le.takes_tma("auto", "fc1", hs[0][0], w1, None, hs[0][0].new_empty(M, hidden))  # what optimize() launches here
+                tma = le.takes_tma("auto", "fc1", hs[0][0], w1)  # what optimize() launches here (its output: fresh, contiguous)
                 rows.append(gemm_row(
                     "fc1+bias+gelu", common, 2 * M * C * hidden, s, hs, le._linear_epilogue_tma_kernel if tma else le._linear_epilogue_kernel,
                     cublas=lambda h: F.gelu(F.linear(h, w1, b1)),  # what FusedBlock's cuBLAS path runs for GELU

@@ -12,8 +12,9 @@
   epilogues vs cuBLAS + separate kernels (on Hopper the TMA kernels, the pointer ones beside them);
   the 2-D RoPE in both layouts (rotate-half: DINOv3 S/B/L at 256 px; interleaved: EVA-02 B/L at
   448 px; checked against float64 first); a per-kernel profile of one ViT-B/16 forward (eager vs
-  optimize(); benchmarks/gpu_kernels.py), and from these the MLP and attention dispatch tables, written as DIR/mlp_dispatch.json and DIR/attention_dispatch.json
-  (the committed kernels/ tables merged with this GPU's entries: copy them there to commit them).
+  optimize(); benchmarks/gpu_kernels.py), and from these the MLP and attention dispatch tables,
+  written as DIR/mlp_dispatch.json and DIR/attention_dispatch.json (the committed kernels/ tables
+  merged with this GPU's entries: copy them there to commit them).
 - e2e: ViT-B/16, S/16, L/16 at 224 px, fp16 then bf16, batch 1/8/64/256: eager (SDPA),
   torch.compile default and max-autotune, optimize(), optimize() + CUDA graphs, optimize() +
   torch.compile, optimize(approximate_gelu=True), through the `vitfast bench` harness (img/s, p50/p99, peak memory, % of the

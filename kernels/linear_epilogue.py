@@ -382,9 +382,12 @@ def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def ensure_tma_allocator() -> None:
-    """Give Triton an allocator for the device-side descriptors unless the caller has set one (it is
-    per context, so a server's worker thread gets its own here)."""
+def ensure_tma_allocator(x: torch.Tensor) -> None:
+    """Before a TMA kernel's launch on x's device: give Triton an allocator for the device-side
+    descriptors unless the caller has set one (it is per context, so a server's worker thread gets its
+    own here). The interpreter needs none."""
+    if not x.is_cuda:
+        return
     from triton.runtime import _allocation  # private, so guarded: where it moved, always set ours
 
     try:
@@ -400,8 +403,7 @@ def _tma_launch(x2, weight, bias, res2, gamma, out2, activation: int, residual_m
     x2 [M, K], weight [N, K], res2 / out2 [M, N]; `programs`: the persistent grid's upper bound (the SM count)."""
     M, K = x2.shape
     N = weight.shape[0]
-    if x2.is_cuda:
-        ensure_tma_allocator()
+    ensure_tma_allocator(x2)
 
     def grid(meta):
         return (min(programs, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)

@@ -30,7 +30,8 @@ import triton
 import triton.language as tl
 
 from ._common import INTERPRET, autotune, check_device, next_pow2, require_fitting_config, rows_view, runs_reference, vitfast_op, wrap_triton
-from .linear_epilogue import check_column_offsets, ensure_tma_allocator, gemm_tile, linear_epilogue_reference, shared_memory_bytes, takes_tma
+from .linear_epilogue import (branch_tile, check_column_offsets, ensure_tma_allocator, gemm_tile, linear_epilogue_reference,
+                              shared_memory_bytes, takes_tma)  # fmt: skip
 
 
 def _configs() -> list[triton.Config]:
@@ -53,10 +54,7 @@ def residual_chunk(acc, Bias, Gamma, Res, ResOut, offs_m, mask_m, n0, N, stride_
     RMSNorm m2 is the sum of squares and mean stays 0). Statistics from r as stored (rounded)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    if HAS_BIAS:
-        acc += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    if HAS_GAMMA:
-        acc *= tl.load(Gamma + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    acc = branch_tile(acc, Bias, Gamma, offs_n, N, HAS_BIAS, 0, 1 + HAS_GAMMA)  # + bias, * gamma: linear_epilogue's RESIDUAL 1 / 2
     mask = mask_m[:, None] & mask_n[None, :]
     acc += tl.load(Res + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
     r = acc.to(ResOut.dtype.element_ty)
@@ -238,8 +236,7 @@ def linear_residual_layernorm_launch(
                ln_weight, ln_bias if ln_bias is not None else weight, ro2, out2)  # fmt: skip
     flags = dict(HAS_BIAS=bias is not None, HAS_GAMMA=gamma is not None, RMS=rms)
     if tma:
-        if x.is_cuda:
-            ensure_tma_allocator()
+        ensure_tma_allocator(x2)
         wrap_triton(_linear_residual_layernorm_tma_kernel)[grid](
             x2, weight, *vectors, M, N, K, next_pow2(M), eps, x2.stride(0), weight.stride(0), res2.stride(0), out2.stride(0), **flags
         )
