@@ -85,6 +85,7 @@ class Shapes:
     profile: tuple[str, dict, int]  # (model, overrides, batch) of the per-kernel forward profile
     rope: tuple[tuple[str, dict], ...]  # (DINOv3 or EVA-02 model, overrides) whose packed qkv the RoPE rows rotate
     rope_batches: tuple[int, ...]
+    tma: tuple[tuple[int, int, int], ...]  # (M, K, N) of the TMA GEMMs' check (`tma_check`)
     tokens: int = 197
     iters: int = 100
 
@@ -102,6 +103,9 @@ GPU = Shapes(
     # float64 check peaks near 30 GB (measured on CPU at batch 8, scaled)
     rope=tuple((f"vit_{size}_patch16_dinov3", {}) for size in ("small", "base", "large"))
     + tuple((f"eva02_{size}_patch14_448", {}) for size in ("base", "large")), rope_batches=(64, 256),
+    # ViT-B/16 batch 8's fc1 and fc2 (M = 1576: a partial last row of tiles, 156 tiles on 132 SMs, so programs
+    # take a second tile), and widths that end in partial tiles of every dimension
+    tma=((8 * 197, 768, 3072), (8 * 197, 3072, 768), (77, 392, 1000)),
 )  # fmt: skip
 DRY_RUN = Shapes(
     device="cpu", dtypes=(torch.float32,), copy_elems=1 << 16, matmul_n=128,
@@ -109,7 +113,8 @@ DRY_RUN = Shapes(
     activations=(("bias+gelu", 10, 96), ("bias+swiglu", 7, 48)), mlp={"tiny": (32, 128)}, mlp_batches=(1, 2),
     profile=("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 8, "depth": 2}, 2),
     rope=(("vit_small_patch16_dinov3", {"img_size": 48, "embed_dim": 48, "num_heads": 3}),
-          ("eva02_tiny_patch14_224", {"img_size": 42, "embed_dim": 48, "num_heads": 2})), rope_batches=(1, 2), tokens=5, iters=3,
+          ("eva02_tiny_patch14_224", {"img_size": 42, "embed_dim": 48, "num_heads": 2})), rope_batches=(1, 2),
+    tma=((10, 32, 128), (7, 40, 24)), tokens=5, iters=3,
 )  # fmt: skip
 
 
@@ -389,6 +394,54 @@ def rope_speed(s: Shapes, copy_GBps: float, deadline: float, rows: list) -> list
                                        vitfast_rel_err=vitfast_err, passes_2x_rule=vitfast_err <= 2 * torch_err + 1e-3))  # fmt: skip
         del sets, qkv
     return rows
+
+
+def tma_check(s: Shapes) -> dict:
+    """The TMA GEMMs forced (kernel="tma") at s.tma's (M, K, N), fp16, before anything times them: fc1's
+    bias + GELU, fc2's bias + LayerScale + residual, and proj / fc2 + residual + LayerNorm, each into
+    NaN-filled outputs (an element a tile leaves unwritten fails), checked against fp32 with the 2x rule
+    next to plain PyTorch in fp16. gpu_proof.py runs this in a process of its own (a fault on the device
+    poisons the process's CUDA context) and sets VITFAST_TMA=0 for everything after when a row fails.
+    Returns {"rows": one per check, "precompile": compiling ahead's counts}."""
+    dtype, rows = torch.float16, []
+
+    def rand(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, device=s.device)).to(dtype)
+
+    def nan(M, N):
+        return torch.full((M, N), float("nan"), device=s.device, dtype=dtype)
+
+    cases = []
+    for M, K, N in s.tma:
+        x, w, b, res = rand(M, K), rand(N, K, scale=K**-0.5), rand(N), rand(M, N)
+        gamma, lnw, lnb = rand(N, scale=0.1), 1 + rand(N, scale=0.1), rand(N, scale=0.1)
+
+        def layernorm(kernel, x=x, w=w, b=b, res=res, gamma=gamma, lnw=lnw, lnb=lnb, M=M, N=N):
+            outs = nan(M, N), nan(M, N)
+            ll.linear_residual_layernorm_launch(x, w, b, res, gamma, lnw, lnb, 1e-6, *outs, kernel=kernel)
+            return outs
+
+        cases += [
+            (dict(op="bias+gelu", M=M, K=K, N=N), lambda kernel, x=x, w=w, b=b, M=M, N=N: le.linear_epilogue_launch(
+                x, w, b, nan(M, N), gelu="none", kernel=kernel), lambda *a: le.linear_epilogue_reference(*a, "none"), (x, w, b)),
+            (dict(op="bias+layerscale+residual", M=M, K=K, N=N), lambda kernel, x=x, w=w, b=b, res=res, gamma=gamma, M=M, N=N:
+                le.linear_epilogue_launch(x, w, b, nan(M, N), residual=res, gamma=gamma, kernel=kernel),
+                lambda x, w, b, res, gamma: le.linear_epilogue_reference(x, w, b, residual=res, gamma=gamma), (x, w, b, res, gamma)),
+            (dict(op="bias+layerscale+residual+layernorm", M=M, K=K, N=N), layernorm,
+                lambda *a: ll.linear_residual_layernorm_reference(*a, 1e-6), (x, w, b, res, gamma, lnw, lnb)),
+        ]  # fmt: skip
+    compiled = precompile(*(lambda run=run: run("tma") for _, run, _, _ in cases)) if s.device == "cuda" else {}
+    for row, run, reference, args in cases:
+        row |= dict(dtype=dtype_name(dtype))
+        try:
+            exact = reference(*(t.float() for t in args))
+            torch_err, tma_err = rel_err(reference(*args), exact), rel_err(run("tma"), exact)
+            _sync(s.device)
+        except Exception as exc:  # an illegal address surfaces here, or at the next call
+            rows.append(row | {"status": "error", "reason": describe_exception(exc), "passes_2x_rule": False})
+            continue
+        rows.append(row | dict(status="ok", tma_rel_err=tma_err, torch_rel_err=torch_err, passes_2x_rule=tma_err <= 2 * torch_err + 1e-3))
+    return {"rows": rows, "precompile": compiled}
 
 
 def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:

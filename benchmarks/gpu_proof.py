@@ -20,6 +20,10 @@
   torch.compile, optimize(approximate_gelu=True), through the `vitfast bench` harness (img/s, p50/p99, peak memory, % of the
   measured matmul peak, GPU, driver, versions, git sha), most important first.
 
+On Hopper the call's first part also checks the TMA GEMMs (forced, vs fp32) in a process of its own
+before anything relies on them, and every part runs with VITFAST_TMA=0 (the pointer kernels) when that
+check fails (`TmaCheck`, DIR/tma-check.json).
+
 Each part writes DIR/proof-<part>.json, .md and (kernels, e2e) .png; at most 8 files per call.
 A part is time-boxed (`--budget`, default 540 s for one part, split by BUDGET_SHARE across
 `--part all`): rows it could not start in time are recorded as not reached, and a watchdog
@@ -55,6 +59,8 @@ INTERRUPT_GRACE_S = 20.0  # a pytest run past its box gets SIGINT, then this lon
 # 352 tests in its box and none of the other two files (xdist hands tests out in this order)
 TEST_FILES = ("tests/test_optimize.py", "tests/test_linear_layernorm.py", "tests/test_kernels.py")
 ATOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}  # DESIGN.md's 2x rule
+TMA_CHECK = "tma-check.json"  # the TMA GEMMs' verdict in DIR: the first part of a call writes it, every part obeys it
+TMA_CHECK_S = 150.0  # its process's limit: compiling ~40 kernel configs beside pytest's workers, then 9 checks
 
 
 class TimeBox(BaseException):
@@ -110,8 +116,9 @@ def run_part(part: str, args: argparse.Namespace, budget: float) -> bool:
     deadline = started + budget
     signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, budget + GRACE_S)
+    tma = TmaCheck(args)
     try:
-        {"tests": part_tests, "kernels": part_kernels, "e2e": part_e2e}[part](result, args, deadline)
+        {"tests": part_tests, "kernels": part_kernels, "e2e": part_e2e}[part](result, args, deadline, tma)
         result["time_box_hit"] = False
     except TimeBox:
         result["time_box_hit"] = True  # what was measured so far is in `result`
@@ -121,6 +128,7 @@ def run_part(part: str, args: argparse.Namespace, budget: float) -> bool:
         result["failed"] = True
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        tma.stop()
     result["elapsed_s"] = time.monotonic() - started
     write_outputs(part, result, args.out)
     print(f"{part}: {result['elapsed_s']:.0f} s, files in {args.out}", flush=True)
@@ -131,12 +139,74 @@ def _alarm(signum, frame):
     raise TimeBox()
 
 
+class TmaCheck:
+    """The TMA GEMMs' check (gpu_kernels.tma_check) before anything of a call relies on them: the
+    Hopper kernels optimize() picks there had never run on hardware when this was written, and a
+    kernel that faults poisons its process's CUDA context, one that computes wrong ruins every figure
+    after it. The check runs in a process of its own, started with the call's first part (beside
+    the tests part's pytest); `settle` waits for it, writes the verdict to DIR/tma-check.json and,
+    when a row failed or the process died or hung, sets VITFAST_TMA=0 (optimize() on the pointer
+    kernels) for this part and, through the file, every later part of the call. Below compute
+    capability 9.0 nothing runs: no TMA kernel is ever picked there."""
+
+    def __init__(self, args: argparse.Namespace):
+        import torch
+
+        self.path, self.proc = args.out / TMA_CHECK, None
+        if self.path.exists() or not args.dry_run and torch.cuda.get_device_capability()[0] < 9:
+            return
+        code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import gpu_kernels as gk; "
+                "print(json.dumps(gk.tma_check(gk.DRY_RUN if sys.argv[2] == 'dry' else gk.GPU), default=str))")  # fmt: skip
+        cmd = [sys.executable, "-c", code, str(ROOT / "benchmarks"), "dry" if args.dry_run else "gpu"]
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def settle(self, result: dict) -> None:
+        """Wait for the check (started by this part) or read an earlier part's verdict; obey it."""
+        if self.proc is not None:
+            try:
+                out, err = self.proc.communicate(timeout=max(TMA_CHECK_S - (time.monotonic() - self.started), 1.0))
+                verdict = tma_verdict(self.proc.returncode, out, err)
+            except subprocess.TimeoutExpired:
+                self.stop()
+                verdict = {"passed": False, "reason": f"no answer in {TMA_CHECK_S:.0f} s: a TMA kernel that hangs, or compiling that slow"}
+            verdict["seconds"] = time.monotonic() - self.started
+            self.proc = None
+            _atomic_write(self.path, json.dumps(verdict, indent=1))
+        if not self.path.exists():
+            result["tma_check"] = {"passed": None, "reason": "not run: below compute capability 9.0 no TMA kernel is picked"}
+            return
+        result["tma_check"] = verdict = json.loads(self.path.read_text())
+        if not verdict["passed"]:
+            os.environ["VITFAST_TMA"] = "0"  # read per launch by kernels.linear_epilogue.takes_tma, inherited by subprocesses
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+def tma_verdict(returncode: int, stdout: str, stderr: str) -> dict:
+    """The check process's output as a verdict: passed only when it printed its rows and every one passed."""
+    lines = stdout.strip().splitlines()
+    try:
+        found = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        return {"passed": False, "reason": f"the check's process exited with code {returncode} before its result (a fault on the device?)",
+                "stderr_tail": stderr[-1500:]}  # fmt: skip
+    rows = found["rows"]
+    failed = [f"{r['op']} M{r['M']} K{r['K']} N{r['N']}: {r.get('reason') or 'outside the 2x rule'}" for r in rows if not r["passes_2x_rule"]]
+    return {"passed": bool(rows) and not failed, "failed": failed, "rows": rows, "precompile": found["precompile"]}
+
+
 # ---------------------------------------------------------------------------- tests
-def part_tests(result: dict, args: argparse.Namespace, deadline: float) -> None:
+def part_tests(result: dict, args: argparse.Namespace, deadline: float, tma: TmaCheck) -> None:
     result["pytest"] = run_pytest(args, deadline - 0.5 * (deadline - time.monotonic()))
+    tma.settle(result)  # before the parity rows run optimize() in this process
     result["model_parity"], result["precompile"] = rows, warm = [], []
     model_parity(rows, warm, args.dry_run, deadline)
-    result["failed"] = result["pytest"].get("failed", 0) > 0 or any(r.get("passes") is False for r in rows)
+    result["failed"] = (result["pytest"].get("failed", 0) > 0 or any(r.get("passes") is False for r in rows)
+                        or result["tma_check"]["passed"] is False)
 
 
 def run_pytest(args: argparse.Namespace, deadline: float) -> dict:
@@ -295,11 +365,12 @@ def parity_rows(base: dict, checks: dict, exact) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------- kernels
-def part_kernels(result: dict, args: argparse.Namespace, deadline: float) -> None:
+def part_kernels(result: dict, args: argparse.Namespace, deadline: float, tma: TmaCheck) -> None:
     import gpu_kernels as gk
 
     import vitfast
 
+    tma.settle(result)
     s = gk.DRY_RUN if args.dry_run else gk.GPU
     left = lambda share: deadline - share * (deadline - time.monotonic())  # noqa: E731  a section's start-by time
     section(result, "ceilings", lambda: gk.ceilings(s))
@@ -367,12 +438,13 @@ def e2e_jobs(args: argparse.Namespace):
                 yield cfg, precision, ("compile",), "max-autotune", batches
 
 
-def part_e2e(result: dict, args: argparse.Namespace, deadline: float) -> None:
+def part_e2e(result: dict, args: argparse.Namespace, deadline: float, tma: TmaCheck) -> None:
     """Each job is one `vitfast bench` sweep (vitfast.bench.run_sweep); rows of all jobs go into
     one result in the harness's schema, so its markdown table, plot, --compare and --report apply
     (proof-e2e.json can go into benchmarks/results/ as it is)."""
     import gpu_kernels as gk
 
+    tma.settle(result)
     from vitfast.bench import measure
     from vitfast.bench.backends import BackendOptions
     from vitfast.bench.sweep import SCHEMA, Settings, base_row, run_sweep
@@ -471,7 +543,7 @@ def markdown(part: str, result: dict) -> str:
              f"{' (+ local changes)' if env['git']['dirty'] else ''}; `{env['command']}`; {result['elapsed_s']:.0f} s of a "
              f"{result['budget_s']:.0f} s time box{' (hit: later rows not reached)' if result.get('time_box_hit') else ''}.", ""]  # fmt: skip
     lines += [f"**ERROR** in {key}: `{msg}`" for key, msg in result.get("errors", {}).items()]
-    lines += [precompile_line(result.get("precompile")), ""]
+    lines += [precompile_line(result.get("precompile")), ""] + tma_markdown(result.get("tma_check"))
     if part == "tests":
         p = result.get("pytest", {})
         lines += [f"pytest `{p.get('command')}`: {p.get('passed', '?')} passed, {p.get('failed', '?')} failed, {p.get('skipped', '?')} skipped"
@@ -513,6 +585,21 @@ def markdown(part: str, result: dict) -> str:
     if result.get("png"):
         lines += ["", result["png"]]
     return "\n".join(lines) + "\n"
+
+
+def tma_markdown(check: dict | None) -> list[str]:
+    """The TMA check's verdict, what it meant for the part, and its rows."""
+    if not check:
+        return []
+    if check["passed"] is None:
+        return [f"TMA GEMM check: {check['reason']}.", ""]
+    head = (f"TMA GEMM check (forced TMA launches vs fp32, 2x rule, {check.get('seconds', 0):.0f} s): passed; optimize() "
+            "picks the TMA kernels on this GPU." if check["passed"] else
+            f"**TMA GEMM check FAILED** ({'; '.join(check.get('failed') or []) or check.get('reason')}): VITFAST_TMA=0 for this part, so "
+            "optimize() and the GEMM rows ran the pointer kernels.")  # fmt: skip
+    rows = check.get("rows") or []
+    return [head, ""] + (md_table(rows, ["op", "M", "K", "N", "dtype", "status", "tma_rel_err", "torch_rel_err", "passes_2x_rule",
+                                         "reason"]) + [""] if rows else [])  # fmt: skip
 
 
 def precompile_line(runs: list | None) -> str:

@@ -25,7 +25,9 @@ the first H100 run timed the pointer kernel's fc1 + GELU at ~55% of cuBLAS's GEM
   loop, so the next tile's loads are in flight while this tile's epilogue runs;
 - the wide 128x256 tile stores its result in two 128-column halves: half the epilogue's staging
   memory, room for a fourth pipeline stage.
-It is taken in eager calls when every operand meets TMA's rules (`tma_ready`); under
+It is taken in eager calls when every operand meets TMA's rules (`tma_ready`), unless the
+environment sets VITFAST_TMA=0 (the pointer kernels everywhere: the way out should a driver or
+Triton version mishandle TMA; the GPU proof sets it when its TMA check fails); under
 torch.compile / torch.export the pointer kernel runs, whose launch needs no device-side scratch
 memory. The GPU proof's fc1 rows time both beside cuBLAS.
 """
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Optional
 
 import torch
@@ -352,11 +355,13 @@ def takes_tma(kernel: str, what: str, *operands: torch.Tensor | None) -> bool:
     """Whether a launch of the GEMM `what` runs its TMA kernel, given the 2-D tensors that kernel moves by
     TMA (None: absent): forced ("tma", refused where it cannot run), or "auto" on compute capability >= 9.0,
     in an eager call (a trace keeps the pointer kernel: the TMA kernel's launch allocates its descriptors'
-    scratch), with TMA-ready operands."""
+    scratch), with TMA-ready operands, unless VITFAST_TMA=0 (read per call, so a running process can set it)."""
     x2 = operands[0]
     if kernel == "auto":  # the common case first, cheapest checks first: this runs on every launch
         if not x2.is_cuda or shared_memory_budget(x2.device)[0] < 90 or hop_dispatch_enabled() or is_fake(x2):
             return False  # (a trace: wrap_triton on, or fake tensors, which have no data pointer to check)
+        if os.environ.get("VITFAST_TMA") == "0":
+            return False
         return tma_ready(*(t for t in operands if t is not None))
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")

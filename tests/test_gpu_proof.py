@@ -51,7 +51,7 @@ def load(out: Path, name: str) -> dict:
 def test_every_part_writes_json_markdown_and_plots(dry_run):
     names = sorted(p.name for p in dry_run.iterdir())
     assert names == ["attention_dispatch.json", "mlp_dispatch.json", "proof-e2e.json", "proof-e2e.md", "proof-e2e.png", "proof-kernels.json",
-                     "proof-kernels.md", "proof-kernels.png", "proof-tests.json", "proof-tests.md", "tests-junit.xml"]  # fmt: skip
+                     "proof-kernels.md", "proof-kernels.png", "proof-tests.json", "proof-tests.md", "tests-junit.xml", "tma-check.json"]  # fmt: skip
     for part in ("tests", "kernels", "e2e"):
         result = load(dry_run, f"proof-{part}.json")
         assert result["dry_run"] is True and result["time_box_hit"] is False
@@ -77,6 +77,63 @@ def test_tests_part_schema(dry_run):
     assert {"eager", "optimize mlp=auto", "optimize mlp=epilogue", "optimize attention=sdpa", "optimize + torch.compile(aot_eager, fullgraph)"} <= checks
     assert all(r["passes"] for r in rows if r["check"] != "eager")
     assert all(r["eager_max_abs_err"] > 0 for r in rows)  # against float64, fp32 eager errs a little
+
+
+def test_the_tma_check_runs_first_and_every_part_reads_its_verdict(dry_run):
+    """The tests part runs the TMA GEMMs' check (the interpreter runs the TMA kernels on CPU) and writes
+    the verdict; the later parts of the call read it instead of checking again."""
+    check = load(dry_run, "tma-check.json")
+    assert check["passed"] is True and check["failed"] == []
+    ops = {r["op"] for r in check["rows"]}
+    assert ops == {"bias+gelu", "bias+layerscale+residual", "bias+layerscale+residual+layernorm"} and len(check["rows"]) == 6
+    assert all(r["status"] == "ok" and 0 < r["tma_rel_err"] <= 2 * r["torch_rel_err"] + 1e-3 for r in check["rows"])
+    for part in ("tests", "kernels", "e2e"):
+        assert load(dry_run, f"proof-{part}.json")["tma_check"] == check
+    assert "TMA GEMM check (forced TMA launches vs fp32, 2x rule" in (dry_run / "proof-tests.md").read_text()
+
+
+@pytest.mark.parametrize("broken", ["writes nothing", "faults"])
+def test_a_wrong_tma_kernel_fails_the_check(monkeypatch, broken):
+    """A TMA kernel that leaves its output unwritten (NaN-filled: fails the 2x rule) or raises (a device
+    fault) must fail its rows, and the verdict with them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_kernels
+    import gpu_proof
+
+    from vitfast.kernels import linear_epilogue as le
+    from vitfast.kernels import linear_layernorm as ll
+
+    def fault(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(le, "_tma_launch", (lambda *a: None) if broken == "writes nothing" else fault)
+    monkeypatch.setattr(ll, "ensure_tma_allocator", fault)  # the LayerNorm GEMM's TMA launch
+    found = gpu_kernels.tma_check(gpu_kernels.DRY_RUN)
+    assert found["rows"] and not any(r["passes_2x_rule"] for r in found["rows"])
+    errors = [r for r in found["rows"] if r["status"] == "error"]
+    assert all("illegal memory access" in r["reason"] for r in errors)
+    assert len(errors) == (2 if broken == "writes nothing" else 6)  # the LayerNorm rows fault either way
+    verdict = gpu_proof.tma_verdict(0, "compiling...\n" + json.dumps(found), "")
+    assert verdict["passed"] is False and len(verdict["failed"]) == 6
+
+
+def test_a_failed_or_dead_tma_check_turns_the_tma_kernels_off(tmp_path, monkeypatch):
+    """A check process that died before printing its result fails the verdict; a failed verdict, read
+    back by a later part, sets VITFAST_TMA=0 so optimize() runs the pointer kernels from then on."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_proof
+
+    dead = gpu_proof.tma_verdict(-11, "", "Segmentation fault")
+    assert dead["passed"] is False and "exited with code -11 before its result" in dead["reason"]
+    assert dead["stderr_tail"] == "Segmentation fault"
+    (tmp_path / gpu_proof.TMA_CHECK).write_text(json.dumps(dead))
+    monkeypatch.setenv("VITFAST_TMA", "1")  # restored at teardown
+    check = gpu_proof.TmaCheck(gpu_proof.parse_args(["--out", str(tmp_path), "--dry-run"]))
+    assert check.proc is None  # a verdict exists: nothing is run again
+    result: dict = {}
+    check.settle(result)
+    assert os.environ["VITFAST_TMA"] == "0" and result["tma_check"] == dead
+    assert "**TMA GEMM check FAILED** (the check's process exited" in gpu_proof.tma_markdown(result["tma_check"])[0]
 
 
 def test_kernels_part_schema(dry_run):
@@ -226,7 +283,7 @@ def test_a_failing_section_or_part_still_writes_its_files(tmp_path, monkeypatch)
     assert result["errors"] == {"attention": "RuntimeError: CUDA error: an illegal memory access was encountered"}
     assert rows == [{"N": 197, "status": "ok"}] and result["add_layernorm"] == [{"C": 768}]
 
-    def broken(result, args, deadline):
+    def broken(result, args, deadline, tma):
         result["attention"] = [{"N": 197, "status": "ok"}]
         raise KeyError("boom")
 

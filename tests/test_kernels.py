@@ -446,7 +446,8 @@ def test_linear_epilogue_tma_kernel_refuses_what_tma_cannot_read(device):
 def test_auto_takes_the_tma_kernel_only_in_eager_calls_on_hopper(device, monkeypatch):
     """kernel="auto": the TMA kernel on compute capability >= 9 for TMA-ready operands outside traces;
     the pointer kernel under a trace (torch.compile / torch.export launch through wrap_triton), for
-    unaligned operands, before Hopper and on CPU. Which kernel launched is read off the recorded launch."""
+    unaligned operands, before Hopper, on CPU and under VITFAST_TMA=0. Which kernel launched is read off
+    the recorded launch."""
     from vitfast.kernels.precompile import recording
 
     def launched(x, w, **kw) -> str:
@@ -460,6 +461,10 @@ def test_auto_takes_the_tma_kernel_only_in_eager_calls_on_hopper(device, monkeyp
     assert launched(x, w, kernel="pointer") == "_linear_epilogue_kernel"
     x60, w60, _ = linear_inputs((2, 9), 60, 40, torch.float16, device)
     assert launched(x60, w60) == "_linear_epilogue_kernel"  # 120-byte rows: not TMA-ready
+    monkeypatch.setenv("VITFAST_TMA", "0")
+    assert launched(x, w) == "_linear_epilogue_kernel"
+    assert launched(x, w, kernel="tma") == "_linear_epilogue_tma_kernel"  # forcing it still works (tests, benchmarks)
+    monkeypatch.delenv("VITFAST_TMA")
     monkeypatch.setattr(le, "hop_dispatch_enabled", lambda: True)  # as inside a trace
     assert launched(x, w) == "_linear_epilogue_kernel"
 
