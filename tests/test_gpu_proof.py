@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -327,3 +329,90 @@ def test_bad_e2e_flags_are_one_line_errors(tmp_path):
     assert done.returncode == 2 and "--backends: unknown fast; choose from" in done.stderr
     done = run_proof("--out", str(tmp_path), "--dry-run", "--part", "e2e", "--batches", "1,x")
     assert done.returncode == 2 and "--batches takes positive integers" in done.stderr
+
+
+# ---------------------------------------------------------------------------- landing a session's calls
+def as_if_from_a_gpu(unpacked: Path, call_dir: Path, sha: str = "abcdef0123456789") -> Path:
+    """A call folder (proof.tgz + log.txt) holding the dry run's files relabelled as an H100's: the
+    landing logic is what is under test, not the figures."""
+    staged = call_dir / "files"
+    shutil.copytree(unpacked, staged)  # (creates call_dir)
+    for path in staged.glob("proof-*.json"):
+        result = json.loads(path.read_text())
+        result["dry_run"] = False
+        result["environment"]["gpu"] = {"available": True, "name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}
+        result["environment"]["git"] |= {"sha": sha, "dirty": False}
+        path.write_text(json.dumps(result))
+    with tarfile.open(call_dir / "proof.tgz", "w:gz") as tar:
+        for path in staged.iterdir():
+            tar.add(path, arcname=path.name)
+    shutil.rmtree(staged)
+    (call_dir / "log.txt").write_text("=== tests exit 0\n")
+    return call_dir
+
+
+def fake_repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    (root / "benchmarks" / "results").mkdir(parents=True)
+    shutil.copytree(ROOT / "kernels", root / "kernels", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    return root
+
+
+def test_landing_two_calls_files_each_result_where_it_belongs(dry_run, tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import land_proof
+
+    root = fake_repo(tmp_path)
+    calls = [as_if_from_a_gpu(dry_run, tmp_path / f"call{i}") for i in (1, 2)]
+    dest, goals = land_proof.land(calls, root)
+    results = root / "benchmarks" / "results"
+    assert dest == results / "gpu-proof-h100-abcdef0"
+    names = sorted(p.name for p in dest.iterdir())
+    assert {"proof-tests.json", "proof-kernels.json", "proof-e2e.md", "tma-check.json", "call1-log.txt", "goals.md",
+            "call2-proof-tests.json", "call2-log.txt"} <= set(names) and "proof-e2e.json" not in names  # fmt: skip
+    assert sorted(p.name for p in results.glob("gpu-*.*")) == ["gpu-h100-abcdef0-call2.json", "gpu-h100-abcdef0-call2.png",
+                                                               "gpu-h100-abcdef0.json", "gpu-h100-abcdef0.png"]  # fmt: skip
+    assert validate_result(json.loads((results / "gpu-h100-abcdef0.json").read_text()))
+    assert (root / "kernels" / "mlp_dispatch.json").read_text() == (dry_run / "mlp_dispatch.json").read_text()
+    assert "gpu-h100-abcdef0.json" in (root / "benchmarks" / "README.md").read_text()
+    assert goals == (dest / "goals.md").read_text() and "| goal | measured | verdict |" in goals
+    assert goals.count("not measured in these calls") == 5  # the dry run's tiny shapes are none of the goals'
+    assert "- call 1 TMA check: passed (6 forced launches within the 2x rule)" in goals
+    with pytest.raises(land_proof.LandError, match="exists already"):
+        land_proof.land(calls[:1], root)
+
+
+def test_landing_refuses_a_dry_run_or_mixed_calls_and_writes_nothing(dry_run, tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import land_proof
+
+    root = fake_repo(tmp_path)
+    dry = tmp_path / "dry"
+    dry.mkdir()
+    with tarfile.open(dry / "proof.tgz", "w:gz") as tar:
+        tar.add(dry_run / "proof-tests.json", arcname="proof-tests.json")
+    with pytest.raises(land_proof.LandError, match="is a --dry-run on CPU"):
+        land_proof.land([dry], root)
+    mixed = [as_if_from_a_gpu(dry_run, tmp_path / "a"), as_if_from_a_gpu(dry_run, tmp_path / "b", sha="1234567abc")]
+    with pytest.raises(land_proof.LandError, match="different GPUs or commits"):
+        land_proof.land(mixed, root)
+    with pytest.raises(land_proof.LandError, match="has no proof.tgz"):
+        land_proof.land([tmp_path], root)
+    assert list((root / "benchmarks" / "results").iterdir()) == []
+    assert (root / "kernels" / "mlp_dispatch.json").read_text() == (ROOT / "kernels" / "mlp_dispatch.json").read_text()
+
+
+def test_goals_are_judged_from_the_rows():
+    """Met, missed by how much, or open when nothing measured the goal's row (never a guess)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import land_proof
+
+    kernels = {"attention": [{"status": "ok", "N": 197, "D": 64, "B": 256, "dtype": "float16", "speedup_vs_best_sdpa": 1.03, "vitfast_TFLOPs": 157.0}],
+               "add_layernorm": [{"status": "ok", "C": 768, "dtype": "float16", "fraction_of_copy": 0.9, "vitfast_GBps": 2700.0}]}  # fmt: skip
+    vitb = {"status": "ok", "model": "vit_base_patch16_224", "precision": "fp16"}
+    e2e = {"rows": [vitb | {"backend": "vitfast", "batch": 256, "images_per_s": 10000.0, "p50_ms": 25.6},
+                    vitb | {"backend": "eager", "batch": 256, "images_per_s": 8000.0, "p50_ms": 32.0},
+                    vitb | {"backend": "compile-max-autotune", "batch": 256, "status": "error", "images_per_s": None, "p50_ms": None},
+                    vitb | {"backend": "vitfast-graphs", "batch": 1, "images_per_s": 1600.0, "p50_ms": 0.61}]}  # fmt: skip
+    verdicts = [g["verdict"] for g in land_proof.goals_table([{"kernels": kernels}, {"e2e": e2e}])]
+    assert verdicts == ["missed by 17%", "met", "missed by 4%", "open", "met"]

@@ -325,20 +325,23 @@ files. Each part first compiles the kernels x autotune configs it will need in p
 (`vitfast.kernels.precompile`), and the GPU tests run under pytest-xdist.
 
 A session is lent 15 device minutes, machine start included, and a machine idle for 30 s goes back:
-`benchmarks/gpu_proof_call.sh` runs the three parts in one call (tests 130 s, e2e 180 s, kernels
-120 s by default; about 5.5 minutes on the H100 of 2026-11-26) and packs the results into the two
-files the device returns. On the device (repository root, files come back from `$OUT`), carrying a
-setuptools wheel in `.whl/`:
+`benchmarks/gpu_proof_call.sh` runs the three parts in one call (tests 130 s, kernels 150 s, e2e
+200 s by default; the first part also checks the Hopper TMA GEMMs and turns them off for the rest of
+the call if they fail) and packs the results into the two files the device returns. On the device
+(repository root, files come back from `$OUT`), carrying a setuptools wheel in `.whl/`:
 
 ```bash
 VITFAST_GIT_SHA=<the commit sent> bash benchmarks/gpu_proof_call.sh
-# then, on the same warm machine, within 30 s: more e2e rows, e.g.
-python3 benchmarks/gpu_proof.py --out $OUT --part e2e --budget 300 --models vit_small_patch16_224,vit_large_patch16_224 --precisions fp16,bf16 --backends eager,vitfast,vitfast-graphs,compile --batches 1,64,256
+# then, on the same warm machine, within 30 s: what the first call leaves out, e.g. max-autotune
+PARTS=e2e E2E_S=420 E2E_ARGS="--models vit_base_patch16_224 --precisions fp16 --backends compile-max-autotune --batches 1,256" \
+  VITFAST_GIT_SHA=<the commit sent> bash benchmarks/gpu_proof_call.sh
 ```
 
 `VITFAST_GIT_SHA` names the commit in the results: the device gets the working tree beside an older
-`.git`. Then copy `mlp_dispatch.json` to `kernels/`, the e2e JSON to `results/` (it is a `vitfast
-bench` result), commit the rest under `results/gpu-proof-<gpu>-<sha>/`, and regenerate this file.
+`.git`. Then `python benchmarks/land_proof.py CALL1_DIR [CALL2_DIR ...]` (the folders the calls
+returned) files everything: the proof under `results/gpu-proof-<gpu>-<sha>/` with a generated
+`goals.md` (the issue's goals, met or missed by how much, from the rows), each e2e result in
+`results/`, the measured dispatch tables in `kernels/`, and this file regenerated.
 `make gpu-proof` runs all three parts on a CUDA machine; `--dry-run` (CPU, tiny shapes, Triton
 interpreter) of the call script is in `make test`. Before spending device time, `make
 test-device-stack` runs the whole suite on CPU with the device's own versions (torch 2.11, triton

@@ -1,0 +1,222 @@
+"""Land what a lent GPU returned from the proof's device calls into the repository, and judge the issue's goals.
+
+    python benchmarks/land_proof.py CALL_DIR [CALL_DIR ...]      # each: proof.tgz + log.txt, as a call returned them
+
+For the calls of one session (same GPU, same commit), in call order:
+- every call's files go under benchmarks/results/gpu-proof-<gpu>-<sha7>/ (call 1's as they are, call N's
+  prefixed `callN-`, each call's log as `callN-log.txt`), next to a generated goals.md;
+- each call's end-to-end result (a `vitfast bench` file) goes to benchmarks/results/gpu-<gpu>-<sha7>[-callN].json
+  with its plot, where `vitfast bench --report` reads it;
+- the dispatch tables the last kernels part measured replace kernels/mlp_dispatch.json and
+  kernels/attention_dispatch.json;
+- benchmarks/README.md is regenerated from benchmarks/results/*.json.
+goals.md (also printed) holds the issue's goals computed from the rows, met or missed and by how much,
+and what was not measured; beside them the tests' summary, the TMA check's verdict and the fc1 GEMM rates.
+Refused, with nothing written: a dry run's files (they time the interpreter), calls from different
+GPUs or commits, a destination folder that exists already.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("tests", "kernels", "e2e")
+
+
+class LandError(Exception):
+    """What is wrong with the calls' files, and what to do."""
+
+
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100': the model number, else the name made file-safe."""
+    found = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", name)
+    return (found.group(1) if found else re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")).lower()
+
+
+def read_call(call_dir: Path, into: Path) -> dict[str, dict]:
+    """Unpack a call's proof.tgz into `into`; its part results by part name."""
+    archive = call_dir / "proof.tgz"
+    if not archive.is_file():
+        raise LandError(f"{call_dir} has no proof.tgz: pass the folder a device call returned (its files_at)")
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
+    parts = {}
+    for part in PARTS:
+        path = into / f"proof-{part}.json"
+        if path.exists():
+            parts[part] = json.loads(path.read_text())
+            if parts[part].get("dry_run"):
+                raise LandError(f"{call_dir}: proof-{part}.json is a --dry-run on CPU (it times the interpreter): nothing to land")
+    if not parts:
+        raise LandError(f"{call_dir}: proof.tgz holds no proof-<part>.json (the call failed before any part ended: see its log.txt)")
+    return parts
+
+
+def identity(parts: dict[str, dict]) -> tuple[str, str]:
+    """(gpu slug, short sha) of one call, the same in each of its parts."""
+    found = {(gpu_slug(p["environment"]["gpu"].get("name") or "none"), (p["environment"]["git"]["sha"] or "unknown")[:7]) for p in parts.values()}
+    if len(found) != 1:
+        raise LandError(f"one call's parts disagree on GPU or commit: {sorted(found)}")
+    return found.pop()
+
+
+def land(call_dirs: list[Path], root: Path = ROOT) -> tuple[Path, str]:
+    """Land the calls under `root`; returns the results folder and goals.md's text."""
+    results = root / "benchmarks" / "results"
+    with tempfile.TemporaryDirectory() as scratch:
+        calls = []
+        for i, call_dir in enumerate(call_dirs, 1):
+            unpacked = Path(scratch) / f"call{i}"
+            calls.append((call_dir, unpacked, read_call(call_dir, unpacked)))
+        ids = {identity(parts) for _, _, parts in calls}
+        if len(ids) != 1:
+            raise LandError(f"the calls come from different GPUs or commits: {sorted(ids)}; land each session's calls on their own")
+        gpu, sha = ids.pop()
+        dest = results / f"gpu-proof-{gpu}-{sha}"
+        if dest.exists():
+            raise LandError(f"{dest} exists already: these calls were landed, or remove it first")
+        staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=results))
+        try:
+            e2e_files = []
+            for i, (call_dir, unpacked, parts) in enumerate(calls, 1):
+                prefix = "" if i == 1 else f"call{i}-"
+                stem = f"gpu-{gpu}-{sha}" + ("" if i == 1 else f"-call{i}")
+                for path in sorted(unpacked.iterdir()):
+                    if path.name in ("proof-e2e.json", "proof-e2e.png") and parts.get("e2e", {}).get("rows"):
+                        e2e_files.append((path, results / (stem + path.suffix)))  # a `vitfast bench` result: beside the others
+                    else:
+                        shutil.copy2(path, staging / (prefix + path.name))
+                if (call_dir / "log.txt").exists():
+                    shutil.copy2(call_dir / "log.txt", staging / f"call{i}-log.txt")
+            goals = goals_markdown([parts for _, _, parts in calls])
+            (staging / "goals.md").write_text(goals)
+            clash = [str(target) for _, target in e2e_files if target.exists()]
+            if clash:
+                raise LandError(f"{', '.join(clash)} exist already: these calls were landed, or remove them first")
+            os.replace(staging, dest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        for src, target in e2e_files:
+            shutil.copy2(src, target)
+        tables = [unpacked / t for _, unpacked, parts in calls if "kernels" in parts
+                  for t in ("mlp_dispatch.json", "attention_dispatch.json") if (unpacked / t).exists()]  # fmt: skip
+        for table in tables:  # the last call's measurement wins
+            shutil.copy2(table, root / "kernels" / table.name)
+    regenerate_readme(root)
+    return dest, goals
+
+
+def regenerate_readme(root: Path) -> None:
+    """benchmarks/README.md from every result file, as `make bench` writes it."""
+    files = sorted(str(p) for p in (root / "benchmarks" / "results").glob("*.json"))
+    done = subprocess.run([sys.executable, "-m", "vitfast.cli", "bench", "--report", *files], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise LandError(f"regenerating benchmarks/README.md failed: {done.stderr.strip()[-500:]}")
+    readme = root / "benchmarks" / "README.md"
+    readme.with_suffix(".md.tmp").write_text(done.stdout)
+    os.replace(readme.with_suffix(".md.tmp"), readme)
+
+
+# ---------------------------------------------------------------------------- the issue's goals
+def first(rows, **match) -> dict | None:
+    """The first row with status ok whose fields equal `match`."""
+    return next((r for r in rows if r.get("status") == "ok" and all(r.get(k) == v for k, v in match.items())), None)
+
+
+def goal(name: str, value: float | None, target: float, better: str, shown: str) -> dict:
+    """One goal's row: met, missed by how much, or not measured. `better`: 'higher' or 'lower'."""
+    if value is None:
+        return {"goal": name, "measured": "not measured in these calls", "verdict": "open"}
+    met = value >= target if better == "higher" else value <= target
+    short = (target / value - 1) if better == "higher" else (value / target - 1)
+    return {"goal": name, "measured": shown, "verdict": "met" if met else f"missed by {100 * short:.0f}%"}
+
+
+def e2e_ratio(rows: list[dict], backend: str, over: str, **match) -> tuple[float | None, str]:
+    """images/s of `backend` over `over` at the same model, precision and batch."""
+    a, b = first(rows, backend=backend, **match), first(rows, backend=over, **match)
+    if not (a and b):
+        return None, ""
+    ratio = a["images_per_s"] / b["images_per_s"]
+    return ratio, f"{ratio:.2f}x ({a['p50_ms']:.2f} vs {b['p50_ms']:.2f} ms p50)"
+
+
+def goals_table(calls: list[dict[str, dict]]) -> list[dict]:
+    """The issue's goals (fp16 on the GPU of the run), from the newest call that measured each."""
+    kernels = next((c["kernels"] for c in reversed(calls) if "kernels" in c), {})
+    e2e = [r for c in reversed(calls) if "e2e" in c for r in c["e2e"].get("rows", [])]
+    att = first(kernels.get("attention", []), N=197, D=64, B=256, dtype="float16")
+    ln = first(kernels.get("add_layernorm", []), C=768, dtype="float16")
+    vitb = dict(model="vit_base_patch16_224", precision="fp16", batch=256)
+    eager_ratio, eager_shown = e2e_ratio(e2e, "vitfast", "eager", **vitb)
+    autotune_ratio, autotune_shown = e2e_ratio(e2e, "vitfast", "compile-max-autotune", **vitb)
+    graphs = first(e2e, backend="vitfast-graphs", model="vit_base_patch16_224", precision="fp16", batch=1)
+    return [
+        goal("fused attention >= 1.2x SDPA's best backend, N=197, D=64, fp16, batch 256", att and att["speedup_vs_best_sdpa"], 1.2, "higher",
+             att and f"{att['speedup_vs_best_sdpa']:.2f}x ({att['vitfast_TFLOPs']:.0f} TFLOP/s)"),
+        goal("add+LayerNorm >= 85% of copy bandwidth at D=768 (fp16)", ln and ln["fraction_of_copy"], 0.85, "higher",
+             ln and f"{100 * ln['fraction_of_copy']:.0f}% ({ln['vitfast_GBps']:.0f} GB/s)"),
+        goal("ViT-B/16 fp16 batch 256: optimize() >= 1.3x eager (SDPA)", eager_ratio, 1.3, "higher", eager_shown),
+        goal("ViT-B/16 fp16 batch 256: optimize() >= 1.1x torch.compile max-autotune", autotune_ratio, 1.1, "higher", autotune_shown),
+        goal("ViT-B/16 fp16 batch 1 with CUDA graphs <= 0.7 ms", graphs and graphs["p50_ms"], 0.7, "lower", graphs and f"{graphs['p50_ms']:.3f} ms p50"),
+    ]  # fmt: skip
+
+
+def goals_markdown(calls: list[dict[str, dict]]) -> str:
+    """goals.md: the goals' table, then what else a reader of the run needs first."""
+    env = next(iter(calls[0].values()))["environment"]
+    gpu, git = env["gpu"], env["git"]
+    lines = [f"# GPU proof: goals ({gpu.get('name')}, commit {(git['sha'] or '?')[:7]}{' + local changes' if git.get('dirty') else ''})", "",
+             "Generated by benchmarks/land_proof.py from the calls' JSON; do not edit by hand.", "",
+             "| goal | measured | verdict |", "|---|---|---|"]  # fmt: skip
+    lines += [f"| {g['goal']} | {g['measured']} | {g['verdict']} |" for g in goals_table(calls)]
+    lines += ["", "## Beside the goals", ""]
+    for i, parts in enumerate(calls, 1):
+        tests = parts.get("tests")
+        if tests:
+            p = tests.get("pytest", {})
+            parity = tests.get("model_parity", [])
+            bad = [f"{r['model']} {r['dtype']} b{r['batch']} {r['check']}" for r in parity if r.get("passes") is False]
+            lines.append(f"- call {i} tests: pytest {p.get('passed', '?')} passed, {p.get('failed', '?')} failed, {p.get('skipped', '?')} skipped"
+                         f"{' (time box hit)' if p.get('timed_out') else ''}; optimize() parity rows {sum(r.get('status') == 'ok' for r in parity)} "
+                         f"ran, failing: {', '.join(bad) or 'none'}")  # fmt: skip
+        check = next((r["tma_check"] for r in parts.values() if r.get("tma_check")), None)  # the same verdict in each part
+        if check and check["passed"]:
+            lines.append(f"- call {i} TMA check: passed ({len(check['rows'])} forced launches within the 2x rule)")
+        elif check and check["passed"] is False:
+            why = "; ".join(check.get("failed") or []) or check.get("reason", "")
+            lines.append(f"- call {i} TMA check: **FAILED** ({why}); the rest of the call ran with VITFAST_TMA=0 (pointer kernels)")
+        for r in parts.get("kernels", {}).get("mlp", []):
+            if r.get("status") == "ok" and r["op"].startswith("fc1") and r.get("model") == "vit_base" and r.get("batch") == 256:
+                pointer = f", pointer kernel {r['pointer_TFLOPs']:.0f}" if r.get("pointer_TFLOPs") else ""
+                lines.append(f"- call {i} fc1 + bias + GELU, ViT-B/16 batch 256 {r['dtype']}: {r.get('epilogue_kernel', 'pointer')} kernel "
+                             f"{r['epilogue_TFLOPs']:.0f} TFLOP/s{pointer}, cuBLAS + GELU {r['cublas_TFLOPs']:.0f} (speedup {r['speedup']:.2f}x)")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("calls", nargs="+", type=Path, help="the folders the device calls returned, in call order")
+    args = p.parse_args(argv)
+    try:
+        dest, goals = land(args.calls)
+    except LandError as exc:
+        print(f"land_proof.py: {exc}", file=sys.stderr)
+        return 2
+    print(goals)
+    print(f"landed in {dest.relative_to(ROOT)}; kernels/ dispatch tables and benchmarks/README.md updated: review, then commit")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
