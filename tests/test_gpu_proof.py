@@ -329,6 +329,8 @@ def test_bad_e2e_flags_are_one_line_errors(tmp_path):
     assert done.returncode == 2 and "--backends: unknown fast; choose from" in done.stderr
     done = run_proof("--out", str(tmp_path), "--dry-run", "--part", "e2e", "--batches", "1,x")
     assert done.returncode == 2 and "--batches takes positive integers" in done.stderr
+    done = run_proof("--out", str(tmp_path), "--dry-run", "--part", "e2e", "--autotune-batches", "256,")
+    assert done.returncode == 2 and "--autotune-batches takes positive integers" in done.stderr
 
 
 # ---------------------------------------------------------------------------- landing a session's calls
@@ -416,3 +418,18 @@ def test_goals_are_judged_from_the_rows():
                     vitb | {"backend": "vitfast-graphs", "batch": 1, "images_per_s": 1600.0, "p50_ms": 0.61}]}  # fmt: skip
     verdicts = [g["verdict"] for g in land_proof.goals_table([{"kernels": kernels}, {"e2e": e2e}])]
     assert verdicts == ["missed by 17%", "met", "missed by 4%", "open", "met"]
+
+
+def test_max_autotune_runs_at_the_largest_batch_unless_told():
+    """Inductor's max-autotune tunes every GEMM shape again per batch size (minutes): by default the e2e
+    part times it at the largest batch only, where the issue's goal compares, after the other backends."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_proof
+
+    def jobs(*flags):
+        args = gpu_proof.parse_args(["--out", "x", "--models", "vit_base_patch16_224", "--precisions", "fp16", *flags])
+        return [(backends, mode, batches) for _, _, backends, mode, batches in gpu_proof.e2e_jobs(args)]
+
+    assert jobs("--backends", "eager,compile-max-autotune", "--batches", "1,256,8") == [
+        (("eager",), "default", (1, 256, 8)), (("compile",), "max-autotune", (256,))]  # fmt: skip
+    assert jobs("--backends", "compile-max-autotune", "--autotune-batches", "1,256") == [(("compile",), "max-autotune", (1, 256))]

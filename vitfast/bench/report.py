@@ -332,8 +332,8 @@ the call if they fail) and packs the results into the two files the device retur
 
 ```bash
 VITFAST_GIT_SHA=<the commit sent> bash benchmarks/gpu_proof_call.sh
-# then, on the same warm machine, within 30 s: what the first call leaves out, e.g. max-autotune
-PARTS=e2e E2E_S=420 E2E_ARGS="--models vit_base_patch16_224 --precisions fp16 --backends compile-max-autotune --batches 1,256" \
+# then, on the same warm machine, within 30 s: what the first call leaves out, e.g. max-autotune at batch 1 too
+PARTS=e2e E2E_S=420 E2E_ARGS="--models vit_base_patch16_224 --precisions fp16 --backends compile-max-autotune --autotune-batches 1,256" \
   VITFAST_GIT_SHA=<the commit sent> bash benchmarks/gpu_proof_call.sh
 ```
 
