@@ -150,14 +150,18 @@ class TmaCheck:
     after it. The check runs in a process of its own, started with the call's first part (beside
     the tests part's pytest); `settle` waits for it, writes the verdict to DIR/tma-check.json and,
     when a row failed or the process died or hung, sets VITFAST_TMA=0 (optimize() on the pointer
-    kernels) for this part and, through the file, every later part of the call. Below compute
-    capability 9.0 nothing runs: no TMA kernel is ever picked there."""
+    kernels) for this part and, through the file, every later part of the call. A verdict holds for
+    the kernels' sources, Triton and the GPU it was reached on (`tma_fingerprint`): one left in a
+    reused --out folder by another tree is checked again. Below compute capability 9.0 nothing runs:
+    no TMA kernel is ever picked there."""
 
     def __init__(self, args: argparse.Namespace):
         import torch
 
-        self.path, self.proc = args.out / TMA_CHECK, None
-        if self.path.exists() or not args.dry_run and torch.cuda.get_device_capability()[0] < 9:
+        self.path, self.proc, self.fingerprint = args.out / TMA_CHECK, None, tma_fingerprint(args.dry_run)
+        earlier = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.verdict = earlier if earlier.get("fingerprint") == self.fingerprint else None
+        if self.verdict or not args.dry_run and torch.cuda.get_device_capability()[0] < 9:
             return
         code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import gpu_kernels as gk; "
                 "print(json.dumps(gk.tma_check(gk.DRY_RUN if sys.argv[2] == 'dry' else gk.GPU), default=str))")  # fmt: skip
@@ -174,13 +178,13 @@ class TmaCheck:
             except subprocess.TimeoutExpired:
                 self.stop()
                 verdict = {"passed": False, "reason": f"no answer in {TMA_CHECK_S:.0f} s: a TMA kernel that hangs, or compiling that slow"}
-            verdict["seconds"] = time.monotonic() - self.started
+            self.verdict = verdict | {"seconds": time.monotonic() - self.started, "fingerprint": self.fingerprint}
             self.proc = None
-            _atomic_write(self.path, json.dumps(verdict, indent=1))
-        if not self.path.exists():
+            _atomic_write(self.path, json.dumps(self.verdict, indent=1))
+        if self.verdict is None:
             result["tma_check"] = {"passed": None, "reason": "not run: below compute capability 9.0 no TMA kernel is picked"}
             return
-        result["tma_check"] = verdict = json.loads(self.path.read_text())
+        result["tma_check"] = verdict = self.verdict
         if not verdict["passed"]:
             os.environ["VITFAST_TMA"] = "0"  # read per launch by kernels.linear_epilogue.takes_tma, inherited by subprocesses
 
@@ -188,6 +192,19 @@ class TmaCheck:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.communicate()
+
+
+def tma_fingerprint(dry_run: bool) -> str:
+    """What a TMA verdict holds for: the TMA kernels' sources, Triton's version and the GPU."""
+    import hashlib
+
+    import torch
+    import triton
+
+    digest = hashlib.sha256()
+    for name in ("_common.py", "linear_epilogue.py", "linear_layernorm.py"):
+        digest.update((ROOT / "kernels" / name).read_bytes())
+    return f"{digest.hexdigest()[:16]} triton {triton.__version__} {'cpu (dry run)' if dry_run else torch.cuda.get_device_name()}"
 
 
 def tma_verdict(returncode: int, stdout: str, stderr: str) -> dict:

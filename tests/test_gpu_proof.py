@@ -128,14 +128,33 @@ def test_a_failed_or_dead_tma_check_turns_the_tma_kernels_off(tmp_path, monkeypa
     dead = gpu_proof.tma_verdict(-11, "", "Segmentation fault")
     assert dead["passed"] is False and "exited with code -11 before its result" in dead["reason"]
     assert dead["stderr_tail"] == "Segmentation fault"
+    dead["fingerprint"] = gpu_proof.tma_fingerprint(dry_run=True)  # reached on this tree, as a first part leaves it
     (tmp_path / gpu_proof.TMA_CHECK).write_text(json.dumps(dead))
     monkeypatch.setenv("VITFAST_TMA", "1")  # restored at teardown
     check = gpu_proof.TmaCheck(gpu_proof.parse_args(["--out", str(tmp_path), "--dry-run"]))
-    assert check.proc is None  # a verdict exists: nothing is run again
+    assert check.proc is None  # this tree's verdict exists: nothing is run again
     result: dict = {}
     check.settle(result)
     assert os.environ["VITFAST_TMA"] == "0" and result["tma_check"] == dead
     assert "**TMA GEMM check FAILED** (the check's process exited" in gpu_proof.tma_markdown(result["tma_check"])[0]
+
+
+def test_a_verdict_left_by_other_kernels_is_checked_again(tmp_path, monkeypatch):
+    """`make gpu-proof` reuses its --out folder: a failed verdict reached on other kernel sources (or another
+    GPU or Triton) must not turn the fixed kernels off; the check runs again and its verdict replaces it."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_proof
+
+    stale = {"passed": False, "reason": "an older kernel faulted", "fingerprint": "0123456789abcdef triton 3.6.0 NVIDIA H100 80GB HBM3"}
+    (tmp_path / gpu_proof.TMA_CHECK).write_text(json.dumps(stale))
+    monkeypatch.setenv("VITFAST_TMA", "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the check's process runs the kernels in the interpreter
+    check = gpu_proof.TmaCheck(gpu_proof.parse_args(["--out", str(tmp_path), "--dry-run"]))
+    assert check.proc is not None
+    result: dict = {}
+    check.settle(result)
+    assert result["tma_check"]["passed"] is True and os.environ["VITFAST_TMA"] == "1"
+    assert json.loads((tmp_path / gpu_proof.TMA_CHECK).read_text())["fingerprint"] == gpu_proof.tma_fingerprint(dry_run=True)
 
 
 def test_kernels_part_schema(dry_run):
