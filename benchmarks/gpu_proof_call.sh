@@ -4,7 +4,8 @@
 # dispatch tables the kernels part measured are copied into kernels/ first, so the e2e part times
 # optimize() as it runs once they are committed), results packed into two files under $OUT (the
 # device returns at most 8): proof.tgz (every part's JSON, markdown, PNG, JUnit XML and the two
-# dispatch tables) and log.txt. Budgets in seconds: TESTS_S, E2E_S, KERNELS_S; the e2e part
+# dispatch tables; packed again after each part, so a call the device cuts at its limit still returns
+# the parts that ended) and log.txt. Budgets in seconds: TESTS_S, E2E_S, KERNELS_S; the e2e part
 # takes E2E_ARGS (default: ViT-B/16 fp16; torch.compile max-autotune last, at batch 256 only, measured if the
 # box has a minute left for its tuning). PROOF_FLAGS go to
 # every part: PROOF_FLAGS=--dry-run checks this script on CPU (tests/test_gpu_proof.py). Set VITFAST_GIT_SHA to the
@@ -30,12 +31,14 @@ export PYTHONUNBUFFERED=1
     python3 -m pip install -q --no-deps --no-build-isolation -e . || { echo "install failed"; exit 2; }
   fi
   python3 -c "import torch, triton, vitfast.kernels; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.is_available() and torch.cuda.get_device_name())"
+  pack() { tar -C "$DIR" -czf "$OUT/proof.tgz.part" . && mv "$OUT/proof.tgz.part" "$OUT/proof.tgz"; }
   # shellcheck disable=SC2086  # PROOF_FLAGS is a list of flags
   part() {  # part NAME BUDGET [ARGS...]: the watchdog fires at BUDGET + 30 s; `timeout` is the last resort
     local name=$1 budget=$2; shift 2
     echo "=== $name ($budget s) $(date -u +%T)"
     timeout -k 5 $((budget + 40)) python3 benchmarks/gpu_proof.py --out "$DIR" --part "$name" --budget "$budget" "$@" ${PROOF_FLAGS:-}
     echo "=== $name exit $? $(date -u +%T)"
+    pack  # after each part: a call cut at the device's 10-minute limit still returns the parts that ended
   }
   parts=" ${PARTS:-tests kernels e2e} "
   [[ $parts == *" tests "* ]] && part tests "${TESTS_S:-130}"
@@ -50,5 +53,4 @@ export PYTHONUNBUFFERED=1
   [[ $parts == *" e2e "* ]] && part e2e "${E2E_S:-200}" ${E2E_ARGS:---models vit_base_patch16_224 --precisions fp16 --backends eager,vitfast,vitfast-graphs,compile,vitfast-approx-gelu,compile-max-autotune}
   for f in "$DIR"/*.md; do echo "----- $f"; cat "$f"; done
 } >"$LOG" 2>&1
-tar -C "$DIR" -czf "$OUT/proof.tgz" .
 tail -c 11000 "$LOG"
