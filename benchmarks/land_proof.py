@@ -10,7 +10,7 @@ For the calls of one session (same GPU, same commit), in call order:
 - the dispatch tables the last kernels part measured replace kernels/mlp_dispatch.json and
   kernels/attention_dispatch.json;
 - benchmarks/README.md is regenerated from benchmarks/results/*.json.
-goals.md (also printed) holds the issue's goals computed from the rows, met or missed and by how much,
+goals.md (also printed) holds the issue's goals computed from the rows, met or missed (at what share of the goal),
 and what was not measured; beside them the tests' summary, the TMA check's verdict and the fc1 GEMM rates.
 Refused, with nothing written: a dry run's files (they time the interpreter), calls from different
 GPUs or commits, a destination folder that exists already.
@@ -134,12 +134,11 @@ def first(rows, **match) -> dict | None:
 
 
 def goal(name: str, value: float | None, target: float, better: str, shown: str) -> dict:
-    """One goal's row: met, missed by how much, or not measured. `better`: 'higher' or 'lower'."""
+    """One goal's row: met, missed (at what share of the goal), or not measured. `better`: 'higher' or 'lower'."""
     if value is None:
         return {"goal": name, "measured": "not measured in these calls", "verdict": "open"}
-    met = value >= target if better == "higher" else value <= target
-    short = (target / value - 1) if better == "higher" else (value / target - 1)
-    return {"goal": name, "measured": shown, "verdict": "met" if met else f"missed by {100 * short:.0f}%"}
+    share = value / target if better == "higher" else target / value
+    return {"goal": name, "measured": shown, "verdict": "met" if share >= 1 else f"missed: {100 * share:.0f}% of the goal"}
 
 
 def e2e_ratio(rows: list[dict], backend: str, over: str, **match) -> tuple[float | None, str]:

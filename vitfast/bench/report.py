@@ -340,7 +340,7 @@ PARTS=e2e E2E_S=420 E2E_ARGS="--models vit_base_patch16_224 --precisions fp16 --
 `VITFAST_GIT_SHA` names the commit in the results: the device gets the working tree beside an older
 `.git`. Then `python benchmarks/land_proof.py CALL1_DIR [CALL2_DIR ...]` (the folders the calls
 returned) files everything: the proof under `results/gpu-proof-<gpu>-<sha>/` with a generated
-`goals.md` (the issue's goals, met or missed by how much, from the rows), each e2e result in
+`goals.md` (the issue's goals, met or missed and at what share, from the rows), each e2e result in
 `results/`, the measured dispatch tables in `kernels/`, and this file regenerated.
 `make gpu-proof` runs all three parts on a CUDA machine; `--dry-run` (CPU, tiny shapes, Triton
 interpreter) of the call script is in `make test`. Before spending device time, `make
