@@ -16,9 +16,10 @@
   written as DIR/mlp_dispatch.json and DIR/attention_dispatch.json (the committed kernels/ tables
   merged with this GPU's entries: copy them there to commit them).
 - e2e: ViT-B/16, S/16, L/16 at 224 px, fp16 then bf16, batch 1/8/64/256: eager (SDPA),
-  torch.compile default and max-autotune (at batch 256 only, unless --autotune-batches), optimize(), optimize() + CUDA graphs, optimize() +
-  torch.compile, optimize(approximate_gelu=True), through the `vitfast bench` harness (img/s, p50/p99, peak memory, % of the
-  measured matmul peak, GPU, driver, versions, git sha), most important first.
+  torch.compile default and max-autotune (at the largest batch only, unless --autotune-batches),
+  optimize(), optimize() + CUDA graphs, optimize() + torch.compile, optimize(approximate_gelu=True),
+  through the `vitfast bench` harness (img/s, p50/p99, peak memory, % of the measured matmul peak,
+  GPU, driver, versions, git sha), most important first.
 
 On Hopper the call's first part also checks the TMA GEMMs (forced, vs fp32) in a process of its own
 before anything relies on them, and every part runs with VITFAST_TMA=0 (the pointer kernels) when that
@@ -467,11 +468,12 @@ def part_e2e(result: dict, args: argparse.Namespace, deadline: float, tma: TmaCh
     (proof-e2e.json can go into benchmarks/results/ as it is)."""
     import gpu_kernels as gk
 
-    tma.settle(result)
     from vitfast.bench import measure
     from vitfast.bench.backends import BackendOptions
     from vitfast.bench.sweep import SCHEMA, Settings, base_row, run_sweep
     from vitfast.precision import TORCH_DTYPES
+
+    tma.settle(result)
 
     if args.dry_run:
         measure.CPU_MATMUL = (256, measure.CPU_MATMUL[1])  # a quick ceiling: the dry run measures nothing
