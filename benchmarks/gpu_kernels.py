@@ -153,6 +153,11 @@ def _first(timing) -> float:
     return float(timing[0] if isinstance(timing, (list, tuple)) else timing)
 
 
+def randn(device: str, dtype: torch.dtype, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    """Normal(0, scale^2) values drawn in fp32, then cast: the GEMM rows' operands."""
+    return (scale * torch.randn(*shape, device=device)).to(dtype)
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -403,39 +408,36 @@ def tma_check(s: Shapes) -> dict:
     next to plain PyTorch in fp16. gpu_proof.py runs this in a process of its own (a fault on the device
     poisons the process's CUDA context) and sets VITFAST_TMA=0 for everything after when a row fails.
     Returns {"rows": one per check, "precompile": compiling ahead's counts}."""
-    dtype, rows = torch.float16, []
-
-    def rand(*shape, scale=1.0):
-        return (scale * torch.randn(*shape, device=s.device)).to(dtype)
+    dtype, rows, cases = torch.float16, [], []
+    rand = functools.partial(randn, s.device, dtype)
 
     def nan(M, N):
         return torch.full((M, N), float("nan"), device=s.device, dtype=dtype)
 
-    cases = []
     for M, K, N in s.tma:
         x, w, b, res = rand(M, K), rand(N, K, scale=K**-0.5), rand(N), rand(M, N)
         gamma, lnw, lnb = rand(N, scale=0.1), 1 + rand(N, scale=0.1), rand(N, scale=0.1)
+        row = dict(M=M, K=K, N=N, dtype=dtype_name(dtype))
 
-        def layernorm(kernel, x=x, w=w, b=b, res=res, gamma=gamma, lnw=lnw, lnb=lnb, M=M, N=N):
+        def layernorm(x=x, w=w, b=b, res=res, gamma=gamma, lnw=lnw, lnb=lnb, M=M, N=N):
             outs = nan(M, N), nan(M, N)
-            ll.linear_residual_layernorm_launch(x, w, b, res, gamma, lnw, lnb, 1e-6, *outs, kernel=kernel)
+            ll.linear_residual_layernorm_launch(x, w, b, res, gamma, lnw, lnb, 1e-6, *outs, kernel="tma")
             return outs
 
         cases += [
-            (dict(op="bias+gelu", M=M, K=K, N=N), lambda kernel, x=x, w=w, b=b, M=M, N=N: le.linear_epilogue_launch(
-                x, w, b, nan(M, N), gelu="none", kernel=kernel), lambda *a: le.linear_epilogue_reference(*a, "none"), (x, w, b)),
-            (dict(op="bias+layerscale+residual", M=M, K=K, N=N), lambda kernel, x=x, w=w, b=b, res=res, gamma=gamma, M=M, N=N:
-                le.linear_epilogue_launch(x, w, b, nan(M, N), residual=res, gamma=gamma, kernel=kernel),
+            (dict(op="bias+gelu") | row, lambda x=x, w=w, b=b, M=M, N=N: le.linear_epilogue_launch(
+                x, w, b, nan(M, N), gelu="none", kernel="tma"), lambda *a: le.linear_epilogue_reference(*a, "none"), (x, w, b)),
+            (dict(op="bias+layerscale+residual") | row, lambda x=x, w=w, b=b, res=res, gamma=gamma, M=M, N=N:
+                le.linear_epilogue_launch(x, w, b, nan(M, N), residual=res, gamma=gamma, kernel="tma"),
                 lambda x, w, b, res, gamma: le.linear_epilogue_reference(x, w, b, residual=res, gamma=gamma), (x, w, b, res, gamma)),
-            (dict(op="bias+layerscale+residual+layernorm", M=M, K=K, N=N), layernorm,
+            (dict(op="bias+layerscale+residual+layernorm") | row, layernorm,
                 lambda *a: ll.linear_residual_layernorm_reference(*a, 1e-6), (x, w, b, res, gamma, lnw, lnb)),
         ]  # fmt: skip
-    compiled = precompile(*(lambda run=run: run("tma") for _, run, _, _ in cases)) if s.device == "cuda" else {}
+    compiled = precompile(*(run for _, run, _, _ in cases)) if s.device == "cuda" else {}
     for row, run, reference, args in cases:
-        row |= dict(dtype=dtype_name(dtype))
         try:
             exact = reference(*(t.float() for t in args))
-            torch_err, tma_err = rel_err(reference(*args), exact), rel_err(run("tma"), exact)
+            torch_err, tma_err = rel_err(reference(*args), exact), rel_err(run(), exact)
             _sync(s.device)
         except Exception as exc:  # an illegal address surfaces here, or at the next call
             rows.append(row | {"status": "error", "reason": describe_exception(exc), "passes_2x_rule": False})
@@ -447,10 +449,8 @@ def tma_check(s: Shapes) -> dict:
 def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
     """Per dtype, model width and batch: fc1, fc2 and proj, cuBLAS + separate kernels vs one Triton GEMM."""
     for dtype in s.dtypes:
+        rand = functools.partial(randn, s.device, dtype)
         for model, (C, hidden) in s.mlp.items():
-            def rand(*shape, scale=1.0):
-                return (scale * torch.randn(*shape, device=s.device)).to(dtype)
-
             w1, b1 = rand(hidden, C, scale=C**-0.5), rand(hidden)  # nn.Linear layout [out, in]
             w2, b2 = rand(C, hidden, scale=hidden**-0.5), rand(C)
             wp, bp = rand(C, C, scale=C**-0.5), rand(C)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -29,8 +28,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("tests", "kernels", "e2e")
+from gpu_proof import PARTS, ROOT  # beside this file
+
+from vitfast.atomic import atomic_write, atomic_write_text, claim_output
 
 
 class LandError(Exception):
@@ -85,33 +85,31 @@ def land(call_dirs: list[Path], root: Path = ROOT) -> tuple[Path, str]:
         dest = results / f"gpu-proof-{gpu}-{sha}"
         if dest.exists():
             raise LandError(f"{dest} exists already: these calls were landed, or remove it first")
-        staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=results))
-        try:
-            e2e_files = []
-            for i, (call_dir, unpacked, parts) in enumerate(calls, 1):
-                prefix = "" if i == 1 else f"call{i}-"
+        e2e_files = []  # (source, target): each call's `vitfast bench` result and plot, beside the other results
+        for i, (_, unpacked, parts) in enumerate(calls, 1):
+            if parts.get("e2e", {}).get("rows"):
                 stem = f"gpu-{gpu}-{sha}" + ("" if i == 1 else f"-call{i}")
-                for path in sorted(unpacked.iterdir()):
-                    if path.name in ("proof-e2e.json", "proof-e2e.png") and parts.get("e2e", {}).get("rows"):
-                        e2e_files.append((path, results / (stem + path.suffix)))  # a `vitfast bench` result: beside the others
-                    else:
-                        shutil.copy2(path, staging / (prefix + path.name))
+                e2e_files += [(unpacked / f"proof-e2e{ext}", results / (stem + ext)) for ext in (".json", ".png")
+                              if (unpacked / f"proof-e2e{ext}").exists()]  # fmt: skip
+        clash = [str(target) for _, target in e2e_files if target.exists()]
+        if clash:
+            raise LandError(f"{', '.join(clash)} exist already: these calls were landed, or remove them first")
+        goals, moved = goals_markdown([parts for _, _, parts in calls]), {src for src, _ in e2e_files}
+        with claim_output(dest, directory=True) as out:
+            out.tmp.mkdir()
+            for i, (call_dir, unpacked, _) in enumerate(calls, 1):
+                prefix = "" if i == 1 else f"call{i}-"
+                for path in sorted(set(unpacked.iterdir()) - moved):
+                    shutil.copy2(path, out.tmp / (prefix + path.name))
                 if (call_dir / "log.txt").exists():
-                    shutil.copy2(call_dir / "log.txt", staging / f"call{i}-log.txt")
-            goals = goals_markdown([parts for _, _, parts in calls])
-            (staging / "goals.md").write_text(goals)
-            clash = [str(target) for _, target in e2e_files if target.exists()]
-            if clash:
-                raise LandError(f"{', '.join(clash)} exist already: these calls were landed, or remove them first")
-            os.replace(staging, dest)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+                    shutil.copy2(call_dir / "log.txt", out.tmp / f"call{i}-log.txt")
+            (out.tmp / "goals.md").write_text(goals)
         for src, target in e2e_files:
-            shutil.copy2(src, target)
-        tables = [unpacked / t for _, unpacked, parts in calls if "kernels" in parts
-                  for t in ("mlp_dispatch.json", "attention_dispatch.json") if (unpacked / t).exists()]  # fmt: skip
-        for table in tables:  # the last call's measurement wins
-            shutil.copy2(table, root / "kernels" / table.name)
+            atomic_write(target, lambda tmp, src=src: shutil.copy2(src, tmp), force=False)
+        for table in (unpacked / name for _, unpacked, parts in calls if "kernels" in parts  # the last kernels part's wins
+                      for name in ("mlp_dispatch.json", "attention_dispatch.json")):
+            if table.exists():
+                atomic_write(root / "kernels" / table.name, lambda tmp, src=table: shutil.copy2(src, tmp))
     regenerate_readme(root)
     return dest, goals
 
@@ -122,9 +120,7 @@ def regenerate_readme(root: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "vitfast.cli", "bench", "--report", *files], capture_output=True, text=True)
     if done.returncode != 0:
         raise LandError(f"regenerating benchmarks/README.md failed: {done.stderr.strip()[-500:]}")
-    readme = root / "benchmarks" / "README.md"
-    readme.with_suffix(".md.tmp").write_text(done.stdout)
-    os.replace(readme.with_suffix(".md.tmp"), readme)
+    atomic_write_text(root / "benchmarks" / "README.md", done.stdout)
 
 
 # ---------------------------------------------------------------------------- the goals
