@@ -486,7 +486,7 @@ def test_torch_without_triton_op_is_a_clear_error(monkeypatch):
         vitfast.optimize(vitfast.create_model(tiny_config()))
 
 def test_cuda_graphs_need_a_gpu_model():
-    with pytest.raises(vitfast.VitfastError, match="cuda_graphs=True needs the model on a CUDA GPU"):
+    with pytest.raises(vitfast.VitfastError, match="cuda_graphs needs the model on a CUDA GPU"):
         vitfast.optimize(vitfast.create_model(tiny_config()), cuda_graphs=True)
 
 

@@ -12,7 +12,7 @@ from .errors import (  # noqa: E402
     ArtifactError, BackendUnavailable, CheckpointError, ConfigError, GuessedConfigWarning, InputError, VitfastError,
 )
 from .model import VisionTransformer  # noqa: E402
-from .optimize import optimize, restore  # noqa: E402
+from .optimize import batch_buckets, optimize, restore  # noqa: E402
 from .preprocessing import preprocess  # noqa: E402
 from .registry import create_model, get_config, list_models  # noqa: E402
 from .runtime import Engine, load_engine  # noqa: E402
@@ -28,6 +28,7 @@ __all__ = [
     "save_checkpoint",
     "optimize",
     "restore",
+    "batch_buckets",
     "preprocess",
     "load_engine",
     "Engine",

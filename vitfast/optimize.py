@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -32,10 +33,10 @@ def _check_backend(model: nn.Module, cuda_graphs: bool) -> None:
     elif not interpret:
         raise VitfastError(f"the model is on {device}; move it to the GPU first (model.cuda()), then optimize it")
     if cuda_graphs and device.type != "cuda":
-        raise VitfastError("cuda_graphs=True needs the model on a CUDA GPU")
+        raise VitfastError("cuda_graphs needs the model on a CUDA GPU")
 
 
-def optimize(model: nn.Module, *, cuda_graphs: bool = False, mlp: str = "auto", approximate_gelu: bool = False,
+def optimize(model: nn.Module, *, cuda_graphs: bool | Sequence[int] = False, mlp: str = "auto", approximate_gelu: bool = False,
              attention: str = "auto") -> nn.Module:  # fmt: skip
     """Replace every reference `Block` of a vitfast model with a `FusedBlock` sharing its parameters,
     and the patch embedding's convolution with one GEMM over the unfolded patches (`GemmPatchEmbed`).
@@ -44,7 +45,11 @@ def optimize(model: nn.Module, *, cuda_graphs: bool = False, mlp: str = "auto", 
     left as they are. Attention maps (`forward_features(x, return_attention=True)`) and training
     mode fall back to the reference math on the same parameters. `cuda_graphs=True` captures the
     whole forward once per input shape/dtype and replays it (the batch-1 latency path); inputs are
-    copied into the captured buffer and outputs are returned as fresh tensors.
+    copied into the captured buffer and outputs are returned as fresh tensors. For a server's
+    dynamic batches, give the batch sizes to capture instead (`cuda_graphs=vitfast.batch_buckets(64)`):
+    a batch runs zero-padded in the smallest of them that holds it, batches above the largest run
+    without a graph, and `model.forward.capture((C, H, W), dtype, device)` captures them all up front.
+    All the graphs share one memory pool.
 
     `mlp` picks the MLP path: "cublas" (cuBLAS GEMMs with their bias, then PyTorch's GELU or the QuickGELU kernel),
     "epilogue" (Triton GEMMs with bias+GELU and bias+LayerScale+residual as epilogues) or "auto"
@@ -63,7 +68,7 @@ def optimize(model: nn.Module, *, cuda_graphs: bool = False, mlp: str = "auto", 
     Models trained with the tanh form (SigLIP) take that epilogue anyway.
 
     Calling optimize again on an optimized model changes `mlp`, `attention` and `approximate_gelu`
-    (and can add CUDA graphs).
+    (and can add CUDA graphs or change their batch sizes).
     """
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.Sequential):
@@ -72,7 +77,8 @@ def optimize(model: nn.Module, *, cuda_graphs: bool = False, mlp: str = "auto", 
         raise VitfastError(f"mlp must be one of {', '.join(MLP_PATHS)}, got {mlp!r}")
     if attention not in ATTENTION_PATHS:
         raise VitfastError(f"attention must be one of {', '.join(ATTENTION_PATHS)}, got {attention!r}")
-    _check_backend(model, cuda_graphs)
+    graph_sizes = _graph_sizes(cuda_graphs)
+    _check_backend(model, bool(cuda_graphs))
     if can_gemm_embed(getattr(model, "patch_embed", None)):
         model.patch_embed = GemmPatchEmbed(model.patch_embed)
     for i, block in enumerate(blocks):
@@ -86,9 +92,12 @@ def optimize(model: nn.Module, *, cuda_graphs: bool = False, mlp: str = "auto", 
         if isinstance(block, FusedBlock):  # hand the next fused block its norm1 output too
             object.__setattr__(block, "next_norm", following.norm1 if isinstance(following, FusedBlock) else None)
     if cuda_graphs and not hasattr(model, _GRAPHED):
-        graphed = CudaGraphForward(model.forward)
+        graphed = CudaGraphForward(model.forward, graph_sizes)
         model.forward = graphed  # instance attribute shadows the class method; restore() deletes it
         setattr(model, _GRAPHED, graphed)
+    elif cuda_graphs and getattr(model, _GRAPHED).batch_sizes != graph_sizes:
+        getattr(model, _GRAPHED).batch_sizes = graph_sizes
+        getattr(model, _GRAPHED).graphs.clear()
     return model
 
 
@@ -107,29 +116,87 @@ def restore(model: nn.Module) -> nn.Module:
     return model
 
 
-class CudaGraphForward:
-    """Capture `forward` in a CUDA graph per (shape, dtype, device) and replay it."""
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """CUDA-graph batch sizes for batches of 1..max_batch: the powers of two and the sizes halfway
+    between them (1, 2, 3, 4, 6, 8, 12, 16, 24, ...), capped by max_batch itself. A batch runs in the
+    smallest size that holds it, so padding costs at most a third of a batch from 4 on; the count
+    grows as 2 log2(max_batch) (16 graphs for 256)."""
+    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+        raise VitfastError(f"max_batch must be a positive int, got {max_batch!r}")
+    sizes, p = [], 1
+    while p < max_batch:
+        sizes += [p, p + p // 2] if p >= 2 else [p]
+        p *= 2
+    return tuple(sorted({s for s in sizes if s < max_batch} | {max_batch}))
 
-    def __init__(self, forward):
+
+def _graph_sizes(cuda_graphs) -> tuple[int, ...] | None:
+    """optimize's `cuda_graphs` as capture sizes: None for True/False (one graph per batch size met), else the sorted sizes."""
+    if isinstance(cuda_graphs, bool):
+        return None
+    sizes = tuple(cuda_graphs) if isinstance(cuda_graphs, (list, tuple, range)) else ()
+    if not sizes or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes):
+        raise VitfastError(f"cuda_graphs takes True, False or the batch sizes to capture (positive ints, e.g. "
+                           f"vitfast.batch_buckets(64)), got {cuda_graphs!r}")  # fmt: skip
+    return tuple(sorted(set(sizes)))
+
+
+class CudaGraphForward:
+    """Replay `forward` from CUDA graphs: one per input shape/dtype/device, or with `batch_sizes`,
+    one per size there, a batch running zero-padded in the smallest size that holds it (above the
+    largest, the plain forward runs). Every graph allocates from one shared memory pool: replays run
+    one after another on the caller's stream and each output is copied out before the next replay,
+    so a graph may reuse the memory another one used (as vLLM shares one pool across its batch sizes)."""
+
+    def __init__(self, forward, batch_sizes: tuple[int, ...] | None = None):
         self.forward = forward
-        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.batch_sizes = batch_sizes
+        self.graphs: dict[tuple, tuple] = {}  # (shape, dtype, device) -> (replay, static_in, static_out)
+        self.pool = None
+
+    def size_for(self, n: int) -> int | None:
+        """The captured batch size a batch of n runs in (None: above the largest, no graph)."""
+        if self.batch_sizes is None:
+            return n
+        return next((s for s in self.batch_sizes if s >= n), None)
 
     @torch.no_grad()
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        key = (tuple(x.shape), x.dtype, x.device)
+        n = x.shape[0]
+        size = self.size_for(n)
+        if size is None:
+            return self.forward(x)
+        key = ((size, *x.shape[1:]), x.dtype, x.device)
         if key not in self.graphs:
-            static_in = x.clone()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):  # warm-up outside capture: Triton autotuning and cuBLAS workspaces
-                    self.forward(static_in)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static_out = self.forward(static_in)
-            self.graphs[key] = (graph, static_in, static_out)
-        graph, static_in, static_out = self.graphs[key]
-        static_in.copy_(x)
-        graph.replay()
-        return static_out.clone()
+            self.graphs[key] = self._capture(*key)
+        replay, static_in, static_out = self.graphs[key]
+        static_in[:n].copy_(x)
+        static_in[n:].zero_()  # padding rows: each image runs alone through a ViT, zeros only keep them finite
+        replay()
+        return static_out[:n].clone()
+
+    def capture(self, sample_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> None:
+        """Capture every batch size now (largest first, so the smaller ones fit in the pool it leaves),
+        for images of `sample_shape` [C, H, W]: a server's start-up, so no request pays for a capture."""
+        if self.batch_sizes is None:
+            raise VitfastError("capture() needs the batch sizes: optimize(model, cuda_graphs=vitfast.batch_buckets(MAX_BATCH))")
+        for size in reversed(self.batch_sizes):
+            key = ((size, *sample_shape), dtype, torch.device(device))
+            if key not in self.graphs:
+                self.graphs[key] = self._capture(*key)
+
+    @torch.no_grad()
+    def _capture(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
+        static_in = torch.zeros(shape, dtype=dtype, device=device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(3):  # warm-up outside capture: Triton autotuning and cuBLAS workspaces
+                self.forward(static_in)
+        torch.cuda.current_stream(device).wait_stream(side)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            static_out = self.forward(static_in)
+        return graph.replay, static_in, static_out

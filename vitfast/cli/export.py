@@ -21,6 +21,8 @@ from vitfast.export.tensorrt import build_engine, require_tensorrt, trtexec_comm
 from vitfast.export.triton_repo import check_repository_free
 from vitfast.layerwise import describe_layers
 from vitfast.precision import EXPORT as EXPORT_PRECISIONS
+from vitfast.precision import TORCH as TORCH_PRECISIONS
+from vitfast.precision import TORCH_DTYPES
 from vitfast.progress import Reporter
 from vitfast.runtime import BACKENDS, ENGINE_SUFFIXES, Engine, load_engine
 from vitfast.runtime.openvino_engine import HINTS as OV_HINTS
@@ -151,19 +153,21 @@ def load_artifact(path: str, args: argparse.Namespace, labels: bool = True, back
 
 
 def runtime_options(path: str, args: argparse.Namespace, backend: str) -> dict:
-    """load_engine keywords from --threads, --ov-hint and --ov-streams for this artifact and backend.
-    A checkpoint takes --threads as torch's thread count; a flag the chosen runtime has no use for
-    is refused rather than ignored."""
+    """load_engine keywords from --threads, --ov-hint and --ov-streams for this artifact and backend,
+    and for a checkpoint from --precision, --optimize and --cuda-graphs. A checkpoint takes --threads as
+    torch's thread count; a flag the chosen runtime has no use for is refused rather than ignored."""
     threads, hint, streams = (getattr(args, k, None) for k in ("threads", "ov_hint", "ov_streams"))
     openvino = {k: v for k, v in (("hint", hint), ("streams", streams)) if v is not None}
+    engine_file = Path(path).suffix.lower() in ENGINE_SUFFIXES
+    pytorch = torch_options(args, path, checkpoint=not (is_onnx_artifact(path) or engine_file))
     if not is_onnx_artifact(path):
         if openvino:
             raise InputError(f"--ov-hint / --ov-streams set OpenVINO, which runs ONNX files; {path} is not one: drop them")
-        if threads is not None and Path(path).suffix.lower() in ENGINE_SUFFIXES:
+        if threads is not None and engine_file:
             raise InputError(f"--threads sets CPU runtimes; {path} is a TensorRT engine: drop it")
         if threads is not None:
             torch.set_num_threads(threads)
-        return {}
+        return pytorch
     if openvino and backend == "onnxruntime":
         raise InputError("--ov-hint / --ov-streams set OpenVINO, but the backend is onnxruntime: "
                          "use --backend openvino (or auto), or drop them")  # fmt: skip
@@ -182,6 +186,32 @@ def add_artifact_args(p: argparse.ArgumentParser, labels: bool = True) -> None:
     p.add_argument("--threads", type=positive_int, help="CPU threads for ONNX Runtime, OpenVINO or PyTorch (default: their own)")
     p.add_argument("--ov-hint", choices=OV_HINTS, help="OpenVINO PERFORMANCE_HINT (picks OpenVINO under --backend auto)")
     p.add_argument("--ov-streams", type=ov_streams, metavar="N|AUTO", help="OpenVINO NUM_STREAMS (picks OpenVINO under --backend auto)")
+
+
+def add_torch_args(p: argparse.ArgumentParser) -> None:
+    """--precision, --optimize and --cuda-graphs: how PyTorch runs a checkpoint (an exported artifact's precision is fixed)."""
+    group = p.add_argument_group("checkpoints on PyTorch")
+    group.add_argument("--precision", dest="torch_precision", choices=TORCH_PRECISIONS,
+                       help="dtype of the weights and activations (default fp32)")
+    group.add_argument("--optimize", action="store_true", help="run vitfast's Triton kernels (vitfast.optimize; needs a CUDA GPU)")
+    group.add_argument("--cuda-graphs", action="store_true",
+                       help="with --optimize: replay the forward from CUDA graphs, one per batch size (serve: the dynamic "
+                            "batcher's sizes, captured at start-up, a batch padded to the next of 1, 2, 3, 4, 6, 8, 12, 16, ...)")  # fmt: skip
+
+
+def torch_options(args: argparse.Namespace, path: str, checkpoint: bool) -> dict:
+    """TorchEngine keywords from --precision / --optimize / --cuda-graphs for the artifact at `path`: a `checkpoint`
+    takes them, an exported artifact refuses them."""
+    precision, optimized, graphs = (getattr(args, k, None) for k in ("torch_precision", "optimize", "cuda_graphs"))
+    given = [flag for flag, v in (("--precision", precision), ("--optimize", optimized), ("--cuda-graphs", graphs)) if v]
+    if not given:
+        return {}
+    if not checkpoint:
+        raise InputError(f"{' / '.join(given)} set how PyTorch runs a checkpoint; {path} is an exported artifact whose "
+                         "precision and runtime its export fixed: drop them (or export again at another --precision)")  # fmt: skip
+    if graphs and not optimized:
+        raise InputError("--cuda-graphs replays the optimized model's forward: add --optimize")
+    return {"dtype": TORCH_DTYPES[precision or "fp32"], "optimized": bool(optimized), "cuda_graphs": bool(graphs)}
 
 
 def add_loading_args(p: argparse.ArgumentParser) -> None:
@@ -313,6 +343,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_quiet(p)
     add_artifact_args(p)
+    add_torch_args(p)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("eval", parents=[common], help="top-1 / top-5 accuracy on an image folder DIR/<class>/*")
@@ -324,4 +355,5 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_quiet(p)
     add_artifact_args(p, labels=False)  # eval has its own --labels
+    add_torch_args(p)
     p.set_defaults(func=cmd_eval)

@@ -27,7 +27,7 @@ from vitfast.flags import positive_int
 from vitfast.runtime import Engine
 from vitfast.scores import SCORES, default_scores, top_classes
 
-from .export import add_artifact_args, add_loading_args, load_artifact
+from .export import add_artifact_args, add_loading_args, add_torch_args, load_artifact
 from .progress import add_quiet, reporter
 
 FORMATS = (".jsonl", ".csv", ".npz")
@@ -162,4 +162,5 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (with the predictions unless --out)")
     add_quiet(p)
     add_artifact_args(p)
+    add_torch_args(p)
     p.set_defaults(func=cmd_predict)

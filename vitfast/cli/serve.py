@@ -9,7 +9,7 @@ from vitfast.scores import SCORES
 from vitfast.serve import DEFAULT_PORTS, DEFAULT_QUEUE_DELAY_US, DEFAULT_TOP_K, require_pytriton, serve
 
 from .config_args import read_labels
-from .export import add_artifact_args, load_artifact
+from .export import add_artifact_args, add_torch_args, load_artifact
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -41,4 +41,5 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--verbose", action="store_true", help="show the Triton server's own log")
     p.add_argument("--allow-nonfinite", action="store_true", help="run NaN / infinite float inputs instead of refusing them (as engine.allow_nonfinite)")
     add_artifact_args(p, labels=False)  # serve has its own --labels
+    add_torch_args(p)
     p.set_defaults(func=cmd_serve)

@@ -2,29 +2,61 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from vitfast.optimize import optimize
+from vitfast.errors import InputError
+from vitfast.optimize import batch_buckets, optimize
 from vitfast.precision import from_dtype
 
 from .engine import Engine
 
 
 class TorchEngine(Engine):
-    """The PyTorch model from a checkpoint; `optimized=True` swaps in the Triton kernels."""
+    """The PyTorch model from a checkpoint, in `dtype` on `device` (default: the GPU if there is one).
+
+    `optimized=True` swaps in the Triton kernels (`vitfast.optimize`); `cuda_graphs` (with
+    `optimized`) replays the forward from CUDA graphs: True for one graph per batch size met, or the
+    batch sizes to capture (see `optimize`; `capture_graphs(max_batch)` sets them and captures up front)."""
 
     kind = "pytorch"
 
     def __init__(self, model: torch.nn.Module, *, device: str | None = None, dtype: torch.dtype = torch.float32,
-                 optimized: bool = False, path: Path | None = None):  # fmt: skip
+                 optimized: bool = False, cuda_graphs: bool | Sequence[int] = False, path: Path | None = None):  # fmt: skip
         super().__init__(model.config, precision=from_dtype(dtype), path=path)
+        if cuda_graphs and not optimized:
+            raise InputError("cuda_graphs replays the optimized model's forward: add optimized=True (--optimize)")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = dtype
+        self.optimized = optimized
         self.model = model.to(self.device, dtype).eval()
         if optimized:
-            optimize(self.model)
+            optimize(self.model, cuda_graphs=cuda_graphs)
+
+    def __repr__(self) -> str:
+        extra = ", optimized" + (", cuda_graphs" if self.graphed is not None else "") if self.optimized else ""
+        return f"{type(self).__name__}({self.path or self.config.name}, precision={self.precision}{extra})"
+
+    @property
+    def graphed(self):
+        """The model's `CudaGraphForward`, or None without CUDA graphs."""
+        return getattr(self.model, "_vitfast_cuda_graphs", None)
+
+    @torch.inference_mode()  # as _run: the static buffers are then inference tensors, as lazily captured ones are
+    def capture_graphs(self, max_batch: int) -> tuple[int, ...]:
+        """Capture CUDA graphs for every batch of 1..max_batch now (`vitfast.batch_buckets(max_batch)`, largest
+        first), at the model's image size; returns the sizes. For a server, before its first request."""
+        if self.graphed is None:
+            raise InputError("capture_graphs needs an engine made with optimized=True, cuda_graphs=True")
+        if self.config.dynamic_img_size:
+            raise InputError("a dynamic-image-size model captures one graph per image size as it meets it; "
+                             "capture_graphs takes a fixed-size one")  # fmt: skip
+        sizes = batch_buckets(max_batch)
+        optimize(self.model, cuda_graphs=sizes)
+        self.graphed.capture((self.config.in_chans, *self.config.img_hw), self.dtype, self.device)
+        return sizes
 
     @torch.inference_mode()
     def _run(self, x: torch.Tensor) -> torch.Tensor:
