@@ -57,8 +57,10 @@ BUDGET_SHARE = {"tests": 0.3, "kernels": 0.3, "e2e": 0.4}  # of --budget under -
 GRACE_S = 30.0  # the watchdog fires this long after a part's time box
 INTERRUPT_GRACE_S = 20.0  # a pytest run past its box gets SIGINT, then this long to write its JUnit XML
 # optimize() and the GEMM epilogues first: the H100 run of 2026-11-26 reached 261 of test_kernels.py's
-# 352 tests in its box and none of the other two files (xdist hands tests out in this order)
-TEST_FILES = ("tests/test_optimize.py", "tests/test_linear_layernorm.py", "tests/test_kernels.py")
+# 352 tests in its box and none of the other two files (xdist hands tests out in this order); the one GPU test of
+# test_torch_engine.py (CUDA graphs per batch size, as `vitfast serve --optimize --cuda-graphs` captures them) rides along
+TEST_FILES = ("tests/test_optimize.py", "tests/test_torch_engine.py::test_gpu_engine_graphs_per_batch_size_match_the_engine_without",
+              "tests/test_linear_layernorm.py", "tests/test_kernels.py")
 ATOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}  # DESIGN.md's 2x rule
 TMA_CHECK = "tma-check.json"  # the TMA GEMMs' verdict in DIR: the first part of a call writes it, every part obeys it
 TMA_CHECK_S = 150.0  # its process's limit: compiling ~40 kernel configs beside pytest's workers, then 9 checks

@@ -116,6 +116,11 @@ def restore(model: nn.Module) -> nn.Module:
     return model
 
 
+def graphed_forward(model: nn.Module) -> CudaGraphForward | None:
+    """The model's `CudaGraphForward` (from `optimize(model, cuda_graphs=...)`), or None."""
+    return getattr(model, _GRAPHED, None)
+
+
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
     """CUDA-graph batch sizes for batches of 1..max_batch: the powers of two and the sizes halfway
     between them (1, 2, 3, 4, 6, 8, 12, 16, 24, ...), capped by max_batch itself. A batch runs in the

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from vitfast.errors import InputError
-from vitfast.optimize import batch_buckets, optimize
+from vitfast.optimize import batch_buckets, graphed_forward, optimize
 from vitfast.precision import from_dtype
 
 from .engine import Engine
@@ -42,17 +42,15 @@ class TorchEngine(Engine):
     @property
     def graphed(self):
         """The model's `CudaGraphForward`, or None without CUDA graphs."""
-        return getattr(self.model, "_vitfast_cuda_graphs", None)
+        return graphed_forward(self.model)
 
     @torch.inference_mode()  # as _run: the static buffers are then inference tensors, as lazily captured ones are
     def capture_graphs(self, max_batch: int) -> tuple[int, ...]:
-        """Capture CUDA graphs for every batch of 1..max_batch now (`vitfast.batch_buckets(max_batch)`, largest
-        first), at the model's image size; returns the sizes. For a server, before its first request."""
+        """Run every batch of 1..max_batch in CUDA graphs of `vitfast.batch_buckets(max_batch)`, captured now at the
+        model's image size, largest first (other image sizes of a dynamic-size model are captured when first met);
+        returns the sizes. For a server, before its first request."""
         if self.graphed is None:
             raise InputError("capture_graphs needs an engine made with optimized=True, cuda_graphs=True")
-        if self.config.dynamic_img_size:
-            raise InputError("a dynamic-image-size model captures one graph per image size as it meets it; "
-                             "capture_graphs takes a fixed-size one")  # fmt: skip
         sizes = batch_buckets(max_batch)
         optimize(self.model, cuda_graphs=sizes)
         self.graphed.capture((self.config.in_chans, *self.config.img_hw), self.dtype, self.device)
