@@ -175,18 +175,29 @@ def test_optimized_engine_runs_the_kernels_and_matches_the_reference(checkpoint)
 def test_graphs_without_the_optimized_model_are_refused(checkpoint):
     with pytest.raises(InputError, match="add optimized=True"):
         vitfast.load_engine(checkpoint, cuda_graphs=True)
-    with pytest.raises(InputError, match="capture_graphs needs an engine made with optimized=True, cuda_graphs=True"):
-        vitfast.load_engine(checkpoint).capture_graphs(8)
+    with pytest.raises(InputError, match="warm_up readies vitfast's kernels: make the engine with optimized=True"):
+        vitfast.load_engine(checkpoint).warm_up(8)
 
 
-def test_serve_captures_every_batch_size_before_starting(checkpoint, tmp_path, monkeypatch):
-    """An engine with CUDA graphs is captured for the dynamic batcher's sizes before the server binds it."""
+def test_warm_up_without_graphs_runs_every_batch_size_once_largest_first(checkpoint):
+    """Without CUDA graphs, warm_up runs the optimized model once per size of batch_buckets (Triton compiles and tunes
+    each size bucket then, not at a request)."""
+    engine = vitfast.load_engine(checkpoint, optimized=True)
+    seen = []
+    engine.model.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[0]))
+    assert engine.warm_up(5) == (1, 2, 3, 4, 5)
+    assert seen == [5, 4, 3, 2, 1]
+
+
+@pytest.mark.parametrize("optimized", [True, False])
+def test_serve_warms_an_optimized_engine_up_before_starting(checkpoint, tmp_path, monkeypatch, optimized):
+    """An optimized engine is warmed up (with CUDA graphs: captured) for the dynamic batcher's sizes before the server
+    binds it; a plain one is served as it is."""
     pytest.importorskip("pytriton", reason="vitfast serve needs PyTriton")
     from vitfast import serve
 
-    captured = []
-    monkeypatch.setattr(TorchEngine, "graphed", property(lambda self: object()))
-    monkeypatch.setattr(TorchEngine, "capture_graphs", lambda self, max_batch: captured.append(max_batch))
+    warmed = []
+    monkeypatch.setattr(TorchEngine, "warm_up", lambda self, max_batch: warmed.append(max_batch))
     monkeypatch.setattr(serve.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
 
     def stop_here(*_):
@@ -195,8 +206,8 @@ def test_serve_captures_every_batch_size_before_starting(checkpoint, tmp_path, m
     monkeypatch.setattr(serve, "_triton", stop_here)
     monkeypatch.setattr(serve, "check_port_free", lambda *_: None)
     with pytest.raises(RuntimeError, match="would start here"):
-        serve.start(vitfast.load_engine(checkpoint), max_batch_size=12)
-    assert captured == [12]
+        serve.start(vitfast.load_engine(checkpoint, optimized=optimized), max_batch_size=12)
+    assert warmed == ([12] if optimized else [])
 
 
 # ---------------------------------------------------------------------------- CLI
@@ -239,13 +250,13 @@ def test_torch_flags_that_cannot_apply_are_refused(checkpoint, images, tmp_path,
 # ---------------------------------------------------------------------------- GPU only
 @pytest.mark.gpu
 def test_gpu_engine_graphs_per_batch_size_match_the_engine_without(checkpoint, device):
-    """fp16, optimized: capture_graphs(8) captures (1, 2, 3, 4, 6, 8) in one pool; batches of 1, 3, 5, 8 replay padded
+    """fp16, optimized: warm_up(8) captures (1, 2, 3, 4, 6, 8) in one pool; batches of 1, 3, 5, 8 replay padded
     graphs, a batch of 11 runs without one; every output matches the same engine without graphs."""
     if device != "cuda":
         pytest.skip("needs a CUDA GPU (run with VITFAST_TEST_DEVICE=cuda)")
     plain = vitfast.load_engine(checkpoint, dtype=torch.float16, optimized=True)
     graphed = vitfast.load_engine(checkpoint, dtype=torch.float16, optimized=True, cuda_graphs=True)
-    assert graphed.capture_graphs(8) == (1, 2, 3, 4, 6, 8)
+    assert graphed.warm_up(8) == (1, 2, 3, 4, 6, 8)
     assert len(graphed.graphed.graphs) == 6 and graphed.graphed.pool is not None
     for n in (1, 3, 5, 8, 11):
         x = torch.randn(n, 3, 32, 32)

@@ -246,8 +246,8 @@ def start(
         raise ServeError(f"the HTTP, gRPC and metrics ports must differ, got {ports}")
     for what, number in ports.items():
         check_port_free(host, number, what)
-    if getattr(engine, "graphed", None) is not None:  # an optimized checkpoint with CUDA graphs: every batch size before the first request
-        engine.capture_graphs(max_batch)
+    if getattr(engine, "optimized", False):  # vitfast's kernels: compiled and tuned (or captured) for every batch size now
+        engine.warm_up(max_batch)
     log_dir = Path(tempfile.mkdtemp(prefix="vitfast-serve-"))
     triton = _triton(host, ports, log_dir, verbose)
     try:

@@ -19,7 +19,7 @@ class TorchEngine(Engine):
 
     `optimized=True` swaps in the Triton kernels (`vitfast.optimize`); `cuda_graphs` (with
     `optimized`) replays the forward from CUDA graphs: True for one graph per batch size met, or the
-    batch sizes to capture (see `optimize`; `capture_graphs(max_batch)` sets them and captures up front)."""
+    batch sizes to capture (see `optimize`; `warm_up(max_batch)` sets them and captures up front)."""
 
     kind = "pytorch"
 
@@ -44,16 +44,23 @@ class TorchEngine(Engine):
         """The model's `CudaGraphForward`, or None without CUDA graphs."""
         return graphed_forward(self.model)
 
-    @torch.inference_mode()  # as _run: the static buffers are then inference tensors, as lazily captured ones are
-    def capture_graphs(self, max_batch: int) -> tuple[int, ...]:
-        """Run every batch of 1..max_batch in CUDA graphs of `vitfast.batch_buckets(max_batch)`, captured now at the
-        model's image size, largest first (other image sizes of a dynamic-size model are captured when first met);
-        returns the sizes. For a server, before its first request."""
-        if self.graphed is None:
-            raise InputError("capture_graphs needs an engine made with optimized=True, cuda_graphs=True")
+    @torch.inference_mode()  # as _run: captured static buffers are then inference tensors, as lazily captured ones are
+    def warm_up(self, max_batch: int) -> tuple[int, ...]:
+        """Get the optimized model ready for every batch of 1..max_batch before the first request: with CUDA graphs,
+        capture those of `vitfast.batch_buckets(max_batch)` (largest first; other image sizes of a dynamic-size model
+        are captured when first met); without, run each of those sizes once, so that Triton compiles and tunes the
+        kernels for every size bucket now (a batch size met later may still compile one specialisation, ~1 s).
+        Returns the sizes. For a server: `vitfast serve` calls it."""
+        if not self.optimized:
+            raise InputError("warm_up readies vitfast's kernels: make the engine with optimized=True (--optimize)")
         sizes = batch_buckets(max_batch)
-        optimize(self.model, cuda_graphs=sizes)
-        self.graphed.capture((self.config.in_chans, *self.config.img_hw), self.dtype, self.device)
+        shape = (self.config.in_chans, *self.config.img_hw)
+        if self.graphed is not None:
+            optimize(self.model, cuda_graphs=sizes)
+            self.graphed.capture(shape, self.dtype, self.device)
+            return sizes
+        for size in reversed(sizes):
+            self.model(torch.zeros((size, *shape), dtype=self.dtype, device=self.device))
         return sizes
 
     @torch.inference_mode()
