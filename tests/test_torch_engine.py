@@ -56,6 +56,17 @@ def test_batch_buckets_hold_every_batch_with_little_padding(max_batch):
         assert size - n < size / 3, (n, size)  # padding: under a third of the captured batch
 
 
+@pytest.mark.parametrize("tokens", [12 * 50, 197, 577, 12 * 197, 1025])
+def test_warming_the_batch_buckets_tunes_every_kernel_size_bucket(tokens):
+    """The kernels' autotuners key on next_pow2 of the rows (batch x tokens, or batch x heads): warming the sizes of
+    batch_buckets(max) meets every key that any batch of 1..max would."""
+    from vitfast.kernels._common import next_pow2
+
+    for max_batch in (7, 64, 256):
+        sizes = vitfast.batch_buckets(max_batch)
+        assert {next_pow2(n * tokens) for n in range(1, max_batch + 1)} == {next_pow2(s * tokens) for s in sizes}
+
+
 @pytest.mark.parametrize("bad", [0, -3, 2.0, True, "8"])
 def test_batch_buckets_refuse_what_is_not_a_batch_size(bad):
     with pytest.raises(VitfastError, match="max_batch must be a positive int"):
