@@ -201,14 +201,14 @@ def test_warm_up_without_graphs_runs_every_batch_size_once_largest_first(checkpo
 
 
 @pytest.mark.parametrize("optimized", [True, False])
-def test_serve_warms_an_optimized_engine_up_before_starting(checkpoint, tmp_path, monkeypatch, optimized):
+def test_serve_warms_an_optimized_engine_up_before_starting(checkpoint, tmp_path, monkeypatch, capsys, optimized):
     """An optimized engine is warmed up (with CUDA graphs: captured) for the dynamic batcher's sizes before the server
     binds it; a plain one is served as it is."""
     pytest.importorskip("pytriton", reason="vitfast serve needs PyTriton")
     from vitfast import serve
 
     warmed = []
-    monkeypatch.setattr(TorchEngine, "warm_up", lambda self, max_batch: warmed.append(max_batch))
+    monkeypatch.setattr(TorchEngine, "warm_up", lambda self, max_batch: warmed.append(max_batch) or vitfast.batch_buckets(max_batch))
     monkeypatch.setattr(serve.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
 
     def stop_here(*_):
@@ -219,6 +219,8 @@ def test_serve_warms_an_optimized_engine_up_before_starting(checkpoint, tmp_path
     with pytest.raises(RuntimeError, match="would start here"):
         serve.start(vitfast.load_engine(checkpoint, optimized=optimized), max_batch_size=12)
     assert warmed == ([12] if optimized else [])
+    said = capsys.readouterr().err
+    assert ("warmed TorchEngine(" in said and "optimized) up for batches of 1..12 (7 sizes)" in said) == optimized, said
 
 
 # ---------------------------------------------------------------------------- CLI

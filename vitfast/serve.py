@@ -44,6 +44,7 @@ import sys
 import sysconfig
 import tempfile
 import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterator
@@ -247,7 +248,11 @@ def start(
     for what, number in ports.items():
         check_port_free(host, number, what)
     if getattr(engine, "optimized", False):  # vitfast's kernels: compiled and tuned (or captured) for every batch size now
-        engine.warm_up(max_batch)
+        started = time.monotonic()
+        sizes = engine.warm_up(max_batch)
+        print(f"vitfast: warmed {engine!r} up for batches of 1..{max_batch} ({len(sizes)} sizes"
+              f"{', CUDA graphs captured' if engine.graphed is not None else ''}) in {time.monotonic() - started:.1f} s",
+              file=sys.stderr, flush=True)  # fmt: skip
     log_dir = Path(tempfile.mkdtemp(prefix="vitfast-serve-"))
     triton = _triton(host, ports, log_dir, verbose)
     try:
