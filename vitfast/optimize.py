@@ -79,6 +79,7 @@ def optimize(model: nn.Module, *, cuda_graphs: bool | Sequence[int] = False, mlp
         raise VitfastError(f"attention must be one of {', '.join(ATTENTION_PATHS)}, got {attention!r}")
     graph_sizes = _graph_sizes(cuda_graphs)
     _check_backend(model, bool(cuda_graphs))
+    graphed = graphed_forward(model)
     if can_gemm_embed(getattr(model, "patch_embed", None)):
         model.patch_embed = GemmPatchEmbed(model.patch_embed)
     for i, block in enumerate(blocks):
@@ -86,18 +87,18 @@ def optimize(model: nn.Module, *, cuda_graphs: bool | Sequence[int] = False, mlp
             blocks[i] = FusedBlock(block, mlp=mlp, approximate_gelu=approximate_gelu, attention=attention)
         elif isinstance(block, FusedBlock) and (block.mlp_path, block.approximate_gelu, block.attention_path) != (mlp, approximate_gelu, attention):
             block.mlp_path, block.approximate_gelu, block.attention_path = mlp, approximate_gelu, attention
-            if hasattr(model, _GRAPHED):
-                getattr(model, _GRAPHED).graphs.clear()  # captured with the old path: capture again
+            if graphed is not None:
+                graphed.graphs.clear()  # captured with the old path: capture again
     for block, following in zip(blocks, list(blocks)[1:] + [None]):
         if isinstance(block, FusedBlock):  # hand the next fused block its norm1 output too
             object.__setattr__(block, "next_norm", following.norm1 if isinstance(following, FusedBlock) else None)
-    if cuda_graphs and not hasattr(model, _GRAPHED):
+    if cuda_graphs and graphed is None:
         graphed = CudaGraphForward(model.forward, graph_sizes)
         model.forward = graphed  # instance attribute shadows the class method; restore() deletes it
         setattr(model, _GRAPHED, graphed)
-    elif cuda_graphs and getattr(model, _GRAPHED).batch_sizes != graph_sizes:
-        getattr(model, _GRAPHED).batch_sizes = graph_sizes
-        getattr(model, _GRAPHED).graphs.clear()
+    elif cuda_graphs and graphed.batch_sizes != graph_sizes:
+        graphed.batch_sizes = graph_sizes
+        graphed.graphs.clear()
     return model
 
 
@@ -171,12 +172,10 @@ class CudaGraphForward:
         size = self.size_for(n)
         if size is None:
             return self.forward(x)
-        key = ((size, *x.shape[1:]), x.dtype, x.device)
-        if key not in self.graphs:
-            self.graphs[key] = self._capture(*key)
-        replay, static_in, static_out = self.graphs[key]
+        replay, static_in, static_out = self._graph((size, *x.shape[1:]), x.dtype, x.device)
         static_in[:n].copy_(x)
-        static_in[n:].zero_()  # padding rows: each image runs alone through a ViT, zeros only keep them finite
+        if n < size:
+            static_in[n:].zero_()  # padding rows: each image runs alone through a ViT, zeros only keep them finite
         replay()
         return static_out[:n].clone()
 
@@ -186,9 +185,14 @@ class CudaGraphForward:
         if self.batch_sizes is None:
             raise VitfastError("capture() needs the batch sizes: optimize(model, cuda_graphs=vitfast.batch_buckets(MAX_BATCH))")
         for size in reversed(self.batch_sizes):
-            key = ((size, *sample_shape), dtype, torch.device(device))
-            if key not in self.graphs:
-                self.graphs[key] = self._capture(*key)
+            self._graph((size, *sample_shape), dtype, torch.device(device))
+
+    def _graph(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> tuple:
+        """(replay, static_in, static_out) for inputs of `shape`, captured on first use."""
+        key = (shape, dtype, device)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(*key)
+        return self.graphs[key]
 
     @torch.no_grad()
     def _capture(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):

@@ -158,9 +158,9 @@ def runtime_options(path: str, args: argparse.Namespace, backend: str) -> dict:
     torch's thread count; a flag the chosen runtime has no use for is refused rather than ignored."""
     threads, hint, streams = (getattr(args, k, None) for k in ("threads", "ov_hint", "ov_streams"))
     openvino = {k: v for k, v in (("hint", hint), ("streams", streams)) if v is not None}
-    engine_file = Path(path).suffix.lower() in ENGINE_SUFFIXES
-    pytorch = torch_options(args, path, checkpoint=not (is_onnx_artifact(path) or engine_file))
-    if not is_onnx_artifact(path):
+    onnx, engine_file = is_onnx_artifact(path), Path(path).suffix.lower() in ENGINE_SUFFIXES
+    pytorch = torch_options(args, path, checkpoint=not (onnx or engine_file))
+    if not onnx:
         if openvino:
             raise InputError(f"--ov-hint / --ov-streams set OpenVINO, which runs ONNX files; {path} is not one: drop them")
         if threads is not None and engine_file:
