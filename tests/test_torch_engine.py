@@ -158,6 +158,16 @@ def test_capture_takes_every_size_up_front_largest_first(model):
     assert graphs.captured == [2, 6, 4, 3, 1]
 
 
+def test_capture_on_cuda_keys_the_graphs_by_the_device_index_tensors_report(model, monkeypatch):
+    """An engine on "cuda" captures at start-up; requests arrive as tensors on cuda:N. Keyed by "cuda", every size
+    would be captured a second time on its first request."""
+    graphs = EagerGraphs(model.forward, (1, 2))
+    graphs._capture = lambda shape, dtype, device: (None, None, None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    graphs.capture((3, 32, 32), torch.float16, "cuda")
+    assert set(graphs.graphs) == {((n, 3, 32, 32), torch.float16, torch.device("cuda", 0)) for n in (1, 2)}
+
+
 # ---------------------------------------------------------------------------- TorchEngine
 def test_engine_in_bf16_passes_the_bf16_parity_check(checkpoint):
     engine = vitfast.load_engine(checkpoint, dtype=torch.bfloat16)

@@ -184,8 +184,11 @@ class CudaGraphForward:
         for images of `sample_shape` [C, H, W]: a server's start-up, so no request pays for a capture."""
         if self.batch_sizes is None:
             raise VitfastError("capture() needs the batch sizes: optimize(model, cuda_graphs=vitfast.batch_buckets(MAX_BATCH))")
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:  # tensors on "cuda" say cuda:N: the keys must match theirs
+            device = torch.device("cuda", torch.cuda.current_device())
         for size in reversed(self.batch_sizes):
-            self._graph((size, *sample_shape), dtype, torch.device(device))
+            self._graph((size, *sample_shape), dtype, device)
 
     def _graph(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> tuple:
         """(replay, static_in, static_out) for inputs of `shape`, captured on first use."""
