@@ -17,7 +17,7 @@ from PIL import Image
 
 import vitfast
 from vitfast.errors import InputError, VitfastError
-from vitfast.optimize import CudaGraphForward
+from vitfast.optimize import CudaGraphForward, static_input
 from vitfast.pipeline import check_artifact
 from vitfast.runtime import TorchEngine
 
@@ -99,9 +99,14 @@ class EagerGraphs(CudaGraphForward):
 
     def _capture(self, shape, dtype, device):
         self.captured.append(shape[0])
-        static_in = torch.zeros(shape, dtype=dtype, device=device)
+        static_in = static_input(shape, dtype, device)
         static_out = self.forward(static_in)
-        return (lambda: static_out.copy_(self.forward(static_in))), static_in, static_out
+
+        def replay():  # a real replay writes the output's memory past autograd's inference-tensor checks
+            with torch.inference_mode():
+                static_out.copy_(self.forward(static_in))
+
+        return replay, static_in, static_out
 
 
 @pytest.fixture
@@ -166,6 +171,44 @@ def test_capture_on_cuda_keys_the_graphs_by_the_device_index_tensors_report(mode
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     graphs.capture((3, 32, 32), torch.float16, "cuda")
     assert set(graphs.graphs) == {((n, 3, 32, 32), torch.float16, torch.device("cuda", 0)) for n in (1, 2)}
+
+
+def test_after_capture_other_image_sizes_run_without_a_graph():
+    """A dynamic-size model served with graphs: only the captured image size is graphed, so a client sending new
+    sizes cannot make the server capture (and keep) a graph for each."""
+    model = randomize(vitfast.create_model(tiny_config(), dynamic_img_size=True)).eval()
+    graphs = EagerGraphs(model.forward, (1, 2))
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        graphs.capture((3, 32, 32), torch.float32, "cpu")
+        torch.testing.assert_close(graphs(x), model(x), atol=1e-5, rtol=1e-5)
+        assert graphs.seen[-1].shape == x.shape
+        graphs(torch.randn(1, 3, 32, 32))
+    assert graphs.captured == [2, 1] and {key[0] for key in graphs.graphs} == {(1, 3, 32, 32), (2, 3, 32, 32)}
+
+
+def test_graphs_captured_in_inference_mode_still_run_under_no_grad(model):
+    """TorchEngine captures under inference_mode; the same model called under no_grad copies into the graph's input."""
+    graphs = EagerGraphs(model.forward, (2,))
+    x = torch.randn(1, 3, 32, 32)
+    with torch.inference_mode():
+        graphs(torch.randn(2, 3, 32, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(graphs(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_changing_the_kernel_paths_drops_the_graphs_and_their_pool(model):
+    """optimize() again with another attention path: the graphs captured with the old one go, and so do their pool
+    and stream (torch refuses a capture into a pool whose graphs are all gone while it still caches blocks)."""
+    vitfast.optimize(model)
+    graphs = EagerGraphs(model.forward, (1, 2))
+    model.forward = graphs
+    setattr(model, "_vitfast_cuda_graphs", graphs)
+    with torch.no_grad():
+        graphs(torch.randn(2, 3, 32, 32))
+    graphs.pool, graphs.stream = object(), object()  # as a GPU capture leaves them
+    vitfast.optimize(model, attention="sdpa")
+    assert graphs.graphs == {} and graphs.pool is None and graphs.stream is None
 
 
 # ---------------------------------------------------------------------------- TorchEngine

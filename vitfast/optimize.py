@@ -49,7 +49,8 @@ def optimize(model: nn.Module, *, cuda_graphs: bool | Sequence[int] = False, mlp
     dynamic batches, give the batch sizes to capture instead (`cuda_graphs=vitfast.batch_buckets(64)`):
     a batch runs zero-padded in the smallest of them that holds it, batches above the largest run
     without a graph, and `model.forward.capture((C, H, W), dtype, device)` captures them all up front.
-    All the graphs share one memory pool.
+    All the graphs share one memory pool. With several GPUs, call the model with its GPU current
+    (`with torch.cuda.device(...)`, as `load_engine` does): Triton launches on the current device.
 
     `mlp` picks the MLP path: "cublas" (cuBLAS GEMMs with their bias, then PyTorch's GELU or the QuickGELU kernel),
     "epilogue" (Triton GEMMs with bias+GELU and bias+LayerScale+residual as epilogues) or "auto"
@@ -88,7 +89,7 @@ def optimize(model: nn.Module, *, cuda_graphs: bool | Sequence[int] = False, mlp
         elif isinstance(block, FusedBlock) and (block.mlp_path, block.approximate_gelu, block.attention_path) != (mlp, approximate_gelu, attention):
             block.mlp_path, block.approximate_gelu, block.attention_path = mlp, approximate_gelu, attention
             if graphed is not None:
-                graphed.graphs.clear()  # captured with the old path: capture again
+                graphed.reset()  # captured with the old path: capture again
     for block, following in zip(blocks, list(blocks)[1:] + [None]):
         if isinstance(block, FusedBlock):  # hand the next fused block its norm1 output too
             object.__setattr__(block, "next_norm", following.norm1 if isinstance(following, FusedBlock) else None)
@@ -98,7 +99,7 @@ def optimize(model: nn.Module, *, cuda_graphs: bool | Sequence[int] = False, mlp
         setattr(model, _GRAPHED, graphed)
     elif cuda_graphs and graphed.batch_sizes != graph_sizes:
         graphed.batch_sizes = graph_sizes
-        graphed.graphs.clear()
+        graphed.reset()
     return model
 
 
@@ -157,8 +158,15 @@ class CudaGraphForward:
     def __init__(self, forward, batch_sizes: tuple[int, ...] | None = None):
         self.forward = forward
         self.batch_sizes = batch_sizes
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop every graph, with their pool: a pool whose graphs are all gone may still hold cached blocks,
+        and torch refuses to capture into it again."""
         self.graphs: dict[tuple, tuple] = {}  # (shape, dtype, device) -> (replay, static_in, static_out)
         self.pool = None
+        self.stream = None  # this forward's own capture stream (see _capture)
+        self.sample_shapes: set[tuple[int, ...]] | None = None  # after capture(): the image shapes graphed
 
     def size_for(self, n: int) -> int | None:
         """The captured batch size a batch of n runs in (None: above the largest, no graph)."""
@@ -170,8 +178,8 @@ class CudaGraphForward:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
         size = self.size_for(n)
-        if size is None:
-            return self.forward(x)
+        if size is None or (self.sample_shapes is not None and tuple(x.shape[1:]) not in self.sample_shapes):
+            return self.forward(x)  # no graph: too large, or an image size capture() was not given (each would cost memory)
         replay, static_in, static_out = self._graph((size, *x.shape[1:]), x.dtype, x.device)
         static_in[:n].copy_(x)
         if n < size:
@@ -181,12 +189,15 @@ class CudaGraphForward:
 
     def capture(self, sample_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> None:
         """Capture every batch size now (largest first, so the smaller ones fit in the pool it leaves),
-        for images of `sample_shape` [C, H, W]: a server's start-up, so no request pays for a capture."""
+        for images of `sample_shape` [C, H, W]: a server's start-up, so no request pays for a capture.
+        From then on, only the image shapes given to capture() run from graphs: a dynamic-size model's
+        other sizes run without, so that a client's stream of new sizes cannot grow the GPU memory."""
         if self.batch_sizes is None:
             raise VitfastError("capture() needs the batch sizes: optimize(model, cuda_graphs=vitfast.batch_buckets(MAX_BATCH))")
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:  # tensors on "cuda" say cuda:N: the keys must match theirs
             device = torch.device("cuda", torch.cuda.current_device())
+        self.sample_shapes = (self.sample_shapes or set()) | {tuple(sample_shape)}
         for size in reversed(self.batch_sizes):
             self._graph((size, *sample_shape), dtype, device)
 
@@ -199,16 +210,26 @@ class CudaGraphForward:
 
     @torch.no_grad()
     def _capture(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
-        static_in = torch.zeros(shape, dtype=dtype, device=device)
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(3):  # warm-up outside capture: Triton autotuning and cuBLAS workspaces
-                self.forward(static_in)
-        torch.cuda.current_stream(device).wait_stream(side)
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            static_out = self.forward(static_in)
+        static_in = static_input(shape, dtype, device)
+        with torch.cuda.device(device):  # Triton launches on the current device, whatever the tensors' device
+            if self.stream is None:  # torch.cuda.graph's default stream is shared by every graph in the process, and
+                self.stream = torch.cuda.Stream(device)  # with it cuBLAS's workspace: another model's reset would free it
+            self.stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(self.stream):
+                for _ in range(3):  # warm-up outside capture: Triton autotuning, and cuBLAS's workspace for this stream
+                    self.forward(static_in)
+            torch.cuda.current_stream(device).wait_stream(self.stream)
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+                static_out = self.forward(static_in)
         return graph.replay, static_in, static_out
+
+
+def static_input(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A graph's input buffer. Made outside inference mode even when captured inside it (TorchEngine runs
+    there), so that the model can still be called under plain no_grad: the copy into it would fail on an
+    inference tensor."""
+    with torch.inference_mode(False):
+        return torch.zeros(shape, dtype=dtype, device=device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,6 +30,8 @@ class TorchEngine(Engine):
         if cuda_graphs and not optimized:
             raise InputError("cuda_graphs replays the optimized model's forward: add optimized=True (--optimize)")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if self.device.type == "cuda" and self.device.index is None:  # fixed now: "cuda" means each thread's own device
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = dtype
         self.optimized = optimized
         self.model = model.to(self.device, dtype).eval()
@@ -47,22 +50,29 @@ class TorchEngine(Engine):
     @torch.inference_mode()  # as _run: captured static buffers are then inference tensors, as lazily captured ones are
     def warm_up(self, max_batch: int) -> tuple[int, ...]:
         """Get the optimized model ready for every batch of 1..max_batch before the first request: with CUDA graphs,
-        capture those of `vitfast.batch_buckets(max_batch)` (largest first; other image sizes of a dynamic-size model
-        are captured when first met); without, run each of those sizes once, so that Triton compiles and tunes the
+        capture those of `vitfast.batch_buckets(max_batch)` (largest first; a dynamic-size model's other image sizes
+        then run without graphs); without, run each of those sizes once, so that Triton compiles and tunes the
         kernels for every size bucket now (a batch size met later may still compile one specialisation, ~1 s).
         Returns the sizes. For a server: `vitfast serve` calls it."""
         if not self.optimized:
             raise InputError("warm_up readies vitfast's kernels: make the engine with optimized=True (--optimize)")
         sizes = batch_buckets(max_batch)
         shape = (self.config.in_chans, *self.config.img_hw)
-        if self.graphed is not None:
-            optimize(self.model, cuda_graphs=sizes)
-            self.graphed.capture(shape, self.dtype, self.device)
-            return sizes
-        for size in reversed(sizes):
-            self.model(torch.zeros((size, *shape), dtype=self.dtype, device=self.device))
+        with self._on_device():
+            if self.graphed is not None:
+                optimize(self.model, cuda_graphs=sizes)
+                self.graphed.capture(shape, self.dtype, self.device)
+                return sizes
+            for size in reversed(sizes):
+                self.model(torch.zeros((size, *shape), dtype=self.dtype, device=self.device))
         return sizes
 
     @torch.inference_mode()
     def _run(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x.to(self.device, self.dtype)).float()
+        with self._on_device():
+            return self.model(x.to(self.device, self.dtype)).float()
+
+    def _on_device(self):
+        """The engine's GPU as the current device: Triton launches its kernels there, whatever the tensors' device
+        (a server's worker threads start on GPU 0)."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
