@@ -279,6 +279,9 @@ def _torch_runner(backend: str, precision: str, config: ViTConfig, platform: Pla
     forward = model
     if backend in ("compile", "vitfast-compile"):
         mode = None if options.compile_mode == "default" else options.compile_mode
+        # every ViT compiled in a process shares its forward's code object, and with it one recompile limit: a fresh
+        # cache per backend (the H100 run of 18ef7c3 timed eager as "compile" once 8 entries had piled up)
+        torch._dynamo.reset()
         # dynamic=False: one static graph per batch size, as a deployment at a fixed batch gets
         forward = torch.compile(model, mode=mode, dynamic=False)
         details |= {"compile_mode": options.compile_mode, "dynamic": False}

@@ -101,10 +101,14 @@ def run_sweep(settings: Settings, *, command: str | None = None, on_row: Callabl
     started = time.perf_counter()
     peaks = [matmul_peak(platform.device)]
     rows = []
-    for config in settings.configs():
-        for backend in settings.backends:
-            for precision in settings.precisions:
-                rows += _measure_backend(backend, precision, config, settings, platform, on_row or (lambda r: None), on_start)
+    # torch.compile's rows: each batch size is one more compiled entry of the model's forward, and past Dynamo's
+    # recompile limit (8) the forward runs eagerly without an error. The limit covers the batch sizes here (each
+    # compiled backend starts from a reset cache) and hitting it fails the row, so no eager time is labelled compiled.
+    with torch._dynamo.config.patch(recompile_limit=max(8, 2 * len(settings.batches)), fail_on_recompile_limit_hit=True):
+        for config in settings.configs():
+            for backend in settings.backends:
+                for precision in settings.precisions:
+                    rows += _measure_backend(backend, precision, config, settings, platform, on_row or (lambda r: None), on_start)
     for artifact in settings.artifacts:
         rows += _measure_artifact(Path(artifact), settings, platform, on_row or (lambda r: None), on_start)
     peaks.append(matmul_peak(platform.device))
