@@ -170,17 +170,23 @@ class TmaCheck:
                 "print(json.dumps(gk.tma_check(gk.DRY_RUN if sys.argv[2] == 'dry' else gk.GPU), default=str))")  # fmt: skip
         cmd = [sys.executable, "-c", code, str(ROOT / "benchmarks"), "dry" if args.dry_run else "gpu"]
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env = os.environ | {"VITFAST_TUNE_CACHE": "0"}  # it tunes beside pytest's workers: its picks must not be cached
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def settle(self, result: dict) -> None:
-        """Wait for the check (started by this part) or read an earlier part's verdict; obey it."""
+    def settle(self, result: dict, deadline: float) -> None:
+        """Wait for the check (started by this part) or read an earlier part's verdict; obey it. The wait ends by
+        the part's `deadline` (time.monotonic()) at the latest, with a verdict written either way: a watchdog
+        firing mid-wait would leave none, and the next part would start the check again."""
         if self.proc is not None:
+            limit = min(TMA_CHECK_S - (time.monotonic() - self.started), deadline - time.monotonic())
             try:
-                out, err = self.proc.communicate(timeout=max(TMA_CHECK_S - (time.monotonic() - self.started), 1.0))
+                out, err = self.proc.communicate(timeout=max(limit, 1.0))
                 verdict = tma_verdict(self.proc.returncode, out, err)
             except subprocess.TimeoutExpired:
                 self.stop()
-                verdict = {"passed": False, "reason": f"no answer in {TMA_CHECK_S:.0f} s: a TMA kernel that hangs, or compiling that slow"}
+                waited = time.monotonic() - self.started
+                verdict = {"passed": False, "reason": f"no answer in {waited:.0f} s: a TMA kernel that hangs, or compiling that slow "
+                           "(pointer kernels for the rest of the call)"}  # fmt: skip
             self.verdict = verdict | {"seconds": time.monotonic() - self.started, "fingerprint": self.fingerprint}
             self.proc = None
             _atomic_write(self.path, json.dumps(self.verdict, indent=1))
@@ -226,7 +232,7 @@ def tma_verdict(returncode: int, stdout: str, stderr: str) -> dict:
 # ---------------------------------------------------------------------------- tests
 def part_tests(result: dict, args: argparse.Namespace, deadline: float, tma: TmaCheck) -> None:
     result["pytest"] = run_pytest(args, deadline - 0.5 * (deadline - time.monotonic()))
-    tma.settle(result)  # before the parity rows run optimize() in this process
+    tma.settle(result, deadline)  # before the parity rows run optimize() in this process
     result["model_parity"], result["precompile"] = rows, warm = [], []
     model_parity(rows, warm, args.dry_run, deadline)
     result["failed"] = (result["pytest"].get("failed", 0) > 0 or any(r.get("passes") is False for r in rows)
@@ -238,7 +244,9 @@ def run_pytest(args: argparse.Namespace, deadline: float) -> dict:
     Under --dry-run only the gpu-marked tests are selected (they skip on CPU: the plumbing runs)."""
     junit = args.out / "tests-junit.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *TEST_FILES]
-    env = dict(os.environ)
+    # its workers tune kernels while sharing the GPU: their picks stay out of Triton's disk cache, so the
+    # kernels and e2e parts tune (and time) their own on an idle GPU; compiled kernels are still shared
+    env = os.environ | {"VITFAST_TUNE_CACHE": "0"}
     if importlib.util.find_spec("xdist"):  # pytest-xdist: Triton compiles the test shapes' kernels in parallel processes
         cmd += ["-n", str(min(16, os.cpu_count() or 1))]
     if args.dry_run:
@@ -312,9 +320,10 @@ def parity_models(dry_run: bool):
 
 
 def model_parity(rows: list, warm: list, dry_run: bool, deadline: float) -> None:
-    """optimize() vs the float64 model, next to the eager model in the same dtype (the 2x rule); then
-    torch.compile over the optimized model and CUDA graphs. Each model's kernels are compiled ahead
-    for both dtypes' batches and MLP paths (counts appended to `warm`)."""
+    """optimize() vs the float64 model, next to the eager model in the same dtype (the 2x rule); then, on
+    ViT-B/16 once every family has its first row, approximate_gelu, attention=sdpa, torch.compile over the
+    optimized model and CUDA graphs. Each model's kernels are compiled ahead for both dtypes' batches and
+    MLP paths (counts appended to `warm`). Rows are appended as each check ends: a time box keeps them."""
     import gpu_kernels as gk
     import torch
 
@@ -324,11 +333,14 @@ def model_parity(rows: list, warm: list, dry_run: bool, deadline: float) -> None
     dtypes = (torch.float32,) if dry_run else (torch.float16, torch.bfloat16)  # the interpreter: fp32 only
     batches = (2,) if dry_run else (64, 1)
     models, warmed = list(parity_models(dry_run)), set()
-    # every family once (fp16, batch 64) before any second row of one: a time box then cuts the extra
-    # dtypes and batches, not the families (the H100's first run reached ViT-S/B only)
-    for dtype, batch in ((d, b) for d in dtypes for b in batches):
+    extras_for = "ViT-S/16" if dry_run else "ViT-B/16"
+    # every family once (fp16, batch 64) before any second row of one, and ViT-B's extra checks after that
+    # round: a time box then cuts the extra dtypes and batches, not the families (the H100's first run
+    # reached ViT-S/B only)
+    for i, (dtype, batch) in enumerate((d, b) for d in dtypes for b in batches):
         name = gk.dtype_name(dtype)
-        for label, cfg in models:
+        todo = [(label, cfg, False) for label, cfg in models] + ([(extras_for, dict(models)[extras_for], True)] if i == 0 else [])
+        for label, cfg, extras in todo:
             if (label, name) not in warmed and time.monotonic() < deadline:
                 warmed.add((label, name))
                 warm.append(dict(model=label, dtype=name) | gk.warm_model(cfg, dtype, device, batches))
@@ -343,14 +355,15 @@ def model_parity(rows: list, warm: list, dry_run: bool, deadline: float) -> None
                 exact = model.double()(x.double())
                 model.to(dtype)
                 checks = {"eager": lambda: model(x.to(dtype))}
-                for mlp in ("auto", "epilogue"):
-                    checks[f"optimize mlp={mlp}"] = lambda mlp=mlp: vitfast.optimize(model, mlp=mlp)(x.to(dtype))
-                if label == "ViT-B/16" or dry_run and label == "ViT-S/16":
+                if not extras:
+                    for mlp in ("auto", "epilogue"):
+                        checks[f"optimize mlp={mlp}"] = lambda mlp=mlp: vitfast.optimize(model, mlp=mlp)(x.to(dtype))
+                else:
                     if not dry_run:  # the opt-in tanh GELU vs the float64 erf model (in fp32 its error is the approximation's)
                         checks["optimize approximate_gelu"] = lambda: vitfast.optimize(model, approximate_gelu=True)(x.to(dtype))
                     checks["optimize attention=sdpa"] = lambda: vitfast.optimize(model, attention="sdpa")(x.to(dtype))
                     checks |= compiled_and_graphed(model, x.to(dtype), dry_run)
-                rows += parity_rows(base, checks, exact)
+                parity_rows(rows, base, checks, exact, deadline - (0.0 if dry_run else COMPILE_NEEDS_S))
                 del model
 
 
@@ -372,11 +385,18 @@ def compiled_and_graphed(model, x, dry_run: bool) -> dict:
     return checks
 
 
-def parity_rows(base: dict, checks: dict, exact) -> list[dict]:
-    """One row per check: max |err| vs the float64 model; passes when <= 2x eager's + atol."""
-    rows, eager_err = [], None
+COMPILE_NEEDS_S = 60.0  # the least time left for the torch.compile check to start: Inductor's cold compile of ViT-B
+
+
+def parity_rows(rows: list, base: dict, checks: dict, exact, compile_by: float) -> None:
+    """Append one row per check as it ends: max |err| vs the float64 model; passes when <= 2x eager's + atol.
+    A torch.compile check not started by `compile_by` (time.monotonic()) is recorded as not reached."""
+    eager_err = None
     for name, run in checks.items():
         row = base | {"check": name}
+        if "torch.compile" in name and time.monotonic() > compile_by:
+            rows.append(row | {"status": "not reached", "reason": "too little of the time box was left for Inductor's compile"})
+            continue
         try:
             err = (run().double() - exact).abs().max().item()
         except Exception as exc:  # a failing path is a row with its error, the other checks still run
@@ -385,7 +405,6 @@ def parity_rows(base: dict, checks: dict, exact) -> list[dict]:
         eager_err = err if name == "eager" else eager_err
         passes = None if name == "eager" else err <= 2 * eager_err + ATOL[base["dtype"]]
         rows.append(row | {"status": "ok", "max_abs_err": err, "eager_max_abs_err": eager_err, "passes": passes})
-    return rows
 
 
 # ---------------------------------------------------------------------------- kernels
@@ -394,7 +413,7 @@ def part_kernels(result: dict, args: argparse.Namespace, deadline: float, tma: T
 
     import vitfast
 
-    tma.settle(result)
+    tma.settle(result, deadline)
     s = gk.DRY_RUN if args.dry_run else gk.GPU
     left = lambda share: deadline - share * (deadline - time.monotonic())  # noqa: E731  a section's start-by time
     section(result, "ceilings", lambda: gk.ceilings(s))
@@ -407,22 +426,30 @@ def part_kernels(result: dict, args: argparse.Namespace, deadline: float, tma: T
     warm.append({"section": "mlp"} | gk.warm_mlp(s))
     rows = result["mlp"] = []
     section(result, "mlp", lambda: gk.mlp_gemms(s, left(0.3), rows))
+    write_dispatch_tables(result, args.out, rows)  # now: a time box in what follows must not lose them
     warm.append({"section": "rope"} | gk.warm_rope(s))
     section(result, "rope", lambda: gk.rope_speed(s, copy_GBps, left(0.5), result.setdefault("rope", [])))
     name, overrides, batch = s.profile
     warm.append({"section": "profile"} | gk.warm_model(vitfast.get_config(name, **overrides), s.dtypes[0], s.device, (batch,)))
     section(result, "profile", lambda: gk.forward_profile(s, deadline))
+    result["failed"] = bool(result.get("errors")) or any(r.get("passes_2x_rule") is False for r in rows + result.get("rope", []))
+
+
+def write_dispatch_tables(result: dict, out: Path, mlp_rows: list[dict]) -> None:
+    """DIR/mlp_dispatch.json and DIR/attention_dispatch.json: the committed kernels/ tables with this GPU's
+    entries from the measured rows merged in."""
+    import gpu_kernels as gk
+
     env = result["environment"]
     gpu = env["gpu"]
-    table = args.out / "mlp_dispatch.json"
+    table = out / "mlp_dispatch.json"
     shutil.copyfile(gk.DISPATCH_TABLE, table)
     dispatch_env = {"compute_capability": gpu.get("compute_capability") or "cpu (dry run)", "gpu": gpu.get("name") or "cpu (dry run)",
                     "git_sha": env["git"]["sha"], "command": env["command"]}  # fmt: skip
-    result["mlp_dispatch"] = gk.write_dispatch(rows, dispatch_env, table)
-    attention_table = args.out / "attention_dispatch.json"
+    result["mlp_dispatch"] = gk.write_dispatch(mlp_rows, dispatch_env, table)
+    attention_table = out / "attention_dispatch.json"
     shutil.copyfile(gk.ATTENTION_TABLE, attention_table)
     result["attention_dispatch"] = gk.write_attention_dispatch(result.get("attention", []), dispatch_env, attention_table)
-    result["failed"] = bool(result.get("errors")) or any(r.get("passes_2x_rule") is False for r in rows + result.get("rope", []))
 
 
 def section(result: dict, key: str, run) -> None:
@@ -475,7 +502,7 @@ def part_e2e(result: dict, args: argparse.Namespace, deadline: float, tma: TmaCh
     from vitfast.bench.sweep import SCHEMA, Settings, base_row, run_sweep
     from vitfast.precision import TORCH_DTYPES
 
-    tma.settle(result)
+    tma.settle(result, deadline)
 
     if args.dry_run:
         measure.CPU_MATMUL = (256, measure.CPU_MATMUL[1])  # a quick ceiling: the dry run measures nothing

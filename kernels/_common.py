@@ -142,8 +142,10 @@ def configs_within(configs: list, estimate: SharedMemoryEstimate, args: dict, bu
 def autotune(configs: list, key: list[str], estimate: SharedMemoryEstimate):
     """`triton.autotune` that drops configs too big for the device's shared memory before tuning
     (instead of compiling them only to fail), and keeps tuning results on disk (in Triton's cache
-    dir, TRITON_CACHE_DIR) where the installed Triton can. `.shared_memory_estimate` is kept on
-    the autotuner for the launchers' error messages and the ahead-of-time compile check."""
+    dir, TRITON_CACHE_DIR) where the installed Triton can, unless VITFAST_TUNE_CACHE=0 (read at import:
+    a process that tunes on a shared GPU, as the GPU proof's pytest workers do, must not leave its picks
+    to the processes that time the kernels). `.shared_memory_estimate` is kept on the autotuner for the
+    launchers' error messages and the ahead-of-time compile check."""
     import triton  # lazy: triton is optional, and vitfast.fused imports this module without it
 
     def prune(configs, named_args, **kwargs):
@@ -151,7 +153,8 @@ def autotune(configs: list, key: list[str], estimate: SharedMemoryEstimate):
         device = next(v.device for v in args.values() if isinstance(v, torch.Tensor))
         return configs_within(configs, estimate, args, shared_memory_budget(device))
 
-    extra = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+    keep = "cache_results" in inspect.signature(triton.autotune).parameters and os.environ.get("VITFAST_TUNE_CACHE") != "0"
+    extra = {"cache_results": True} if keep else {}
 
     def decorate(fn):
         tuner = triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune}, **extra)(fn)

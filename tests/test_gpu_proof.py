@@ -4,12 +4,14 @@ files, in the schema a GPU session reads back."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -34,7 +36,7 @@ def dry_run(tmp_path_factory) -> Path:
     into the two files the device returns; unpacked here for the tests below."""
     out, unpacked = tmp_path_factory.mktemp("device-out"), tmp_path_factory.mktemp("proof")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # --dry-run sets it itself
-    env |= {"OUT": str(out), "PROOF_FLAGS": "--dry-run", "INSTALL": "0", "TESTS_S": "1000", "E2E_S": "1000", "KERNELS_S": "1000",
+    env |= {"OUT": str(out), "PROOF_FLAGS": "--dry-run", "INSTALL": "0", "TESTS_S": "1000", "E2E_S": "1000", "KERNELS_S": "1000", "CALL_S": "100000",
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"}  # its python3: this one  # fmt: skip
     done = subprocess.run(["bash", str(CALL_SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
     log = (out / "log.txt").read_text() if (out / "log.txt").exists() else done.stdout + done.stderr
@@ -44,6 +46,21 @@ def dry_run(tmp_path_factory) -> Path:
     assert all(line.endswith(" exit 0") or " exit 0 " in line for line in log.splitlines() if " exit " in line and line.startswith("=== "))
     subprocess.run(["tar", "-C", str(unpacked), "-xzf", str(out / "proof.tgz")], check=True)
     return unpacked
+
+
+@pytest.mark.parametrize("call_s, box", [(200, (140, 160)), (60, (30, 30)), (100000, (200, 200))])
+def test_the_last_part_gets_what_is_left_of_the_call(tmp_path, call_s, box):
+    """The e2e part's box is cut to the call's time left (CALL_S less the time spent, less its 40 s of overrun), so
+    the device's limit never kills a part before it writes its files; never under 30 s, never over E2E_S."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env |= {"OUT": str(tmp_path), "PROOF_FLAGS": "--help", "INSTALL": "0", "PARTS": "e2e", "CALL_S": str(call_s),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"}  # gpu_proof.py --help: nothing runs
+    done = subprocess.run(["bash", str(CALL_SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    log = (tmp_path / "log.txt").read_text()
+    starts = [line for line in log.splitlines() if line.startswith("=== e2e (")]
+    assert done.returncode == 0 and len(starts) == 1, log[-2000:]
+    seconds = int(starts[0].split("(")[1].split()[0])
+    assert box[0] <= seconds <= box[1], starts
 
 
 def load(out: Path, name: str) -> dict:
@@ -134,7 +151,7 @@ def test_a_failed_or_dead_tma_check_turns_the_tma_kernels_off(tmp_path, monkeypa
     check = gpu_proof.TmaCheck(gpu_proof.parse_args(["--out", str(tmp_path), "--dry-run"]))
     assert check.proc is None  # this tree's verdict exists: nothing is run again
     result: dict = {}
-    check.settle(result)
+    check.settle(result, time.monotonic() + 600)
     assert os.environ["VITFAST_TMA"] == "0" and result["tma_check"] == dead
     assert "**TMA GEMM check FAILED** (the check's process exited" in gpu_proof.tma_markdown(result["tma_check"])[0]
 
@@ -152,9 +169,28 @@ def test_a_verdict_left_by_other_kernels_is_checked_again(tmp_path, monkeypatch)
     check = gpu_proof.TmaCheck(gpu_proof.parse_args(["--out", str(tmp_path), "--dry-run"]))
     assert check.proc is not None
     result: dict = {}
-    check.settle(result)
+    check.settle(result, time.monotonic() + 600)
     assert result["tma_check"]["passed"] is True and os.environ["VITFAST_TMA"] == "1"
     assert json.loads((tmp_path / gpu_proof.TMA_CHECK).read_text())["fingerprint"] == gpu_proof.tma_fingerprint(dry_run=True)
+
+
+def test_a_tma_check_still_running_at_the_part_deadline_is_a_written_failure(tmp_path, monkeypatch):
+    """The wait for the check ends at the part's deadline with a verdict on disk (pointer kernels from then on),
+    so no watchdog cuts the wait and leaves the next part to start the check again."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_proof
+
+    monkeypatch.setenv("VITFAST_TMA", "1")
+    check = gpu_proof.TmaCheck(gpu_proof.parse_args(["--out", str(tmp_path), "--dry-run"]))
+    check.proc.kill()
+    check.proc.communicate()
+    check.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    result: dict = {}
+    started = time.monotonic()
+    check.settle(result, started + 1.0)
+    assert time.monotonic() - started < 10 and check.proc is None
+    assert result["tma_check"]["passed"] is False and "no answer in" in result["tma_check"]["reason"]
+    assert json.loads((tmp_path / gpu_proof.TMA_CHECK).read_text())["passed"] is False and os.environ["VITFAST_TMA"] == "0"
 
 
 def test_kernels_part_schema(dry_run):
@@ -399,8 +435,30 @@ def test_landing_two_calls_files_each_result_where_it_belongs(dry_run, tmp_path)
     assert goals == (dest / "goals.md").read_text() and "| goal | measured | verdict |" in goals
     assert goals.count("not measured in these calls") == 5  # the dry run's tiny shapes are none of the goals'
     assert "- call 1 TMA check: passed (6 forced launches within the 2x rule)" in goals
+    assert "started but returned no result" not in goals
     with pytest.raises(land_proof.LandError, match="exists already"):
         land_proof.land(calls[:1], root)
+
+
+def test_a_part_the_log_shows_started_without_a_result_is_reported(dry_run, tmp_path):
+    """A call the device killed mid-part: the log shows the part began, proof.tgz lacks its JSON; goals.md says so
+    rather than only "not measured"."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import land_proof
+
+    call = as_if_from_a_gpu(dry_run, tmp_path / "call1")
+    with tarfile.open(call / "proof.tgz") as tar:
+        kept = [m for m in tar.getmembers() if m.name != "proof-e2e.json"]
+        files = {m.name: tar.extractfile(m).read() for m in kept}
+    with tarfile.open(call / "proof.tgz", "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    (call / "log.txt").write_text("=== tests (130 s) 01:00:00\n=== tests exit 0\n=== kernels (150 s) 01:03:00\n=== kernels exit 0\n"
+                                  "=== e2e (200 s) 01:06:00\n")  # fmt: skip
+    _, goals = land_proof.land([call], fake_repo(tmp_path))
+    assert "- call 1 e2e: **started but returned no result**" in goals and "call 1 kernels: **started" not in goals
 
 
 def test_landing_refuses_a_dry_run_or_mixed_calls_and_writes_nothing(dry_run, tmp_path):
@@ -438,6 +496,11 @@ def test_goals_are_judged_from_the_rows():
                     vitb | {"backend": "vitfast-graphs", "batch": 1, "images_per_s": 1600.0, "p50_ms": 0.61}]}  # fmt: skip
     verdicts = [g["verdict"] for g in land_proof.goals_table([{"kernels": kernels}, {"e2e": e2e}])]
     assert verdicts == ["missed: 86% of the goal", "met", "missed: 96% of the goal", "open", "met"]
+    # max-autotune captures CUDA graphs: it is compared with vitfast's graphed row, not the plain one
+    e2e["rows"][2] |= {"status": "ok", "images_per_s": 10000.0, "p50_ms": 25.6}
+    e2e["rows"].append(vitb | {"backend": "vitfast-graphs", "batch": 256, "images_per_s": 11500.0, "p50_ms": 22.3})
+    autotune = land_proof.goals_table([{"kernels": kernels}, {"e2e": e2e}])[3]
+    assert autotune["verdict"] == "met" and autotune["measured"].startswith("1.15x (22.30 vs 25.60 ms")
 
 
 def test_max_autotune_runs_at_the_largest_batch_unless_told():

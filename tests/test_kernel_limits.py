@@ -219,6 +219,27 @@ def test_autotuner_prunes_by_the_device_limit(monkeypatch):
     assert prune(configs, {"QKV": qkv}, BLOCK_D=128) == configs
 
 
+@pytest.mark.parametrize("setting, cached", [(None, True), ("1", True), ("0", False)])
+def test_tuning_results_go_to_disk_unless_turned_off(monkeypatch, setting, cached):
+    """VITFAST_TUNE_CACHE=0 keeps a process's autotune picks out of Triton's disk cache (the GPU proof's pytest
+    workers tune on a GPU they share; the processes that time the kernels must tune their own)."""
+    import triton
+
+    asked = []
+
+    def fake_autotune(configs, key, prune_configs_by=None, cache_results=False):
+        asked.append(cache_results)
+        return lambda fn: type("Tuner", (), {})()
+
+    monkeypatch.setattr(triton, "autotune", fake_autotune)
+    if setting is None:
+        monkeypatch.delenv("VITFAST_TUNE_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("VITFAST_TUNE_CACHE", setting)
+    _common.autotune([], ["N"], att.shared_memory_bytes)(lambda: None)
+    assert asked == [cached]
+
+
 def test_no_fitting_config_is_a_clear_error(monkeypatch):
     """fp32 attention at head_dim 256 on a 99 KB GPU (sm_86/89): no tile fits."""
     configs = gpu_configs(att, monkeypatch)
