@@ -47,7 +47,7 @@ class TorchEngine(Engine):
         """The model's `CudaGraphForward`, or None without CUDA graphs."""
         return graphed_forward(self.model)
 
-    @torch.inference_mode()  # as _run: captured static buffers are then inference tensors, as lazily captured ones are
+    @torch.inference_mode()  # as _run: graphs are captured as the requests will replay them
     def warm_up(self, max_batch: int) -> tuple[int, ...]:
         """Get the optimized model ready for every batch of 1..max_batch before the first request: with CUDA graphs,
         capture those of `vitfast.batch_buckets(max_batch)` (largest first; a dynamic-size model's other image sizes
