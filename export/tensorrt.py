@@ -37,7 +37,7 @@ from vitfast.atomic import atomic_write, check_output_free, claim_output
 from .artifacts import base_metadata, parse_batch, parse_image_sizes, read_sidecar, write_sidecar
 
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0) and newer
-MIN_TENSORRT_MAJOR = 10
+TENSORRT_MAJOR = 10
 MAX_OPTIMIZATION_LEVEL = 5  # TensorRT's builder optimization levels are 0..5 (3 is its default)
 Shape = tuple[int, ...]
 
@@ -246,8 +246,11 @@ def _read_source(onnx_path: Path) -> dict[str, Any]:
 
 
 def _require_tensorrt_10(version: str) -> None:
-    if parse_version(version)[0] < MIN_TENSORRT_MAJOR:
-        raise BackendUnavailable(f"vitfast needs TensorRT >= {MIN_TENSORRT_MAJOR}, found {version}: run `pip install -U tensorrt`")
+    """The build is written against TensorRT 10's API: 11 drops the weakly typed networks it sets precisions on
+    (BuilderFlag.FP16 / INT8, layer precisions)."""
+    if parse_version(version)[0] != TENSORRT_MAJOR:
+        raise BackendUnavailable(f"vitfast builds engines with TensorRT {TENSORRT_MAJOR}, found {version}: "
+                                 f"run `pip install 'tensorrt>={TENSORRT_MAJOR},<{TENSORRT_MAJOR + 1}'`")  # fmt: skip
 
 
 def _parse_onnx(trt, onnx_path: Path):

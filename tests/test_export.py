@@ -486,7 +486,7 @@ def test_trt_export_without_tensorrt_keeps_the_onnx_and_says_how_to_install(tmp_
     except ImportError:
         pass
     out = run("export", "--model", "vit_cifar_patch4_32", "--format", "trt", "--precision", "fp16", "--out", tmp_path / "m.engine")
-    assert out.returncode == 2 and "TensorRT is not installed" in out.stderr and "pip install tensorrt" in out.stderr
+    assert out.returncode == 2 and "TensorRT is not installed" in out.stderr and "pip install 'tensorrt>=10,<11'" in out.stderr
     *phases, error = out.stderr.strip().splitlines()  # progress lines of the ONNX export, then the one error line
     assert all(line.startswith("export: ") for line in phases) and str(tmp_path / "m.onnx") in error
     assert (tmp_path / "m.onnx").exists() and not (tmp_path / "m.engine").exists()

@@ -365,12 +365,12 @@ def test_require_tensorrt_says_how_to_install(monkeypatch):
         trt_export.require_tensorrt()
     message = str(info.value)
     assert "\n" not in message and "not installed" in message
-    assert "pip install tensorrt" in message and "container" in message
+    assert "pip install 'tensorrt>=10,<11'" in message and "container" in message
 
 
 def test_engine_without_tensorrt_is_backend_unavailable(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "tensorrt", None)
-    with pytest.raises(BackendUnavailable, match="pip install tensorrt"):
+    with pytest.raises(BackendUnavailable, match="pip install 'tensorrt>=10,<11'"):
         trt_export.TensorRTEngine(tmp_path / "model.engine")
 
 
@@ -717,10 +717,13 @@ def test_onnx_without_sidecar_is_refused(rec, gpu, tmp_path):
         build(tmp_path / "missing.onnx", tmp_path / "vit.engine")
 
 
-def test_tensorrt_9_is_refused(rec, gpu, monkeypatch, onnx_file, tmp_path):
-    monkeypatch.setattr(sys.modules["tensorrt"], "__version__", "8.6.1")
-    with pytest.raises(BackendUnavailable, match="TensorRT >= 10, found 8.6.1"):
+@pytest.mark.parametrize("version", ["8.6.1", "11.4.0.106"])
+def test_a_tensorrt_other_than_10_is_refused(rec, gpu, monkeypatch, onnx_file, tmp_path, version):
+    """8 lacks the tensor API, 11 the weakly typed networks the build sets precisions on (PyPI's default is 11 now)."""
+    monkeypatch.setattr(sys.modules["tensorrt"], "__version__", version)
+    with pytest.raises(BackendUnavailable, match=f"builds engines with TensorRT 10, found {version}: run `pip install 'tensorrt>=10,<11'`"):
         build(onnx_file, tmp_path / "vit.engine")
+    assert not (tmp_path / "vit.engine").exists()
 
 
 def test_progress_monitor_on_a_terminal(rec, gpu, monkeypatch, onnx_file, tmp_path):
@@ -865,7 +868,7 @@ def test_engine_from_another_gpu_is_refused(rec, gpu, monkeypatch, onnx_file, tm
 
 @pytest.fixture
 def real_tensorrt():
-    pytest.importorskip("tensorrt", reason="needs TensorRT (pip install tensorrt, Linux + NVIDIA GPU)")
+    pytest.importorskip("tensorrt", reason="needs TensorRT 10 (pip install 'tensorrt>=10,<11', Linux + NVIDIA GPU)")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
 

@@ -33,7 +33,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         table.add_row(name, version or "[dim]not installed[/dim]")
     gpu = info["gpu"]
     table.add_row("GPU", f"{gpu['name']} (compute capability {gpu['compute_capability']}, CUDA {gpu['cuda']})" if gpu["available"] else "no GPU")
-    table.add_row("TensorRT", "available" if info["tensorrt_available"] else "not installed (pip install tensorrt, on a machine with an NVIDIA GPU)")
+    table.add_row("TensorRT", "available" if info["tensorrt_available"] else "not installed (pip install 'tensorrt>=10,<11', on a machine with an NVIDIA GPU)")
     table.add_row("Triton interpreter", "on (TRITON_INTERPRET=1)" if info["triton_interpret"] else "off")
     console().print(table)
     return 0

@@ -26,9 +26,10 @@ from .sidecar import read_sidecar
 
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 INSTALL_HINT = (
-    "run `pip install tensorrt` on a Linux machine with an NVIDIA GPU and driver, "
-    "or use NVIDIA's TensorRT container (nvcr.io/nvidia/tensorrt)"
+    "run `pip install 'tensorrt>=10,<11'` on a Linux machine with an NVIDIA GPU and driver, "
+    "or use an NVIDIA TensorRT container (nvcr.io/nvidia/tensorrt) that has TensorRT 10"
 )
+TENSOR_ALIGN = 256  # bytes: IExecutionContext.setTensorAddress wants addresses aligned so
 REBUILD_HINT = "rebuild it on this machine with `vitfast export --format trt ...`"
 
 Shape = tuple[int, ...]
@@ -122,8 +123,11 @@ class TensorRTEngine(Engine):
     """A serialized TensorRT engine and its sidecar, run on the current CUDA device.
 
     `engine(images)` -> float32 logits [B, classes] on the GPU. Inputs go to the engine's GPU in
-    its input dtype. `cuda_graph=True` captures one CUDA graph per input shape on first use and
-    replays it afterwards; each graph has its own execution context and static buffers.
+    its input dtype. Runs are enqueued on the engine's own CUDA stream, ordered after the caller's:
+    on the legacy default stream TensorRT synchronises the device around each run. `cuda_graph=True`
+    captures one CUDA graph per input shape on first use and replays it afterwards; each graph keeps
+    its own execution context (with it TensorRT's activation memory for the profile's largest shape)
+    and static buffers, so graph a few batch sizes, not every one a server meets.
     """
 
     kind = "tensorrt"
@@ -147,13 +151,24 @@ class TensorRTEngine(Engine):
         self.input_dtype = _torch_dtype(trt, self.engine.get_tensor_dtype(self.input_name), path)
         self.output_dtype = _torch_dtype(trt, self.engine.get_tensor_dtype(self.output_name), path)
         self.context = self.engine.create_execution_context()
-        self._graphs: dict[Shape, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.stream: torch.cuda.Stream | None = None  # made on the first run
+        self._graphs: dict[Shape, tuple[Any, torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}  # context, graph, in, out
 
     def _run(self, x: torch.Tensor) -> torch.Tensor:
         with torch.cuda.device(self.device):
             x = x.to(self.device, self.input_dtype).contiguous()
-            logits = self._replay(x) if self.cuda_graph else self._enqueue(self.context, x)
-        return logits.float()
+            if x.data_ptr() % TENSOR_ALIGN:  # a view into a larger batch may start anywhere
+                x = x.clone()
+            if self.cuda_graph:
+                return self._replay(x).float()
+            caller = torch.cuda.current_stream(self.device)
+            self.stream = self.stream or torch.cuda.Stream(self.device)
+            self.stream.wait_stream(caller)
+            with torch.cuda.stream(self.stream):
+                logits = self._enqueue(self.context, x).float()
+            caller.wait_stream(self.stream)
+            logits.record_stream(caller)  # allocated on the engine's stream, read on the caller's
+        return logits
 
     def _enqueue(self, context, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Run `context` on x [B, C, H, W] (engine dtype, engine GPU, contiguous) on the current stream.
@@ -163,8 +178,9 @@ class TensorRTEngine(Engine):
         if out is None:
             shape = tuple(context.get_tensor_shape(self.output_name))
             out = torch.empty(shape, dtype=self.output_dtype, device=x.device)
-        context.set_tensor_address(self.input_name, x.data_ptr())
-        context.set_tensor_address(self.output_name, out.data_ptr())
+        for name, tensor in ((self.input_name, x), (self.output_name, out)):
+            if not context.set_tensor_address(name, tensor.data_ptr()):
+                raise RuntimeError(f"TensorRT refused the address of {name!r} for {self.path} (its log above says why)")
         if not context.execute_async_v3(torch.cuda.current_stream(x.device).cuda_stream):
             raise RuntimeError(f"TensorRT failed to run {self.path} (its log above says why)")
         return out
@@ -173,15 +189,17 @@ class TensorRTEngine(Engine):
         key = tuple(x.shape)
         if key not in self._graphs:
             self._graphs[key] = self._capture(x)
-        graph, static_in, static_out = self._graphs[key]
+        _, graph, static_in, static_out = self._graphs[key]
         static_in.copy_(x)
         graph.replay()
         return static_out.clone()  # the static buffer is overwritten by the next replay
 
-    def _capture(self, x: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
-        """A CUDA graph of one engine run for x.shape, with its own context and static in/out buffers."""
+    def _capture(self, x: torch.Tensor) -> tuple[Any, torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+        """A CUDA graph of one engine run for x.shape, with its own context and static in/out buffers. The context
+        is kept with the graph: the graph's kernels use the activation memory it owns."""
         context = self.engine.create_execution_context()
-        static_in = x.clone()
+        with torch.inference_mode(False):  # an input buffer a later call outside inference mode can still copy into
+            static_in = x.clone()
         stream = torch.cuda.Stream(self.device)  # capture needs a non-default stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -193,7 +211,7 @@ class TensorRTEngine(Engine):
             with torch.cuda.graph(graph, stream=stream):
                 self._enqueue(context, static_in, static_out)
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        return graph, static_in, static_out
+        return context, graph, static_in, static_out
 
 
 def _io_names(trt, engine, path: Path) -> tuple[str, str]:
