@@ -86,9 +86,13 @@ def trtexec_command(onnx_path: str | os.PathLike, engine_path: str | os.PathLike
                     image_sizes: str | tuple | None = None) -> str:  # fmt: skip
     """The `trtexec` line that builds what `build_engine` would from the vitfast ONNX at `onnx_path`
     (its sidecar gives the input name and [C, H, W]), for a machine where only trtexec is at hand.
-    The engine it writes has no vitfast sidecar and no LayerNorm pinned to fp32."""
+    Refused where `build_engine` would refuse the ONNX (`check_quantization`). The engine it writes has no
+    vitfast sidecar (so `vitfast serve` and `triton_repository` cannot take it) and no LayerNorm pinned to fp32;
+    it needs TensorRT 10's trtexec (11's has no --fp16 / --int8)."""
     require(precision, TENSORRT, "TensorRT")
     meta = read_sidecar(onnx_path)
+    int8 = meta.get("int8") or {}  # the sidecar of quantize_int8's Q/DQ ONNX; trtexec itself would invent int8 ranges
+    check_quantization(precision, bool(int8), onnx_path, int8_target=int8.get("target"))
     spec = meta["input"]
     name = spec["name"]
     sizes = _image_sizes(meta, image_sizes)

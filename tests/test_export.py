@@ -478,6 +478,15 @@ def test_cli_export_check_eval_round_trip(tmp_path):
     assert ev.returncode == 0 and result["n"] == 14 and 0 <= result["top1"] <= result["top5"] <= 1
 
 
+def test_trt_export_refuses_the_cpu_int8_target_before_any_work(tmp_path):
+    """TensorRT cannot build the CPU target's asymmetric uint8 Q/DQ: said before calibrating and exporting, not after."""
+    (tmp_path / "calib").mkdir()
+    out = run("export", "--model", "vit_cifar_patch4_32", "--format", "trt", "--precision", "int8", "--calib-dir", tmp_path / "calib",
+              "--int8-target", "cpu", "--out", tmp_path / "m.engine")  # fmt: skip
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "drop --int8-target for a TensorRT engine" in out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib"]
+
+
 def test_trt_export_without_tensorrt_keeps_the_onnx_and_says_how_to_install(tmp_path):
     try:
         import tensorrt  # noqa: F401

@@ -475,8 +475,10 @@ def test_precision_flags_refuses_fp8_before_ada_and_unknown_precisions():
         ("fp32", (1, 1, 1), "--noTF32"),
     ],
 )  # fmt: skip
-def test_trtexec_command_matches_build_engine(onnx_file, precision, batch, flags):
+def test_trtexec_command_matches_build_engine(onnx_file, tmp_path, precision, batch, flags):
     b1, b2, b3 = batch
+    if precision in ("int8", "fp8"):  # from a Q/DQ ONNX, as build_engine requires: its sidecar records the quantization
+        onnx_file = as_quantized(onnx_file, tmp_path)
     line = trt_export.trtexec_command(onnx_file, "out dir/vit.engine", precision=precision, batch=batch,
                                       workspace_gib=2.5, optimization_level=4, timing_cache="t.cache")  # fmt: skip
     assert line == (f"trtexec --onnx={onnx_file} '--saveEngine=out dir/vit.engine' {flags} "
@@ -484,11 +486,27 @@ def test_trtexec_command_matches_build_engine(onnx_file, precision, batch, flags
                     "--memPoolSize=workspace:2560M --builderOptimizationLevel=4 --timingCacheFile=t.cache")  # fmt: skip
 
 
-def test_trtexec_command_refuses_what_build_engine_refuses(onnx_file):
+def as_quantized(onnx_file: Path, folder: Path, target: str = "tensorrt") -> Path:
+    """A copy of the fp32 ONNX whose sidecar says quantize_int8 made it for `target` (what trtexec_command reads)."""
+    copy = folder / f"vit-int8-{target}.onnx"
+    shutil.copyfile(onnx_file, copy)
+    write_sidecar(copy, read_sidecar(onnx_file) | {"precision": "int8", "int8": {"target": target}})
+    return copy
+
+
+def test_trtexec_command_refuses_what_build_engine_refuses(onnx_file, tmp_path):
+    """Also the quantization build_engine checks: trtexec itself would build --int8 from an fp32 ONNX with made-up
+    ranges (meaningless outputs) and take the CPU target's uint8 Q/DQ only to fail."""
     with pytest.raises(ArtifactError, match="TensorRT precision must be one of fp32, fp16, int8, fp8, got 'bf16'"):
         trt_export.trtexec_command(onnx_file, "vit.engine", precision="bf16", batch=(1, 1, 1))
     with pytest.raises(ArtifactError, match="MIN <= OPT <= MAX"):
         trt_export.trtexec_command(onnx_file, "vit.engine", precision="fp16", batch=(8, 4, 2))
+    with pytest.raises(ArtifactError, match="has no QuantizeLinear/DequantizeLinear nodes"):
+        trt_export.trtexec_command(onnx_file, "vit.engine", precision="int8", batch=(1, 1, 1))
+    with pytest.raises(ArtifactError, match="quantized for ONNX Runtime's CPU kernels"):
+        trt_export.trtexec_command(as_quantized(onnx_file, tmp_path, "cpu"), "vit.engine", precision="int8", batch=(1, 1, 1))
+    with pytest.raises(ArtifactError, match="is quantized .* build it with --precision int8"):
+        trt_export.trtexec_command(as_quantized(onnx_file, tmp_path), "vit.engine", precision="fp16", batch=(1, 1, 1))
 
 
 def test_parse_version():
@@ -790,6 +808,20 @@ def dynamic_onnx(tmp_path_factory) -> tuple[torch.nn.Module, Path]:
     torch.manual_seed(0)
     model = vitfast.create_model("vit_cifar_patch4_32", dynamic_img_size=True)
     return model, to_onnx(model, tmp_path_factory.mktemp("dynamic") / "any.onnx")
+
+
+def test_a_triton_repository_refuses_an_engine_without_the_models_own_size(dynamic_onnx, rec, gpu, tmp_path):
+    """Its warm-up and uint8 preprocessing send the model's own size (32x32 here); tritonserver fails to load a model
+    whose warm-up shape the engine's profile rejects, so the repository is refused, by name, and nothing written."""
+    from vitfast.export import triton_repository
+
+    _, onnx_path = dynamic_onnx
+    path = build(onnx_path, tmp_path / "large.engine", batch=(1, 2, 4), image_sizes="48:64:96")
+    with pytest.raises(ArtifactError, match="takes images of 48x48 to 96x96, not the model's own 32x32.*--image-sizes covering 32x32"):
+        triton_repository(path, tmp_path / "repo")
+    assert not (tmp_path / "repo").exists()
+    covering = build(onnx_path, tmp_path / "covering.engine", batch=(1, 2, 4), image_sizes="16:48:96")
+    assert (triton_repository(covering, tmp_path / "repo") / "vit" / "config.pbtxt").exists()
 
 
 def test_a_dynamic_size_onnx_builds_an_engine_for_a_range_of_sizes(dynamic_onnx, rec, gpu, tmp_path):

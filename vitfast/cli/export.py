@@ -44,6 +44,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise InputError("--precision int8 needs --calib-dir DIR with calibration images (searched recursively)")
     if args.int8_keep_float and args.precision != "int8":
         raise InputError(f"--int8-keep-float chooses layers of an int8 export; this one is {args.precision}: add --precision int8 or drop it")
+    if args.format == "trt" and args.precision == "int8" and args.int8_target == "cpu":
+        raise InputError("--int8-target cpu quantizes for ONNX Runtime's CPU kernels (asymmetric uint8), which TensorRT cannot "
+                         "build; drop --int8-target for a TensorRT engine (tensorrt is the default)")  # fmt: skip
     if args.image_sizes and args.format != "trt":
         raise InputError("--image-sizes sets the image sizes a TensorRT engine takes: it goes with --format trt (an ONNX export with "
                          "--dynamic-img-size takes any size)")  # fmt: skip
@@ -93,7 +96,7 @@ def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], sc
         trtexec = trtexec_command(onnx_out, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
                                   optimization_level=args.opt_level, timing_cache=args.timing_cache, image_sizes=sizes)  # fmt: skip
         raise BackendUnavailable(f"{str(no_tensorrt).rstrip('.')}; the ONNX it would have used is at {onnx_out}; "
-                                 f"on a machine with TensorRT, build it with: {trtexec}")  # fmt: skip
+                                 f"on a machine with TensorRT 10, build it with (no vitfast sidecar, LayerNorm not kept in fp32): {trtexec}")  # fmt: skip
     progress.phase(f"building the {args.precision} TensorRT engine")
     with paused(progress):  # TensorRT's own bar shows the builder's phases on a terminal
         build_engine(onnx_out, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
