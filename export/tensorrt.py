@@ -98,8 +98,9 @@ def trtexec_command(onnx_path: str | os.PathLike, engine_path: str | os.PathLike
     sizes = _image_sizes(meta, image_sizes)
     shapes = profile_shapes([d if isinstance(d, int) else -1 for d in spec["shape"]], batch, sizes)  # "batch", "height": dynamic
     dims = ["x".join(map(str, shape)) for shape in shapes]
+    static = all(isinstance(d, int) for d in spec["shape"])  # trtexec refuses shapes for a graph without dynamic dims
     args = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={engine_path}", *TRTEXEC_PRECISION[precision],
-            *(f"--{which}Shapes={name}:{d}" for which, d in zip(("min", "opt", "max"), dims)),
+            *(() if static else (f"--{which}Shapes={name}:{d}" for which, d in zip(("min", "opt", "max"), dims))),
             f"--memPoolSize=workspace:{round(workspace_gib * 1024)}M", f"--builderOptimizationLevel={optimization_level}"]  # fmt: skip
     if timing_cache:
         args.append(f"--timingCacheFile={timing_cache}")

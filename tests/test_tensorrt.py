@@ -486,6 +486,16 @@ def test_trtexec_command_matches_build_engine(onnx_file, tmp_path, precision, ba
                     "--memPoolSize=workspace:2560M --builderOptimizationLevel=4 --timingCacheFile=t.cache")  # fmt: skip
 
 
+def test_trtexec_command_gives_no_shapes_for_a_static_graph(onnx_file, tmp_path):
+    """A fixed-batch, fixed-size ONNX has nothing to profile: trtexec 10 stops on explicit shapes for it."""
+    static = tmp_path / "static.onnx"
+    shutil.copyfile(onnx_file, static)
+    meta = read_sidecar(onnx_file)
+    write_sidecar(static, meta | {"input": meta["input"] | {"shape": [4, 3, 32, 32]}})
+    line = trt_export.trtexec_command(static, "vit.engine", precision="fp16", batch=(4, 4, 4))
+    assert "Shapes=" not in line and "--fp16" in line
+
+
 def as_quantized(onnx_file: Path, folder: Path, target: str = "tensorrt") -> Path:
     """A copy of the fp32 ONNX whose sidecar says quantize_int8 made it for `target` (what trtexec_command reads)."""
     copy = folder / f"vit-int8-{target}.onnx"
