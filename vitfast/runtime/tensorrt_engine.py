@@ -29,7 +29,7 @@ INSTALL_HINT = (
     "run `pip install 'tensorrt>=10,<11'` on a Linux machine with an NVIDIA GPU and driver, "
     "or use an NVIDIA TensorRT container (nvcr.io/nvidia/tensorrt) that has TensorRT 10"
 )
-TENSOR_ALIGN = 256  # bytes: IExecutionContext.setTensorAddress wants addresses aligned so
+TENSOR_ALIGN = 256  # bytes: the alignment IExecutionContext.setTensorAddress requires of an IO address
 REBUILD_HINT = "rebuild it on this machine with `vitfast export --format trt ...`"
 
 Shape = tuple[int, ...]
