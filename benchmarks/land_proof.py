@@ -179,7 +179,7 @@ def goals_table(calls: list[dict[str, dict]]) -> list[dict]:
     ]  # fmt: skip
 
 
-def goals_markdown(calls: list[dict[str, dict]], cut: list[list[str]] | None = None) -> str:
+def goals_markdown(calls: list[dict[str, dict]], cut: list[list[str]]) -> str:
     """goals.md: the goals' table, then what else a reader of the run needs first. `cut`: per call, the parts that
     started and returned nothing (`cut_parts`): their goals read "not measured" for that reason."""
     env = next(iter(calls[0].values()))["environment"]
@@ -189,8 +189,8 @@ def goals_markdown(calls: list[dict[str, dict]], cut: list[list[str]] | None = N
              "| goal | measured | verdict |", "|---|---|---|"]  # fmt: skip
     lines += [f"| {g['goal']} | {g['measured']} | {g['verdict']} |" for g in goals_table(calls)]
     lines += ["", "## Beside the goals", ""]
-    for i, parts in enumerate(calls, 1):
-        for part in (cut or [[]] * len(calls))[i - 1]:
+    for i, (parts, cut_parts_of_call) in enumerate(zip(calls, cut), 1):
+        for part in cut_parts_of_call:
             lines.append(f"- call {i} {part}: **started but returned no result** (log.txt): the call was cut before the part "
                          "wrote its files; what it measured is only in the log")  # fmt: skip
         tests = parts.get("tests")

@@ -194,9 +194,7 @@ class CudaGraphForward:
         other sizes run without, so that a client's stream of new sizes cannot grow the GPU memory."""
         if self.batch_sizes is None:
             raise VitfastError("capture() needs the batch sizes: optimize(model, cuda_graphs=vitfast.batch_buckets(MAX_BATCH))")
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:  # tensors on "cuda" say cuda:N: the keys must match theirs
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = indexed_device(device)  # tensors on "cuda" say cuda:N: the keys must match theirs
         self.sample_shapes = (self.sample_shapes or set()) | {tuple(sample_shape)}
         for size in reversed(self.batch_sizes):
             self._graph((size, *sample_shape), dtype, device)
@@ -225,6 +223,14 @@ class CudaGraphForward:
             with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
                 static_out = self.forward(static_in)
         return graph.replay, static_in, static_out
+
+
+def indexed_device(device: torch.device | str) -> torch.device:
+    """`device` with its GPU index: a bare "cuda" means whichever GPU is current, while tensors always name theirs."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def static_input(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

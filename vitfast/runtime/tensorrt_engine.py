@@ -20,6 +20,7 @@ import torch
 
 from vitfast.config import ViTConfig
 from vitfast.errors import ArtifactError, BackendUnavailable, InputError, first_line
+from vitfast.optimize import static_input
 
 from .engine import Engine
 from .sidecar import read_sidecar
@@ -198,8 +199,8 @@ class TensorRTEngine(Engine):
         """A CUDA graph of one engine run for x.shape, with its own context and static in/out buffers. The context
         is kept with the graph: the graph's kernels use the activation memory it owns."""
         context = self.engine.create_execution_context()
-        with torch.inference_mode(False):  # an input buffer a later call outside inference mode can still copy into
-            static_in = x.clone()
+        static_in = static_input(tuple(x.shape), x.dtype, x.device)  # not an inference tensor, whatever mode captures
+        static_in.copy_(x)
         stream = torch.cuda.Stream(self.device)  # capture needs a non-default stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):

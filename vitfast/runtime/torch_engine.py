@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from vitfast.errors import InputError
-from vitfast.optimize import batch_buckets, graphed_forward, optimize
+from vitfast.optimize import batch_buckets, graphed_forward, indexed_device, optimize
 from vitfast.precision import from_dtype
 
 from .engine import Engine
@@ -29,9 +29,8 @@ class TorchEngine(Engine):
         super().__init__(model.config, precision=from_dtype(dtype), path=path)
         if cuda_graphs and not optimized:
             raise InputError("cuda_graphs replays the optimized model's forward: add optimized=True (--optimize)")
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if self.device.type == "cuda" and self.device.index is None:  # fixed now: "cuda" means each thread's own device
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        # fixed now: a bare "cuda" would mean each calling thread's own current GPU
+        self.device = indexed_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = dtype
         self.optimized = optimized
         self.model = model.to(self.device, dtype).eval()
