@@ -83,12 +83,13 @@ TRTEXEC_PRECISION = {"fp32": ["--noTF32"], "fp16": ["--fp16"], "int8": ["--int8"
 
 def trtexec_command(onnx_path: str | os.PathLike, engine_path: str | os.PathLike, *, precision: str, batch,
                     workspace_gib: float = 4.0, optimization_level: int = 3, timing_cache: str | os.PathLike | None = None,
-                    image_sizes: str | tuple | None = None) -> str:  # fmt: skip
+                    image_sizes: str | tuple | None = None, fp32_layernorm: bool = True) -> str:  # fmt: skip
     """The `trtexec` line that builds what `build_engine` would from the vitfast ONNX at `onnx_path`
     (its sidecar gives the input name and [C, H, W]), for a machine where only trtexec is at hand.
-    Refused where `build_engine` would refuse the ONNX (`check_quantization`). The engine it writes has no
-    vitfast sidecar (so `vitfast serve` and `triton_repository` cannot take it) and no LayerNorm pinned to fp32;
-    it needs TensorRT 10's trtexec (11's has no --fp16 / --int8)."""
+    Refused where `build_engine` would refuse the ONNX (`check_quantization`). LayerNorm is kept in fp32 as
+    `build_engine` keeps it (`fp32_layernorm`), by layer name: `normalization_layer_names`. The engine it writes
+    has no vitfast sidecar: `load_engine` runs it as another tool's engine, with `--config ONNX.json` for the
+    preprocessing. It needs TensorRT 10's trtexec (11's has no --fp16 / --int8)."""
     require(precision, TENSORRT, "TensorRT")
     meta = read_sidecar(onnx_path)
     int8 = meta.get("int8") or {}  # the sidecar of quantize_int8's Q/DQ ONNX; trtexec itself would invent int8 ranges
@@ -102,9 +103,38 @@ def trtexec_command(onnx_path: str | os.PathLike, engine_path: str | os.PathLike
     args = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={engine_path}", *TRTEXEC_PRECISION[precision],
             *(() if static else (f"--{which}Shapes={name}:{d}" for which, d in zip(("min", "opt", "max"), dims))),
             f"--memPoolSize=workspace:{round(workspace_gib * 1024)}M", f"--builderOptimizationLevel={optimization_level}"]  # fmt: skip
+    if fp32_layernorm and precision != "fp32":
+        args += _trtexec_fp32_layers(normalization_layer_names(onnx_path))
     if timing_cache:
         args.append(f"--timingCacheFile={timing_cache}")
     return shlex.join(args)
+
+
+def normalization_layer_names(onnx_path: str | os.PathLike) -> list[str]:
+    """The names TensorRT 10's ONNX parser gives the NORMALIZATION layers of the ONNX at `onnx_path`: one per
+    LayerNormalization node, named after it (`node_of_<its output>` for an unnamed node; onnx-tensorrt's
+    `getNodeName`), the names `trtexec --layerPrecisions` matches."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    names = [n.name or f"node_of_{n.output[0]}" for n in graph.node if n.op_type == "LayerNormalization"]
+    return list(dict.fromkeys(names))
+
+
+def _trtexec_fp32_layers(names: list[str]) -> list[str]:
+    """trtexec flags that keep the layers `names` in fp32 with fp32 outputs, as `_pin_normalization_fp32` does, under
+    `prefer` constraints as `precision_flags` sets them. trtexec splits its specs at ',' and ':', so a name holding
+    either cannot be given; such layers stay unpinned, with a warning, as does a graph without LayerNormalization."""
+    usable = [n for n in names if not set(n) & {",", ":"}]
+    if len(usable) < len(names) or not names:
+        left = [n for n in names if n not in usable]
+        warnings.warn(f"the trtexec line keeps {len(usable)} of {len(names)} LayerNormalization layers in fp32"
+                      + (f" (trtexec cannot name {', '.join(map(repr, left))})" if left else " (ONNX opset < 17 splits them up)")
+                      + "; fp16 norms may overflow: build with vitfast export --format trt where TensorRT's Python package is at hand")  # fmt: skip
+    if not usable:
+        return []
+    spec = ",".join(f"{n}:fp32" for n in usable)
+    return ["--precisionConstraints=prefer", f"--layerPrecisions={spec}", f"--layerOutputTypes={spec}"]
 
 
 def precision_flags(precision: str, compute_capability: str | Sequence[int], *, fp32_layernorm: bool = False) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import io
+import shlex
 import shutil
 import subprocess
 import sys
@@ -481,9 +482,48 @@ def test_trtexec_command_matches_build_engine(onnx_file, tmp_path, precision, ba
         onnx_file = as_quantized(onnx_file, tmp_path)
     line = trt_export.trtexec_command(onnx_file, "out dir/vit.engine", precision=precision, batch=batch,
                                       workspace_gib=2.5, optimization_level=4, timing_cache="t.cache")  # fmt: skip
+    norms = ",".join(f"{name}:fp32" for name in layernorm_nodes(onnx_file))
+    pinned = "" if precision == "fp32" else f"--precisionConstraints=prefer --layerPrecisions={norms} --layerOutputTypes={norms} "
     assert line == (f"trtexec --onnx={onnx_file} '--saveEngine=out dir/vit.engine' {flags} "
                     f"--minShapes=images:{b1}x3x32x32 --optShapes=images:{b2}x3x32x32 --maxShapes=images:{b3}x3x32x32 "
-                    "--memPoolSize=workspace:2560M --builderOptimizationLevel=4 --timingCacheFile=t.cache")  # fmt: skip
+                    f"--memPoolSize=workspace:2560M --builderOptimizationLevel=4 {pinned}--timingCacheFile=t.cache")  # fmt: skip
+
+
+def layernorm_nodes(onnx_file: Path) -> list[str]:
+    import onnx
+
+    return [n.name for n in onnx.load(str(onnx_file), load_external_data=False).graph.node if n.op_type == "LayerNormalization"]
+
+
+def test_trtexec_command_pins_the_layers_build_engine_pins(rec, gpu, exported, tmp_path):
+    """The line names, for --layerPrecisions, exactly the layers build_engine keeps in fp32: the parser's NORMALIZATION
+    layers, named after their ONNX nodes (the fake parser names layers as onnx-tensorrt does)."""
+    onnx_file, model = exported
+    build(onnx_file, tmp_path / "vit.engine")
+    network = rec.networks[-1]
+    pinned = [layer.name for layer in network.layers if layer.output_types]
+    assert len(pinned) == model.config.depth * 2 + 1  # two norms per block and the final one
+    line = shlex.split(trt_export.trtexec_command(onnx_file, "vit.engine", precision="fp16", batch=(1, 8, 32)))
+    spec = dict(arg[2:].split("=", 1) for arg in line if arg.startswith("--layer"))
+    for flag in ("layerPrecisions", "layerOutputTypes"):
+        assert [item.rsplit(":", 1) for item in spec[flag].split(",")] == [[name, "fp32"] for name in pinned]
+    unpinned = trt_export.trtexec_command(onnx_file, "vit.engine", precision="fp16", batch=(1, 8, 32), fp32_layernorm=False)
+    assert "--layerPrecisions" not in unpinned and "--precisionConstraints" not in unpinned
+
+
+def test_trtexec_names_unnamed_norms_as_the_parser_does_and_warns_for_names_it_cannot_pass(onnx_file, tmp_path):
+    import onnx
+
+    model = onnx.load(str(onnx_file))
+    norms = [n for n in model.graph.node if n.op_type == "LayerNormalization"]
+    norms[0].name, norms[1].name = "", "blocks.0/norm:2"
+    renamed = tmp_path / "renamed.onnx"
+    onnx.save(model, str(renamed))
+    write_sidecar(renamed, read_sidecar(onnx_file, verify=False))
+    assert trt_export.normalization_layer_names(renamed)[:2] == [f"node_of_{norms[0].output[0]}", "blocks.0/norm:2"]
+    with pytest.warns(UserWarning, match=f"keeps {len(norms) - 1} of {len(norms)} LayerNormalization layers in fp32 .*'blocks.0/norm:2'"):
+        line = trt_export.trtexec_command(renamed, "vit.engine", precision="fp16", batch=(1, 8, 32))
+    assert f"node_of_{norms[0].output[0]}:fp32" in line and "norm:2" not in line
 
 
 def test_trtexec_command_gives_no_shapes_for_a_static_graph(onnx_file, tmp_path):

@@ -24,7 +24,7 @@ from vitfast.precision import EXPORT as EXPORT_PRECISIONS
 from vitfast.precision import TORCH as TORCH_PRECISIONS
 from vitfast.precision import TORCH_DTYPES
 from vitfast.progress import Reporter
-from vitfast.runtime import BACKENDS, ENGINE_SUFFIXES, Engine, load_engine
+from vitfast.runtime import BACKENDS, ENGINE_SUFFIXES, Engine, load_engine, sidecar_path
 from vitfast.runtime.openvino_engine import HINTS as OV_HINTS
 from vitfast.sources import source_model
 
@@ -94,9 +94,11 @@ def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], sc
         return 0
     if no_tensorrt is not None:
         trtexec = trtexec_command(onnx_out, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
-                                  optimization_level=args.opt_level, timing_cache=args.timing_cache, image_sizes=sizes)  # fmt: skip
-        raise BackendUnavailable(f"{str(no_tensorrt).rstrip('.')}; the ONNX it would have used is at {onnx_out}; "
-                                 f"on a machine with TensorRT 10, build it with (no vitfast sidecar, LayerNorm not kept in fp32): {trtexec}")  # fmt: skip
+                                  optimization_level=args.opt_level, timing_cache=args.timing_cache, image_sizes=sizes,
+                                  fp32_layernorm=not args.no_fp32_layernorm)  # fmt: skip
+        raise BackendUnavailable(f"{str(no_tensorrt).rstrip('.')}; the ONNX it would have used is at {onnx_out}; on a machine with "
+                                 f"TensorRT 10, build it with: {trtexec} (the engine has no vitfast sidecar: run it with "
+                                 f"--config {sidecar_path(onnx_out)} for the preprocessing and class names)")  # fmt: skip
     progress.phase(f"building the {args.precision} TensorRT engine")
     with paused(progress):  # TensorRT's own bar shows the builder's phases on a terminal
         build_engine(onnx_out, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
