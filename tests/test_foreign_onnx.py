@@ -285,7 +285,7 @@ def test_output_names_the_output_to_run(foreign, optimum, tmp_path):
     assert same.returncode == 0 and json.loads(same.stdout)["max_abs_err"] < 1e-4, same.stderr
     assert "every token from output 'last_hidden_state' (chosen)" in same.stderr
     refused = run("check", foreign["hf_dir"], "--output", "last_hidden_state")
-    assert refused.returncode == 2 and "picks one of an ONNX graph's outputs" in refused.stderr and "Traceback" not in refused.stderr
+    assert refused.returncode == 2 and "picks one of an ONNX graph's or TensorRT engine's outputs" in refused.stderr and "Traceback" not in refused.stderr
 
 
 def test_classes_left_dynamic_are_measured(foreign, tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import io
+import json
 import shlex
 import shutil
 import subprocess
@@ -68,6 +69,7 @@ def fake_tensorrt(rec: Record) -> types.ModuleType:  # noqa: C901 - one class pe
                            "PREFER_PRECISION_CONSTRAINTS", "STRICT_NANS")  # fmt: skip
     trt.MemoryPoolType = enum("MemoryPoolType", "WORKSPACE", "TACTIC_SHARED_MEMORY")
     trt.TensorIOMode = enum("TensorIOMode", "NONE", "INPUT", "OUTPUT")
+    trt.LayerInformationFormat = enum("LayerInformationFormat", "ONELINE", "JSON")
 
     class Logger:
         __slots__ = ("min_severity",)
@@ -263,26 +265,74 @@ def fake_tensorrt(rec: Record) -> types.ModuleType:  # noqa: C901 - one class pe
                 config.timing_cache.data += b"+timings"
             return None if rec.build_fails else b"fake-engine-plan"
 
+    class IExecutionContext:
+        __slots__ = ("engine", "shapes")
+
+        def __init__(self, engine):
+            self.engine, self.shapes = engine, {}
+
+        def set_input_shape(self, name, shape):
+            lo, _, hi = self.engine.spec["profile"]
+            fits = len(shape) == len(lo) and all(a <= d <= b for a, d, b in zip(lo, shape, hi))
+            if fits:
+                self.shapes[name] = tuple(shape)
+            return fits
+
+        def get_tensor_shape(self, name):
+            mode, _, shape = self.engine.spec["io"][name]
+            if mode == "INPUT":
+                return self.shapes.get(name, tuple(shape))
+            (given,) = self.shapes.values()  # an output's shape needs the input's
+            resolved = self.engine.spec.get("resolved", {}).get(name, shape)
+            return (given[0], *(r if d < 0 else d for d, r in zip(shape[1:], resolved[1:])))
+
+    class IEngineInspector:
+        __slots__ = ("engine", "execution_context")
+
+        def __init__(self, engine):
+            self.engine, self.execution_context = engine, None
+
+        def get_engine_information(self, format):  # noqa: A002 - the binding's argument name
+            assert format == trt.LayerInformationFormat.JSON and self.execution_context is not None
+            layers = self.engine.spec.get("layers")  # only a detailed-verbosity build lists formats
+            return json.dumps({"Layers": layers if layers is not None else ["conv", "gemm"], "Bindings": list(self.engine.spec["io"])})
+
+    VITFAST_PLAN = {"io": {"images": ["INPUT", "FLOAT", [-1, 3, 32, 32]], "logits": ["OUTPUT", "FLOAT", [-1, 10]]},
+                    "profile": [[1, 3, 32, 32], [8, 3, 32, 32], [32, 3, 32, 32]], "profiles": 1}  # fmt: skip
+
     class ICudaEngine:
-        __slots__ = ("plan",)
-        io = {"images": ("TensorIOMode.INPUT", "DataType.FLOAT"), "logits": ("TensorIOMode.OUTPUT", "DataType.FLOAT")}
+        """The plan of another tool's engine is a JSON spec (`foreign_plan`); build_engine's fake plan is vitfast's."""
+
+        __slots__ = ("plan", "spec")
 
         def __init__(self, plan):
             self.plan = plan
+            self.spec = json.loads(plan) if plan.startswith(b"{") else VITFAST_PLAN
 
-        num_io_tensors = property(lambda self: len(self.io))
+        num_io_tensors = property(lambda self: len(self.spec["io"]))
+        num_optimization_profiles = property(lambda self: self.spec["profiles"])
 
         def get_tensor_name(self, index):
-            return list(self.io)[index]
+            return list(self.spec["io"])[index]
 
         def get_tensor_mode(self, name):
-            return self.io[name][0]
+            return getattr(trt.TensorIOMode, self.spec["io"][name][0])
 
         def get_tensor_dtype(self, name):
-            return self.io[name][1]
+            return getattr(trt.DataType, self.spec["io"][name][1])
+
+        def get_tensor_shape(self, name):
+            return tuple(self.spec["io"][name][2])
+
+        def get_tensor_profile_shape(self, name, profile_index):
+            assert self.spec["io"][name][0] == "INPUT" and profile_index < self.spec["profiles"]
+            return [tuple(shape) for shape in self.spec["profile"]]
 
         def create_execution_context(self):
-            return types.SimpleNamespace(engine=self)
+            return IExecutionContext(self)
+
+        def create_engine_inspector(self):
+            return IEngineInspector(self)
 
     class Runtime:
         __slots__ = ()
@@ -291,7 +341,8 @@ def fake_tensorrt(rec: Record) -> types.ModuleType:  # noqa: C901 - one class pe
             assert isinstance(logger, Logger)
 
         def deserialize_cuda_engine(self, serialized_engine):
-            return ICudaEngine(bytes(serialized_engine))
+            plan = bytes(serialized_engine)
+            return None if plan.startswith(b"other-tensorrt") else ICudaEngine(plan)  # TensorRT logs why and returns None
 
     for cls in (Logger, OnnxParser, Builder, IBuilderConfig, IOptimizationProfile, ITimingCache, IProgressMonitor, Runtime):
         setattr(trt, cls.__name__, cls)

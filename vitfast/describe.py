@@ -20,6 +20,7 @@ def describe(engine: Engine) -> dict[str, Any]:
         out["graph"] = engine.io.describe()
         out["read_from"] = meta.get("config_files") or []
         out["assumed"] = meta.get("assumed") or []
+        out["warnings"] = meta.get("warnings") or []
     if guesses := getattr(getattr(engine, "model", None), "config_guesses", None):  # a checkpoint's
         out["guessed"] = guesses
     out |= shape_and_meaning(engine.config, engine.batch, architecture=not foreign) | recorded(meta)
@@ -75,6 +76,8 @@ def recorded(meta: dict[str, Any]) -> dict[str, Any]:
 
 def _made_by(kind: str, meta: dict[str, Any]) -> str:
     if meta.get("foreign"):
+        if meta.get("read_from") == "engine":
+            return "another tool (no vitfast sidecar): input and output read from the TensorRT engine, preprocessing from --config and the flags"
         return "another tool (no vitfast sidecar): input, output and preprocessing read from the graph and the files beside it"
     if "vitfast_version" in meta:
         return f"vitfast {meta['vitfast_version']} ({meta.get('kind', kind)})"

@@ -58,7 +58,7 @@ def _dims(value_info) -> list[int | None] | None:
 
 def read_graph_io(path: str | os.PathLike, output_rank: int | None = 2, output: str | None = None) -> GraphIO:
     """Input name/layout/dtype/shape and the output of the ONNX file at `path`: logits [batch, classes] or
-    transformers-named features (see `_pick_output`), or of any rank with `output_rank=None` (a graph with a
+    transformers-named features (see `pick_output`), or of any rank with `output_rank=None` (a graph with a
     vitfast sidecar, which says the shape). `output`: the output to run, by name, instead of the rule's choice."""
     import onnx
 
@@ -81,8 +81,8 @@ def read_graph_io(path: str | os.PathLike, output_rank: int | None = 2, output: 
     if dims is None or len(dims) != 4:
         raise ArtifactError(f"{path}: input {inp.name!r} has shape {dims}; expected images [batch, 3, H, W] or [batch, H, W, 3]")
     stem = _stem_conv(graph, inp.name)
-    layout, chans, hw = _layout(dims, path, inp.name, stem)
-    out_name, out_dims, kind, note = _pick_output(graph.output, path, output_rank, output)
+    layout, chans, hw = image_layout(dims, path, inp.name, stem)
+    out_name, out_dims, kind, note = pick_output([(o.name, _dims(o)) for o in graph.output], path, output_rank, output)
     return GraphIO(inp.name, layout, dtype, dims[0], hw, chans, out_name, _precision(graph, dtype), note, kind, tuple(out_dims[1:]),
                    stem.patch if stem else None)  # fmt: skip
 
@@ -159,7 +159,9 @@ def _weight_shape(name: str, weights: dict[str, list[int]], producers: dict) -> 
     return None
 
 
-def _layout(dims: list[int | None], path, name: str, stem: _Stem | None) -> tuple[str, int, tuple[int | None, int | None]]:
+def image_layout(dims: list[int | None], path, name: str, stem: _Stem | None = None) -> tuple[str, int, tuple[int | None, int | None]]:
+    """An image input's dims (None: dynamic) -> (layout "NCHW" | "NHWC", channels, (H, W)): the axis of 1 or 3
+    channels, else what `stem`, the Conv it feeds, says."""
     if dims[1] in (1, 3):
         return "NCHW", dims[1], (dims[2], dims[3])
     if dims[3] in (1, 3):
@@ -177,13 +179,14 @@ POOLED_OUTPUTS = ("image_embeds", "pooler_output")
 TOKEN_OUTPUTS = ("last_hidden_state",)
 
 
-def _pick_output(outputs, path, rank: int | None = 2, wanted: str | None = None) -> tuple[str, list[int | None], str, str]:
-    """The output to run -> (name, dims, "logits" | "features" | "tokens", note). Logits [batch, classes]: named
+def pick_output(described: list[tuple[str, list[int | None] | None]], path, rank: int | None = 2,
+                wanted: str | None = None) -> tuple[str, list[int | None], str, str]:  # fmt: skip
+    """The output to run, of the (name, dims) of a graph's or engine's outputs (dims None: rank unknown; a dim None:
+    dynamic) -> (name, dims, "logits" | "features" | "tokens", note). Logits [batch, classes]: named
     `logits` (Optimum), else the only 2-D one when no output has a feature name; features: `image_embeds` /
     `pooler_output` [batch, C], else every token, `last_hidden_state` (or a lone 3-D output) [batch, T, C].
     `rank` None: a graph with a sidecar, which says the shape: any output of rank 2 or more. `wanted`: the output the
     user named, taken as tokens when 3-D, as pooled features when 2-D with a feature name, else as logits."""
-    described = [(o.name, _dims(o)) for o in outputs]
     listing = ", ".join(f"{n} [{', '.join('?' if v is None else str(v) for v in d) if d is not None else '?'}]" for n, d in described)
     of = f" (of {listing})" if len(described) > 1 else ""
     shaped = [(n, d) for n, d in described if d is not None]
@@ -426,8 +429,11 @@ def missing_preprocessing_message(path: Path, missing: list[str]) -> str:
 
 
 def report_choice(path: Path, io: GraphIO, meta: dict[str, Any]) -> None:
-    """Say on stderr what was read from a foreign graph and what was assumed (stdout stays clean for --json)."""
-    print(f"vitfast: note: {path} has no vitfast sidecar; read from the graph: {io.describe()}, precision {io.precision}", file=sys.stderr)
+    """Say on stderr what was read from a foreign graph or engine and what was assumed (stdout stays clean for --json)."""
+    print(f"vitfast: note: {path} has no vitfast sidecar; read from the {meta.get('read_from', 'graph')}: {io.describe()}, "
+          f"precision {io.precision}", file=sys.stderr)  # fmt: skip
+    for note in meta.get("warnings", ()):
+        print(f"vitfast: warning: {path}: {note}", file=sys.stderr)
     if meta.get("config_files"):
         print(f"vitfast: note: {path}: settings (input size, preprocessing, class names) from {', '.join(meta['config_files'])}", file=sys.stderr)
     if meta.get("assumed"):

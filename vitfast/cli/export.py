@@ -185,8 +185,8 @@ def add_artifact_args(p: argparse.ArgumentParser, labels: bool = True) -> None:
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="runtime for the artifact (default auto: torch, TensorRT, or for ONNX files OpenVINO when installed for "
                         "symmetric int8 QDQ, else ONNX Runtime)")  # fmt: skip
-    p.add_argument("--img-size", type=int, metavar="N", help="input resolution of an ONNX graph with dynamic H/W and no vitfast sidecar")
-    p.add_argument("--output", metavar="NAME", help="which output of an ONNX graph to run, by name (e.g. last_hidden_state beside "
+    p.add_argument("--img-size", type=int, metavar="N", help="input resolution of an ONNX graph or TensorRT engine with dynamic H/W and no vitfast sidecar")
+    p.add_argument("--output", metavar="NAME", help="which output of an ONNX graph or another tool's TensorRT engine to run, by name (e.g. last_hidden_state beside "
                    "pooler_output; default: logits, else pooled features, else every token)")  # fmt: skip
     p.add_argument("--threads", type=positive_int, help="CPU threads for ONNX Runtime, OpenVINO or PyTorch (default: their own)")
     p.add_argument("--ov-hint", choices=OV_HINTS, help="OpenVINO PERFORMANCE_HINT (picks OpenVINO under --backend auto)")

@@ -38,9 +38,9 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
                 overrides: dict[str, Any] | None = None, output: str | None = None, **kwargs) -> Engine:  # fmt: skip
     """An `Engine` for a checkpoint, an ONNX file (vitfast's or another tool's), an Optimum export
     folder or a TensorRT engine, chosen from the path. `overrides`: ViTConfig fields for a checkpoint,
-    as `load_checkpoint` takes them (plus `img_size`); for an ONNX file, its preprocessing (all of
-    img_size/mean/std/... for a graph without a vitfast sidecar); for any artifact, what its output means (class
-    names `labels`, `problem_type`). `output`: for an ONNX file, which of its outputs
+    as `load_checkpoint` takes them (plus `img_size`); for an ONNX file or engine, its preprocessing (all of
+    img_size/mean/std/... for a graph or engine without a vitfast sidecar); for any artifact, what its output means (class
+    names `labels`, `problem_type`). `output`: for an ONNX file or another tool's engine, which of its outputs
     to run, by name (a graph from another tool may return logits, pooled features and every token side by side).
 
     `backend`: "auto" (torch for checkpoints, TensorRT for engines, for ONNX files the rule of
@@ -58,9 +58,8 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
     if backend != "auto" and backend not in allowed:
         raise InputError(f"{path} is a{'n' if kind != 'checkpoint' else ''} {kind}: the {backend} backend cannot run it; "
                          f"use backend {' or '.join(allowed)} (or auto)")  # fmt: skip
-    if output is not None and kind != "onnx":
-        raise InputError(f"--output / output= picks one of an ONNX graph's outputs; {path} is a{'n' if kind != 'checkpoint' else ''} "
-                         f"{kind}: drop it")  # fmt: skip
+    if output is not None and kind == "checkpoint":
+        raise InputError(f"--output / output= picks one of an ONNX graph's or TensorRT engine's outputs; {path} is a checkpoint: drop it")
     reason = f"{backend} requested"
     if kind == "onnx":
         ours = path.is_file() and sidecar_path(path).exists()  # vitfast's export: config and input spec in the sidecar
@@ -74,7 +73,7 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
         else:
             engine = OnnxEngine(path, overrides=overrides, output=output, **kwargs)
     elif kind == "engine":
-        engine = TensorRTEngine(path, **kwargs)
+        engine = TensorRTEngine(path, overrides=overrides, output=output, **kwargs)
     else:
         overrides = dict(overrides or {})
         img_size = overrides.pop("img_size", None)

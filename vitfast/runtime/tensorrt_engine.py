@@ -1,4 +1,5 @@
-"""`TensorRTEngine`: a serialized TensorRT 10 engine and its sidecar, run on the current CUDA device.
+"""`TensorRTEngine`: a serialized TensorRT 10 engine and its sidecar (or another tool's engine without one:
+`tensorrt_foreign`), run on the current CUDA device.
 
 TensorRT is imported only when an engine is loaded, so importing this module needs neither TensorRT
 nor CUDA. Portability rule enforced by `check_engine_compatible`: an engine built without TensorRT's
@@ -10,6 +11,7 @@ Portability": engines are not portable across TensorRT versions, GPU architectur
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -20,10 +22,12 @@ import torch
 
 from vitfast.config import ViTConfig
 from vitfast.errors import ArtifactError, BackendUnavailable, InputError, first_line
+from vitfast import foreign
 from vitfast.optimize import static_input
 
-from .engine import Engine
-from .sidecar import read_sidecar
+from .engine import Engine, is_float_images
+from .sidecar import read_sidecar, sidecar_path
+from .tensorrt_foreign import FOREIGN_HINT, built_precision, check_profile_size, engine_io, profile_batch
 
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 INSTALL_HINT = (
@@ -121,7 +125,10 @@ def trt_logger(trt):
 
 
 class TensorRTEngine(Engine):
-    """A serialized TensorRT engine and its sidecar, run on the current CUDA device.
+    """A serialized TensorRT engine run on the current CUDA device: vitfast's, with its sidecar, or another tool's
+    (trtexec, polygraphy), whose input and output are read from the engine and whose preprocessing comes from
+    `overrides` (ViTConfig fields: --config FILE, e.g. the sidecar of the ONNX it was built from, and the flags).
+    `output`: which of another tool's engine's outputs to run, by name (see `vitfast.foreign.pick_output`).
 
     `engine(images)` -> float32 logits [B, classes] on the GPU. Inputs go to the engine's GPU in
     its input dtype. Runs are enqueued on the engine's own CUDA stream, ordered after the caller's:
@@ -133,31 +140,79 @@ class TensorRTEngine(Engine):
 
     kind = "tensorrt"
 
-    def __init__(self, path: str | os.PathLike, *, cuda_graph: bool = False):
+    def __init__(self, path: str | os.PathLike, *, cuda_graph: bool = False, overrides: dict[str, Any] | None = None,
+                 output: str | None = None):  # fmt: skip
         trt = require_tensorrt()
         gpu_name, compute_capability = current_gpu()
         path = Path(path)
-        meta = read_sidecar(path)
-        check_engine_compatible(meta, trt_version=trt.__version__, gpu_name=gpu_name, compute_capability=compute_capability)
-        batch = (meta.get("input") or {}).get("batch")
-        super().__init__(ViTConfig.from_dict(meta["config"]), precision=meta.get("precision", "fp16"),
-                         batch=tuple(batch) if batch else None, metadata=meta, path=path)  # fmt: skip
+        ours = sidecar_path(path).exists()
+        if ours:
+            meta = read_sidecar(path)
+            check_engine_compatible(meta, trt_version=trt.__version__, gpu_name=gpu_name, compute_capability=compute_capability)
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.cuda_graph = cuda_graph
         self._runtime = trt.Runtime(trt_logger(trt))
         self.engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
-            raise ArtifactError(f"TensorRT cannot load {path} (its log above says why); {REBUILD_HINT}")
-        self.input_name, self.output_name = _io_names(trt, self.engine, path)
-        self.input_dtype = _torch_dtype(trt, self.engine.get_tensor_dtype(self.input_name), path)
-        self.output_dtype = _torch_dtype(trt, self.engine.get_tensor_dtype(self.output_name), path)
+            raise ArtifactError(f"TensorRT {trt.__version__} cannot load {path} (its log above says why); {REBUILD_HINT if ours else FOREIGN_HINT}")
         self.context = self.engine.create_execution_context()
+        self.layout, self.missing_preprocessing = "NCHW", None  # another tool's engine: its layout; no mean/std given
+        if ours:
+            self.input_name, self.output_name = _io_names(trt, self.engine, path)
+            if output not in (None, self.output_name):
+                raise InputError(f"{path} is vitfast's engine with one output, {self.output_name!r}: drop --output {output}")
+            config, precision, batch = ViTConfig.from_dict(meta["config"]), meta.get("precision", "fp16"), (meta.get("input") or {}).get("batch")
+        else:
+            config, precision, batch, meta = self._read_foreign(trt, path, overrides, output, (gpu_name, compute_capability))
+        super().__init__(config, precision=precision, batch=tuple(batch) if batch else None, metadata=meta, path=path)
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.output_names = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]  # TensorRT writes all
+        self.input_dtype = _torch_dtype(trt, self.engine.get_tensor_dtype(self.input_name), path)
+        self.output_dtypes = {n: _torch_dtype(trt, self.engine.get_tensor_dtype(n), path, other=n != self.output_name) for n in self.output_names}
         self.stream: torch.cuda.Stream | None = None  # made on the first run
-        self._graphs: dict[Shape, tuple[Any, torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}  # context, graph, in, out
+        self._graphs: dict[Shape, tuple[Any, torch.cuda.CUDAGraph, torch.Tensor, dict[str, torch.Tensor]]] = {}  # context, graph, in, outs
+
+    def _read_foreign(self, trt, path: Path, overrides: dict[str, Any] | None, output: str | None,
+                      gpu: tuple[str, str]) -> tuple[ViTConfig, str, tuple[int, int, int], dict[str, Any]]:  # fmt: skip
+        """(config, precision, batch, metadata) of another tool's engine: its IO and profile from the engine,
+        the rest from `overrides`; what had to be assumed is said in the metadata's warnings."""
+        self.io, self.profile = engine_io(trt, self.engine, path, output)
+        self.input_name, self.output_name, self.layout = self.io.input_name, self.io.output_name, self.io.layout
+        config, missing, assumed = foreign.foreign_config(path, self.io, overrides, probe=lambda h, w: self._output_dims(path, h, w))
+        check_profile_size(path, self.io, self.profile, config.img_hw)
+        self.missing_preprocessing = foreign.missing_preprocessing_message(path, missing) if missing else None
+        self.context.set_input_shape(self.input_name, self.profile[1])  # the inspector reports formats at a set shape
+        built = built_precision(trt, self.engine, self.context)
+        warnings = [] if built else ["the engine does not record the precision it was built for (only an engine built with "
+                                     "trtexec --profilingVerbosity=detailed lists its layers' formats): fp16's parity "
+                                     "tolerances assumed"]  # fmt: skip
+        self.io = dataclasses.replace(self.io, precision=built or "fp16 (assumed)")
+        if self.engine.num_optimization_profiles > 1:
+            warnings.append(f"the engine has {self.engine.num_optimization_profiles} optimization profiles; vitfast runs the first")
+        meta = {"foreign": True, "read_from": "engine", "graph": self.io.describe(), "precision": built or "fp16", "assumed": assumed,
+                "warnings": warnings, "config_files": [], "gpu": {"name": gpu[0], "compute_capability": gpu[1]},
+                "tensorrt": {"version": trt.__version__, "profile": {"input": self.input_name, **dict(zip(("min", "opt", "max"), map(list, self.profile)))}}}  # fmt: skip
+        return config, built or "fp16", profile_batch(self.io, self.profile), meta
+
+    def _output_dims(self, path: Path, h: int, w: int) -> tuple[int, ...]:
+        """The output's dims after the batch for h x w images, from TensorRT's shape inference (nothing runs)."""
+        check_profile_size(path, self.io, self.profile, (h, w))
+        shape = list(self.profile[1])
+        axis = 2 if self.layout == "NCHW" else 1
+        shape[axis : axis + 2] = [h, w]
+        if not self.context.set_input_shape(self.input_name, tuple(shape)):
+            raise ArtifactError(f"{path} does not take {h}x{w} images (TensorRT refused input shape {tuple(shape)})")
+        return tuple(int(d) for d in self.context.get_tensor_shape(self.output_name))[1:]
+
+    def prepare(self, images) -> torch.Tensor:
+        if self.missing_preprocessing and not is_float_images(images):
+            raise InputError(self.missing_preprocessing)
+        return super().prepare(images)
 
     def _run(self, x: torch.Tensor) -> torch.Tensor:
         with torch.cuda.device(self.device):
-            x = x.to(self.device, self.input_dtype).contiguous()
+            x = x.to(self.device, self.input_dtype)
+            x = (x.permute(0, 2, 3, 1) if self.layout == "NHWC" else x).contiguous()
             if x.data_ptr() % TENSOR_ALIGN:  # a view into a larger batch may start anywhere
                 x = x.clone()
             if self.cuda_graph:
@@ -166,25 +221,24 @@ class TensorRTEngine(Engine):
             self.stream = self.stream or torch.cuda.Stream(self.device)
             self.stream.wait_stream(caller)
             with torch.cuda.stream(self.stream):
-                logits = self._enqueue(self.context, x).float()
+                logits = self._enqueue(self.context, x)[self.output_name].float()
             caller.wait_stream(self.stream)
             logits.record_stream(caller)  # allocated on the engine's stream, read on the caller's
         return logits
 
-    def _enqueue(self, context, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Run `context` on x [B, C, H, W] (engine dtype, engine GPU, contiguous) on the current stream.
-        Writes into `out` when given, else a new tensor; returns the logits [B, classes]."""
+    def _enqueue(self, context, x: torch.Tensor, outputs: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Run `context` on x (the engine's layout and dtype, on its GPU, contiguous) on the current stream.
+        Writes every output of the engine into `outputs` when given, else into new tensors; returns them by name."""
         if not context.set_input_shape(self.input_name, tuple(x.shape)):
             raise InputError(f"TensorRT rejected input shape {tuple(x.shape)}; this engine's batch profile is {self.batch}")
-        if out is None:
-            shape = tuple(context.get_tensor_shape(self.output_name))
-            out = torch.empty(shape, dtype=self.output_dtype, device=x.device)
-        for name, tensor in ((self.input_name, x), (self.output_name, out)):
+        if outputs is None:
+            outputs = {n: torch.empty(tuple(context.get_tensor_shape(n)), dtype=self.output_dtypes[n], device=x.device) for n in self.output_names}
+        for name, tensor in ((self.input_name, x), *outputs.items()):
             if not context.set_tensor_address(name, tensor.data_ptr()):
                 raise RuntimeError(f"TensorRT refused the address of {name!r} for {self.path} (its log above says why)")
         if not context.execute_async_v3(torch.cuda.current_stream(x.device).cuda_stream):
             raise RuntimeError(f"TensorRT failed to run {self.path} (its log above says why)")
-        return out
+        return outputs
 
     def _replay(self, x: torch.Tensor) -> torch.Tensor:
         key = tuple(x.shape)
@@ -193,9 +247,9 @@ class TensorRTEngine(Engine):
         _, graph, static_in, static_out = self._graphs[key]
         static_in.copy_(x)
         graph.replay()
-        return static_out.clone()  # the static buffer is overwritten by the next replay
+        return static_out[self.output_name].clone()  # the static buffer is overwritten by the next replay
 
-    def _capture(self, x: torch.Tensor) -> tuple[Any, torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+    def _capture(self, x: torch.Tensor) -> tuple[Any, torch.cuda.CUDAGraph, torch.Tensor, dict[str, torch.Tensor]]:
         """A CUDA graph of one engine run for x.shape, with its own context and static in/out buffers. The context
         is kept with the graph: the graph's kernels use the activation memory it owns."""
         context = self.engine.create_execution_context()
@@ -227,8 +281,12 @@ def _io_names(trt, engine, path: Path) -> tuple[str, str]:
     return inputs[0], outputs[0]
 
 
-def _torch_dtype(trt, dtype, path: Path) -> torch.dtype:
-    table = {trt.DataType.FLOAT: torch.float32, trt.DataType.HALF: torch.float16, trt.DataType.BF16: torch.bfloat16}
+def _torch_dtype(trt, dtype, path: Path, other: bool = False) -> torch.dtype:
+    """The torch dtype of an IO tensor: floats for the image and the output vitfast reads; `other`: an output the engine
+    writes beside it, which may also hold integers (a top-k index, a mask)."""
+    names = ("FLOAT", "HALF", "BF16", *(("INT8", "INT32", "INT64", "BOOL", "UINT8") if other else ()))
+    table = {getattr(trt.DataType, n): getattr(torch, t) for n, t in zip(names, ("float32", "float16", "bfloat16", "int8", "int32",
+             "int64", "bool", "uint8")) if hasattr(trt.DataType, n)}  # fmt: skip
     if dtype not in table:
         raise ArtifactError(f"{path} has an IO tensor of type {dtype}; vitfast engines take and return floats; {REBUILD_HINT}")
     return table[dtype]

@@ -1,0 +1,81 @@
+"""What a TensorRT engine another tool built (trtexec, polygraphy, Torch-TensorRT's or ModelOpt's trtexec step) says
+about itself, for `TensorRTEngine` to run it without a vitfast sidecar.
+
+An engine records its IO tensors (names, dtypes, shapes, -1 for a dynamic dim) and its optimization profiles, not the
+model's preprocessing: that comes from the user (`--config FILE`, e.g. the sidecar of the ONNX it was built from, or
+the flags), as for another tool's ONNX graph (`vitfast.foreign`). Nor does it record the version and GPU it was built
+for: TensorRT itself refuses a plan from another version or GPU architecture when it deserializes it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from vitfast.errors import ArtifactError, ConfigError
+from vitfast.foreign import GraphIO, image_layout, pick_output
+
+FOREIGN_HINT = ("a TensorRT engine runs only under the TensorRT version and on the GPU model that built it, and one without a "
+                "vitfast sidecar does not say which: rebuild it on this machine (its trtexec line, or `vitfast export --format trt`)")  # fmt: skip
+FLOAT_IO = {"FLOAT": "float32", "HALF": "float16"}  # the input dtypes vitfast feeds
+# "Format/Datatype" words of the engine inspector's detailed layer listing, coarsest precision first
+LAYER_FORMATS = (("fp8", ("fp8",)), ("int8", ("int8",)), ("bf16", ("bf16",)), ("fp16", ("fp16", "half")), ("fp32", ("fp32", "float")))
+
+
+def engine_io(trt, engine, path: Path, output: str | None) -> tuple[GraphIO, tuple[tuple[int, ...], ...]]:
+    """(what the engine takes and returns, its first optimization profile's (min, opt, max) input shapes).
+    `output`: the output to run, by name; else `vitfast.foreign.pick_output`'s rule (logits, then transformers' names)."""
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+    outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+    if len(inputs) != 1:
+        raise ArtifactError(f"{path} has {len(inputs)} inputs ({', '.join(inputs) or 'none'}); vitfast runs image models with one image input")
+    name = inputs[0]
+    dtype = next((v for k, v in FLOAT_IO.items() if engine.get_tensor_dtype(name) == getattr(trt.DataType, k)), None)
+    if dtype is None:
+        raise ArtifactError(f"{path}: input {name!r} is {engine.get_tensor_dtype(name)}, not float32/float16; vitfast feeds normalised float images")
+    dims = _dims(engine.get_tensor_shape(name))
+    if len(dims) != 4:
+        raise ArtifactError(f"{path}: input {name!r} has shape {dims}; expected images [batch, 3, H, W] or [batch, H, W, 3]")
+    layout, chans, hw = image_layout(dims, path, name)
+    out_name, out_dims, kind, note = pick_output([(n, _dims(engine.get_tensor_shape(n))) for n in outputs], path, 2, output)
+    profile = tuple(tuple(int(d) for d in shape) for shape in engine.get_tensor_profile_shape(name, 0))
+    io = GraphIO(name, layout, dtype, dims[0], hw, chans, out_name, "unknown", note, kind, tuple(out_dims[1:]), None)
+    return io, profile
+
+
+def _dims(shape) -> list[int | None]:
+    return [int(d) if int(d) >= 0 else None for d in shape]
+
+
+def profile_batch(io: GraphIO, profile) -> tuple[int, int, int]:
+    """(min, opt, max) batch of the profile (a fixed batch N: N, N, N)."""
+    return (io.batch,) * 3 if io.batch else tuple(shape[0] for shape in profile)
+
+
+def check_profile_size(path: Path, io: GraphIO, profile, hw: tuple[int, int]) -> None:
+    """Refuse an image size outside the profile of an engine built for a range of sizes."""
+    h_axis = 2 if io.layout == "NCHW" else 1
+    (h0, w0), (h1, w1) = ((shape[h_axis], shape[h_axis + 1]) for shape in (profile[0], profile[2]))
+    if not (h0 <= hw[0] <= h1 and w0 <= hw[1] <= w1):
+        raise ConfigError(f"{path} was built for images of {h0}x{w0} to {h1}x{w1} (its TensorRT profile), not {hw[0]}x{hw[1]}: "
+                          "pass an --img-size in that range")  # fmt: skip
+
+
+def built_precision(trt, engine, context) -> str | None:
+    """The coarsest precision the engine's layers run in, from its inspector's layer listing, which names each tensor's
+    format only for an engine built with detailed profiling verbosity (trtexec --profilingVerbosity=detailed); None
+    when it does not. `context` has its input shape set, so the formats of a dynamic-shape engine are resolved."""
+    make = getattr(engine, "create_engine_inspector", None)
+    if make is None:
+        return None
+    inspector = make()
+    inspector.execution_context = context
+    try:
+        info = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
+    except (TypeError, ValueError):
+        return None
+    layers = [layer for layer in info.get("Layers", ()) if isinstance(layer, dict)] if isinstance(info, dict) else []
+    formats = " ".join(str(t.get("Format/Datatype", "")) for layer in layers
+                       for t in (*layer.get("Inputs", ()), *layer.get("Outputs", ())) if isinstance(t, dict)).lower()  # fmt: skip
+    return next((precision for precision, words in LAYER_FORMATS if any(w in formats for w in words)), None)
