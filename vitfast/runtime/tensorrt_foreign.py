@@ -19,7 +19,7 @@ FOREIGN_HINT = ("a TensorRT engine runs only under the TensorRT version and on t
                 "vitfast sidecar does not say which: rebuild it on this machine (its trtexec line, or `vitfast export --format trt`)")  # fmt: skip
 FLOAT_IO = {"FLOAT": "float32", "HALF": "float16"}  # the input dtypes vitfast feeds
 # "Format/Datatype" words of the engine inspector's detailed layer listing, coarsest precision first
-LAYER_FORMATS = (("fp8", ("fp8",)), ("int8", ("int8",)), ("bf16", ("bf16",)), ("fp16", ("fp16", "half")), ("fp32", ("fp32", "float")))
+LAYER_FORMATS = (("fp8", ("fp8",)), ("int8", ("int8",)), ("bf16", ("bf16", "bfloat16")), ("fp16", ("fp16", "half")), ("fp32", ("fp32", "float")))
 
 
 def engine_io(trt, engine, path: Path, output: str | None) -> tuple[GraphIO, tuple[tuple[int, ...], ...]]:
