@@ -110,6 +110,12 @@ def test_engines_that_take_no_image_are_refused_by_name(rec, gpu, tmp_path, io, 
         vitfast.load_engine(plan(tmp_path, io=io, profile=[[1, 3, 8, 8]] * 3), overrides=IMAGENET)
 
 
+def test_an_output_whose_shape_the_input_does_not_set_is_refused(rec, gpu, tmp_path):
+    io = NCHW | {"boxes": ["OUTPUT", "FLOAT", [-1, -1, 4]]}  # e.g. after a non-maximum suppression
+    with pytest.raises(ArtifactError, match="output 'boxes' has a data-dependent shape"):
+        vitfast.load_engine(plan(tmp_path, io=io, resolved={"boxes": [0, -1, 4]}), overrides=IMAGENET)
+
+
 def test_an_engine_tensorrt_cannot_load_says_why_engines_do_not_move(rec, gpu, tmp_path):
     path = tmp_path / "old.plan"
     path.write_bytes(b"other-tensorrt plan")

@@ -182,6 +182,10 @@ class TensorRTEngine(Engine):
         check_profile_size(path, self.io, self.profile, config.img_hw)
         self.missing_preprocessing = foreign.missing_preprocessing_message(path, missing) if missing else None
         self.context.set_input_shape(self.input_name, self.profile[1])  # the inspector reports formats at a set shape
+        for name in (n for n in map(self.engine.get_tensor_name, range(self.engine.num_io_tensors)) if n != self.input_name):
+            if any(int(d) < 0 for d in self.context.get_tensor_shape(name)):  # TensorRT writes every output: each needs a buffer
+                raise ArtifactError(f"{path}: output {name!r} has a data-dependent shape (not set by the input's); vitfast runs "
+                                    "engines whose outputs' shapes follow from the image batch")  # fmt: skip
         built = built_precision(trt, self.engine, self.context)
         warnings = [] if built else ["the engine does not record the precision it was built for (only an engine built with "
                                      "trtexec --profilingVerbosity=detailed lists its layers' formats): fp16's parity "
