@@ -100,9 +100,11 @@ def trtexec_command(onnx_path: str | os.PathLike, engine_path: str | os.PathLike
     shapes = profile_shapes([d if isinstance(d, int) else -1 for d in spec["shape"]], batch, sizes)  # "batch", "height": dynamic
     dims = ["x".join(map(str, shape)) for shape in shapes]
     static = all(isinstance(d, int) for d in spec["shape"])  # trtexec refuses shapes for a graph without dynamic dims
+    # --profilingVerbosity=detailed: the engine lists its layers' formats, from which load_engine reads its precision
     args = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={engine_path}", *TRTEXEC_PRECISION[precision],
             *(() if static else (f"--{which}Shapes={name}:{d}" for which, d in zip(("min", "opt", "max"), dims))),
-            f"--memPoolSize=workspace:{round(workspace_gib * 1024)}M", f"--builderOptimizationLevel={optimization_level}"]  # fmt: skip
+            f"--memPoolSize=workspace:{round(workspace_gib * 1024)}M", f"--builderOptimizationLevel={optimization_level}",
+            "--profilingVerbosity=detailed"]  # fmt: skip
     if fp32_layernorm and precision != "fp32":
         args += _trtexec_fp32_layers(normalization_layer_names(onnx_path))
     if timing_cache:
@@ -113,7 +115,8 @@ def trtexec_command(onnx_path: str | os.PathLike, engine_path: str | os.PathLike
 def normalization_layer_names(onnx_path: str | os.PathLike) -> list[str]:
     """The names TensorRT 10's ONNX parser gives the NORMALIZATION layers of the ONNX at `onnx_path`: one per
     LayerNormalization node, named after it (`node_of_<its output>` for an unnamed node; onnx-tensorrt's
-    `getNodeName`), the names `trtexec --layerPrecisions` matches."""
+    `getNodeName`), the names `trtexec --layerPrecisions` matches. Nodes sharing a name would get suffixed layer
+    names; vitfast's exporter names each node once."""
     import onnx
 
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
@@ -123,9 +126,10 @@ def normalization_layer_names(onnx_path: str | os.PathLike) -> list[str]:
 
 def _trtexec_fp32_layers(names: list[str]) -> list[str]:
     """trtexec flags that keep the layers `names` in fp32 with fp32 outputs, as `_pin_normalization_fp32` does, under
-    `prefer` constraints as `precision_flags` sets them. trtexec splits its specs at ',' and ':', so a name holding
-    either cannot be given; such layers stay unpinned, with a warning, as does a graph without LayerNormalization."""
-    usable = [n for n in names if not set(n) & {",", ":"}]
+    `prefer` constraints as `precision_flags` sets them. trtexec splits its specs at ',' (and each at its last ':'),
+    reads quotes and takes '*' as a wildcard, so a name holding ',', a quote or '*' cannot be given; such layers stay
+    unpinned, with a warning, as does a graph without LayerNormalization."""
+    usable = [n for n in names if not set(n) & set(",'\"*")]
     if len(usable) < len(names) or not names:
         left = [n for n in names if n not in usable]
         warnings.warn(f"the trtexec line keeps {len(usable)} of {len(names)} LayerNormalization layers in fp32"

@@ -537,7 +537,8 @@ def test_trtexec_command_matches_build_engine(onnx_file, tmp_path, precision, ba
     pinned = "" if precision == "fp32" else f"--precisionConstraints=prefer --layerPrecisions={norms} --layerOutputTypes={norms} "
     assert line == (f"trtexec --onnx={onnx_file} '--saveEngine=out dir/vit.engine' {flags} "
                     f"--minShapes=images:{b1}x3x32x32 --optShapes=images:{b2}x3x32x32 --maxShapes=images:{b3}x3x32x32 "
-                    f"--memPoolSize=workspace:2560M --builderOptimizationLevel=4 {pinned}--timingCacheFile=t.cache")  # fmt: skip
+                    f"--memPoolSize=workspace:2560M --builderOptimizationLevel=4 --profilingVerbosity=detailed "
+                    f"{pinned}--timingCacheFile=t.cache")  # fmt: skip
 
 
 def layernorm_nodes(onnx_file: Path) -> list[str]:
@@ -567,14 +568,14 @@ def test_trtexec_names_unnamed_norms_as_the_parser_does_and_warns_for_names_it_c
 
     model = onnx.load(str(onnx_file))
     norms = [n for n in model.graph.node if n.op_type == "LayerNormalization"]
-    norms[0].name, norms[1].name = "", "blocks.0/norm:2"
+    norms[0].name, norms[1].name, norms[2].name = "", "blocks.0/norm,2", "blocks:1/norm"  # trtexec splits at the last ':'
     renamed = tmp_path / "renamed.onnx"
     onnx.save(model, str(renamed))
     write_sidecar(renamed, read_sidecar(onnx_file, verify=False))
-    assert trt_export.normalization_layer_names(renamed)[:2] == [f"node_of_{norms[0].output[0]}", "blocks.0/norm:2"]
-    with pytest.warns(UserWarning, match=f"keeps {len(norms) - 1} of {len(norms)} LayerNormalization layers in fp32 .*'blocks.0/norm:2'"):
+    assert trt_export.normalization_layer_names(renamed)[:3] == [f"node_of_{norms[0].output[0]}", "blocks.0/norm,2", "blocks:1/norm"]
+    with pytest.warns(UserWarning, match=f"keeps {len(norms) - 1} of {len(norms)} LayerNormalization layers in fp32 .*'blocks.0/norm,2'"):
         line = trt_export.trtexec_command(renamed, "vit.engine", precision="fp16", batch=(1, 8, 32))
-    assert f"node_of_{norms[0].output[0]}:fp32" in line and "norm:2" not in line
+    assert f"node_of_{norms[0].output[0]}:fp32" in line and "blocks:1/norm:fp32" in line and "norm,2" not in line
 
 
 def test_trtexec_command_gives_no_shapes_for_a_static_graph(onnx_file, tmp_path):

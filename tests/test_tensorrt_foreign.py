@@ -45,19 +45,35 @@ def test_an_engine_without_a_sidecar_runs_with_the_preprocessing_it_is_given(rec
     assert engine.metadata["tensorrt"]["profile"]["max"] == [64, 3, 224, 224]
 
 
+def formats(*names: str) -> list[dict]:
+    return [{"Name": f"layer{i}", "Inputs": [{"Format/Datatype": name}], "Outputs": []} for i, name in enumerate(names)]
+
+
 @pytest.mark.parametrize(
-    "layers, precision",
+    "layers, precision, called, warned",
     [
-        (None, "fp16"),  # layer names only (the default verbosity): assumed, and said
-        ([{"Inputs": [{"Format/Datatype": "Thirty-two wide channel vectorized row major Int8 format."}], "Outputs": []}], "int8"),
-        ([{"Inputs": [{"Format/Datatype": "Row major linear FP32"}], "Outputs": [{"Format/Datatype": "Float"}]}], "fp32"),
+        (None, "fp16", "fp16 (assumed)", "does not record the precision"),  # layer names only (the default verbosity)
+        (formats("Thirty-two wide channel vectorized row major Int8 format.", "Row major linear FP16 format"), "int8", "int8", None),
+        (formats("Row major linear UInt8 format", "Row major linear FP16 format"), "fp16", "fp16", None),  # UInt8 is no int8
+        (formats("Row major linear BFloat16 format"), "bf16", "bf16", None),
+        (formats("Row major linear FP4 format", "Int8"), "int4", "int4", None),
+        # fp32 formats may hide TF32 matmuls (on unless --noTF32), which fp32's tolerances would fail
+        (formats("Row major linear FP32", "Float"), "fp16", "fp32 or tf32", "whether TF32 was allowed"),
     ],
 )  # fmt: skip
-def test_precision_comes_from_the_layer_formats_else_fp16_is_assumed_and_said(rec, gpu, tmp_path, layers, precision):
+def test_precision_comes_from_the_layer_formats_else_fp16_is_assumed_and_said(rec, gpu, tmp_path, layers, precision, called, warned):
     engine = vitfast.load_engine(plan(tmp_path, layers=layers), overrides=IMAGENET)
-    assert engine.precision == precision
-    assumed = [w for w in engine.metadata["warnings"] if "does not record the precision" in w]
-    assert bool(assumed) == (layers is None) and (engine.io.precision == "fp16 (assumed)") == (layers is None)
+    assert (engine.precision, engine.io.precision) == (precision, called)
+    said = engine.metadata["warnings"]
+    assert (said == []) if warned is None else (len(said) == 1 and warned in said[0])
+
+
+def test_dims_the_profile_pins_are_known(rec, gpu, tmp_path):
+    """Optimum's ViT ONNX leaves batch, channels, height and width dynamic; an engine built from it for 224x224 pins all
+    but the batch in its profile."""
+    io = {"pixel_values": ["INPUT", "FLOAT", [-1, -1, -1, -1]], "logits": ["OUTPUT", "FLOAT", [-1, 1000]]}
+    engine = vitfast.load_engine(plan(tmp_path, io=io), overrides=IMAGENET)
+    assert (engine.layout, engine.config.in_chans, engine.config.img_hw, engine.batch) == ("NCHW", 3, (224, 224), (1, 8, 64))
 
 
 def test_raw_images_need_the_mean_and_std_float_images_do_not(rec, gpu, tmp_path):

@@ -27,7 +27,7 @@ from vitfast.optimize import static_input
 
 from .engine import Engine, is_float_images
 from .sidecar import read_sidecar, sidecar_path
-from .tensorrt_foreign import FOREIGN_HINT, built_precision, check_profile_size, engine_io, profile_batch
+from .tensorrt_foreign import FOREIGN_HINT, built_precision, check_profile_size, engine_io, judge_precision, profile_batch
 
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 INSTALL_HINT = (
@@ -178,25 +178,29 @@ class TensorRTEngine(Engine):
         the rest from `overrides`; what had to be assumed is said in the metadata's warnings."""
         self.io, self.profile = engine_io(trt, self.engine, path, output)
         self.input_name, self.output_name, self.layout = self.io.input_name, self.io.output_name, self.io.layout
+        self._check_output_shapes(path)
         config, missing, assumed = foreign.foreign_config(path, self.io, overrides, probe=lambda h, w: self._output_dims(path, h, w))
         check_profile_size(path, self.io, self.profile, config.img_hw)
         self.missing_preprocessing = foreign.missing_preprocessing_message(path, missing) if missing else None
         self.context.set_input_shape(self.input_name, self.profile[1])  # the inspector reports formats at a set shape
-        for name in (n for n in map(self.engine.get_tensor_name, range(self.engine.num_io_tensors)) if n != self.input_name):
-            if any(int(d) < 0 for d in self.context.get_tensor_shape(name)):  # TensorRT writes every output: each needs a buffer
-                raise ArtifactError(f"{path}: output {name!r} has a data-dependent shape (not set by the input's); vitfast runs "
-                                    "engines whose outputs' shapes follow from the image batch")  # fmt: skip
-        built = built_precision(trt, self.engine, self.context)
-        warnings = [] if built else ["the engine does not record the precision it was built for (only an engine built with "
-                                     "trtexec --profilingVerbosity=detailed lists its layers' formats): fp16's parity "
-                                     "tolerances assumed"]  # fmt: skip
-        self.io = dataclasses.replace(self.io, precision=built or "fp16 (assumed)")
+        precision, label, warnings = judge_precision(built_precision(trt, self.engine, self.context))
+        self.io = dataclasses.replace(self.io, precision=label)
         if self.engine.num_optimization_profiles > 1:
             warnings.append(f"the engine has {self.engine.num_optimization_profiles} optimization profiles; vitfast runs the first")
-        meta = {"foreign": True, "read_from": "engine", "graph": self.io.describe(), "precision": built or "fp16", "assumed": assumed,
+        meta = {"foreign": True, "read_from": "engine", "graph": self.io.describe(), "precision": precision, "assumed": assumed,
                 "warnings": warnings, "config_files": [], "gpu": {"name": gpu[0], "compute_capability": gpu[1]},
                 "tensorrt": {"version": trt.__version__, "profile": {"input": self.input_name, **dict(zip(("min", "opt", "max"), map(list, self.profile)))}}}  # fmt: skip
-        return config, built or "fp16", profile_batch(self.io, self.profile), meta
+        return config, precision, profile_batch(self.io, self.profile), meta
+
+    def _check_output_shapes(self, path: Path) -> None:
+        """Refuse an engine with an output whose shape the input does not set: TensorRT writes every output, so each
+        needs a buffer of a known size before the run."""
+        if not self.context.set_input_shape(self.input_name, self.profile[1]):
+            raise ArtifactError(f"{path}: TensorRT refused the engine's own profile shape {self.profile[1]} (its log above says why)")
+        for name in (n for n in map(self.engine.get_tensor_name, range(self.engine.num_io_tensors)) if n != self.input_name):
+            if any(int(d) < 0 for d in self.context.get_tensor_shape(name)):
+                raise ArtifactError(f"{path}: output {name!r} has a data-dependent shape (not set by the input's); vitfast runs "
+                                    "engines whose outputs' shapes follow from the image batch")  # fmt: skip
 
     def _output_dims(self, path: Path, h: int, w: int) -> tuple[int, ...]:
         """The output's dims after the batch for h x w images, from TensorRT's shape inference (nothing runs)."""
@@ -206,7 +210,7 @@ class TensorRTEngine(Engine):
         shape[axis : axis + 2] = [h, w]
         if not self.context.set_input_shape(self.input_name, tuple(shape)):
             raise ArtifactError(f"{path} does not take {h}x{w} images (TensorRT refused input shape {tuple(shape)})")
-        return tuple(int(d) for d in self.context.get_tensor_shape(self.output_name))[1:]
+        return tuple(int(d) if int(d) >= 0 else None for d in self.context.get_tensor_shape(self.output_name))[1:]
 
     def prepare(self, images) -> torch.Tensor:
         if self.missing_preprocessing and not is_float_images(images):

@@ -10,6 +10,7 @@ for: TensorRT itself refuses a plan from another version or GPU architecture whe
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from vitfast.errors import ArtifactError, ConfigError
@@ -18,8 +19,11 @@ from vitfast.foreign import GraphIO, image_layout, pick_output
 FOREIGN_HINT = ("a TensorRT engine runs only under the TensorRT version and on the GPU model that built it, and one without a "
                 "vitfast sidecar does not say which: rebuild it on this machine (its trtexec line, or `vitfast export --format trt`)")  # fmt: skip
 FLOAT_IO = {"FLOAT": "float32", "HALF": "float16"}  # the input dtypes vitfast feeds
-# "Format/Datatype" words of the engine inspector's detailed layer listing, coarsest precision first
-LAYER_FORMATS = (("fp8", ("fp8",)), ("int8", ("int8",)), ("bf16", ("bf16", "bfloat16")), ("fp16", ("fp16", "half")), ("fp32", ("fp32", "float")))
+# Words of the "Format/Datatype" strings in the engine inspector's detailed layer listing ("Row major linear FP16
+# format", "Thirty-two wide channel vectorized row major Int8 format.", "Float"), coarsest precision first; fp4 is
+# judged at int4's tolerances, the loosest vitfast has
+LAYER_FORMATS = (("int4", ("int4", "fp4")), ("fp8", ("fp8",)), ("int8", ("int8",)), ("bf16", ("bf16", "bfloat16")), ("fp16", ("fp16", "half")),
+                 ("fp32", ("fp32", "float")))  # fmt: skip
 
 
 def engine_io(trt, engine, path: Path, output: str | None) -> tuple[GraphIO, tuple[tuple[int, ...], ...]]:
@@ -34,12 +38,13 @@ def engine_io(trt, engine, path: Path, output: str | None) -> tuple[GraphIO, tup
     dtype = next((v for k, v in FLOAT_IO.items() if engine.get_tensor_dtype(name) == getattr(trt.DataType, k)), None)
     if dtype is None:
         raise ArtifactError(f"{path}: input {name!r} is {engine.get_tensor_dtype(name)}, not float32/float16; vitfast feeds normalised float images")
-    dims = _dims(engine.get_tensor_shape(name))
+    profile = tuple(tuple(int(d) for d in shape) for shape in engine.get_tensor_profile_shape(name, 0))
+    # a dim the ONNX left dynamic but the profile pins (min = max: e.g. Optimum's channels and size) is known
+    dims = [d if d is not None or lo != hi else lo for d, lo, hi in zip(_dims(engine.get_tensor_shape(name)), profile[0], profile[2])]
     if len(dims) != 4:
         raise ArtifactError(f"{path}: input {name!r} has shape {dims}; expected images [batch, 3, H, W] or [batch, H, W, 3]")
     layout, chans, hw = image_layout(dims, path, name)
     out_name, out_dims, kind, note = pick_output([(n, _dims(engine.get_tensor_shape(n))) for n in outputs], path, 2, output)
-    profile = tuple(tuple(int(d) for d in shape) for shape in engine.get_tensor_profile_shape(name, 0))
     io = GraphIO(name, layout, dtype, dims[0], hw, chans, out_name, "unknown", note, kind, tuple(out_dims[1:]), None)
     return io, profile
 
@@ -78,4 +83,20 @@ def built_precision(trt, engine, context) -> str | None:
     layers = [layer for layer in info.get("Layers", ()) if isinstance(layer, dict)] if isinstance(info, dict) else []
     formats = " ".join(str(t.get("Format/Datatype", "")) for layer in layers
                        for t in (*layer.get("Inputs", ()), *layer.get("Outputs", ())) if isinstance(t, dict)).lower()  # fmt: skip
-    return next((precision for precision, words in LAYER_FORMATS if any(w in formats for w in words)), None)
+    words = set(re.findall(r"[a-z0-9]+", formats))  # whole words: "UInt8" is no int8, "BFloat16" no float
+    return next((precision for precision, names in LAYER_FORMATS if words & set(names)), None)
+
+
+def judge_precision(built: str | None) -> tuple[str, str, list[str]]:
+    """(precision whose parity tolerances apply, what to call it, warnings) for what `built_precision` read. fp32 formats
+    are judged at fp16's tolerances: TensorRT runs fp32 matmuls in TF32 (fp16's 10-bit mantissa) unless the build turned
+    it off (--noTF32), which the engine does not record."""
+    if built is None:
+        return "fp16", "fp16 (assumed)", ["the engine does not record the precision it was built for (only an engine built with "
+                                          "trtexec --profilingVerbosity=detailed lists its layers' formats): fp16's parity "
+                                          "tolerances assumed"]  # fmt: skip
+    if built == "fp32":
+        return "fp16", "fp32 or tf32", ["its layers run fp32 formats, but the engine does not record whether TF32 was allowed "
+                                        "(TensorRT's and trtexec's default; --noTF32 turns it off): fp16's parity tolerances "
+                                        "assumed"]  # fmt: skip
+    return built, built, []
