@@ -34,7 +34,8 @@ from vitfast.runtime.tensorrt_engine import (  # noqa: F401  (TensorRTEngine, ch
 
 from vitfast.atomic import atomic_write, check_output_free, claim_output
 
-from .artifacts import base_metadata, parse_batch, parse_image_sizes, read_sidecar, write_sidecar
+from .artifacts import base_metadata, parse_batch, write_sidecar
+from .engine_source import EngineSource, check_graph_precision, engine_source
 
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0) and newer
 TENSORRT_MAJOR = 10
@@ -83,23 +84,24 @@ TRTEXEC_PRECISION = {"fp32": ["--noTF32"], "fp16": ["--fp16"], "int8": ["--int8"
 
 def trtexec_command(onnx_path: str | os.PathLike, engine_path: str | os.PathLike, *, precision: str, batch,
                     workspace_gib: float = 4.0, optimization_level: int = 3, timing_cache: str | os.PathLike | None = None,
-                    image_sizes: str | tuple | None = None, fp32_layernorm: bool = True) -> str:  # fmt: skip
-    """The `trtexec` line that builds what `build_engine` would from the vitfast ONNX at `onnx_path`
-    (its sidecar gives the input name and [C, H, W]), for a machine where only trtexec is at hand.
-    Refused where `build_engine` would refuse the ONNX (`check_quantization`). LayerNorm is kept in fp32 as
-    `build_engine` keeps it (`fp32_layernorm`), by layer name: `normalization_layer_names`. The engine it writes
-    has no vitfast sidecar: `load_engine` runs it as another tool's engine, with `--config ONNX.json` for the
-    preprocessing. It needs TensorRT 10's trtexec (11's has no --fp16 / --int8)."""
+                    image_sizes: str | tuple | None = None, fp32_layernorm: bool = True,
+                    overrides: dict[str, Any] | None = None) -> str:  # fmt: skip
+    """The `trtexec` line that builds what `build_engine` would from the ONNX at `onnx_path` (vitfast's, whose
+    sidecar gives the input, or another tool's, read as `build_engine` reads it), for a machine where only trtexec
+    is at hand. Refused where `build_engine` would refuse the ONNX (`check_quantization`). LayerNorm is kept in
+    fp32 as `build_engine` keeps it (`fp32_layernorm`), by layer name: `normalization_layer_names`. The engine it
+    writes has no vitfast sidecar: `load_engine` runs it as another tool's engine, with `--config ONNX.json` for
+    the preprocessing. It needs TensorRT 10's trtexec (11's has no --fp16 / --int8)."""
     require(precision, TENSORRT, "TensorRT")
-    meta = read_sidecar(onnx_path)
-    int8 = meta.get("int8") or {}  # the sidecar of quantize_int8's Q/DQ ONNX; trtexec itself would invent int8 ranges
-    check_quantization(precision, bool(int8), onnx_path, int8_target=int8.get("target"))
-    spec = meta["input"]
-    name = spec["name"]
-    sizes = _image_sizes(meta, image_sizes)
-    shapes = profile_shapes([d if isinstance(d, int) else -1 for d in spec["shape"]], batch, sizes)  # "batch", "height": dynamic
-    dims = ["x".join(map(str, shape)) for shape in shapes]
-    static = all(isinstance(d, int) for d in spec["shape"])  # trtexec refuses shapes for a graph without dynamic dims
+    source = engine_source(onnx_path, overrides, image_sizes)
+    int8 = source.meta.get("int8") or {}  # the sidecar of quantize_int8's Q/DQ ONNX; trtexec itself would invent int8 ranges
+    quantized = bool(int8) or (source.graph is not None and source.graph.precision in QUANTIZED)
+    check_quantization(precision, quantized, source.path, int8_target=int8.get("target"))
+    check_graph_precision(source, precision)
+    onnx_path, name, shape = source.path, source.input_name, source.input_shape
+    shapes = profile_shapes(shape, batch, source.sizes)
+    dims = ["x".join(map(str, s)) for s in shapes]
+    static = min(shape) >= 0  # trtexec refuses shapes for a graph without dynamic dims
     # --profilingVerbosity=detailed: the engine lists its layers' formats, from which load_engine reads its precision
     args = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={engine_path}", *TRTEXEC_PRECISION[precision],
             *(() if static else (f"--{which}Shapes={name}:{d}" for which, d in zip(("min", "opt", "max"), dims))),
@@ -198,10 +200,14 @@ def build_engine(
     timing_cache: str | os.PathLike | None = None,
     fp32_layernorm: bool = True,
     image_sizes: str | tuple | None = None,
+    overrides: dict[str, Any] | None = None,
     force: bool = False,
     progress: bool = True,
 ) -> Path:
-    """Build a serialized TensorRT engine at `out_path` (+ `out_path.json` sidecar) from a vitfast ONNX file.
+    """Build a serialized TensorRT engine at `out_path` (+ `out_path.json` sidecar) from an ONNX file: vitfast's, or
+    another tool's (e.g. ModelOpt's int8 / fp8 Q/DQ graph, an Optimum export folder) with `overrides`, the ViTConfig
+    fields its graph does not hold: mean / std (required: the sidecar records them), resize / crop, class names, and
+    img_size for a graph of any size, which is built for that one size (`vitfast.export.engine_source`).
 
     precision: fp32 | fp16 | int8 | fp8 (int8/fp8 need a Q/DQ ONNX; fp8 a GPU of compute capability
     >= 8.9). batch: the optimization profile's (min, opt, max) batch sizes. workspace_gib: TensorRT's
@@ -214,11 +220,11 @@ def build_engine(
     engine. `progress` shows a progress bar when stderr is a terminal. The sidecar's `parity` is
     left None for the caller to fill in. Returns `out_path`.
     """
-    onnx_path, out_path = Path(onnx_path), Path(out_path)
+    out_path = Path(out_path)
     _check_build_args(precision, workspace_gib, optimization_level)
     batch = parse_batch(batch)
-    source_meta = _read_source(onnx_path)
-    sizes = _image_sizes(source_meta, image_sizes)
+    source = engine_source(onnx_path, overrides, image_sizes)
+    onnx_path, source_meta = source.path, source.meta
     check_output_free(out_path, force)  # fail before a build that can take minutes, not after it
     trt = require_tensorrt()
     _require_tensorrt_10(trt.__version__)
@@ -229,7 +235,8 @@ def build_engine(
     builder, network = _parse_onnx(trt, onnx_path)
     check_quantization(precision, _is_quantized(trt, network), onnx_path,
                        int8_target=(source_meta.get("int8") or {}).get("target"))  # fmt: skip
-    input_name, shapes, dynamic_batch = _input_profile(network, batch, sizes)
+    check_graph_precision(source, precision)
+    input_name, shapes, dynamic_batch = _input_profile(network, batch, source)
     config = builder.create_builder_config()
     _set_options(trt, config, precision, flags, workspace_gib, optimization_level)
     fp32_layers = _pin_normalization_fp32(trt, network) if pin_layernorm else 0
@@ -238,8 +245,12 @@ def build_engine(
     serialized = _build(trt, builder, network, config, show_progress=progress and sys.stderr.isatty())
 
     meta = _engine_metadata(onnx_path, source_meta, precision, batch, dynamic_batch, input_name)
-    if sizes:
-        meta["input"]["image_sizes"] = [list(hw) for hw in sizes]
+    if source.sizes:
+        meta["input"]["image_sizes"] = [list(hw) for hw in source.sizes]
+    if source.graph:  # another tool's graph: its architecture is unknown, its output the one `load_engine` would run
+        meta |= {"foreign": True, "graph": source.graph.describe(), "assumed": list(source.assumed)}
+        meta["input"]["dtype"] = source.graph.dtype
+        meta["output"] |= {"name": source.graph.output_name, "dtype": source_meta["output_dtype"]}
     meta["gpu"] = {"name": gpu_name, "compute_capability": compute_capability}
     meta["tensorrt"] = {
         "version": trt.__version__,
@@ -268,20 +279,6 @@ def _check_build_args(precision: str, workspace_gib: float, optimization_level: 
             f"the builder optimization level must be 0..{MAX_OPTIMIZATION_LEVEL} (3 is TensorRT's default), "
             f"got {optimization_level!r}"
         )
-
-
-def _image_sizes(source_meta: dict[str, Any], image_sizes: str | tuple | None) -> tuple | None:
-    """The profile's image sizes for an ONNX of a dynamic_img_size model (its sidecar says), stated or the default; None
-    for a fixed-size one, which refuses stated sizes."""
-    config = ViTConfig.from_dict(source_meta["config"])
-    return parse_image_sizes(image_sizes, config) if config.dynamic_img_size or image_sizes is not None else None
-
-
-def _read_source(onnx_path: Path) -> dict[str, Any]:
-    """The ONNX file's sidecar (config, preprocessing), after checking the file is there."""
-    if not onnx_path.is_file():
-        raise ArtifactError(f"no such ONNX file: {onnx_path}; export one with `vitfast export --format onnx`")
-    return read_sidecar(onnx_path)
 
 
 def _require_tensorrt_10(version: str) -> None:
@@ -318,13 +315,16 @@ def _is_quantized(trt, network) -> bool:
     return any(layer.type in qdq for layer in _layers(network))
 
 
-def _input_profile(network, batch: tuple[int, int, int], image_sizes: tuple | None) -> tuple[str, tuple[Shape, Shape, Shape], bool]:
-    """(input name, profile shapes, whether the ONNX batch dim is dynamic) for the single image input."""
+def _input_profile(network, batch: tuple[int, int, int], source: EngineSource) -> tuple[str, tuple[Shape, Shape, Shape], bool]:
+    """(input name, profile shapes, whether the ONNX batch dim is dynamic) for the single image input. The channels of
+    another tool's graph come from the source (Optimum 1.x leaves the axis dynamic; its patch Conv's weight says)."""
     if network.num_inputs != 1:
         raise ArtifactError(f"the ONNX graph has {network.num_inputs} inputs; vitfast engines take one image input")
     tensor = network.get_input(0)
     shape = tuple(tensor.shape)
-    return tensor.name, profile_shapes(shape, batch, image_sizes), shape[0] < 0
+    if source.graph and len(shape) == 4 and shape[1] < 0:
+        shape = (shape[0], source.graph.in_chans, *shape[2:])
+    return tensor.name, profile_shapes(shape, batch, source.sizes), shape[0] < 0
 
 
 def _set_options(trt, config, precision: str, flags: list[str], workspace_gib: float, optimization_level: int) -> None:

@@ -828,10 +828,10 @@ def test_bad_build_arguments(rec, gpu, onnx_file, tmp_path, kwargs, match):
     assert rec.calls == []
 
 
-def test_onnx_without_sidecar_is_refused(rec, gpu, tmp_path):
+def test_an_unreadable_or_missing_onnx_is_refused(rec, gpu, tmp_path):
     bare = tmp_path / "bare.onnx"
-    bare.write_bytes(b"not really onnx")
-    with pytest.raises(ArtifactError, match="no sidecar"):
+    bare.write_bytes(b"not really onnx")  # no sidecar: read as another tool's graph
+    with pytest.raises(ArtifactError, match="is not a readable ONNX model"):
         build(bare, tmp_path / "vit.engine")
     with pytest.raises(ArtifactError, match="no such ONNX file"):
         build(tmp_path / "missing.onnx", tmp_path / "vit.engine")

@@ -1,10 +1,13 @@
 """TensorRT engines another tool built (trtexec, polygraphy): no vitfast sidecar, so the input, output and profile are
-read from the engine and the preprocessing comes from --config / the flags. Runs against test_tensorrt's fake
-`tensorrt` module, whose plan for such an engine is a JSON spec of what the engine reports; running one needs a GPU."""
+read from the engine and the preprocessing comes from --config / the flags; and engines vitfast builds from another
+tool's ONNX graph (ModelOpt's Q/DQ, Optimum's). Runs against test_tensorrt's fake `tensorrt` module, whose plan for
+another tool's engine is a JSON spec of what the engine reports; running an engine needs a GPU."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +16,13 @@ import torch
 
 import vitfast
 from vitfast.cli.main import main
-from vitfast.errors import ArtifactError, ConfigError, InputError
-from vitfast.export.artifacts import base_metadata, write_sidecar
+from vitfast import pipeline
+from vitfast.describe import describe
+from vitfast.errors import ArtifactError, ConfigError, InputError, VitfastWarning
+from vitfast.export import tensorrt as trt_export
+from vitfast.export.artifacts import base_metadata, read_sidecar, write_sidecar
 
-from test_tensorrt import gpu, rec  # noqa: F401  (fixtures: the fake tensorrt module, a pretend GPU)
+from test_tensorrt import exported, gpu, onnx_file, rec  # noqa: F401  (fixtures: a small ViT's ONNX, the fake tensorrt, a pretend GPU)
 
 NCHW = {"images": ["INPUT", "FLOAT", [-1, 3, 224, 224]], "logits": ["OUTPUT", "FLOAT", [-1, 1000]]}
 PROFILE = [[1, 3, 224, 224], [8, 3, 224, 224], [64, 3, 224, 224]]
@@ -160,3 +166,115 @@ def test_info_on_a_trtexec_engine_takes_the_onnx_sidecar_as_its_config(rec, gpu,
     assert "has no vitfast sidecar; read from the engine: input 'images' float32 [batch, 3, 224, 224] (NCHW)" in err
     with pytest.raises(ConfigError, match="takes 224x224 images \\(fixed in the graph\\) but the preprocessing says 256x256"):
         vitfast.load_engine(engine_file, overrides={"img_size": 256})
+
+
+# ---------------------------------------------------------------------------- engines vitfast builds from another tool's ONNX
+
+
+def bare(onnx_file: Path, folder: Path, name: str = "theirs.onnx") -> Path:
+    """The ONNX as another tool leaves it: no vitfast sidecar."""
+    copy = folder / name
+    shutil.copyfile(onnx_file, copy)
+    return copy
+
+
+def with_input_qdq(onnx_file: Path, folder: Path) -> Path:
+    """The graph with an int8 QuantizeLinear -> DequantizeLinear pair on its image, as a Q/DQ quantizer leaves it."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(onnx_file))
+    graph = model.graph
+    name = graph.input[0].name
+    for node in graph.node:
+        node.input[:] = [f"{name}_dq" if i == name else i for i in node.input]
+    graph.initializer.extend([helper.make_tensor("s", TensorProto.FLOAT, [], [0.02]), helper.make_tensor("z", TensorProto.INT8, [], [0])])
+    graph.node.insert(0, helper.make_node("DequantizeLinear", [f"{name}_q", "s", "z"], [f"{name}_dq"], name="input_dq"))
+    graph.node.insert(0, helper.make_node("QuantizeLinear", [name, "s", "z"], [f"{name}_q"], name="input_q"))
+    path = folder / "theirs.int8.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def test_an_engine_builds_from_another_tools_graph_with_the_preprocessing_given(rec, gpu, exported, tmp_path):
+    onnx_file, model = exported
+    theirs = bare(onnx_file, tmp_path)
+    with pytest.raises(ConfigError, match="no vitfast sidecar and no mean/std: the engine's sidecar records how raw images"):
+        trt_export.build_engine(theirs, tmp_path / "refused.engine", progress=False)
+    labels = [f"c{i}" for i in range(10)]
+    path = trt_export.build_engine(theirs, tmp_path / "m.engine", overrides=IMAGENET | {"labels": labels}, progress=False)
+    meta = read_sidecar(path)
+    assert meta["foreign"] and meta["source"]["made_by"] == "another tool" and meta["source"]["onnx"] == str(theirs.resolve())
+    assert meta["graph"].startswith("input 'images' float32 [batch, 3, 32, 32] (NCHW)") and meta["output"]["name"] == "logits"
+    assert (meta["config"]["num_classes"], meta["config"]["labels"][-1], tuple(meta["config"]["mean"])) == (10, "c9", IMAGENET["mean"])
+    assert meta["input"]["dtype"] == meta["output"]["dtype"] == "float32"
+    assert sum(bool(layer.output_types) for layer in rec.networks[-1].layers) == 2 * model.config.depth + 1  # LayerNorm kept fp32
+
+    engine = vitfast.load_engine(path, overrides={"mean": (0.5,) * 3})  # the preprocessing may be restated at load
+    assert engine.config.mean == (0.5,) * 3 and engine.config.std == IMAGENET["std"] and engine.precision == "fp16"
+    assert engine.io.output_name == "logits" and engine.batch == (1, 8, 32)
+    facts = describe(engine)
+    assert facts["made_by"].endswith("from another tool's ONNX graph: input and output read from the graph, preprocessing given at the build")
+    assert "model" not in facts  # no FLOPs or parameter count for an architecture the graph does not say
+
+
+def test_a_quantized_graph_builds_only_at_its_own_precision(rec, gpu, onnx_file, tmp_path):
+    theirs = with_input_qdq(onnx_file, tmp_path)
+    with pytest.raises(ArtifactError, match="is quantized .* build it with --precision int8"):
+        trt_export.build_engine(theirs, tmp_path / "a.engine", precision="fp16", overrides=IMAGENET, progress=False)
+    with pytest.raises(ArtifactError, match="is int8-quantized \\(its Q/DQ nodes\\): build it with --precision int8"):
+        trt_export.build_engine(theirs, tmp_path / "b.engine", precision="fp8", overrides=IMAGENET, progress=False)
+    path = trt_export.build_engine(theirs, tmp_path / "c.engine", precision="int8", overrides=IMAGENET, progress=False)
+    assert read_sidecar(path)["precision"] == "int8" and set(rec.configs[-1].flags) >= {"BuilderFlag.INT8", "BuilderFlag.FP16"}
+
+
+def test_vitfast_onnx_takes_no_overrides_and_other_graphs_no_image_size_range(rec, gpu, onnx_file, tmp_path):
+    with pytest.raises(InputError, match="is vitfast's export: its sidecar records the config and preprocessing; drop --mean"):
+        trt_export.build_engine(onnx_file, tmp_path / "a.engine", overrides={"mean": (0.5,) * 3}, progress=False)
+    with pytest.raises(InputError, match="--image-sizes sets the range of a vitfast --dynamic-img-size export"):
+        trt_export.build_engine(bare(onnx_file, tmp_path), tmp_path / "b.engine", overrides=IMAGENET, image_sizes="16:32:64", progress=False)
+
+
+def test_parity_against_the_graph_is_recorded_or_said_to_be_missing(rec, gpu, onnx_file, tmp_path, monkeypatch):
+    """The engine is run by a stand-in (the fake TensorRT runs nothing): the graph itself, through ONNX Runtime."""
+    theirs = bare(onnx_file, tmp_path)
+    path = trt_export.build_engine(theirs, tmp_path / "m.engine", overrides=IMAGENET, progress=False)
+    real = vitfast.load_engine
+    monkeypatch.setattr(pipeline, "load_engine", lambda p, **kw: real(theirs, overrides=IMAGENET) if p == path else real(p, **kw))
+    parity = pipeline.record_engine_parity_vs_onnx(path, theirs, IMAGENET)
+    assert parity["passed"] and parity["max_abs_err"] == 0 and parity["against"] == "onnxruntime"
+    assert read_sidecar(path)["parity"] == parity
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not onnx")
+    with pytest.warns(VitfastWarning, match="parity not measured: ONNX Runtime cannot run .*broken.onnx"):
+        assert pipeline.record_engine_parity_vs_onnx(path, broken, IMAGENET) is None
+
+
+def test_export_onnx_flag_builds_from_a_graph_and_refuses_what_does_not_apply(rec, gpu, onnx_file, tmp_path, monkeypatch, capsys):
+    theirs = bare(onnx_file, tmp_path)
+    measured = []
+    monkeypatch.setattr(pipeline, "record_engine_parity_vs_onnx", lambda *a: measured.append(a))
+    out = tmp_path / "m.engine"
+    flags = ["--mean", "0.5", "0.5", "0.5", "--std", "0.5", "0.5", "0.5"]
+    assert main(["export", "--onnx", str(theirs), "--format", "trt", "--precision", "fp16", "--out", str(out), *flags, "--quiet"]) == 0
+    assert read_sidecar(out)["foreign"] and measured[0][:2] == (out, theirs) and measured[0][2]["mean"] == (0.5,) * 3
+    refusals = {
+        ("--format", "onnx"): "--onnx builds a TensorRT engine from an existing graph: add --format trt",
+        ("--format", "trt", "--calib-dir", str(tmp_path)): "--calib-dir set vitfast's own ONNX export and int8 calibration",
+        ("--format", "trt", "--num-heads", "3"): "--num-heads describe a checkpoint's architecture, which the graph",
+    }
+    for extra, said in refusals.items():
+        assert main(["export", "--onnx", str(theirs), *extra, "--out", str(tmp_path / "x.engine"), *flags]) == 2
+        assert said in capsys.readouterr().err
+    assert main(["export", "--model", "vit_cifar_patch4_32", "--format", "trt", "--precision", "fp8", "--out", str(tmp_path / "y.engine")]) == 2
+    assert "--precision fp8 builds a TensorRT engine from an fp8 Q/DQ graph" in capsys.readouterr().err
+
+
+def test_export_onnx_without_tensorrt_gives_the_trtexec_line(onnx_file, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    theirs = bare(onnx_file, tmp_path)
+    assert main(["export", "--onnx", str(theirs), "--format", "trt", "--precision", "fp16", "--out", str(tmp_path / "m.engine"),
+                 "--mean", "0.5", "0.5", "0.5", "--std", "0.5", "0.5", "0.5"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "TensorRT is not installed" in err and f"trtexec --onnx={theirs}" in err and "--minShapes=images:1x3x32x32" in err
+    assert "--layerPrecisions=" in err and not (tmp_path / "m.engine").exists()

@@ -76,6 +76,9 @@ def recorded(meta: dict[str, Any]) -> dict[str, Any]:
 
 def _made_by(kind: str, meta: dict[str, Any]) -> str:
     if meta.get("foreign"):
+        if "vitfast_version" in meta:
+            return (f"vitfast {meta['vitfast_version']} ({meta.get('kind', kind)}) from another tool's ONNX graph: input and output "
+                    "read from the graph, preprocessing given at the build")  # fmt: skip
         if meta.get("read_from") == "engine":
             return "another tool (no vitfast sidecar): input and output read from the TensorRT engine, preprocessing from --config and the flags"
         return "another tool (no vitfast sidecar): input, output and preprocessing read from the graph and the files beside it"

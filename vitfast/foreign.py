@@ -430,8 +430,9 @@ def missing_preprocessing_message(path: Path, missing: list[str]) -> str:
 
 def report_choice(path: Path, io: GraphIO, meta: dict[str, Any]) -> None:
     """Say on stderr what was read from a foreign graph or engine and what was assumed (stdout stays clean for --json)."""
-    print(f"vitfast: note: {path} has no vitfast sidecar; read from the {meta.get('read_from', 'graph')}: {io.describe()}, "
-          f"precision {io.precision}", file=sys.stderr)  # fmt: skip
+    said = (f"was built by vitfast from another tool's ONNX graph; read from it: {meta.get('graph')}" if "vitfast_version" in meta
+            else f"has no vitfast sidecar; read from the {meta.get('read_from', 'graph')}: {io.describe()}")  # fmt: skip
+    print(f"vitfast: note: {path} {said}, precision {io.precision}", file=sys.stderr)
     for note in meta.get("warnings", ()):
         print(f"vitfast: warning: {path}: {note}", file=sys.stderr)
     if meta.get("config_files"):

@@ -19,7 +19,7 @@ import torch
 from .checkpoint import describe_guesses, load_checkpoint
 from .config import ViTConfig
 from .data import batches, find_images, labeled_images, open_image, open_images, random_images, same_preprocessing
-from .errors import ArtifactError, GuessedConfigWarning, InputError, VitfastWarning
+from .errors import ArtifactError, GuessedConfigWarning, InputError, VitfastWarning, first_line
 from .export.artifacts import read_sidecar, write_sidecar
 from .export.onnx_export import to_onnx
 from .export.quantize import calibration_files, quantize_int8
@@ -96,6 +96,29 @@ def record_engine_parity(engine_path: Path, reference: torch.nn.Module, progress
     with torch.no_grad():
         parity = compare(engine(x).cpu(), reference(x), engine.precision, channel_axis=engine.config.channel_axis)
     parity = with_other_sizes(parity, _parity_at_other_sizes(engine, reference, len(x)))
+    meta = read_sidecar(engine_path)
+    meta["parity"] = parity
+    write_sidecar(engine_path, meta)
+    return parity
+
+
+def record_engine_parity_vs_onnx(engine_path: Path, onnx_path: Path, overrides: dict[str, Any] | None = None,
+                                 progress: Reporter | None = None) -> dict[str, Any] | None:  # fmt: skip
+    """Measure an engine built from another tool's ONNX against that graph run by ONNX Runtime (there is no PyTorch
+    reference), at the engine's precision's tolerances, and store it in the sidecar's `parity`. None, with a
+    warning, where ONNX Runtime cannot run the graph (e.g. fp8 Q/DQ on its CPU kernels): check it another way."""
+    engine = load_engine(engine_path)
+    x = check_inputs(engine.config, engine, 8, None)
+    reporting(progress).phase(f"parity with ONNX Runtime running {onnx_path.name} on {len(x)} images")
+    try:
+        reference = load_engine(onnx_path, backend="onnxruntime", overrides=overrides)
+        expected = reference(x)
+    except Exception as exc:  # ORT's own exception types, for ops or types its kernels lack
+        warnings.warn(f"parity not measured: ONNX Runtime cannot run {onnx_path} ({first_line(exc)}); compare the engine with "
+                      f"`vitfast check {engine_path} --against OTHER` (e.g. the model's checkpoint or float ONNX)", VitfastWarning)  # fmt: skip
+        return None
+    with torch.no_grad():
+        parity = compare(engine(x).cpu(), expected, engine.precision, channel_axis=engine.config.channel_axis) | {"against": "onnxruntime"}
     meta = read_sidecar(engine_path)
     meta["parity"] = parity
     write_sidecar(engine_path, meta)

@@ -36,6 +36,11 @@ from .progress import add_quiet, paused, reporter
 # ---------------------------------------------------------------------------- export
 def cmd_export(args: argparse.Namespace) -> int:
     batch = parse_batch(args.batch)
+    if args.onnx:
+        return _engine_from_onnx(args, batch)
+    if args.precision == "fp8":
+        raise InputError("--precision fp8 builds a TensorRT engine from an fp8 Q/DQ graph another tool made (NVIDIA ModelOpt): "
+                         "pass it with --onnx PATH --format trt")  # fmt: skip
     if args.format == "triton-repo":
         out = check_repository_free(args.out, args.force)  # replaces only a repository vitfast wrote
     else:
@@ -56,6 +61,43 @@ def cmd_export(args: argparse.Namespace) -> int:
     # held from here to the end: a second export to the same path fails now, not after minutes of work
     with reserve_output(out, args.force, directory=args.format == "triton-repo") as scratch, reporter("export", args.quiet) as progress:
         return _export(args, out, batch, scratch, no_tensorrt, progress)
+
+
+def _engine_from_onnx(args: argparse.Namespace, batch: tuple[int, int, int]) -> int:
+    """`export --onnx GRAPH --format trt`: a TensorRT engine from an existing ONNX graph, vitfast's or another tool's
+    (ModelOpt's int8 / fp8 Q/DQ, Optimum's export), then its parity with the graph run by ONNX Runtime."""
+    if args.format != "trt":
+        raise InputError(f"--onnx builds a TensorRT engine from an existing graph: add --format trt (to run {args.onnx} itself, "
+                         "pass it to check / eval / predict / serve)")  # fmt: skip
+    given = [flag for flag, on in (("--calib-dir", args.calib_dir), ("--int8-keep-float", args.int8_keep_float), ("--exclude", args.exclude),
+                                   ("--opset", args.opset != 18)) if on]  # fmt: skip
+    if given:
+        raise InputError(f"{', '.join(given)} set vitfast's own ONNX export and int8 calibration; --onnx takes the graph as it is "
+                         "(quantize it with its own tool, e.g. ModelOpt): drop them")  # fmt: skip
+    overrides = config_overrides(args) | ({"img_size": args.img_size} if args.img_size else {})
+    fixed = [k for k in overrides if k not in FOREIGN_FIELDS]
+    if fixed:
+        raise InputError(f"{', '.join('--' + k.replace('_', '-') for k in fixed)} describe a checkpoint's architecture, which the "
+                         f"graph {args.onnx} fixes: drop them (a graph takes its preprocessing, --img-size and class names)")  # fmt: skip
+    out = check_output_free(args.out, args.force)
+    sizes = args.image_sizes
+    try:
+        require_tensorrt()
+    except BackendUnavailable as exc:
+        trtexec = trtexec_command(args.onnx, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
+                                  optimization_level=args.opt_level, timing_cache=args.timing_cache, image_sizes=sizes,
+                                  fp32_layernorm=not args.no_fp32_layernorm, overrides=overrides)  # fmt: skip
+        raise BackendUnavailable(f"{str(exc).rstrip('.')}; on a machine with TensorRT 10, build it with: {trtexec} (the engine has "
+                                 "no vitfast sidecar: run it with --config and the flags given here)") from None  # fmt: skip
+    with reporter("export", args.quiet) as progress:
+        progress.phase(f"building the {args.precision} TensorRT engine")
+        with paused(progress):
+            build_engine(args.onnx, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
+                         optimization_level=args.opt_level, timing_cache=args.timing_cache, fp32_layernorm=not args.no_fp32_layernorm,
+                         image_sizes=sizes, overrides=overrides, force=args.force, progress=not args.quiet)  # fmt: skip
+        pipeline.record_engine_parity_vs_onnx(out, Path(args.onnx), overrides, progress)
+    _report(out, args.quiet)
+    return 0
 
 
 def _tensorrt_missing(quiet: bool) -> BackendUnavailable | None:
@@ -306,8 +348,12 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="registered model name (random weights, seed 0)")
     src.add_argument("--checkpoint", help="vitfast / timm / Hugging Face checkpoint")
+    src.add_argument("--onnx", metavar="GRAPH",
+                     help="with --format trt: build the engine from this ONNX file or Optimum folder as it is, vitfast's or another "
+                          "tool's (e.g. ModelOpt's int8 / fp8 Q/DQ graph; its preprocessing from --config or --mean/--std)")  # fmt: skip
     p.add_argument("--format", required=True, choices=["onnx", "trt", "triton-repo"])
-    p.add_argument("--precision", default="fp32", choices=EXPORT_PRECISIONS)
+    p.add_argument("--precision", default="fp32", choices=(*EXPORT_PRECISIONS, "fp8"),
+                   help="fp8 (and int8 without --calib-dir): from a Q/DQ graph given with --onnx")
     p.add_argument("--calib-dir", help="calibration images (searched recursively) for int8")
     p.add_argument("--calib-method", default="minmax", choices=["minmax", "entropy", "percentile"])
     p.add_argument("--calib-samples", type=positive_int, default=256, help="calibration images to use (default 256)")

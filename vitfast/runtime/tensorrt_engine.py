@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
-from vitfast.config import ViTConfig
+from vitfast.config import PREPROCESSING_FIELDS, ViTConfig
 from vitfast.errors import ArtifactError, BackendUnavailable, InputError, first_line
 from vitfast import foreign
 from vitfast.optimize import static_input
@@ -158,10 +158,13 @@ class TensorRTEngine(Engine):
         self.context = self.engine.create_execution_context()
         self.layout, self.missing_preprocessing = "NCHW", None  # another tool's engine: its layout; no mean/std given
         if ours:
-            self.input_name, self.output_name = _io_names(trt, self.engine, path)
+            self.input_name, self.output_name = _io_names(trt, self.engine, path, (meta.get("output") or {}).get("name"))
             if output not in (None, self.output_name):
-                raise InputError(f"{path} is vitfast's engine with one output, {self.output_name!r}: drop --output {output}")
+                raise InputError(f"{path} is vitfast's engine: it runs output {self.output_name!r}, as its sidecar says; drop --output {output}")
             config, precision, batch = ViTConfig.from_dict(meta["config"]), meta.get("precision", "fp16"), (meta.get("input") or {}).get("batch")
+            if meta.get("foreign"):  # built from another tool's graph: the preprocessing given at the build may be restated
+                config = config.replace(**{k: v for k, v in (overrides or {}).items() if k in PREPROCESSING_FIELDS and v is not None})
+                self.io = dataclasses.replace(engine_io(trt, self.engine, path, self.output_name)[0], precision=precision)
         else:
             config, precision, batch, meta = self._read_foreign(trt, path, overrides, output, (gpu_name, compute_capability))
         super().__init__(config, precision=precision, batch=tuple(batch) if batch else None, metadata=meta, path=path)
@@ -277,16 +280,16 @@ class TensorRTEngine(Engine):
         return context, graph, static_in, static_out
 
 
-def _io_names(trt, engine, path: Path) -> tuple[str, str]:
-    """(input name, output name) of a vitfast engine: exactly one of each."""
+def _io_names(trt, engine, path: Path, output: str | None) -> tuple[str, str]:
+    """(input name, output name) of a vitfast engine: one input, and the output its sidecar names (else its only one)."""
     names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
     inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
     outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
-    if len(inputs) != 1 or len(outputs) != 1:
-        raise ArtifactError(
-            f"{path} has inputs {inputs} and outputs {outputs}, not one image input and one logits output; {REBUILD_HINT}"
-        )
-    return inputs[0], outputs[0]
+    chosen = output if output in outputs else outputs[0] if len(outputs) == 1 else None
+    if len(inputs) != 1 or chosen is None:
+        raise ArtifactError(f"{path} has inputs {inputs} and outputs {outputs}, not one image input and the output its sidecar "
+                            f"names ({output!r}); {REBUILD_HINT}")  # fmt: skip
+    return inputs[0], chosen
 
 
 def _torch_dtype(trt, dtype, path: Path, other: bool = False) -> torch.dtype:

@@ -1,0 +1,102 @@
+"""The ONNX graph a TensorRT engine is built from: vitfast's export (config and preprocessing in its sidecar) or
+another tool's (NVIDIA ModelOpt's int8 / fp8 Q/DQ graphs, Optimum's export folders, a plain `torch.onnx.export`),
+whose input and output are read from the graph as `load_engine` reads them and whose preprocessing comes from the
+caller's `overrides` (--config and the flags): the engine's sidecar records it, so it is required, never guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vitfast.config import ViTConfig
+from vitfast.precision import QUANTIZED
+from vitfast.errors import ArtifactError, ConfigError, InputError
+from vitfast.foreign import ONNX_FLOAT_TYPES, GraphIO, foreign_config, read_graph_io, resolve_onnx_path
+
+from .artifacts import parse_image_sizes, read_sidecar, sha256_file, sidecar_path
+
+Sizes = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class EngineSource:
+    """path: the ONNX file (an export folder resolved to its graph). meta: vitfast's sidecar, or for another tool's
+    graph the same fields (config, source). sizes: the profile's (min, opt, max) image sizes, None for the graph's one
+    size. graph: what was read from another tool's graph (None for vitfast's). assumed: the resize/crop defaults taken."""
+
+    path: Path
+    meta: dict[str, Any]
+    sizes: Sizes | None
+    graph: GraphIO | None = None
+    assumed: tuple[str, ...] = ()
+
+    @property
+    def input_name(self) -> str:
+        return self.graph.input_name if self.graph else self.meta["input"]["name"]
+
+    @property
+    def input_shape(self) -> list[int]:
+        """The input's dims as TensorRT reads them, -1 for a dynamic one (the channels of another tool's graph known)."""
+        if self.graph:
+            return [self.graph.batch or -1, self.graph.in_chans, *(d or -1 for d in self.graph.hw)]
+        return [d if isinstance(d, int) else -1 for d in self.meta["input"]["shape"]]
+
+
+def engine_source(onnx_path: str | Path, overrides: dict[str, Any] | None, image_sizes: str | tuple | None) -> EngineSource:
+    """What a build needs of the ONNX at `onnx_path`; `overrides` (ViTConfig fields: preprocessing, class names,
+    img_size for a graph of any size) only for another tool's graph; `image_sizes` only for vitfast's
+    --dynamic-img-size export (another tool's graph of any size is built for the one --img-size)."""
+    path, _ = resolve_onnx_path(Path(onnx_path))
+    if not path.is_file():
+        raise ArtifactError(f"no such ONNX file: {path}; export one with `vitfast export --format onnx`")
+    if sidecar_path(path).exists():
+        if overrides:
+            raise InputError(f"{path} is vitfast's export: its sidecar records the config and preprocessing; drop "
+                             f"{', '.join('--' + k.replace('_', '-') for k in overrides)}")  # fmt: skip
+        meta = read_sidecar(path)
+        config = ViTConfig.from_dict(meta["config"])
+        sizes = parse_image_sizes(image_sizes, config) if config.dynamic_img_size or image_sizes is not None else None
+        return EngineSource(path, meta, sizes)
+    return _other_tools(path, overrides, image_sizes)
+
+
+def _other_tools(path: Path, overrides: dict[str, Any] | None, image_sizes) -> EngineSource:
+    io = read_graph_io(path)
+    config, missing, assumed = foreign_config(path, io, overrides)
+    if missing:
+        raise ConfigError(f"{path} has no vitfast sidecar and no {'/'.join(missing)}: the engine's sidecar records how raw images "
+                          "are preprocessed, so give it: --mean M M M --std S S S, or --config preprocessor_config.json / "
+                          "config.json (beside an Optimum model.onnx it is read)")  # fmt: skip
+    if io.layout != "NCHW":
+        raise ArtifactError(f"{path} takes {io.layout} images; vitfast builds TensorRT engines that take NCHW: export the graph "
+                            "with an NCHW input (or run it with ONNX Runtime: vitfast runs NHWC graphs there)")  # fmt: skip
+    if io.precision == "int4":
+        raise ArtifactError(f"{path} has 4-bit weights; vitfast builds TensorRT engines from float graphs and int8 / fp8 Q/DQ ones")
+    if image_sizes is not None:
+        raise InputError(f"--image-sizes sets the range of a vitfast --dynamic-img-size export; {path} is another tool's graph, "
+                         "built for the one size --img-size gives")  # fmt: skip
+    sizes = (config.img_hw,) * 3 if None in io.hw else None
+    meta = {"config": config.to_dict(), "precision": io.precision, "output_dtype": _output_dtype(path, io.output_name),
+            "source": {"onnx": str(path.resolve()), "sha256": sha256_file(path), "made_by": "another tool", "graph": io.describe()}}  # fmt: skip
+    return EngineSource(path, meta, sizes, io, tuple(assumed))
+
+
+def _output_dtype(path: Path, name: str) -> str:
+    """The numpy name of the graph output `name`'s element type (what the engine returns, and a Triton config says)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    elem = next(o.type.tensor_type.elem_type for o in graph.output if o.name == name)
+    if elem not in ONNX_FLOAT_TYPES:
+        raise ArtifactError(f"{path}: output {name!r} is not a float tensor (ONNX type {elem}); vitfast engines return scores or features")
+    return ONNX_FLOAT_TYPES[elem]
+
+
+def check_graph_precision(source: EngineSource, precision: str) -> None:
+    """Another tool's quantized graph builds only at its own precision: TensorRT needs the flag (INT8 / FP8) of the
+    type its Q/DQ nodes hold. (`check_quantization` refuses a float graph at int8 / fp8, and a quantized one below.)"""
+    quantized = source.graph.precision if source.graph and source.graph.precision in QUANTIZED else None
+    if quantized and precision in QUANTIZED and precision != quantized:
+        raise ArtifactError(f"{source.path} is {quantized}-quantized (its Q/DQ nodes): build it with --precision {quantized}")
