@@ -13,7 +13,7 @@ from typing import Any
 from vitfast.config import ViTConfig
 from vitfast.precision import QUANTIZED
 from vitfast.errors import ArtifactError, ConfigError, InputError
-from vitfast.foreign import ONNX_FLOAT_TYPES, GraphIO, foreign_config, read_graph_io, resolve_onnx_path
+from vitfast.foreign import ONNX_FLOAT_TYPES, OPTIMUM_FILES, GraphIO, config_folder, foreign_config, read_graph_io, resolve_onnx_path
 
 from .artifacts import parse_image_sizes, read_sidecar, sha256_file, sidecar_path
 
@@ -24,13 +24,15 @@ Sizes = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
 class EngineSource:
     """path: the ONNX file (an export folder resolved to its graph). meta: vitfast's sidecar, or for another tool's
     graph the same fields (config, source). sizes: the profile's (min, opt, max) image sizes, None for the graph's one
-    size. graph: what was read from another tool's graph (None for vitfast's). assumed: the resize/crop defaults taken."""
+    size. graph: what was read from another tool's graph (None for vitfast's). assumed: the resize/crop defaults taken.
+    picked: which graph of a folder holding several is built, and the others (None for a file)."""
 
     path: Path
     meta: dict[str, Any]
     sizes: Sizes | None
     graph: GraphIO | None = None
     assumed: tuple[str, ...] = ()
+    picked: str | None = None
 
     @property
     def input_name(self) -> str:
@@ -48,7 +50,7 @@ def engine_source(onnx_path: str | Path, overrides: dict[str, Any] | None, image
     """What a build needs of the ONNX at `onnx_path`; `overrides` (ViTConfig fields: preprocessing, class names,
     img_size for a graph of any size) only for another tool's graph; `image_sizes` only for vitfast's
     --dynamic-img-size export (another tool's graph of any size is built for the one --img-size)."""
-    path, _ = resolve_onnx_path(Path(onnx_path))
+    path, picked = resolve_onnx_path(Path(onnx_path))
     if not path.is_file():
         raise ArtifactError(f"no such ONNX file: {path}; export one with `vitfast export --format onnx`")
     if sidecar_path(path).exists():
@@ -58,11 +60,11 @@ def engine_source(onnx_path: str | Path, overrides: dict[str, Any] | None, image
         meta = read_sidecar(path)
         config = ViTConfig.from_dict(meta["config"])
         sizes = parse_image_sizes(image_sizes, config) if config.dynamic_img_size or image_sizes is not None else None
-        return EngineSource(path, meta, sizes)
-    return _other_tools(path, overrides, image_sizes)
+        return EngineSource(path, meta, sizes, picked=picked)
+    return _other_tools(path, overrides, image_sizes, picked)
 
 
-def _other_tools(path: Path, overrides: dict[str, Any] | None, image_sizes) -> EngineSource:
+def _other_tools(path: Path, overrides: dict[str, Any] | None, image_sizes, picked: str | None) -> EngineSource:
     io = read_graph_io(path)
     config, missing, assumed = foreign_config(path, io, overrides)
     if missing:
@@ -78,9 +80,11 @@ def _other_tools(path: Path, overrides: dict[str, Any] | None, image_sizes) -> E
         raise InputError(f"--image-sizes sets the range of a vitfast --dynamic-img-size export; {path} is another tool's graph, "
                          "built for the one size --img-size gives")  # fmt: skip
     sizes = (config.img_hw,) * 3 if None in io.hw else None
+    folder = config_folder(path)
     meta = {"config": config.to_dict(), "precision": io.precision, "output_dtype": _output_dtype(path, io.output_name),
+            "config_files": [str(folder / n) for n in OPTIMUM_FILES if (folder / n).is_file()] if folder else [],
             "source": {"onnx": str(path.resolve()), "sha256": sha256_file(path), "made_by": "another tool", "graph": io.describe()}}  # fmt: skip
-    return EngineSource(path, meta, sizes, io, tuple(assumed))
+    return EngineSource(path, meta, sizes, io, tuple(assumed), picked)
 
 
 def _output_dtype(path: Path, name: str) -> str:
@@ -96,7 +100,7 @@ def _output_dtype(path: Path, name: str) -> str:
 
 def check_graph_precision(source: EngineSource, precision: str) -> None:
     """Another tool's quantized graph builds only at its own precision: TensorRT needs the flag (INT8 / FP8) of the
-    type its Q/DQ nodes hold. (`check_quantization` refuses a float graph at int8 / fp8, and a quantized one below.)"""
+    type its Q/DQ nodes hold. (`check_quantization` refuses a float graph at int8 / fp8.)"""
     quantized = source.graph.precision if source.graph and source.graph.precision in QUANTIZED else None
-    if quantized and precision in QUANTIZED and precision != quantized:
+    if quantized and precision != quantized:
         raise ArtifactError(f"{source.path} is {quantized}-quantized (its Q/DQ nodes): build it with --precision {quantized}")

@@ -96,8 +96,8 @@ def trtexec_command(onnx_path: str | os.PathLike, engine_path: str | os.PathLike
     source = engine_source(onnx_path, overrides, image_sizes)
     int8 = source.meta.get("int8") or {}  # the sidecar of quantize_int8's Q/DQ ONNX; trtexec itself would invent int8 ranges
     quantized = bool(int8) or (source.graph is not None and source.graph.precision in QUANTIZED)
-    check_quantization(precision, quantized, source.path, int8_target=int8.get("target"))
     check_graph_precision(source, precision)
+    check_quantization(precision, quantized, source.path, int8_target=int8.get("target"))
     onnx_path, name, shape = source.path, source.input_name, source.input_shape
     shapes = profile_shapes(shape, batch, source.sizes)
     dims = ["x".join(map(str, s)) for s in shapes]
@@ -225,6 +225,8 @@ def build_engine(
     batch = parse_batch(batch)
     source = engine_source(onnx_path, overrides, image_sizes)
     onnx_path, source_meta = source.path, source.meta
+    if source.picked:
+        warnings.warn(source.picked)
     check_output_free(out_path, force)  # fail before a build that can take minutes, not after it
     trt = require_tensorrt()
     _require_tensorrt_10(trt.__version__)
@@ -233,9 +235,9 @@ def build_engine(
     flags = precision_flags(precision, compute_capability, fp32_layernorm=pin_layernorm)
 
     builder, network = _parse_onnx(trt, onnx_path)
+    check_graph_precision(source, precision)  # first: it names the precision a quantized graph needs
     check_quantization(precision, _is_quantized(trt, network), onnx_path,
                        int8_target=(source_meta.get("int8") or {}).get("target"))  # fmt: skip
-    check_graph_precision(source, precision)
     input_name, shapes, dynamic_batch = _input_profile(network, batch, source)
     config = builder.create_builder_config()
     _set_options(trt, config, precision, flags, workspace_gib, optimization_level)
@@ -245,10 +247,10 @@ def build_engine(
     serialized = _build(trt, builder, network, config, show_progress=progress and sys.stderr.isatty())
 
     meta = _engine_metadata(onnx_path, source_meta, precision, batch, dynamic_batch, input_name)
-    if source.sizes:
+    if source.sizes and not source.graph:  # another tool's graph of any size is built for one: the config's
         meta["input"]["image_sizes"] = [list(hw) for hw in source.sizes]
     if source.graph:  # another tool's graph: its architecture is unknown, its output the one `load_engine` would run
-        meta |= {"foreign": True, "graph": source.graph.describe(), "assumed": list(source.assumed)}
+        meta |= {"foreign": True, "graph": source.graph.describe(), "assumed": list(source.assumed), "config_files": source_meta["config_files"]}
         meta["input"]["dtype"] = source.graph.dtype
         meta["output"] |= {"name": source.graph.output_name, "dtype": source_meta["output_dtype"]}
     meta["gpu"] = {"name": gpu_name, "compute_capability": compute_capability}

@@ -513,3 +513,16 @@ def test_bench_int8_rows_calibrate_on_a_real_folder(tmp_path):
     assert row["status"] == "ok", row["reason"]
     assert row["details"]["int8"]["calibration"] == str(calib)
     assert f"--calib-dir {calib}" in json.loads(real.stdout)["environment"]["command"]
+
+
+def test_an_optimum_folders_processor_sets_the_size_not_config_json(tmp_path):
+    """DINOv2's config.json says image_size 518 (its position grid), its processor feeds 224x224 crops: the graph gets
+    what the processor makes, as transformers' pipeline feeds it."""
+    from vitfast.foreign import optimum_folder_fields
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "dinov2", "image_size": 518}))
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "BitImageProcessor", "do_resize": True, "size": {"shortest_edge": 256}, "do_center_crop": True,
+        "crop_size": {"height": 224, "width": 224}, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}))  # fmt: skip
+    fields = optimum_folder_fields(tmp_path)
+    assert fields["img_size"] == 224 and fields["crop_mode"] == "center" and fields["crop_pct"] == pytest.approx(224 / 256)

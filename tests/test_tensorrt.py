@@ -50,6 +50,7 @@ class Record:
 
 
 ONNX_TO_LAYER = {"LayerNormalization": "NORMALIZATION", "QuantizeLinear": "QUANTIZE", "DequantizeLinear": "DEQUANTIZE",
+                 "TRT_FP8QuantizeLinear": "QUANTIZE", "TRT_FP8DequantizeLinear": "DEQUANTIZE",  # onnx-tensorrt's importers
                  "MatMul": "MATRIX_MULTIPLY", "Gemm": "MATRIX_MULTIPLY", "Softmax": "SOFTMAX", "Conv": "CONVOLUTION"}  # fmt: skip
 
 

@@ -17,12 +17,12 @@ import torch
 import vitfast
 from vitfast.cli.main import main
 from vitfast import pipeline
-from vitfast.describe import describe
+from vitfast.describe import describe, describe_sidecar
 from vitfast.errors import ArtifactError, ConfigError, InputError, VitfastWarning
 from vitfast.export import tensorrt as trt_export
 from vitfast.export.artifacts import base_metadata, read_sidecar, write_sidecar
 
-from test_tensorrt import exported, gpu, onnx_file, rec  # noqa: F401  (fixtures: a small ViT's ONNX, the fake tensorrt, a pretend GPU)
+from test_tensorrt import dynamic_onnx, exported, gpu, onnx_file, rec  # noqa: F401  (fixtures: a small ViT's ONNX, the fake tensorrt, a pretend GPU)
 
 NCHW = {"images": ["INPUT", "FLOAT", [-1, 3, 224, 224]], "logits": ["OUTPUT", "FLOAT", [-1, 1000]]}
 PROFILE = [[1, 3, 224, 224], [8, 3, 224, 224], [64, 3, 224, 224]]
@@ -178,8 +178,9 @@ def bare(onnx_file: Path, folder: Path, name: str = "theirs.onnx") -> Path:
     return copy
 
 
-def with_input_qdq(onnx_file: Path, folder: Path) -> Path:
-    """The graph with an int8 QuantizeLinear -> DequantizeLinear pair on its image, as a Q/DQ quantizer leaves it."""
+def with_input_qdq(onnx_file: Path, folder: Path, fp8: bool = False) -> Path:
+    """The graph with a quantize -> dequantize pair on its image, as a Q/DQ quantizer leaves it: int8 QuantizeLinear /
+    DequantizeLinear, or ModelOpt's torch-export fp8 ops (domain trt, no zero point)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -189,9 +190,12 @@ def with_input_qdq(onnx_file: Path, folder: Path) -> Path:
     for node in graph.node:
         node.input[:] = [f"{name}_dq" if i == name else i for i in node.input]
     graph.initializer.extend([helper.make_tensor("s", TensorProto.FLOAT, [], [0.02]), helper.make_tensor("z", TensorProto.INT8, [], [0])])
-    graph.node.insert(0, helper.make_node("DequantizeLinear", [f"{name}_q", "s", "z"], [f"{name}_dq"], name="input_dq"))
-    graph.node.insert(0, helper.make_node("QuantizeLinear", [name, "s", "z"], [f"{name}_q"], name="input_q"))
-    path = folder / "theirs.int8.onnx"
+    q, dq, args, domain = ("TRT_FP8QuantizeLinear", "TRT_FP8DequantizeLinear", ["s"], "trt") if fp8 else ("QuantizeLinear", "DequantizeLinear", ["s", "z"], "")
+    graph.node.insert(0, helper.make_node(dq, [f"{name}_q", *args], [f"{name}_dq"], name="input_dq", domain=domain))
+    graph.node.insert(0, helper.make_node(q, [name, *args], [f"{name}_q"], name="input_q", domain=domain))
+    if fp8:
+        model.opset_import.append(helper.make_opsetid("trt", 1))
+    path = folder / f"theirs.{'fp8' if fp8 else 'int8'}.onnx"
     onnx.save(model, str(path))
     return path
 
@@ -218,14 +222,35 @@ def test_an_engine_builds_from_another_tools_graph_with_the_preprocessing_given(
     assert "model" not in facts  # no FLOPs or parameter count for an architecture the graph does not say
 
 
-def test_a_quantized_graph_builds_only_at_its_own_precision(rec, gpu, onnx_file, tmp_path):
-    theirs = with_input_qdq(onnx_file, tmp_path)
-    with pytest.raises(ArtifactError, match="is quantized .* build it with --precision int8"):
-        trt_export.build_engine(theirs, tmp_path / "a.engine", precision="fp16", overrides=IMAGENET, progress=False)
-    with pytest.raises(ArtifactError, match="is int8-quantized \\(its Q/DQ nodes\\): build it with --precision int8"):
-        trt_export.build_engine(theirs, tmp_path / "b.engine", precision="fp8", overrides=IMAGENET, progress=False)
-    path = trt_export.build_engine(theirs, tmp_path / "c.engine", precision="int8", overrides=IMAGENET, progress=False)
-    assert read_sidecar(path)["precision"] == "int8" and set(rec.configs[-1].flags) >= {"BuilderFlag.INT8", "BuilderFlag.FP16"}
+@pytest.mark.parametrize("fp8", [False, True])
+def test_a_quantized_graph_builds_only_at_its_own_precision(rec, gpu, onnx_file, tmp_path, fp8):
+    """int8 Q/DQ, or the fp8 pair ModelOpt's torch export writes (trt::TRT_FP8QuantizeLinear, no zero point)."""
+    theirs, own = with_input_qdq(onnx_file, tmp_path, fp8=fp8), "fp8" if fp8 else "int8"
+    for wrong in ("fp32", "fp16", "int8" if fp8 else "fp8"):
+        with pytest.raises(ArtifactError, match=f"is {own}-quantized \\(its Q/DQ nodes\\): build it with --precision {own}"):
+            trt_export.build_engine(theirs, tmp_path / "a.engine", precision=wrong, overrides=IMAGENET, progress=False)
+        with pytest.raises(ArtifactError, match=f"build it with --precision {own}"):
+            trt_export.trtexec_command(theirs, "a.engine", precision=wrong, batch=(1, 8, 32), overrides=IMAGENET)
+    path = trt_export.build_engine(theirs, tmp_path / "c.engine", precision=own, overrides=IMAGENET, progress=False)
+    assert read_sidecar(path)["precision"] == own and set(rec.configs[-1].flags) >= {f"BuilderFlag.{own.upper()}", "BuilderFlag.FP16"}
+    assert f"--{own} --fp16" in trt_export.trtexec_command(theirs, "c.engine", precision=own, batch=(1, 8, 32), overrides=IMAGENET)
+
+
+def test_a_graph_of_any_size_is_built_and_loaded_at_the_one_size_given(rec, gpu, dynamic_onnx, tmp_path):
+    theirs = bare(dynamic_onnx[1], tmp_path)
+    with pytest.raises(ConfigError, match="dynamic image size and no vitfast sidecar: pass --img-size"):
+        trt_export.build_engine(theirs, tmp_path / "a.engine", overrides=IMAGENET, progress=False)
+    path = trt_export.build_engine(theirs, tmp_path / "m.engine", overrides=IMAGENET | {"img_size": 48}, progress=False)
+    assert rec.configs[-1].profiles[0].shapes["images"] == ((1, 3, 48, 48), (8, 3, 48, 48), (32, 3, 48, 48))
+    meta = read_sidecar(path)
+    assert meta["input"]["shape"] == ["batch", 3, 48, 48] and "image_sizes" not in meta["input"]
+    engine = vitfast.load_engine(path)
+    assert engine.config.img_hw == (48, 48) and engine.image_sizes is None
+    with pytest.raises(InputError, match="fixes what these override: img_size 64"):
+        vitfast.load_engine(path, overrides={"img_size": 64})
+    assert vitfast.load_engine(path, overrides={"num_heads": 5}).config == engine.config  # not a field the graph says
+    facts = describe_sidecar(str(path), meta, "TensorRT is not installed")
+    assert "model" not in facts and facts["made_by"].startswith("vitfast")
 
 
 def test_vitfast_onnx_takes_no_overrides_and_other_graphs_no_image_size_range(rec, gpu, onnx_file, tmp_path):
@@ -260,11 +285,12 @@ def test_export_onnx_flag_builds_from_a_graph_and_refuses_what_does_not_apply(re
     assert read_sidecar(out)["foreign"] and measured[0][:2] == (out, theirs) and measured[0][2]["mean"] == (0.5,) * 3
     refusals = {
         ("--format", "onnx"): "--onnx builds a TensorRT engine from an existing graph: add --format trt",
+        ("--format", "trt", "--out", str(tmp_path / "m.onnx")): "name the engine .engine / .plan / .trt",
         ("--format", "trt", "--calib-dir", str(tmp_path)): "--calib-dir set vitfast's own ONNX export and int8 calibration",
         ("--format", "trt", "--num-heads", "3"): "--num-heads describe a checkpoint's architecture, which the graph",
     }
     for extra, said in refusals.items():
-        assert main(["export", "--onnx", str(theirs), *extra, "--out", str(tmp_path / "x.engine"), *flags]) == 2
+        assert main(["export", "--onnx", str(theirs), "--out", str(tmp_path / "x.engine"), *extra, *flags]) == 2
         assert said in capsys.readouterr().err
     assert main(["export", "--model", "vit_cifar_patch4_32", "--format", "trt", "--precision", "fp8", "--out", str(tmp_path / "y.engine")]) == 2
     assert "--precision fp8 builds a TensorRT engine from an fp8 Q/DQ graph" in capsys.readouterr().err

@@ -36,7 +36,7 @@ def describe_sidecar(path: str, meta: dict[str, Any], why: str) -> dict[str, Any
     batch = (meta.get("input") or {}).get("batch")
     return ({"artifact": path, "made_by": _made_by(meta.get("kind", "tensorrt"), meta), "runs_on": None, "not_loaded": why,
              "precision": meta.get("precision")}  # fmt: skip
-            | shape_and_meaning(config, tuple(batch) if batch else None, architecture=True) | recorded(meta))
+            | shape_and_meaning(config, tuple(batch) if batch else None, architecture=not meta.get("foreign")) | recorded(meta))
 
 
 def shape_and_meaning(config: ViTConfig, batch: tuple[int, ...] | None, *, architecture: bool) -> dict[str, Any]:

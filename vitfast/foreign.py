@@ -18,6 +18,7 @@ from .convert import hf_labels, hf_preprocessing, hf_problem_type
 from .errors import ArtifactError, ConfigError, first_line
 
 QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger"}
+FP8_OPS = {"TRT_FP8QuantizeLinear", "TRT_FP8DequantizeLinear"}  # ModelOpt's torch export (domain trt), no zero point
 WEIGHT_ONLY_OPS = {"MatMulNBits": 4, "MatMulBnb4": 4, "GatherBlockQuantized": 4}  # ONNX Runtime's, -> default bits
 QUANTIZED_TYPES = {21: "int4", 22: "int4", 17: "fp8", 18: "fp8", 19: "fp8", 20: "fp8"}  # ONNX element types; else int8/16
 ONNX_FLOAT_TYPES = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64"}
@@ -265,6 +266,8 @@ def _quantized_precision(graph) -> str | None:
             declared = next((a.i for a in node.attribute if a.name == "output_dtype"), None)  # QuantizeLinear-21
             quantized = types.get(node.input[0]) if node.op_type == "DequantizeLinear" else declared
             found.add(QUANTIZED_TYPES.get(quantized or zero_point, "int8"))
+        elif node.op_type in FP8_OPS:
+            found.add("fp8")
         elif node.op_type in QUANT_OPS:
             found.add("int8")
     return next((p for p in ("int4", "int8", "fp8") if p in found), None)
@@ -310,9 +313,8 @@ def optimum_folder_fields(folder: Path) -> dict[str, Any]:
                 data = json.loads((folder / name).read_text())
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise ConfigError(f"{folder / name} is not readable JSON: {exc}") from None
-            if isinstance(data, dict):
-                size = fields.get("img_size")
-                fields |= config_file_fields(data, size if isinstance(size, int) else None) or {}
+            if isinstance(data, dict):  # preprocessor_config.json last: the size its processor feeds the graph wins
+                fields |= config_file_fields(data) or {}
                 classifier = any(str(a).endswith("ForImageClassification") for a in data.get("architectures") or ())
                 if name == "config.json" and classifier and (labels := hf_labels(data)):
                     fields["labels"] = labels

@@ -80,6 +80,8 @@ def _engine_from_onnx(args: argparse.Namespace, batch: tuple[int, int, int]) -> 
         raise InputError(f"{', '.join('--' + k.replace('_', '-') for k in fixed)} describe a checkpoint's architecture, which the "
                          f"graph {args.onnx} fixes: drop them (a graph takes its preprocessing, --img-size and class names)")  # fmt: skip
     out = check_output_free(args.out, args.force)
+    if out.suffix.lower() not in ENGINE_SUFFIXES:
+        raise InputError(f"--out {out}: name the engine {' / '.join(ENGINE_SUFFIXES)} (vitfast tells artifacts by their suffix)")
     sizes = args.image_sizes
     try:
         require_tensorrt()
@@ -89,15 +91,28 @@ def _engine_from_onnx(args: argparse.Namespace, batch: tuple[int, int, int]) -> 
                                   fp32_layernorm=not args.no_fp32_layernorm, overrides=overrides)  # fmt: skip
         raise BackendUnavailable(f"{str(exc).rstrip('.')}; on a machine with TensorRT 10, build it with: {trtexec} (the engine has "
                                  "no vitfast sidecar: run it with --config and the flags given here)") from None  # fmt: skip
-    with reporter("export", args.quiet) as progress:
+    with reserve_output(out, args.force), reporter("export", args.quiet) as progress:  # held through the parity run
         progress.phase(f"building the {args.precision} TensorRT engine")
         with paused(progress):
             build_engine(args.onnx, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
                          optimization_level=args.opt_level, timing_cache=args.timing_cache, fp32_layernorm=not args.no_fp32_layernorm,
                          image_sizes=sizes, overrides=overrides, force=args.force, progress=not args.quiet)  # fmt: skip
         pipeline.record_engine_parity_vs_onnx(out, Path(args.onnx), overrides, progress)
+    _report_graph(out, args.quiet)
     _report(out, args.quiet)
     return 0
+
+
+def _report_graph(path: Path, quiet: bool) -> None:
+    """What an engine built from another tool's graph read from it, and what it assumed (as `load_engine` reports it)."""
+    meta = read_sidecar(path)
+    if quiet or not meta.get("foreign"):
+        return
+    files = f"; settings from {', '.join(meta['config_files'])}" if meta.get("config_files") else ""
+    print(f"vitfast: note: {path} was built from another tool's graph: {meta['graph']}{files}", file=sys.stderr)
+    if meta.get("assumed"):
+        print(f"vitfast: warning: {path}: resize/crop not given, timm's defaults assumed ({', '.join(meta['assumed'])}); "
+              "pass --config preprocessor_config.json or --crop-pct/--crop-mode/--interpolation", file=sys.stderr)  # fmt: skip
 
 
 def _tensorrt_missing(quiet: bool) -> BackendUnavailable | None:

@@ -18,7 +18,7 @@ from typing import Any
 from vitfast.checkpoint import load_checkpoint
 from vitfast.config import OUTPUT_MEANING_FIELDS, PREPROCESSING_FIELDS, ViTConfig
 from vitfast.errors import ArtifactError, ConfigError, InputError
-from vitfast.foreign import is_onnx_artifact
+from vitfast.foreign import FOREIGN_FIELDS, is_onnx_artifact
 
 from .engine import Engine, is_float_images
 from .onnx_engine import OnnxEngine
@@ -89,9 +89,11 @@ def exported_config(engine: Engine, path: Path, overrides: dict[str, Any]) -> Vi
     """An exported artifact's config with the `overrides` it can take: what its output means (class names,
     `problem_type`), and for vitfast's own artifacts the preprocessing (and the image size of a dynamic-size ONNX
     graph). The graph or engine fixed every other field: an override that differs from it is refused, not ignored."""
-    config = engine.config
-    if engine.metadata.get("foreign"):  # its config holds only what the graph's files and the overrides said
+    config, meta = engine.config, engine.metadata
+    if meta.get("foreign") and "vitfast_version" not in meta:  # its config holds only what the graph's files and the overrides said
         return config.replace(**{k: v for k, v in overrides.items() if k in OUTPUT_MEANING_FIELDS})
+    if meta.get("foreign"):  # vitfast built it from another tool's graph: only these fields describe that graph
+        overrides = {k: v for k, v in overrides.items() if k in FOREIGN_FIELDS}
     takes = (*OUTPUT_MEANING_FIELDS, *PREPROCESSING_FIELDS, *(("img_size",) if config.dynamic_img_size and engine.kind != "tensorrt" else ()))
     fixed = [k for k, v in overrides.items() if k not in (*takes, "name") and not _same(config, k, v)]
     if fixed:

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
-from vitfast.config import PREPROCESSING_FIELDS, ViTConfig
+from vitfast.config import ViTConfig
 from vitfast.errors import ArtifactError, BackendUnavailable, InputError, first_line
 from vitfast import foreign
 from vitfast.optimize import static_input
@@ -162,8 +162,7 @@ class TensorRTEngine(Engine):
             if output not in (None, self.output_name):
                 raise InputError(f"{path} is vitfast's engine: it runs output {self.output_name!r}, as its sidecar says; drop --output {output}")
             config, precision, batch = ViTConfig.from_dict(meta["config"]), meta.get("precision", "fp16"), (meta.get("input") or {}).get("batch")
-            if meta.get("foreign"):  # built from another tool's graph: the preprocessing given at the build may be restated
-                config = config.replace(**{k: v for k, v in (overrides or {}).items() if k in PREPROCESSING_FIELDS and v is not None})
+            if meta.get("foreign"):  # built from another tool's graph: what it takes and returns, as for such graphs
                 self.io = dataclasses.replace(engine_io(trt, self.engine, path, self.output_name)[0], precision=precision)
         else:
             config, precision, batch, meta = self._read_foreign(trt, path, overrides, output, (gpu_name, compute_capability))
