@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from vitfast.config import ViTConfig
-from vitfast.precision import QUANTIZED
 from vitfast.errors import ArtifactError, ConfigError, InputError
 from vitfast.foreign import ONNX_FLOAT_TYPES, OPTIMUM_FILES, GraphIO, config_folder, foreign_config, read_graph_io, resolve_onnx_path
+from vitfast.precision import QUANTIZED
 
 from .artifacts import parse_image_sizes, read_sidecar, sha256_file, sidecar_path
 
