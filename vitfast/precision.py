@@ -23,7 +23,7 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "int4")  # every precision 
 # What each part of vitfast accepts, in the order help texts list them.
 TORCH = ("fp32", "fp16", "bf16")  # TorchEngine and bench's eager/compile/vitfast backends
 ONNX = ("fp32", "fp16")  # to_onnx; int8 ONNX comes from quantize_int8
-EXPORT = ("fp32", "fp16", "int8")  # `vitfast export --precision` (onnx, trt, triton-repo)
+EXPORT = ("fp32", "fp16", "int8", "fp8")  # `vitfast export --precision` (onnx, trt, triton-repo; fp8: --onnx of a Q/DQ graph)
 TENSORRT = ("fp32", "fp16", "int8", "fp8")  # build_engine (fp8: a Q/DQ fp8 ONNX from another tool)
 BENCH = ("fp32", "fp16", "bf16", "int8")  # `vitfast bench --precision`
 QUANTIZED = ("int8", "fp8")  # need a Q/DQ graph

@@ -367,7 +367,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
                      help="with --format trt: build the engine from this ONNX file or Optimum folder as it is, vitfast's or another "
                           "tool's (e.g. ModelOpt's int8 / fp8 Q/DQ graph; its preprocessing from --config or --mean/--std)")  # fmt: skip
     p.add_argument("--format", required=True, choices=["onnx", "trt", "triton-repo"])
-    p.add_argument("--precision", default="fp32", choices=(*EXPORT_PRECISIONS, "fp8"),
+    p.add_argument("--precision", default="fp32", choices=EXPORT_PRECISIONS,
                    help="fp8 (and int8 without --calib-dir): from a Q/DQ graph given with --onnx")
     p.add_argument("--calib-dir", help="calibration images (searched recursively) for int8")
     p.add_argument("--calib-method", default="minmax", choices=["minmax", "entropy", "percentile"])
