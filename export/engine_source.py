@@ -12,10 +12,10 @@ from typing import Any
 
 from vitfast.config import ViTConfig
 from vitfast.errors import ArtifactError, ConfigError, InputError
-from vitfast.foreign import ONNX_FLOAT_TYPES, OPTIMUM_FILES, GraphIO, config_folder, foreign_config, read_graph_io, resolve_onnx_path
+from vitfast.foreign import GraphIO, config_files, foreign_config, read_graph_io, resolve_onnx_path
 from vitfast.precision import QUANTIZED
 
-from .artifacts import parse_image_sizes, read_sidecar, sha256_file, sidecar_path
+from .artifacts import parse_image_sizes, read_sidecar, sidecar_path
 
 Sizes = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
 
@@ -25,7 +25,8 @@ class EngineSource:
     """path: the ONNX file (an export folder resolved to its graph). meta: vitfast's sidecar, or for another tool's
     graph the same fields (config, source). sizes: the profile's (min, opt, max) image sizes, None for the graph's one
     size. graph: what was read from another tool's graph (None for vitfast's). assumed: the resize/crop defaults taken.
-    picked: which graph of a folder holding several is built, and the others (None for a file)."""
+    picked: which graph of a folder holding several is built, and the others (None for a file). config_files: the
+    settings files read beside another tool's graph."""
 
     path: Path
     meta: dict[str, Any]
@@ -33,6 +34,7 @@ class EngineSource:
     graph: GraphIO | None = None
     assumed: tuple[str, ...] = ()
     picked: str | None = None
+    config_files: tuple[str, ...] = ()  # the settings files read beside another tool's graph
 
     @property
     def input_name(self) -> str:
@@ -79,23 +81,12 @@ def _other_tools(path: Path, overrides: dict[str, Any] | None, image_sizes, pick
     if image_sizes is not None:
         raise InputError(f"--image-sizes sets the range of a vitfast --dynamic-img-size export; {path} is another tool's graph, "
                          "built for the one size --img-size gives")  # fmt: skip
+    if io.output_dtype is None:
+        raise ArtifactError(f"{path}: output {io.output_name!r} is not a float tensor; vitfast engines return scores or features")
     sizes = (config.img_hw,) * 3 if None in io.hw else None
-    folder = config_folder(path)
-    meta = {"config": config.to_dict(), "precision": io.precision, "output_dtype": _output_dtype(path, io.output_name),
-            "config_files": [str(folder / n) for n in OPTIMUM_FILES if (folder / n).is_file()] if folder else [],
-            "source": {"onnx": str(path.resolve()), "sha256": sha256_file(path), "made_by": "another tool", "graph": io.describe()}}  # fmt: skip
-    return EngineSource(path, meta, sizes, io, tuple(assumed), picked)
-
-
-def _output_dtype(path: Path, name: str) -> str:
-    """The numpy name of the graph output `name`'s element type (what the engine returns, and a Triton config says)."""
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False).graph
-    elem = next(o.type.tensor_type.elem_type for o in graph.output if o.name == name)
-    if elem not in ONNX_FLOAT_TYPES:
-        raise ArtifactError(f"{path}: output {name!r} is not a float tensor (ONNX type {elem}); vitfast engines return scores or features")
-    return ONNX_FLOAT_TYPES[elem]
+    # the engine's sidecar records the ONNX file and its sha256 (`built_from`); "source" says who made it
+    meta = {"config": config.to_dict(), "precision": io.precision, "source": {"onnx": str(path.resolve()), "made_by": "another tool"}}
+    return EngineSource(path, meta, sizes, io, tuple(assumed), picked, tuple(config_files(path)))
 
 
 def check_graph_precision(source: EngineSource, precision: str) -> None:

@@ -250,9 +250,9 @@ def build_engine(
     if source.sizes and not source.graph:  # another tool's graph of any size is built for one: the config's
         meta["input"]["image_sizes"] = [list(hw) for hw in source.sizes]
     if source.graph:  # another tool's graph: its architecture is unknown, its output the one `load_engine` would run
-        meta |= {"foreign": True, "graph": source.graph.describe(), "assumed": list(source.assumed), "config_files": source_meta["config_files"]}
+        meta |= {"foreign": True, "graph": source.graph.describe(), "assumed": list(source.assumed), "config_files": list(source.config_files)}
         meta["input"]["dtype"] = source.graph.dtype
-        meta["output"] |= {"name": source.graph.output_name, "dtype": source_meta["output_dtype"]}
+        meta["output"] |= {"name": source.graph.output_name, "dtype": source.graph.output_dtype}
     meta["gpu"] = {"name": gpu_name, "compute_capability": compute_capability}
     meta["tensorrt"] = {
         "version": trt.__version__,
@@ -318,14 +318,14 @@ def _is_quantized(trt, network) -> bool:
 
 
 def _input_profile(network, batch: tuple[int, int, int], source: EngineSource) -> tuple[str, tuple[Shape, Shape, Shape], bool]:
-    """(input name, profile shapes, whether the ONNX batch dim is dynamic) for the single image input. The channels of
-    another tool's graph come from the source (Optimum 1.x leaves the axis dynamic; its patch Conv's weight says)."""
+    """(input name, profile shapes, whether the ONNX batch dim is dynamic) for the single image input. A dim the network
+    leaves dynamic but the source knows is known (Optimum 1.x's channel axis: its patch Conv's weight says)."""
     if network.num_inputs != 1:
         raise ArtifactError(f"the ONNX graph has {network.num_inputs} inputs; vitfast engines take one image input")
     tensor = network.get_input(0)
     shape = tuple(tensor.shape)
-    if source.graph and len(shape) == 4 and shape[1] < 0:
-        shape = (shape[0], source.graph.in_chans, *shape[2:])
+    if len(shape) == len(source.input_shape):
+        shape = tuple(d if d >= 0 else known for d, known in zip(shape, source.input_shape))
     return tensor.name, profile_shapes(shape, batch, source.sizes), shape[0] < 0
 
 

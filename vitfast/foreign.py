@@ -41,6 +41,7 @@ class GraphIO:
     output: str  # what it holds: "logits" [batch, classes], "features" [batch, C] or "tokens" [batch, T, C]
     output_dims: tuple[int | None, ...]  # its dims after the batch (None: dynamic)
     patch: int | None  # the stride of the patch-embedding Conv the input feeds, when it is one (kernel = stride)
+    output_dtype: str | None = None  # numpy name of the output's element type when it is a float (ONNX graphs)
 
     def describe(self) -> str:
         dims = [self.batch or "batch", self.in_chans, *(d or "?" for d in self.hw)]
@@ -84,8 +85,9 @@ def read_graph_io(path: str | os.PathLike, output_rank: int | None = 2, output: 
     stem = _stem_conv(graph, inp.name)
     layout, chans, hw = image_layout(dims, path, inp.name, stem)
     out_name, out_dims, kind, note = pick_output([(o.name, _dims(o)) for o in graph.output], path, output_rank, output)
+    out_type = next(o.type.tensor_type.elem_type for o in graph.output if o.name == out_name)
     return GraphIO(inp.name, layout, dtype, dims[0], hw, chans, out_name, _precision(graph, dtype), note, kind, tuple(out_dims[1:]),
-                   stem.patch if stem else None)  # fmt: skip
+                   stem.patch if stem else None, ONNX_FLOAT_TYPES.get(out_type))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -360,6 +362,12 @@ def resolve_onnx_path(path: Path) -> tuple[Path, str | None]:
                     f"(pass {chosen.with_name(others[0])} to run another)" if others else None)  # fmt: skip
 
 
+def config_files(path: Path) -> list[str]:
+    """The Optimum / transformers.js settings files `foreign_config` reads for the graph at `path` (see `config_folder`)."""
+    folder = config_folder(path)
+    return [str(folder / n) for n in OPTIMUM_FILES if (folder / n).is_file()] if folder else []
+
+
 def config_folder(path: Path) -> Path | None:
     """The folder whose `config.json` / `preprocessor_config.json` describe the graph at `path`, for the names Optimum
     and transformers.js give graphs (`model.onnx`, `model_*.onnx`): beside it, or above `onnx/` (the Hub's layout)."""
@@ -437,6 +445,11 @@ def report_choice(path: Path, io: GraphIO, meta: dict[str, Any]) -> None:
     print(f"vitfast: note: {path} {said}, precision {io.precision}", file=sys.stderr)
     for note in meta.get("warnings", ()):
         print(f"vitfast: warning: {path}: {note}", file=sys.stderr)
+    report_settings(path, meta)
+
+
+def report_settings(path: Path, meta: dict[str, Any]) -> None:
+    """Say on stderr which files gave a foreign graph's settings, and which resize/crop defaults were assumed."""
     if meta.get("config_files"):
         print(f"vitfast: note: {path}: settings (input size, preprocessing, class names) from {', '.join(meta['config_files'])}", file=sys.stderr)
     if meta.get("assumed"):

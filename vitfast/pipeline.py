@@ -96,10 +96,15 @@ def record_engine_parity(engine_path: Path, reference: torch.nn.Module, progress
     with torch.no_grad():
         parity = compare(engine(x).cpu(), reference(x), engine.precision, channel_axis=engine.config.channel_axis)
     parity = with_other_sizes(parity, _parity_at_other_sizes(engine, reference, len(x)))
+    _store_parity(engine_path, parity)
+    return parity
+
+
+def _store_parity(engine_path: Path, parity: dict[str, Any]) -> None:
+    """Write the parity measured on this GPU into the engine's sidecar."""
     meta = read_sidecar(engine_path)
     meta["parity"] = parity
     write_sidecar(engine_path, meta)
-    return parity
 
 
 def record_engine_parity_vs_onnx(engine_path: Path, onnx_path: Path, overrides: dict[str, Any] | None = None,
@@ -120,9 +125,7 @@ def record_engine_parity_vs_onnx(engine_path: Path, onnx_path: Path, overrides: 
     with torch.no_grad():
         precision = looser_precision(engine.precision, reference.precision)  # an fp16 graph bounds an fp32 engine's agreement
         parity = compare(engine(x).cpu(), expected, precision, channel_axis=engine.config.channel_axis) | {"against": "onnxruntime"}
-    meta = read_sidecar(engine_path)
-    meta["parity"] = parity
-    write_sidecar(engine_path, meta)
+    _store_parity(engine_path, parity)
     return parity
 
 

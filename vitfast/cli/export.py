@@ -13,7 +13,7 @@ from rich.table import Table
 from vitfast import pipeline
 from vitfast.data import find_images
 from vitfast.errors import BackendUnavailable, InputError
-from vitfast.foreign import FOREIGN_FIELDS, is_onnx_artifact, report_choice
+from vitfast.foreign import FOREIGN_FIELDS, is_onnx_artifact, report_choice, report_settings
 from vitfast.flags import int_in, ov_streams, positive_float, positive_int
 from vitfast.atomic import check_output_free, reserve_output
 from vitfast.export.artifacts import parse_batch, parse_image_sizes, read_sidecar
@@ -108,11 +108,8 @@ def _report_graph(path: Path, quiet: bool) -> None:
     meta = read_sidecar(path)
     if quiet or not meta.get("foreign"):
         return
-    files = f"; settings from {', '.join(meta['config_files'])}" if meta.get("config_files") else ""
-    print(f"vitfast: note: {path} was built from another tool's graph: {meta['graph']}{files}", file=sys.stderr)
-    if meta.get("assumed"):
-        print(f"vitfast: warning: {path}: resize/crop not given, timm's defaults assumed ({', '.join(meta['assumed'])}); "
-              "pass --config preprocessor_config.json or --crop-pct/--crop-mode/--interpolation", file=sys.stderr)  # fmt: skip
+    print(f"vitfast: note: {path} was built from another tool's graph: {meta['graph']}", file=sys.stderr)
+    report_settings(path, meta)
 
 
 def _tensorrt_missing(quiet: bool) -> BackendUnavailable | None:

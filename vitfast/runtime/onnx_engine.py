@@ -49,9 +49,8 @@ class OnnxEngine(Engine):
         else:
             config, missing, assumed = foreign.foreign_config(path, self.io, overrides, probe=lambda h, w: self._probe(path, h, w))
             batch = (self.io.batch,) * 3 if self.io.batch else None
-            folder = foreign.config_folder(path)
             meta = {"foreign": True, "graph": self.io.describe(), "precision": self.io.precision, "assumed": assumed,
-                    "config_files": [str(folder / n) for n in foreign.OPTIMUM_FILES if (folder / n).is_file()] if folder else []}
+                    "config_files": foreign.config_files(path)}
         super().__init__(config, precision=meta.get("precision", "fp32"),
                          batch=tuple(batch) if batch else None, metadata=meta, path=path)  # fmt: skip
         self.missing_preprocessing = foreign.missing_preprocessing_message(path, missing) if missing else None

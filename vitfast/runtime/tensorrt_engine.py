@@ -27,7 +27,7 @@ from vitfast.optimize import static_input
 
 from .engine import Engine, is_float_images
 from .sidecar import read_sidecar, sidecar_path
-from .tensorrt_foreign import FOREIGN_HINT, built_precision, check_profile_size, engine_io, judge_precision, profile_batch
+from .tensorrt_foreign import FOREIGN_HINT, built_precision, check_profile_size, engine_io, io_tensor_names, judge_precision, profile_batch
 
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 INSTALL_HINT = (
@@ -167,8 +167,7 @@ class TensorRTEngine(Engine):
         else:
             config, precision, batch, meta = self._read_foreign(trt, path, overrides, output, (gpu_name, compute_capability))
         super().__init__(config, precision=precision, batch=tuple(batch) if batch else None, metadata=meta, path=path)
-        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        self.output_names = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]  # TensorRT writes all
+        self.output_names = io_tensor_names(trt, self.engine)[1]  # TensorRT writes all of them
         self.input_dtype = _torch_dtype(trt, self.engine.get_tensor_dtype(self.input_name), path)
         self.output_dtypes = {n: _torch_dtype(trt, self.engine.get_tensor_dtype(n), path, other=n != self.output_name) for n in self.output_names}
         self.stream: torch.cuda.Stream | None = None  # made on the first run
@@ -180,7 +179,7 @@ class TensorRTEngine(Engine):
         the rest from `overrides`; what had to be assumed is said in the metadata's warnings."""
         self.io, self.profile = engine_io(trt, self.engine, path, output)
         self.input_name, self.output_name, self.layout = self.io.input_name, self.io.output_name, self.io.layout
-        self._check_output_shapes(path)
+        self._check_output_shapes(trt, path)
         config, missing, assumed = foreign.foreign_config(path, self.io, overrides, probe=lambda h, w: self._output_dims(path, h, w))
         check_profile_size(path, self.io, self.profile, config.img_hw)
         self.missing_preprocessing = foreign.missing_preprocessing_message(path, missing) if missing else None
@@ -194,12 +193,12 @@ class TensorRTEngine(Engine):
                 "tensorrt": {"version": trt.__version__, "profile": {"input": self.input_name, **dict(zip(("min", "opt", "max"), map(list, self.profile)))}}}  # fmt: skip
         return config, precision, profile_batch(self.io, self.profile), meta
 
-    def _check_output_shapes(self, path: Path) -> None:
+    def _check_output_shapes(self, trt, path: Path) -> None:
         """Refuse an engine with an output whose shape the input does not set: TensorRT writes every output, so each
         needs a buffer of a known size before the run."""
         if not self.context.set_input_shape(self.input_name, self.profile[1]):
             raise ArtifactError(f"{path}: TensorRT refused the engine's own profile shape {self.profile[1]} (its log above says why)")
-        for name in (n for n in map(self.engine.get_tensor_name, range(self.engine.num_io_tensors)) if n != self.input_name):
+        for name in io_tensor_names(trt, self.engine)[1]:
             if any(int(d) < 0 for d in self.context.get_tensor_shape(name)):
                 raise ArtifactError(f"{path}: output {name!r} has a data-dependent shape (not set by the input's); vitfast runs "
                                     "engines whose outputs' shapes follow from the image batch")  # fmt: skip
@@ -281,9 +280,7 @@ class TensorRTEngine(Engine):
 
 def _io_names(trt, engine, path: Path, output: str | None) -> tuple[str, str]:
     """(input name, output name) of a vitfast engine: one input, and the output its sidecar names (else its only one)."""
-    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-    inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-    outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+    inputs, outputs = io_tensor_names(trt, engine)
     chosen = output if output in outputs else outputs[0] if len(outputs) == 1 else None
     if len(inputs) != 1 or chosen is None:
         raise ArtifactError(f"{path} has inputs {inputs} and outputs {outputs}, not one image input and the output its sidecar "

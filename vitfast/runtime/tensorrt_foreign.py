@@ -26,12 +26,17 @@ LAYER_FORMATS = (("int4", ("int4", "fp4")), ("fp8", ("fp8",)), ("int8", ("int8",
                  ("fp32", ("fp32", "float")))  # fmt: skip
 
 
+def io_tensor_names(trt, engine) -> tuple[list[str], list[str]]:
+    """(input names, output names) of an engine's IO tensors, in the engine's order."""
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    return ([n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT],
+            [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT])  # fmt: skip
+
+
 def engine_io(trt, engine, path: Path, output: str | None) -> tuple[GraphIO, tuple[tuple[int, ...], ...]]:
     """(what the engine takes and returns, its first optimization profile's (min, opt, max) input shapes).
     `output`: the output to run, by name; else `vitfast.foreign.pick_output`'s rule (logits, then transformers' names)."""
-    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-    inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-    outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+    inputs, outputs = io_tensor_names(trt, engine)
     if len(inputs) != 1:
         raise ArtifactError(f"{path} has {len(inputs)} inputs ({', '.join(inputs) or 'none'}); vitfast runs image models with one image input")
     name = inputs[0]
