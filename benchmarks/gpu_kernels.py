@@ -141,10 +141,14 @@ def tuning(tuner, call) -> dict:
     """Run `call` once (the first call of a shape autotunes) and return the config the autotuner
     picked, with the median ms of every config it tried when this call did the tuning (None when
     it came from a cache or there was one config), so a GPU session can see which tiles matter."""
-    tuned_before = len(tuner.cache)
+    cached_before = dict(tuner.cache)
     call()
-    timings = getattr(tuner, "configs_timings", None) if len(tuner.cache) > tuned_before else None
-    return {"picked": describe_config(tuner.best_config),
+    added = [c for k, c in tuner.cache.items() if k not in cached_before]
+    timings = getattr(tuner, "configs_timings", None) if added else None
+    # Triton 3.6 left `best_config` unset after some launches (H100 run of 2026-11-27: AttributeError); the
+    # cache entry this call added names the same config
+    picked = getattr(tuner, "best_config", None) or (added[0] if added else None)
+    return {"picked": describe_config(picked) if picked is not None else None,
             "ms_by_config": {describe_config(c): _first(t) for c, t in timings.items()} if timings else None}  # fmt: skip
 
 
