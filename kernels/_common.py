@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -70,13 +71,20 @@ def vitfast_op(name: str):
         if _set_wrap_triton_enabled is not None:
 
             def eager(*args, **kwargs):
-                with _set_wrap_triton_enabled(False):
+                with eager_dispatch():
                     return fn(*args, **kwargs)
 
             EAGER_OPS[name] = functools.wraps(fn)(eager)
         return torch.library.triton_op(f"vitfast::{name}", mutates_args=())(fn)
 
     return decorate
+
+
+def eager_dispatch():
+    """The state a triton_op's eager call runs its body in (wrap_triton launches the kernel directly): code
+    outside an op that asks what an op would launch (hop_dispatch_enabled, takes_tma) must ask inside it,
+    as outside every op torch reports a trace."""
+    return _set_wrap_triton_enabled(False) if _set_wrap_triton_enabled is not None else contextlib.nullcontext()
 
 
 def hop_dispatch_enabled() -> bool:
