@@ -96,6 +96,9 @@ def test_tests_part_schema(dry_run):
     assert {"eager", "optimize mlp=auto", "optimize mlp=epilogue", "optimize attention=sdpa", "optimize + torch.compile(aot_eager, fullgraph)"} <= checks
     assert all(r["passes"] for r in rows if r["check"] != "eager")
     assert all(r["eager_max_abs_err"] > 0 for r in rows)  # against float64, fp32 eager errs a little
+    # torch.compile over optimize() first, on a 2-block model, before the families can use up the box
+    assert [(r["model"], r["check"]) for r in rows[:2]] == [("ViT-S/16, 2 blocks", "eager"),
+                                                          ("ViT-S/16, 2 blocks", "optimize + torch.compile(aot_eager, fullgraph)")]
 
 
 def test_the_tma_check_runs_first_and_every_part_reads_its_verdict(dry_run):
