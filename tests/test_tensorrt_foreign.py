@@ -178,9 +178,9 @@ def bare(onnx_file: Path, folder: Path, name: str = "theirs.onnx") -> Path:
     return copy
 
 
-def with_input_qdq(onnx_file: Path, folder: Path, fp8: bool = False) -> Path:
+def with_input_qdq(onnx_file: Path, folder: Path, fp8: bool = False, zero_point: tuple[str, int] = ("INT8", 0)) -> Path:
     """The graph with a quantize -> dequantize pair on its image, as a Q/DQ quantizer leaves it: int8 QuantizeLinear /
-    DequantizeLinear, or ModelOpt's torch-export fp8 ops (domain trt, no zero point)."""
+    DequantizeLinear (`zero_point`: its element type and value), or ModelOpt's torch-export fp8 ops (domain trt, no zero point)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -189,7 +189,7 @@ def with_input_qdq(onnx_file: Path, folder: Path, fp8: bool = False) -> Path:
     name = graph.input[0].name
     for node in graph.node:
         node.input[:] = [f"{name}_dq" if i == name else i for i in node.input]
-    graph.initializer.extend([helper.make_tensor("s", TensorProto.FLOAT, [], [0.02]), helper.make_tensor("z", TensorProto.INT8, [], [0])])
+    graph.initializer.extend([helper.make_tensor("s", TensorProto.FLOAT, [], [0.02]), helper.make_tensor("z", getattr(TensorProto, zero_point[0]), [], [zero_point[1]])])
     q, dq, args, domain = ("TRT_FP8QuantizeLinear", "TRT_FP8DequantizeLinear", ["s"], "trt") if fp8 else ("QuantizeLinear", "DequantizeLinear", ["s", "z"], "")
     graph.node.insert(0, helper.make_node(dq, [f"{name}_q", *args], [f"{name}_dq"], name="input_dq", domain=domain))
     graph.node.insert(0, helper.make_node(q, [name, *args], [f"{name}_q"], name="input_q", domain=domain))
@@ -234,6 +234,21 @@ def test_a_quantized_graph_builds_only_at_its_own_precision(rec, gpu, onnx_file,
     path = trt_export.build_engine(theirs, tmp_path / "c.engine", precision=own, overrides=IMAGENET, progress=False)
     assert read_sidecar(path)["precision"] == own and set(rec.configs[-1].flags) >= {f"BuilderFlag.{own.upper()}", "BuilderFlag.FP16"}
     assert f"--{own} --fp16" in trt_export.trtexec_command(theirs, "c.engine", precision=own, batch=(1, 8, 32), overrides=IMAGENET)
+
+
+@pytest.mark.parametrize("zero_point", [("UINT8", 128), ("UINT8", 0), ("INT8", 3)])
+def test_an_asymmetric_quantized_graph_is_refused_for_tensorrt_and_runs_in_onnx_runtime(rec, gpu, onnx_file, tmp_path, zero_point):
+    """ONNX Runtime's default QUInt8 activations (uint8, zero point 128) or a shifted int8 zero point: TensorRT's parser
+    would refuse them deep in the build; vitfast says so first and names the fix. ONNX Runtime still runs the graph."""
+    theirs = with_input_qdq(onnx_file, tmp_path, zero_point=zero_point)
+    refusal = "quantized asymmetrically .* which TensorRT cannot build; run it with ONNX Runtime, or quantize it again"
+    with pytest.raises(ArtifactError, match=refusal):
+        trt_export.build_engine(theirs, tmp_path / "a.engine", precision="int8", overrides=IMAGENET, progress=False)
+    with pytest.raises(ArtifactError, match=refusal):
+        trt_export.trtexec_command(theirs, "a.engine", precision="int8", batch=(1, 8, 32), overrides=IMAGENET)
+    assert not (tmp_path / "a.engine").exists()
+    engine = vitfast.load_engine(theirs, overrides=IMAGENET)
+    assert engine.precision == "int8" and engine(torch.rand(2, 3, 32, 32)).shape == (2, 10)
 
 
 def test_a_graph_of_any_size_is_built_and_loaded_at_the_one_size_given(rec, gpu, dynamic_onnx, tmp_path):

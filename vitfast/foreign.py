@@ -21,6 +21,7 @@ QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLi
 FP8_OPS = {"TRT_FP8QuantizeLinear", "TRT_FP8DequantizeLinear"}  # ModelOpt's torch export (domain trt), no zero point
 WEIGHT_ONLY_OPS = {"MatMulNBits": 4, "MatMulBnb4": 4, "GatherBlockQuantized": 4}  # ONNX Runtime's, -> default bits
 QUANTIZED_TYPES = {21: "int4", 22: "int4", 17: "fp8", 18: "fp8", 19: "fp8", 20: "fp8"}  # ONNX element types; else int8/16
+UINT8, INT8, EXTERNAL = 2, 3, 1  # ONNX element types, and TensorProto.EXTERNAL (data in another file)
 ONNX_FLOAT_TYPES = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64"}
 FOREIGN_FIELDS = ("img_size", "num_classes", *OUTPUT_MEANING_FIELDS, *PREPROCESSING_FIELDS)  # what a foreign graph's config holds
 
@@ -42,6 +43,7 @@ class GraphIO:
     output_dims: tuple[int | None, ...]  # its dims after the batch (None: dynamic)
     patch: int | None  # the stride of the patch-embedding Conv the input feeds, when it is one (kernel = stride)
     output_dtype: str | None = None  # numpy name of the output's element type when it is a float (ONNX graphs)
+    asymmetric: bool = False  # Q/DQ nodes with uint8 types or non-zero zero points (ONNX Runtime's QUInt8 activations)
 
     def describe(self) -> str:
         dims = [self.batch or "batch", self.in_chans, *(d or "?" for d in self.hw)]
@@ -87,7 +89,7 @@ def read_graph_io(path: str | os.PathLike, output_rank: int | None = 2, output: 
     out_name, out_dims, kind, note = pick_output([(o.name, _dims(o)) for o in graph.output], path, output_rank, output)
     out_type = next(o.type.tensor_type.elem_type for o in graph.output if o.name == out_name)
     return GraphIO(inp.name, layout, dtype, dims[0], hw, chans, out_name, _precision(graph, dtype), note, kind, tuple(out_dims[1:]),
-                   stem.patch if stem else None, ONNX_FLOAT_TYPES.get(out_type))  # fmt: skip
+                   stem.patch if stem else None, ONNX_FLOAT_TYPES.get(out_type), _asymmetric_qdq(graph))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -273,6 +275,27 @@ def _quantized_precision(graph) -> str | None:
         elif node.op_type in QUANT_OPS:
             found.add("int8")
     return next((p for p in ("int4", "int8", "fp8") if p in found), None)
+
+
+def _asymmetric_qdq(graph) -> bool:
+    """Whether a Q/DQ node quantizes to uint8 or around a non-zero int8 zero point, as ONNX Runtime's default
+    QUInt8 activations do: ONNX Runtime runs these, TensorRT takes only symmetric signed Q/DQ."""
+    from onnx import numpy_helper
+
+    tensors = {init.name: init for init in graph.initializer}
+    tensors |= {n.output[0]: a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"}
+    for node in graph.node:
+        if node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        zero_point = tensors.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        quantized = tensors.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+        declared = next((a.i for a in node.attribute if a.name == "output_dtype"), None)
+        if UINT8 in (declared, *(t.data_type for t in (zero_point, quantized) if t is not None)):
+            return True
+        if zero_point is not None and zero_point.data_type == INT8 and zero_point.data_location != EXTERNAL:
+            if numpy_helper.to_array(zero_point).any():
+                return True
+    return False
 
 
 # ---------------------------------------------------------------------------- preprocessing
