@@ -79,8 +79,9 @@ def _other_tools(path: Path, overrides: dict[str, Any] | None, image_sizes, pick
     if io.precision == "int4":
         raise ArtifactError(f"{path} has 4-bit weights; vitfast builds TensorRT engines from float graphs and int8 / fp8 Q/DQ ones")
     if io.asymmetric:
-        raise ArtifactError(f"{path} is quantized asymmetrically (uint8 or non-zero zero points: ONNX Runtime's default QUInt8 "
-                            "activations), which TensorRT cannot build; run it with ONNX Runtime, or quantize it again with "
+        raise ArtifactError(f"{path} is quantized asymmetrically (uint8 or non-zero zero points: ONNX Runtime's default "
+                            "QUInt8 activations), which TensorRT cannot build faithfully (its parser refuses a non-zero zero "
+                            "point and reads uint8 as int8, clipping the upper half of the range); run it with ONNX Runtime, or quantize it again with "
                             "symmetric int8 activations (quantize_static(..., activation_type=QuantType.QInt8, extra_options="
                             "{'ActivationSymmetric': True}), or vitfast's quantize_int8(..., target='tensorrt'))")  # fmt: skip
     if image_sizes is not None:

@@ -279,7 +279,8 @@ def _quantized_precision(graph) -> str | None:
 
 def _asymmetric_qdq(graph) -> bool:
     """Whether a Q/DQ node quantizes to uint8 or around a non-zero int8 zero point, as ONNX Runtime's default
-    QUInt8 activations do: ONNX Runtime runs these, TensorRT takes only symmetric signed Q/DQ."""
+    QUInt8 activations do: ONNX Runtime runs these; TensorRT 10's ONNX parser refuses a non-zero zero point and reads a
+    uint8 one as int8 (onnx-tensorrt's QuantDequantLinearHelper), which would clip the upper half of the range."""
     from onnx import numpy_helper
 
     tensors = {init.name: init for init in graph.initializer}
