@@ -140,15 +140,17 @@ def rel_err(out, ref) -> float:
 def tuning(tuner, call) -> dict:
     """Run `call` once (the first call of a shape autotunes) and return the config the autotuner
     picked, with the median ms of every config it tried when this call did the tuning (None when
-    it came from a cache or there was one config), so a GPU session can see which tiles matter."""
-    cached_before = dict(tuner.cache)
+    it came from a cache or there was one config), so a GPU session can see which tiles matter. A call
+    that never launched `tuner` (another kernel ran: the H100 run of 2026-11-27 asked for the pointer
+    kernel's tuner where the op took the TMA kernel) says so instead of a stale or empty pick; the row's timings stand."""
+    tuner.best_config, timings_before = None, getattr(tuner, "configs_timings", None)  # Triton sets both in run()
     call()
-    added = [c for k, c in tuner.cache.items() if k not in cached_before]
-    timings = getattr(tuner, "configs_timings", None) if added else None
-    # Triton 3.6 left `best_config` unset after some launches (H100 run of 2026-11-27: AttributeError); the
-    # cache entry this call added names the same config
-    picked = getattr(tuner, "best_config", None) or (added[0] if added else None)
-    return {"picked": describe_config(picked) if picked is not None else None,
+    if tuner.best_config is None:
+        kernel = getattr(tuner, "base_fn", tuner).__name__
+        return {"picked": None, "error": f"the call did not launch {kernel}: the row names the wrong kernel"}
+    timings = getattr(tuner, "configs_timings", None)
+    timings = timings if timings is not timings_before else None
+    return {"picked": describe_config(tuner.best_config),
             "ms_by_config": {describe_config(c): _first(t) for c, t in timings.items()} if timings else None}  # fmt: skip
 
 
@@ -466,7 +468,7 @@ def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
                     rows += [dict(op=op, **common) | NOT_REACHED for op in ("fc1", "fc2", "proj")]
                     continue
                 hs = [(rand(M, C),) for _ in range(3)]
-                tma = launches_tma("fc1", hs[0][0], w1)  # what optimize() launches here (its output: fresh, contiguous)
+                tma = launches_tma("fc1", hs[0][0], w1, None, hs[0][0].new_empty(M, hidden))  # the op's operands: x, w, residual, out
                 rows.append(gemm_row(
                     "fc1+bias+gelu", common, 2 * M * C * hidden, s, hs, le._linear_epilogue_tma_kernel if tma else le._linear_epilogue_kernel,
                     cublas=lambda h: F.gelu(F.linear(h, w1, b1)),  # what FusedBlock's cuBLAS path runs for GELU
@@ -501,7 +503,7 @@ def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
     return rows
 
 
-def launches_tma(what: str, *operands: torch.Tensor) -> bool:
+def launches_tma(what: str, *operands: torch.Tensor | None) -> bool:
     """Whether the op's eager call launches the TMA kernel for these operands. Asked outside the op,
     takes_tma sees torch's tracing switch on and says pointer (the H100 run of 2026-11-27 labelled every
     GEMM row "pointer" while the op ran the TMA kernel, and read the pointer kernel's untouched tuner)."""

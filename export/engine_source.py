@@ -78,12 +78,11 @@ def _other_tools(path: Path, overrides: dict[str, Any] | None, image_sizes, pick
                             "with an NCHW input (or run it with ONNX Runtime: vitfast runs NHWC graphs there)")  # fmt: skip
     if io.precision == "int4":
         raise ArtifactError(f"{path} has 4-bit weights; vitfast builds TensorRT engines from float graphs and int8 / fp8 Q/DQ ones")
-    if io.asymmetric:
-        raise ArtifactError(f"{path} is quantized asymmetrically (uint8 or non-zero zero points: ONNX Runtime's default "
-                            "QUInt8 activations), which TensorRT cannot build faithfully (its parser refuses a non-zero zero "
-                            "point and reads uint8 as int8, clipping the upper half of the range); run it with ONNX Runtime, or quantize it again with "
-                            "symmetric int8 activations (quantize_static(..., activation_type=QuantType.QInt8, extra_options="
-                            "{'ActivationSymmetric': True}), or vitfast's quantize_int8(..., target='tensorrt'))")  # fmt: skip
+    if io.tensorrt_problem:
+        raise ArtifactError(f"{path} {io.tensorrt_problem}; run it with ONNX Runtime, or quantize it again as symmetric int8 "
+                            "Q/DQ (quantize_static(..., quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8, "
+                            "weight_type=QuantType.QInt8, extra_options={'ActivationSymmetric': True}), or vitfast's "
+                            "quantize_int8(..., target='tensorrt'))")  # fmt: skip
     if image_sizes is not None:
         raise InputError(f"--image-sizes sets the range of a vitfast --dynamic-img-size export; {path} is another tool's graph, "
                          "built for the one size --img-size gives")  # fmt: skip

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -522,3 +523,26 @@ def test_max_autotune_runs_at_the_largest_batch_unless_told():
     assert jobs("--backends", "eager,compile-max-autotune", "--batches", "1,256,8") == [
         (("eager",), "default", (1, 256, 8)), (("compile",), "max-autotune", (256,))]  # fmt: skip
     assert jobs("--backends", "compile-max-autotune", "--autotune-batches", "1,256") == [(("compile",), "max-autotune", (1, 256))]
+
+
+def test_tuning_reports_only_what_this_call_launched_and_tuned():
+    """A call that launched another kernel (the H100 run of 2026-11-27 asked the pointer kernel's tuner where the op ran
+    the TMA kernel) says so instead of a stale pick; timings left from an earlier shape are not reported as this one's."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_kernels
+    import triton
+
+    def _gemm_kernel():
+        pass
+
+    small, large = triton.Config({"BLOCK_M": 64}, num_warps=4, num_stages=2), triton.Config({"BLOCK_M": 128}, num_warps=8, num_stages=3)
+    tuner = types.SimpleNamespace(base_fn=_gemm_kernel, best_config=large, configs_timings={small: [0.2], large: [0.1]})
+    not_launched = gpu_kernels.tuning(tuner, lambda: None)
+    assert not_launched["picked"] is None and "did not launch _gemm_kernel: the row names the wrong kernel" in not_launched["error"]
+
+    def tunes():  # as Triton's Autotuner.run does for a new key: new timings, then the pick
+        tuner.configs_timings, tuner.best_config = {small: [0.3], large: [0.2]}, large
+
+    assert gpu_kernels.tuning(tuner, tunes) == {"picked": "BLOCK_M=128,w8,s3", "ms_by_config": {"BLOCK_M=64,w4,s2": 0.3, "BLOCK_M=128,w8,s3": 0.2}}
+    cached = gpu_kernels.tuning(tuner, lambda: setattr(tuner, "best_config", small))  # a cached key: no tuning this call
+    assert cached == {"picked": "BLOCK_M=64,w4,s2", "ms_by_config": None}

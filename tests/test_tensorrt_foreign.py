@@ -6,6 +6,7 @@ another tool's engine is a JSON spec of what the engine reports; running an engi
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -236,12 +237,20 @@ def test_a_quantized_graph_builds_only_at_its_own_precision(rec, gpu, onnx_file,
     assert f"--{own} --fp16" in trt_export.trtexec_command(theirs, "c.engine", precision=own, batch=(1, 8, 32), overrides=IMAGENET)
 
 
-@pytest.mark.parametrize("zero_point", [("UINT8", 128), ("UINT8", 0), ("INT8", 3)])
-def test_an_asymmetric_quantized_graph_is_refused_for_tensorrt_and_runs_in_onnx_runtime(rec, gpu, onnx_file, tmp_path, zero_point):
-    """ONNX Runtime's default QUInt8 activations (uint8, zero point 128) or a shifted int8 zero point: TensorRT's parser
-    would refuse them deep in the build; vitfast says so first and names the fix. ONNX Runtime still runs the graph."""
-    theirs = with_input_qdq(onnx_file, tmp_path, zero_point=zero_point)
-    refusal = "quantized asymmetrically .* which TensorRT cannot build faithfully .* run it with ONNX Runtime, or quantize it again"
+@pytest.mark.parametrize("quantized", [("UINT8", 128), ("UINT8", 0), ("INT8", 3), "onnxruntime quantize_dynamic"])
+def test_a_graph_tensorrt_cannot_quantize_faithfully_is_refused_and_runs_in_onnx_runtime(rec, gpu, onnx_file, tmp_path, quantized):
+    """ONNX Runtime's default QUInt8 activations (uint8, zero point 128; TensorRT would read a uint8 zero point of 0 as
+    int8 and clip), a shifted int8 zero point, or its dynamic format (DynamicQuantizeLinear + MatMulInteger): TensorRT's
+    parser refuses or misreads these deep in the build; vitfast says so first and names the fix. ONNX Runtime runs them."""
+    if isinstance(quantized, tuple):
+        theirs, problem = with_input_qdq(onnx_file, tmp_path, zero_point=quantized), ("quantizes to uint8" if quantized[0] == "UINT8"
+                                                                                   else "quantized around non-zero zero points")
+    else:
+        from onnxruntime.quantization import quantize_dynamic
+
+        theirs, problem = tmp_path / "dynamic.onnx", "holds ONNX Runtime's integer ops (ConvInteger, DynamicQuantizeLinear, MatMulInteger:"
+        quantize_dynamic(str(onnx_file), str(theirs))
+    refusal = f"{re.escape(problem)}.*; run it with ONNX Runtime, or quantize it again as symmetric int8 Q/DQ"
     with pytest.raises(ArtifactError, match=refusal):
         trt_export.build_engine(theirs, tmp_path / "a.engine", precision="int8", overrides=IMAGENET, progress=False)
     with pytest.raises(ArtifactError, match=refusal):

@@ -22,6 +22,7 @@ FP8_OPS = {"TRT_FP8QuantizeLinear", "TRT_FP8DequantizeLinear"}  # ModelOpt's tor
 WEIGHT_ONLY_OPS = {"MatMulNBits": 4, "MatMulBnb4": 4, "GatherBlockQuantized": 4}  # ONNX Runtime's, -> default bits
 QUANTIZED_TYPES = {21: "int4", 22: "int4", 17: "fp8", 18: "fp8", 19: "fp8", 20: "fp8"}  # ONNX element types; else int8/16
 UINT8, INT8, EXTERNAL = 2, 3, 1  # ONNX element types, and TensorProto.EXTERNAL (data in another file)
+UNSIGNED_OR_WIDE = {UINT8, 4, 5}  # uint8, uint16, int16: Q/DQ types TensorRT does not take
 ONNX_FLOAT_TYPES = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64"}
 FOREIGN_FIELDS = ("img_size", "num_classes", *OUTPUT_MEANING_FIELDS, *PREPROCESSING_FIELDS)  # what a foreign graph's config holds
 
@@ -43,7 +44,7 @@ class GraphIO:
     output_dims: tuple[int | None, ...]  # its dims after the batch (None: dynamic)
     patch: int | None  # the stride of the patch-embedding Conv the input feeds, when it is one (kernel = stride)
     output_dtype: str | None = None  # numpy name of the output's element type when it is a float (ONNX graphs)
-    asymmetric: bool = False  # Q/DQ nodes with uint8 types or non-zero zero points (ONNX Runtime's QUInt8 activations)
+    tensorrt_problem: str | None = None  # why TensorRT cannot build its quantization faithfully (None: it can)
 
     def describe(self) -> str:
         dims = [self.batch or "batch", self.in_chans, *(d or "?" for d in self.hw)]
@@ -89,7 +90,7 @@ def read_graph_io(path: str | os.PathLike, output_rank: int | None = 2, output: 
     out_name, out_dims, kind, note = pick_output([(o.name, _dims(o)) for o in graph.output], path, output_rank, output)
     out_type = next(o.type.tensor_type.elem_type for o in graph.output if o.name == out_name)
     return GraphIO(inp.name, layout, dtype, dims[0], hw, chans, out_name, _precision(graph, dtype), note, kind, tuple(out_dims[1:]),
-                   stem.patch if stem else None, ONNX_FLOAT_TYPES.get(out_type), _asymmetric_qdq(graph))  # fmt: skip
+                   stem.patch if stem else None, ONNX_FLOAT_TYPES.get(out_type), _tensorrt_quantization_problem(graph))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -277,12 +278,17 @@ def _quantized_precision(graph) -> str | None:
     return next((p for p in ("int4", "int8", "fp8") if p in found), None)
 
 
-def _asymmetric_qdq(graph) -> bool:
-    """Whether a Q/DQ node quantizes to uint8 or around a non-zero int8 zero point, as ONNX Runtime's default
-    QUInt8 activations do: ONNX Runtime runs these; TensorRT 10's ONNX parser refuses a non-zero zero point and reads a
-    uint8 one as int8 (onnx-tensorrt's QuantDequantLinearHelper), which would clip the upper half of the range."""
+def _tensorrt_quantization_problem(graph) -> str | None:
+    """Why TensorRT cannot build this graph's quantization faithfully, or None. ONNX Runtime runs all of these;
+    TensorRT 10's ONNX parser imports only signed 8-bit (and fp8 / int4) Q/DQ around a zero point of 0: it refuses a
+    non-zero zero point, reads a uint8 one as int8 (onnx-tensorrt's QuantDequantLinearHelper: the upper half of the
+    range would clip) and has no importer for ONNX Runtime's integer ops."""
     from onnx import numpy_helper
 
+    integer_ops = sorted({n.op_type for n in graph.node if n.op_type in QUANT_OPS - {"QuantizeLinear", "DequantizeLinear"}})
+    if integer_ops:
+        return (f"holds ONNX Runtime's integer ops ({', '.join(integer_ops)}: `onnxruntime quantize`'s dynamic or QOperator "
+                "format), which TensorRT's ONNX parser does not import")  # fmt: skip
     tensors = {init.name: init for init in graph.initializer}
     tensors |= {n.output[0]: a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"}
     for node in graph.node:
@@ -291,12 +297,14 @@ def _asymmetric_qdq(graph) -> bool:
         zero_point = tensors.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         quantized = tensors.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
         declared = next((a.i for a in node.attribute if a.name == "output_dtype"), None)
-        if UINT8 in (declared, *(t.data_type for t in (zero_point, quantized) if t is not None)):
-            return True
+        types = {declared, *(t.data_type for t in (zero_point, quantized) if t is not None)}
+        if types & UNSIGNED_OR_WIDE:
+            return (f"quantizes to {'uint8' if UINT8 in types else '16-bit integers'} (node {node.name or node.output[0]!r}; "
+                    "uint8 is ONNX Runtime's default QUInt8 activation type), which TensorRT reads as int8 or refuses")  # fmt: skip
         if zero_point is not None and zero_point.data_type == INT8 and zero_point.data_location != EXTERNAL:
             if numpy_helper.to_array(zero_point).any():
-                return True
-    return False
+                return f"is quantized around non-zero zero points (node {node.name or node.output[0]!r}), which TensorRT refuses"
+    return None
 
 
 # ---------------------------------------------------------------------------- preprocessing
