@@ -17,7 +17,8 @@ from .config import OUTPUT_MEANING_FIELDS, PREPROCESSING_FIELDS, ViTConfig
 from .convert import hf_labels, hf_preprocessing, hf_problem_type
 from .errors import ArtifactError, ConfigError, first_line
 
-QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger"}
+QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
+QUANT_OPS = QDQ_OPS | {"DynamicQuantizeLinear", "QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger"}  # + ONNX Runtime's integer ops
 FP8_OPS = {"TRT_FP8QuantizeLinear", "TRT_FP8DequantizeLinear"}  # ModelOpt's torch export (domain trt), no zero point
 WEIGHT_ONLY_OPS = {"MatMulNBits": 4, "MatMulBnb4": 4, "GatherBlockQuantized": 4}  # ONNX Runtime's, -> default bits
 QUANTIZED_TYPES = {21: "int4", 22: "int4", 17: "fp8", 18: "fp8", 19: "fp8", 20: "fp8"}  # ONNX element types; else int8/16
@@ -89,8 +90,10 @@ def read_graph_io(path: str | os.PathLike, output_rank: int | None = 2, output: 
     layout, chans, hw = image_layout(dims, path, inp.name, stem)
     out_name, out_dims, kind, note = pick_output([(o.name, _dims(o)) for o in graph.output], path, output_rank, output)
     out_type = next(o.type.tensor_type.elem_type for o in graph.output if o.name == out_name)
-    return GraphIO(inp.name, layout, dtype, dims[0], hw, chans, out_name, _precision(graph, dtype), note, kind, tuple(out_dims[1:]),
-                   stem.patch if stem else None, ONNX_FLOAT_TYPES.get(out_type), _tensorrt_quantization_problem(graph))  # fmt: skip
+    constants = _constants(graph)
+    return GraphIO(inp.name, layout, dtype, dims[0], hw, chans, out_name, _precision(graph, constants, dtype), note, kind,
+                   tuple(out_dims[1:]), stem.patch if stem else None, ONNX_FLOAT_TYPES.get(out_type),
+                   _tensorrt_quantization_problem(graph, constants))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -244,8 +247,8 @@ def _named_logits(outputs: list[tuple[str, list]]) -> list[tuple[str, list]]:
     return [(n, d) for n, d in outputs if n == "logits"] or [(n, d) for n, d in outputs if "logit" in n.lower()]
 
 
-def _precision(graph, input_dtype: str) -> str:
-    quantized = _quantized_precision(graph)
+def _precision(graph, constants: dict[str, Any], input_dtype: str) -> str:
+    quantized = _quantized_precision(graph, constants)
     if quantized:
         return quantized
     float_inits = [init.data_type for init in graph.initializer if init.data_type in ONNX_FLOAT_TYPES]
@@ -254,23 +257,34 @@ def _precision(graph, input_dtype: str) -> str:
     return "fp32"
 
 
-def _quantized_precision(graph) -> str | None:
+def _constants(graph) -> dict[str, Any]:
+    """The graph's constant tensors (TensorProto) by name: its initializers and its Constant nodes' values."""
+    constants = {init.name: init for init in graph.initializer}
+    return constants | {n.output[0]: a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"}
+
+
+def _qdq_operands(node, constants: dict[str, Any]) -> tuple[int | None, Any]:
+    """(the ONNX element type of a QuantizeLinear / DequantizeLinear node's quantized side where the graph says it:
+    QuantizeLinear-21's output_dtype, DequantizeLinear's constant input, else the zero point's; the zero-point constant)."""
+    zero_point = constants.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    declared = next((a.i for a in node.attribute if a.name == "output_dtype"), None)
+    quantized = constants.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+    element = declared or next((t.data_type for t in (quantized, zero_point) if t is not None), None)
+    return element, zero_point
+
+
+def _quantized_precision(graph, constants: dict[str, Any]) -> str | None:
     """"int4", "int8" or "fp8" for a quantized graph (the coarsest form any of its tensors takes), None for a float one.
 
     Weight-only 4-bit ops say so by name or by their `bits`; Q/DQ nodes by the element type of their quantized side
-    (DequantizeLinear's input, else the zero point's), which is uint8 when neither is given."""
-    types = {init.name: init.data_type for init in graph.initializer}
-    types |= {n.output[0]: a.t.data_type for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"}
+    (`_qdq_operands`), which is uint8 when the graph does not say."""
     found = set()
     for node in graph.node:
         if node.op_type in WEIGHT_ONLY_OPS:
             bits = next((a.i for a in node.attribute if a.name == "bits"), WEIGHT_ONLY_OPS[node.op_type])
             found.add("int4" if bits <= 4 else "int8")
-        elif node.op_type in ("QuantizeLinear", "DequantizeLinear"):
-            zero_point = types.get(node.input[2]) if len(node.input) > 2 else None
-            declared = next((a.i for a in node.attribute if a.name == "output_dtype"), None)  # QuantizeLinear-21
-            quantized = types.get(node.input[0]) if node.op_type == "DequantizeLinear" else declared
-            found.add(QUANTIZED_TYPES.get(quantized or zero_point, "int8"))
+        elif node.op_type in QDQ_OPS:
+            found.add(QUANTIZED_TYPES.get(_qdq_operands(node, constants)[0], "int8"))
         elif node.op_type in FP8_OPS:
             found.add("fp8")
         elif node.op_type in QUANT_OPS:
@@ -278,28 +292,21 @@ def _quantized_precision(graph) -> str | None:
     return next((p for p in ("int4", "int8", "fp8") if p in found), None)
 
 
-def _tensorrt_quantization_problem(graph) -> str | None:
+def _tensorrt_quantization_problem(graph, constants: dict[str, Any]) -> str | None:
     """Why TensorRT cannot build this graph's quantization faithfully, or None. ONNX Runtime runs all of these;
     TensorRT 10's ONNX parser imports only signed 8-bit (and fp8 / int4) Q/DQ around a zero point of 0: it refuses a
     non-zero zero point, reads a uint8 one as int8 (onnx-tensorrt's QuantDequantLinearHelper: the upper half of the
     range would clip) and has no importer for ONNX Runtime's integer ops."""
     from onnx import numpy_helper
 
-    integer_ops = sorted({n.op_type for n in graph.node if n.op_type in QUANT_OPS - {"QuantizeLinear", "DequantizeLinear"}})
+    integer_ops = sorted({n.op_type for n in graph.node if n.op_type in QUANT_OPS - QDQ_OPS})
     if integer_ops:
         return (f"holds ONNX Runtime's integer ops ({', '.join(integer_ops)}: `onnxruntime quantize`'s dynamic or QOperator "
                 "format), which TensorRT's ONNX parser does not import")  # fmt: skip
-    tensors = {init.name: init for init in graph.initializer}
-    tensors |= {n.output[0]: a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"}
-    for node in graph.node:
-        if node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
-            continue
-        zero_point = tensors.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-        quantized = tensors.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
-        declared = next((a.i for a in node.attribute if a.name == "output_dtype"), None)
-        types = {declared, *(t.data_type for t in (zero_point, quantized) if t is not None)}
-        if types & UNSIGNED_OR_WIDE:
-            return (f"quantizes to {'uint8' if UINT8 in types else '16-bit integers'} (node {node.name or node.output[0]!r}; "
+    for node in (n for n in graph.node if n.op_type in QDQ_OPS):
+        element, zero_point = _qdq_operands(node, constants)
+        if element in UNSIGNED_OR_WIDE:
+            return (f"quantizes to {'uint8' if element == UINT8 else '16-bit integers'} (node {node.name or node.output[0]!r}; "
                     "uint8 is ONNX Runtime's default QUInt8 activation type), which TensorRT reads as int8 or refuses")  # fmt: skip
         if zero_point is not None and zero_point.data_type == INT8 and zero_point.data_location != EXTERNAL:
             if numpy_helper.to_array(zero_point).any():
