@@ -58,7 +58,7 @@ from vitfast.kernels import bias_swiglu as bs
 from vitfast.kernels import linear_epilogue as le
 from vitfast.kernels import linear_layernorm as ll
 from vitfast.kernels import rope
-from vitfast.kernels._common import describe_config, eager_dispatch
+from vitfast.kernels._common import describe_config
 from vitfast.kernels.precompile import precompile
 from vitfast.layers import apply_rope
 from vitfast.layers import rope_tables as layer_rope_tables
@@ -504,11 +504,10 @@ def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
 
 
 def launches_tma(what: str, *operands: torch.Tensor | None) -> bool:
-    """Whether the op's eager call launches the TMA kernel for these operands. Asked outside the op,
-    takes_tma sees torch's tracing switch on and says pointer (the H100 run of 2026-11-27 labelled every
-    GEMM row "pointer" while the op ran the TMA kernel, and read the pointer kernel's untouched tuner)."""
-    with eager_dispatch():
-        return le.takes_tma("auto", what, *operands)
+    """Whether the op's eager call launches the TMA kernel for these operands (the H100 run of 2026-11-27
+    asked takes_tma outside the op, where it then read torch's wrap_triton switch as a trace, and labelled
+    every GEMM row "pointer" while the op ran the TMA kernel; `kernels._common.tracing` now asks for fake tensors too)."""
+    return le.takes_tma("auto", what, *operands)
 
 
 def gemm_row(op: str, common: dict, flops: int, s: Shapes, inputs: list, tuner, *, cublas, epilogue, reference, ref_args,

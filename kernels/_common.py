@@ -41,14 +41,24 @@ def check_device(*tensors: torch.Tensor) -> None:
         raise ValueError(f"Triton kernels need CUDA tensors (got {device}); set TRITON_INTERPRET=1 to run them on CPU for testing")
 
 
-def wrap_triton(kernel):
-    """`torch.library.wrap_triton(kernel)` where a trace needs it, else the kernel as it is:
-    - in an eager call (a `triton_op` on real tensors, or `EAGER_OPS`) torch launches the kernel
-      directly anyway (the higher-order op is off), but building its wrapper still costs 5-7 us per
-      launch (on this project's CPU VM; 85-96 us with the higher-order op on);
+def tracing(like: torch.Tensor) -> bool:
+    """Whether a launch on `like` is being traced: torch.compile / torch.export run a triton_op's body on
+    fake tensors with wrap_triton's higher-order op on. Real tensors are never a trace, though outside
+    every op the switch reads on (it is off only in a triton_op's eager call)."""
+    return hop_dispatch_enabled() and is_fake(like)
+
+
+def wrap_triton(kernel, like: torch.Tensor):
+    """`torch.library.wrap_triton(kernel)` in a trace (`tracing(like)`, `like` one of the launch's
+    tensors), else the kernel as it is:
+    - on real tensors outside an op, torch's higher-order op prunes an autotuned kernel's configs into a
+      new autotuner, cache and all, on every call: each launch re-ran the whole tuning (0.5-1.2 s per
+      GEMM call on the H200 run of 2026-11-27, benchmarks/results/gpu-proof-h200-34a1ddd);
+    - in a triton_op's eager call torch launches directly anyway, but building its wrapper still costs
+      5-7 us per launch (on this project's CPU VM);
     - under the Triton interpreter: torch 2.13's wrap_triton does the same by itself; torch 2.11
       (the GPU device's) refuses an interpreted kernel, or fails tracing an autotuned one."""
-    if INTERPRET or not hop_dispatch_enabled():
+    if INTERPRET or not tracing(like):
         return kernel
     return torch.library.wrap_triton(kernel)
 

@@ -85,7 +85,7 @@ def add_layernorm_launch(
     out2 = out.view(-1, C)
     BLOCK_C = next_pow2(C)
     num_warps = min(max(BLOCK_C // 256, 1), 16)  # one row per program: more warps for wider rows
-    wrap_triton(_add_layernorm_kernel)[(x2.shape[0],)](
+    wrap_triton(_add_layernorm_kernel, x2)[(x2.shape[0],)](
         x2, y2, gamma if gamma is not None else weight, weight, bias if bias is not None else weight, res2, out2,
         x2.stride(0), y2.stride(0), res2.stride(0), out2.stride(0),
         C, eps,

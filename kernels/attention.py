@@ -244,7 +244,7 @@ def attention_launch(qkv: torch.Tensor, out: torch.Tensor, scale: float | None =
         require_fitting_config(_attention_fwd_kernel, {"QKV": qkv, "BLOCK_D": block_d, "BLOCK_D1": block_d1}, qkv.device,
                                f"fused attention ({str(qkv.dtype).removeprefix('torch.')}, head_dim {D})")
 
-    wrap_triton(_attention_fwd_kernel)[lambda meta: attention_grid(B, N, H, meta["BLOCK_M"], meta["TAIL"])](
+    wrap_triton(_attention_fwd_kernel, qkv)[lambda meta: attention_grid(B, N, H, meta["BLOCK_M"], meta["TAIL"])](
         qkv, out4,
         *qkv.stride(), *out4.stride(),
         N, H, next_pow2(B * H), scale * LOG2E,

@@ -62,7 +62,7 @@ def bias_gelu_launch(x: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, app
     x2 = rows_view(x, C)
     out2 = out.view(-1, C)
     BLOCK_M, BLOCK_C, grid = elementwise_tiles(x2.shape[0], C)
-    wrap_triton(_bias_gelu_kernel)[grid](
+    wrap_triton(_bias_gelu_kernel, x2)[grid](
         x2, bias, out2, x2.shape[0], C, x2.stride(0), out2.stride(0),
         FORM=GELU_FORMS[approximate], BLOCK_M=BLOCK_M, BLOCK_C=BLOCK_C, num_warps=4,
     )  # fmt: skip

@@ -52,7 +52,7 @@ def swiglu_launch(gate: torch.Tensor, value: torch.Tensor, out: torch.Tensor, bi
     g2, v2 = rows_view(gate, H), rows_view(value, H)
     out2 = out.view(-1, H)
     BLOCK_M, BLOCK_H, grid = elementwise_tiles(g2.shape[0], H)
-    wrap_triton(_bias_swiglu_kernel)[grid](
+    wrap_triton(_bias_swiglu_kernel, g2)[grid](
         g2, v2, bias if bias is not None else g2, out2, g2.shape[0], H, g2.stride(0), v2.stride(0), out2.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M, BLOCK_H=BLOCK_H, num_warps=4,
     )  # fmt: skip

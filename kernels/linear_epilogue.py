@@ -42,12 +42,11 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from torch._subclasses.fake_tensor import is_fake
 
 from vitfast.errors import InputError
 
-from ._common import (INT32_MAX, INTERPRET, autotune, check_device, hop_dispatch_enabled, next_pow2, require_fitting_config,
-                      runs_reference, shared_memory_budget, span, vitfast_op, wrap_triton)  # fmt: skip
+from ._common import (INT32_MAX, INTERPRET, autotune, check_device, next_pow2, require_fitting_config,
+                      runs_reference, shared_memory_budget, span, tracing, vitfast_op, wrap_triton)  # fmt: skip
 from .bias_gelu import GELU_FORMS, gelu_reference
 from .bias_gelu import gelu as gelu_tile
 
@@ -328,7 +327,7 @@ def linear_epilogue_launch(
         return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
 
     # an absent bias / gamma is never read: weight stands in for it
-    wrap_triton(_linear_epilogue_kernel)[grid](
+    wrap_triton(_linear_epilogue_kernel, x2)[grid](
         x2, weight, bias if bias is not None else weight, res2, gamma if gamma is not None else weight, out2,
         M, N, K, next_pow2(M),
         *x2.stride(), *weight.stride(), *res2.stride(), *out2.stride(),
@@ -354,12 +353,12 @@ def tma_ready(*tensors: torch.Tensor) -> bool:
 def takes_tma(kernel: str, what: str, *operands: torch.Tensor | None) -> bool:
     """Whether a launch of the GEMM `what` runs its TMA kernel, given the 2-D tensors that kernel moves by
     TMA (None: absent): forced ("tma", refused where it cannot run), or "auto" on compute capability >= 9.0,
-    in an eager call (a trace keeps the pointer kernel: the TMA kernel's launch allocates its descriptors'
-    scratch), with TMA-ready operands, unless VITFAST_TMA=0 (read per call, so a running process can set it)."""
+    on real tensors (a trace, `tracing`, keeps the pointer kernel: the TMA kernel's launch allocates its
+    descriptors' scratch), with TMA-ready operands, unless VITFAST_TMA=0 (read per call, so a running process can set it)."""
     x2 = operands[0]
     if kernel == "auto":  # the common case first, cheapest checks first: this runs on every launch
-        if not x2.is_cuda or shared_memory_budget(x2.device)[0] < 90 or hop_dispatch_enabled() or is_fake(x2):
-            return False  # (a trace: wrap_triton on, or fake tensors, which have no data pointer to check)
+        if not x2.is_cuda or shared_memory_budget(x2.device)[0] < 90 or tracing(x2):
+            return False
         if os.environ.get("VITFAST_TMA") == "0":
             return False
         return tma_ready(*(t for t in operands if t is not None))
@@ -413,7 +412,7 @@ def _tma_launch(x2, weight, bias, res2, gamma, out2, activation: int, residual_m
     def grid(meta):
         return (min(programs, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
 
-    wrap_triton(_linear_epilogue_tma_kernel)[grid](
+    wrap_triton(_linear_epilogue_tma_kernel, x2)[grid](
         x2, weight, bias if bias is not None else weight, res2, gamma if gamma is not None else weight, out2,
         M, N, K, next_pow2(M), programs,
         x2.stride(0), weight.stride(0), res2.stride(0), out2.stride(0),

@@ -237,11 +237,11 @@ def linear_residual_layernorm_launch(
     flags = dict(HAS_BIAS=bias is not None, HAS_GAMMA=gamma is not None, RMS=rms)
     if tma:
         ensure_tma_allocator(x2)
-        wrap_triton(_linear_residual_layernorm_tma_kernel)[grid](
+        wrap_triton(_linear_residual_layernorm_tma_kernel, x2)[grid](
             x2, weight, *vectors, M, N, K, next_pow2(M), eps, x2.stride(0), weight.stride(0), res2.stride(0), out2.stride(0), **flags
         )
         return
-    wrap_triton(_linear_residual_layernorm_kernel)[grid](
+    wrap_triton(_linear_residual_layernorm_kernel, x2)[grid](
         x2, weight, *vectors, M, N, K, next_pow2(M), eps, *x2.stride(), *weight.stride(), res2.stride(0), out2.stride(0),
         **flags, IEEE_FP32=x.dtype == torch.float32,
     )  # fmt: skip

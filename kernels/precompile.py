@@ -95,7 +95,7 @@ def recording(cpu: bool = False) -> Iterator[list[Recorded]]:
     def record(kernel, args, kwargs):
         calls.append(Recorded(kernel, tuple(_standin(a) for a in args), {k: _standin(v) for k, v in kwargs.items()}))
 
-    def wrap_triton(kernel):
+    def wrap_triton(kernel, like):
         return _Grid(lambda *args, **kwargs: record(kernel, args, kwargs))
 
     with contextlib.ExitStack() as stack:
@@ -107,7 +107,7 @@ def recording(cpu: bool = False) -> Iterator[list[Recorded]]:
 
 
 class _Grid:
-    """What `wrap_triton(kernel)` returns: subscripted with a grid, a callable."""
+    """What `wrap_triton(kernel, like)` returns: subscripted with a grid, a callable."""
 
     def __init__(self, launch: Callable):
         self.launch = launch

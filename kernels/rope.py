@@ -117,7 +117,7 @@ def rope_qkv_launch(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out
     BLOCK_D = next_pow2(D)
     BLOCK_H = min(next_pow2(H), max(MAX_TILE // BLOCK_D, 1))
     num_warps = min(max(BLOCK_H * BLOCK_D // 256, 1), 8)  # one tile at a time: more warps for bigger tiles
-    wrap_triton(_rope_qkv_kernel)[(M,)](
+    wrap_triton(_rope_qkv_kernel, qkv)[(M,)](
         qkv, cos, sin, out4,
         *qkv.stride(), *out4.stride()[:3],
         N, H, N - cos.shape[0],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'vitfast[triton]')")
 from hypothesis import given, settings  # noqa: E402
@@ -465,8 +466,26 @@ def test_auto_takes_the_tma_kernel_only_in_eager_calls_on_hopper(device, monkeyp
     assert launched(x, w) == "_linear_epilogue_kernel"
     assert launched(x, w, kernel="tma") == "_linear_epilogue_tma_kernel"  # forcing it still works (tests, benchmarks)
     monkeypatch.delenv("VITFAST_TMA")
-    monkeypatch.setattr(le, "hop_dispatch_enabled", lambda: True)  # as inside a trace
-    assert launched(x, w) == "_linear_epilogue_kernel"
+    with FakeTensorMode() as fake:  # as inside a trace: fake tensors, wrap_triton's switch on
+        assert launched(fake.from_tensor(x), fake.from_tensor(w)) == "_linear_epilogue_kernel"
+
+
+def test_launches_on_real_tensors_skip_torchs_wrapper(monkeypatch):
+    """Outside every op torch's wrap_triton switch reads on, yet a launch on real tensors is no trace: it
+    launches the kernel itself. Through torch's higher-order op an autotuned kernel with a config prune
+    became a new autotuner with an empty cache on each call, so every launch re-ran the tuning (the H200 run
+    of 2026-11-27: 0.5-1.2 s per GEMM call). Fake tensors (a trace) still get torch's wrapper; in an op's
+    eager call (the switch off) nothing is a trace."""
+    wrapped = []
+    monkeypatch.setattr(torch.library, "wrap_triton", lambda k: wrapped.append(k) or "torch's wrapper")
+    monkeypatch.setattr(_common, "INTERPRET", False)  # the compiled path's rule (the interpreter never wraps)
+    kernel, real = le._linear_epilogue_kernel, torch.randn(4, 8)
+    assert _common.hop_dispatch_enabled()  # outside every op
+    assert _common.wrap_triton(kernel, real) is kernel and not wrapped
+    with FakeTensorMode() as fake:
+        assert _common.wrap_triton(kernel, fake.from_tensor(real)) == "torch's wrapper" and wrapped == [kernel]
+        with _common.eager_dispatch():
+            assert not _common.tracing(fake.from_tensor(real))
 
 
 # ---------------------------------------------------------------------------- tracing
