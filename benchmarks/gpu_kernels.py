@@ -506,7 +506,7 @@ def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
 def launches_tma(what: str, *operands: torch.Tensor | None) -> bool:
     """Whether the op's eager call launches the TMA kernel for these operands (the H100 run of 2026-11-27
     asked takes_tma outside the op, where it then read torch's wrap_triton switch as a trace, and labelled
-    every GEMM row "pointer" while the op ran the TMA kernel; `kernels._common.tracing` now asks for fake tensors too)."""
+    every GEMM row "pointer" while the op ran the TMA kernel; `kernels._common.tracing` now asks for a traced tensor or a dispatch mode too)."""
     return le.takes_tma("auto", what, *operands)
 
 

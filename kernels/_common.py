@@ -19,6 +19,14 @@ try:  # torch's switch for wrap_triton's higher-order op, off in a triton_op's e
 except ImportError:
     _is_wrap_triton_enabled = _set_wrap_triton_enabled = None
 
+try:  # private, so guarded: where missing, a mode is assumed (the torch ops, torch's wrapper)
+    from torch.utils._python_dispatch import is_in_torch_dispatch_mode as in_dispatch_mode
+except ImportError:
+
+    def in_dispatch_mode() -> bool:
+        return True
+
+
 # Read once, like triton itself: TRITON_INTERPRET must be set before triton is imported.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 INT32_MAX = 2**31 - 1
@@ -42,15 +50,16 @@ def check_device(*tensors: torch.Tensor) -> None:
 
 
 def tracing(like: torch.Tensor) -> bool:
-    """Whether a launch on `like` is being traced: torch.compile / torch.export run a triton_op's body on
-    fake tensors with wrap_triton's higher-order op on. Real tensors are never a trace, though outside
-    every op the switch reads on (it is off only in a triton_op's eager call)."""
-    return hop_dispatch_enabled() and is_fake(like)
+    """Whether a launch on `like` may be traced: wrap_triton's higher-order op on (it is off only in a
+    triton_op's eager call) and `like` not a plain tensor (torch.compile / torch.export run an op's body
+    on fake or functional tensors) or a dispatch mode active (make_fx on real tensors). Outside every op
+    the switch reads on, yet a plain tensor with no mode active is no trace."""
+    return hop_dispatch_enabled() and (type(like) is not torch.Tensor or in_dispatch_mode())
 
 
 def wrap_triton(kernel, like: torch.Tensor):
-    """`torch.library.wrap_triton(kernel)` in a trace (`tracing(like)`, `like` one of the launch's
-    tensors), else the kernel as it is:
+    """`torch.library.wrap_triton(kernel)` where the launch may be traced (`tracing(like)`, `like` one
+    of the launch's tensors), else the kernel as it is:
     - on real tensors outside an op, torch's higher-order op prunes an autotuned kernel's configs into a
       new autotuner, cache and all, on every call: each launch re-ran the whole tuning (0.5-1.2 s per
       GEMM call on the H200 run of 2026-11-27, benchmarks/results/gpu-proof-h200-34a1ddd);

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'vitfast[triton]')")
 from hypothesis import given, settings  # noqa: E402
@@ -475,7 +476,7 @@ def test_launches_on_real_tensors_skip_torchs_wrapper(monkeypatch):
     launches the kernel itself. Through torch's higher-order op an autotuned kernel with a config prune
     became a new autotuner with an empty cache on each call, so every launch re-ran the tuning (the H200 run
     of 2026-11-27: 0.5-1.2 s per GEMM call). Fake tensors (a trace) still get torch's wrapper; in an op's
-    eager call (the switch off) nothing is a trace."""
+    eager call (the switch off) nothing is a trace; under a dispatch mode real tensors may be."""
     wrapped = []
     monkeypatch.setattr(torch.library, "wrap_triton", lambda k: wrapped.append(k) or "torch's wrapper")
     monkeypatch.setattr(_common, "INTERPRET", False)  # the compiled path's rule (the interpreter never wraps)
@@ -486,6 +487,13 @@ def test_launches_on_real_tensors_skip_torchs_wrapper(monkeypatch):
         assert _common.wrap_triton(kernel, fake.from_tensor(real)) == "torch's wrapper" and wrapped == [kernel]
         with _common.eager_dispatch():
             assert not _common.tracing(fake.from_tensor(real))
+
+    class Watching(TorchDispatchMode):  # as make_fx on real tensors: a mode sees every op
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Watching():
+        assert _common.tracing(real)
 
 
 # ---------------------------------------------------------------------------- tracing

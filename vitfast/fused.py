@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitfast.kernels._common import EAGER_OPS, next_pow2  # triton-free: the launchers' bucketing, the ops' eager entries
+from vitfast.kernels._common import EAGER_OPS, in_dispatch_mode, next_pow2  # triton-free: the launchers' bucketing, the ops' eager entries
 from .layers import Attention, Block, LayerScale, Mlp, PatchEmbed, Rope, SwiGLU, SwiGLUPacked, check_image_shape
 
 MLP_PATHS = ("auto", "cublas", "epilogue")
@@ -78,19 +78,11 @@ def load_kernels() -> None:
         importlib.import_module(f"vitfast.kernels.{name}")  # lazy: each kernel module imports triton (optional)
 
 
-try:  # private, so guarded: where missing, every forward takes the torch ops
-    from torch.utils._python_dispatch import is_in_torch_dispatch_mode as _in_dispatch_mode
-except ImportError:
-
-    def _in_dispatch_mode() -> bool:
-        return True
-
-
 def kernel_ops(x: torch.Tensor):
     """The vitfast ops for a forward on x: `torch.ops.vitfast` where a trace or a dispatch mode must
     see them (torch.compile, torch.export, FakeTensor, FlopCounterMode, a subclass tensor), else
     the same launchers called straight (kernels/_common.py `vitfast_op`). Same names, same results."""
-    if torch.compiler.is_compiling() or type(x) is not torch.Tensor or _in_dispatch_mode():
+    if torch.compiler.is_compiling() or type(x) is not torch.Tensor or in_dispatch_mode():
         return torch.ops.vitfast
     return _eager_ops()
 
