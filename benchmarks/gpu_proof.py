@@ -6,7 +6,7 @@
   XML kept), then torch.compile over optimize() and CUDA graphs on a 2-block ViT-B/16 (fp16, batch 8:
   Inductor compiles it in seconds), then optimize() parity against the float64 model with the 2x rule for ViT-S/B/L,
   DeiT-distilled, hybrid, LayerScale + registers and register + avg-pool models in fp16 and
-  bf16 at batch 64 and 1 (both MLP paths; every model at fp16 batch 64 first), and on ViT-B/16
+  bf16 at batch 64, then at batch 1 (both MLP paths; every model at fp16 batch 64 first), and on ViT-B/16
   approximate_gelu, attention=sdpa, torch.compile over an optimized model and CUDA graphs.
 - kernels: copy bandwidth and matmul ceilings; fused attention vs SDPA flash / efficient / cuDNN;
   add+LayerNorm and bias+GELU / SwiGLU vs PyTorch and vs the copy bandwidth; the GEMMs with
@@ -369,8 +369,8 @@ def model_parity(rows: list, warm: list, dry_run: bool, deadline: float) -> None
     check(f"{extras_for}, 2 blocks", shallow, dtypes[0], 8, "compile", deadline - (0.0 if dry_run else COMPILE_SHALLOW_S))
     # every family once (fp16, batch 64) before any second row of one, and ViT-B's extra checks after that
     # round: a time box then cuts the extra dtypes and batches, not the families (the H100's first run
-    # reached ViT-S/B only)
-    for i, (dtype, batch) in enumerate((d, b) for d in dtypes for b in batches):
+    # reached ViT-S/B only); bf16 at batch 64 next, before batch 1 (three runs reached no bf16 row)
+    for i, (dtype, batch) in enumerate((d, b) for b in batches for d in dtypes):
         todo = [(label, cfg, None) for label, cfg in models] + ([(extras_for, dict(models)[extras_for], "all")] if i == 0 else [])
         for label, cfg, extras in todo:
             if (label, gk.dtype_name(dtype)) not in warmed and time.monotonic() < deadline:
