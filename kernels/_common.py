@@ -49,12 +49,15 @@ def check_device(*tensors: torch.Tensor) -> None:
         raise ValueError(f"Triton kernels need CUDA tensors (got {device}); set TRITON_INTERPRET=1 to run them on CPU for testing")
 
 
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # what eager code passes; a trace passes fake or functional ones
+
+
 def tracing(like: torch.Tensor) -> bool:
     """Whether a launch on `like` may be traced: wrap_triton's higher-order op on (it is off only in a
     triton_op's eager call) and `like` not a plain tensor (torch.compile / torch.export run an op's body
     on fake or functional tensors) or a dispatch mode active (make_fx on real tensors). Outside every op
     the switch reads on, yet a plain tensor with no mode active is no trace."""
-    return hop_dispatch_enabled() and (type(like) is not torch.Tensor or in_dispatch_mode())
+    return hop_dispatch_enabled() and (type(like) not in PLAIN_TENSORS or in_dispatch_mode())
 
 
 def wrap_triton(kernel, like: torch.Tensor):

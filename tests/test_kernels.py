@@ -483,6 +483,7 @@ def test_launches_on_real_tensors_skip_torchs_wrapper(monkeypatch):
     kernel, real = le._linear_epilogue_kernel, torch.randn(4, 8)
     assert _common.hop_dispatch_enabled()  # outside every op
     assert _common.wrap_triton(kernel, real) is kernel and not wrapped
+    assert _common.wrap_triton(kernel, torch.nn.Parameter(real)) is kernel and not wrapped  # weights are plain too
     with FakeTensorMode() as fake:
         assert _common.wrap_triton(kernel, fake.from_tensor(real)) == "torch's wrapper" and wrapped == [kernel]
         with _common.eager_dispatch():
