@@ -19,12 +19,20 @@ try:  # torch's switch for wrap_triton's higher-order op, off in a triton_op's e
 except ImportError:
     _is_wrap_triton_enabled = _set_wrap_triton_enabled = None
 
-try:  # private, so guarded: where missing, a mode is assumed (the torch ops, torch's wrapper)
-    from torch.utils._python_dispatch import is_in_torch_dispatch_mode as in_dispatch_mode
-except ImportError:
+# this thread's torch dispatch modes (make_fx, FakeTensorMode, FlopCounterMode) and torch.func transforms
+# (functionalize, vmap: their wrappers are plain-typed tensors); private, so guarded
+_dispatch_stack_len = getattr(torch._C, "_len_torch_dispatch_stack", None)
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", None)
 
-    def in_dispatch_mode() -> bool:
+
+def in_dispatch_mode() -> bool:
+    """Whether this thread runs under a torch dispatch mode or a torch.func transform, where the ops must be
+    seen as ops (and kernels launched through torch's wrapper). Per thread: torch's `is_in_torch_dispatch_mode`
+    reads a process-wide flag, so another thread's FakeTensorMode would switch this one to the slow path.
+    Where this torch cannot say: True (correct, but every direct launch then re-tunes: see `wrap_triton`)."""
+    if _dispatch_stack_len is None or _functorch_active is None:
         return True
+    return _dispatch_stack_len() > 0 or _functorch_active()
 
 
 # Read once, like triton itself: TRITON_INTERPRET must be set before triton is imported.
@@ -49,14 +57,15 @@ def check_device(*tensors: torch.Tensor) -> None:
         raise ValueError(f"Triton kernels need CUDA tensors (got {device}); set TRITON_INTERPRET=1 to run them on CPU for testing")
 
 
-PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # what eager code passes; a trace passes fake or functional ones
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # what eager code passes; other types are subclasses (fake, DTensor, ...)
 
 
 def tracing(like: torch.Tensor) -> bool:
     """Whether a launch on `like` may be traced: wrap_triton's higher-order op on (it is off only in a
-    triton_op's eager call) and `like` not a plain tensor (torch.compile / torch.export run an op's body
-    on fake or functional tensors) or a dispatch mode active (make_fx on real tensors). Outside every op
-    the switch reads on, yet a plain tensor with no mode active is no trace."""
+    triton_op's eager call) and a dispatch mode or torch.func transform active in this thread (torch.compile,
+    torch.export, make_fx even on real tensors) or `like` a tensor subclass (a fake tensor met where its
+    mode is not on the stack, as inside the mode's own dispatch). Outside every op the switch reads on, yet
+    a plain tensor with no mode active is no trace."""
     return hop_dispatch_enabled() and (type(like) not in PLAIN_TENSORS or in_dispatch_mode())
 
 
@@ -103,15 +112,14 @@ def vitfast_op(name: str):
 
 
 def eager_dispatch():
-    """The state a triton_op's eager call runs its body in (wrap_triton launches the kernel directly): code
-    outside an op that asks what an op would launch (hop_dispatch_enabled, takes_tma) must ask inside it,
-    as outside every op torch reports a trace."""
+    """The state a triton_op's eager call runs its body in: wrap_triton's switch off, so `tracing` says no
+    at its first check (`vitfast_op`'s eager entries run in it, as torch's own eager call does)."""
     return _set_wrap_triton_enabled(False) if _set_wrap_triton_enabled is not None else contextlib.nullcontext()
 
 
 def hop_dispatch_enabled() -> bool:
-    """Whether a wrap_triton launch here would go through torch's higher-order op (tracing); True
-    where this torch cannot say."""
+    """torch's wrap_triton switch: on outside every op and in traces, off in a triton_op's eager call
+    (`tracing` decides with it); True where this torch cannot say."""
     return _is_wrap_triton_enabled() if _is_wrap_triton_enabled is not None else True
 
 

@@ -96,7 +96,12 @@ def recording(cpu: bool = False) -> Iterator[list[Recorded]]:
         calls.append(Recorded(kernel, tuple(_standin(a) for a in args), {k: _standin(v) for k, v in kwargs.items()}))
 
     def wrap_triton(kernel, like):
-        return _Grid(lambda *args, **kwargs: record(kernel, args, kwargs))
+        def launch(*args, **kwargs):
+            if args[0] is not like:  # every launcher passes its activation, the kernel's first argument
+                raise RuntimeError(f"{getattr(kernel, '__name__', kernel)}: wrap_triton's `like` is not the launch's first tensor")
+            record(kernel, args, kwargs)
+
+        return _Grid(launch)
 
     with contextlib.ExitStack() as stack:
         if cpu:

@@ -321,8 +321,9 @@ def linear_inputs(M_shape, K, N, dtype, device, bias=True):
 @pytest.mark.parametrize("M_shape, K, N", [((3, 197), 192, 192),  # ViT-Ti fc1-sized rows x 4*48 columns
                                            ((2, 50), 100, 37), ((1, 13), 769, 65), ((5,), 1, 3)])  # fmt: skip
 def test_linear_epilogue_odd_shapes(device, dtype, epilogue, M_shape, K, N, bias):
+    """The pointer kernel (what traces launch, and eager calls before Hopper); the TMA kernel has tests of its own."""
     x, w, b = linear_inputs(M_shape, K, N, dtype, device, bias)
-    run_linear(x, w, b, dtype, **epilogue_args(epilogue, (*M_shape, N), dtype, device))
+    run_linear(x, w, b, dtype, kernel="pointer", **epilogue_args(epilogue, (*M_shape, N), dtype, device))
 
 
 def test_linear_epilogue_reads_strided_inputs_without_copies(device):
@@ -495,6 +496,15 @@ def test_launches_on_real_tensors_skip_torchs_wrapper(monkeypatch):
 
     with Watching():
         assert _common.tracing(real)
+
+    class Subclass(torch.Tensor):  # a tensor subclass met with no mode on the stack (a fake one inside its own mode's dispatch)
+        pass
+
+    assert _common.tracing(real.as_subclass(Subclass))
+    seen = []  # torch.func transforms: their wrappers are plain-typed and no Python mode is on
+    torch.func.functionalize(lambda t: seen.append(_common.tracing(t)) or t * 2)(real)
+    torch.func.vmap(lambda t: seen.append(_common.tracing(t)) or t * 2)(real)
+    assert seen == [True, True]
 
 
 # ---------------------------------------------------------------------------- tracing
