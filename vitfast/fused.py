@@ -80,7 +80,7 @@ def load_kernels() -> None:
 
 def kernel_ops(x: torch.Tensor):
     """The vitfast ops for a forward on x: `torch.ops.vitfast` where a trace or a dispatch mode must
-    see them (torch.compile, torch.export, FakeTensor, FlopCounterMode, a subclass tensor), else
+    see them (torch.compile, torch.export, FakeTensor, FlopCounterMode, torch.func, a subclass tensor), else
     the same launchers called straight (kernels/_common.py `vitfast_op`). Same names, same results."""
     if torch.compiler.is_compiling() or type(x) is not torch.Tensor or in_dispatch_mode():
         return torch.ops.vitfast
