@@ -13,7 +13,8 @@ For the calls of one session (same GPU, same commit), in call order:
 goals.md (also printed) holds the issue's goals computed from the rows, met or missed (at what share of the goal),
 and what was not measured; beside them the tests' summary, the TMA check's verdict and the fc1 GEMM rates.
 Refused, with nothing written: a dry run's files (they time the interpreter), calls from different
-GPUs or commits, a destination folder that exists already.
+GPUs or commits, a commit this repository does not have (`--commit SHA` files them under the one they
+ran, the recorded sha kept as `sha_recorded`), a destination folder that exists already.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ def gpu_slug(name: str) -> str:
     return (found.group(1) if found else re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")).lower()
 
 
-def read_call(call_dir: Path, into: Path) -> dict[str, dict]:
-    """Unpack a call's proof.tgz into `into`; its part results by part name."""
+def read_call(call_dir: Path, into: Path, commit: str | None = None) -> dict[str, dict]:
+    """Unpack a call's proof.tgz into `into`; its part results by part name. `commit`: the commit the call
+    really ran, written over the recorded one (kept as `sha_recorded`) in each part's JSON before anything is filed."""
     archive = call_dir / "proof.tgz"
     if not archive.is_file():
         raise LandError(f"{call_dir} has no proof.tgz: pass the folder a device call returned (its files_at)")
@@ -57,31 +59,48 @@ def read_call(call_dir: Path, into: Path) -> dict[str, dict]:
             parts[part] = json.loads(path.read_text())
             if parts[part].get("dry_run"):
                 raise LandError(f"{call_dir}: proof-{part}.json is a --dry-run on CPU (it times the interpreter): nothing to land")
+            git = parts[part]["environment"]["git"]
+            if commit and git.get("sha") != commit:
+                git["sha_recorded"], git["sha"] = git.get("sha"), commit
+                path.write_text(json.dumps(parts[part], indent=1))
     if not parts:
         raise LandError(f"{call_dir}: proof.tgz holds no proof-<part>.json (the call failed before any part ended: see its log.txt)")
     return parts
 
 
 def identity(parts: dict[str, dict]) -> tuple[str, str]:
-    """(gpu slug, short sha) of one call, the same in each of its parts."""
-    found = {(gpu_slug(p["environment"]["gpu"].get("name") or "none"), (p["environment"]["git"]["sha"] or "unknown")[:7]) for p in parts.values()}
+    """(gpu slug, sha) of one call, the same in each of its parts."""
+    found = {(gpu_slug(p["environment"]["gpu"].get("name") or "none"), p["environment"]["git"]["sha"] or "unknown") for p in parts.values()}
     if len(found) != 1:
         raise LandError(f"one call's parts disagree on GPU or commit: {sorted(found)}")
     return found.pop()
 
 
-def land(call_dirs: list[Path], root: Path = ROOT) -> tuple[Path, str]:
-    """Land the calls under `root`; returns the results folder and goals.md's text."""
+def check_commit(sha: str, root: Path) -> None:
+    """The calls' commit must be one `root`'s repository has: VITFAST_GIT_SHA is passed to the device by hand
+    (its .git is older), and the H200 run of 2026-11-27 recorded a mistyped one. Not a git checkout: nothing to check."""
+    def git(*args: str) -> int:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True).returncode
+
+    if git("rev-parse", "--git-dir") == 0 and git("cat-file", "-e", f"{sha}^{{commit}}") != 0:
+        raise LandError(f"the calls record commit {sha}, which this repository does not have (a mistyped VITFAST_GIT_SHA?); "
+                        "if you know the commit they ran, land them with --commit SHA (the recorded one is kept as sha_recorded)")
+
+
+def land(call_dirs: list[Path], root: Path = ROOT, commit: str | None = None) -> tuple[Path, str]:
+    """Land the calls under `root`; returns the results folder and goals.md's text. `commit`: see read_call."""
     results = root / "benchmarks" / "results"
     with tempfile.TemporaryDirectory() as scratch:
         calls = []
         for i, call_dir in enumerate(call_dirs, 1):
             unpacked = Path(scratch) / f"call{i}"
-            calls.append((call_dir, unpacked, read_call(call_dir, unpacked)))
+            calls.append((call_dir, unpacked, read_call(call_dir, unpacked, commit)))
         ids = {identity(parts) for _, _, parts in calls}
         if len(ids) != 1:
             raise LandError(f"the calls come from different GPUs or commits: {sorted(ids)}; land each session's calls on their own")
-        gpu, sha = ids.pop()
+        gpu, full_sha = ids.pop()
+        check_commit(full_sha, root)
+        sha = full_sha[:7]
         dest = results / f"gpu-proof-{gpu}-{sha}"
         if dest.exists():
             raise LandError(f"{dest} exists already: these calls were landed, or remove it first")
@@ -218,9 +237,10 @@ def goals_markdown(calls: list[dict[str, dict]], cut: list[list[str]]) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("calls", nargs="+", type=Path, help="the folders the device calls returned, in call order")
+    p.add_argument("--commit", help="the full sha the calls ran, where they recorded a wrong one (kept as sha_recorded)")
     args = p.parse_args(argv)
     try:
-        dest, goals = land(args.calls)
+        dest, goals = land(args.calls, commit=args.commit)
     except LandError as exc:
         print(f"land_proof.py: {exc}", file=sys.stderr)
         return 2

@@ -546,3 +546,25 @@ def test_tuning_reports_only_what_this_call_launched_and_tuned():
     assert gpu_kernels.tuning(tuner, tunes) == {"picked": "BLOCK_M=128,w8,s3", "ms_by_config": {"BLOCK_M=64,w4,s2": 0.3, "BLOCK_M=128,w8,s3": 0.2}}
     cached = gpu_kernels.tuning(tuner, lambda: setattr(tuner, "best_config", small))  # a cached key: no tuning this call
     assert cached == {"picked": "BLOCK_M=64,w4,s2", "ms_by_config": None}
+
+
+def test_landing_refuses_a_commit_the_repository_lacks_unless_told_the_real_one(dry_run, tmp_path):
+    """VITFAST_GIT_SHA is typed by hand for the device (the H200 run of 2026-11-27 recorded a mistyped one,
+    right in its first 7 characters): a git checkout refuses to file calls under a commit it does not have,
+    and --commit files them under the real one, the recorded sha kept beside it."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import land_proof
+
+    root = fake_repo(tmp_path)
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "c"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    typo = head[:7] + "0" * (len(head) - 7) if head[7:] != "0" * (len(head) - 7) else head[:7] + "1" * (len(head) - 7)
+    call = as_if_from_a_gpu(dry_run, tmp_path / "call1", sha=typo)
+    with pytest.raises(land_proof.LandError, match=f"record commit {typo}, which this repository does not have"):
+        land_proof.land([call], root)
+    assert list((root / "benchmarks" / "results").iterdir()) == []
+    dest, _ = land_proof.land([call], root, commit=head)
+    filed = json.loads((dest / "proof-tests.json").read_text())["environment"]["git"]
+    assert (filed["sha"], filed["sha_recorded"], dest.name) == (head, typo, f"gpu-proof-h100-{head[:7]}")
