@@ -470,7 +470,7 @@ def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
                     rows += [dict(op=op, **common) | NOT_REACHED for op in ("fc1", "fc2", "proj")]
                     continue
                 hs = [(rand(M, C),) for _ in range(3)]
-                tma = launches_tma("fc1", hs[0][0], w1, None, hs[0][0].new_empty(M, hidden))  # the op's operands: x, w, residual, out
+                tma = le.takes_tma("auto", "fc1", hs[0][0], w1, None, hs[0][0].new_empty(M, hidden))  # what the op launches: x, w, residual, out
                 rows.append(gemm_row(
                     "fc1+bias+gelu", common, 2 * M * C * hidden, s, hs, le._linear_epilogue_tma_kernel if tma else le._linear_epilogue_kernel,
                     cublas=lambda h: F.gelu(F.linear(h, w1, b1)),  # what FusedBlock's cuBLAS path runs for GELU
@@ -484,7 +484,7 @@ def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
                 ))  # fmt: skip
                 for op, K, w, b in (("fc2", hidden, w2, b2), ("proj", C, wp, bp)):
                     ins = [(rand(M, K), rand(M, C)) for _ in range(3)]
-                    tma = launches_tma(op, ins[0][0], w)
+                    tma = le.takes_tma("auto", op, ins[0][0], w)
 
                     def pointer(y, x, w=w, b=b):  # the kernel a trace launches, where eager takes the TMA one
                         r, out = torch.empty_like(x), torch.empty_like(x)
@@ -503,13 +503,6 @@ def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
                     del ins
                 del hs
     return rows
-
-
-def launches_tma(what: str, *operands: torch.Tensor | None) -> bool:
-    """Whether the op's eager call launches the TMA kernel for these operands (the H100 run of 2026-11-27
-    asked takes_tma outside the op, where it then read torch's wrap_triton switch as a trace, and labelled
-    every GEMM row "pointer" while the op ran the TMA kernel; `kernels._common.tracing` now asks for a traced tensor or a dispatch mode too)."""
-    return le.takes_tma("auto", what, *operands)
 
 
 def gemm_row(op: str, common: dict, flops: int, s: Shapes, inputs: list, tuner, *, cublas, epilogue, reference, ref_args,

@@ -23,16 +23,27 @@ except ImportError:
 # (functionalize, vmap: their wrappers are plain-typed tensors); private, so guarded
 _dispatch_stack_len = getattr(torch._C, "_len_torch_dispatch_stack", None)
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", None)
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # what eager code passes; other types are subclasses (fake, DTensor, ...)
 
+if _dispatch_stack_len is None or _functorch_active is None:
 
-def in_dispatch_mode() -> bool:
-    """Whether this thread runs under a torch dispatch mode or a torch.func transform, where the ops must be
-    seen as ops (and kernels launched through torch's wrapper). Per thread: torch's `is_in_torch_dispatch_mode`
-    reads a process-wide flag, so another thread's FakeTensorMode would switch this one to the slow path.
-    Where this torch cannot say: True (correct, but every direct launch then re-tunes: see `wrap_triton`)."""
-    if _dispatch_stack_len is None or _functorch_active is None:
+    def in_dispatch_mode() -> bool:  # this torch cannot say: correct, but every direct launch then re-tunes (`wrap_triton`)
         return True
-    return _dispatch_stack_len() > 0 or _functorch_active()
+
+else:
+
+    def in_dispatch_mode() -> bool:
+        """Whether this thread runs under a torch dispatch mode or a torch.func transform. Per thread: torch's
+        `is_in_torch_dispatch_mode` reads a process-wide flag, so another thread's FakeTensorMode would switch
+        this one to the slow path."""
+        return _dispatch_stack_len() > 0 or _functorch_active()
+
+
+def seen_by_torch(x: torch.Tensor) -> bool:
+    """Whether ops on x must reach torch as ops (a dispatch mode or torch.func transform in this thread, or x a
+    tensor subclass: a fake tensor met where its mode is not on the stack, as inside the mode's own dispatch),
+    not run as direct launches."""
+    return type(x) not in PLAIN_TENSORS or in_dispatch_mode()
 
 
 # Read once, like triton itself: TRITON_INTERPRET must be set before triton is imported.
@@ -57,16 +68,11 @@ def check_device(*tensors: torch.Tensor) -> None:
         raise ValueError(f"Triton kernels need CUDA tensors (got {device}); set TRITON_INTERPRET=1 to run them on CPU for testing")
 
 
-PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # what eager code passes; other types are subclasses (fake, DTensor, ...)
-
-
 def tracing(like: torch.Tensor) -> bool:
     """Whether a launch on `like` may be traced: wrap_triton's higher-order op on (it is off only in a
-    triton_op's eager call) and a dispatch mode or torch.func transform active in this thread (torch.compile,
-    torch.export, make_fx even on real tensors) or `like` a tensor subclass (a fake tensor met where its
-    mode is not on the stack, as inside the mode's own dispatch). Outside every op the switch reads on, yet
-    a plain tensor with no mode active is no trace."""
-    return hop_dispatch_enabled() and (type(like) not in PLAIN_TENSORS or in_dispatch_mode())
+    triton_op's eager call) and `seen_by_torch(like)` (torch.compile, torch.export, make_fx even on real
+    tensors). Outside every op the switch reads on, yet a plain tensor with no mode active is no trace."""
+    return hop_dispatch_enabled() and seen_by_torch(like)
 
 
 def wrap_triton(kernel, like: torch.Tensor):

@@ -560,7 +560,7 @@ def test_landing_refuses_a_commit_the_repository_lacks_unless_told_the_real_one(
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "c"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
-    typo = head[:7] + "0" * (len(head) - 7) if head[7:] != "0" * (len(head) - 7) else head[:7] + "1" * (len(head) - 7)
+    typo = head[:-1] + ("1" if head.endswith("0") else "0")  # right in its first 7 characters, as the H200 run's
     call = as_if_from_a_gpu(dry_run, tmp_path / "call1", sha=typo)
     with pytest.raises(land_proof.LandError, match=f"record commit {typo}, which this repository does not have"):
         land_proof.land([call], root)

@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitfast.kernels._common import EAGER_OPS, in_dispatch_mode, next_pow2  # triton-free: the launchers' bucketing, the ops' eager entries
+from vitfast.kernels._common import EAGER_OPS, next_pow2, seen_by_torch  # triton-free: the launchers' bucketing, the ops' eager entries
 from .layers import Attention, Block, LayerScale, Mlp, PatchEmbed, Rope, SwiGLU, SwiGLUPacked, check_image_shape
 
 MLP_PATHS = ("auto", "cublas", "epilogue")
@@ -82,7 +82,7 @@ def kernel_ops(x: torch.Tensor):
     """The vitfast ops for a forward on x: `torch.ops.vitfast` where a trace or a dispatch mode must
     see them (torch.compile, torch.export, FakeTensor, FlopCounterMode, torch.func, a subclass tensor), else
     the same launchers called straight (kernels/_common.py `vitfast_op`). Same names, same results."""
-    if torch.compiler.is_compiling() or type(x) is not torch.Tensor or in_dispatch_mode():
+    if torch.compiler.is_compiling() or seen_by_torch(x):
         return torch.ops.vitfast
     return _eager_ops()
 
