@@ -8,7 +8,8 @@
   DeiT-distilled, hybrid, LayerScale + registers and register + avg-pool models in fp16 and
   bf16 at batch 64, then at batch 1 (both MLP paths; every model at fp16 batch 64 first), and on ViT-B/16
   approximate_gelu, attention=sdpa, torch.compile over an optimized model and CUDA graphs.
-- kernels: copy bandwidth and matmul ceilings; fused attention vs SDPA flash / efficient / cuDNN;
+- kernels: copy bandwidth and matmul ceilings; where a small-batch forward's host time goes, eager vs
+  optimize() without CUDA graphs (benchmarks/gpu_host.py); fused attention vs SDPA flash / efficient / cuDNN;
   add+LayerNorm and bias+GELU / SwiGLU vs PyTorch and vs the copy bandwidth; the GEMMs with
   epilogues vs cuBLAS + separate kernels (on Hopper the TMA kernels, the pointer ones beside them);
   the 2-D RoPE in both layouts (rotate-half: DINOv3 S/B/L at 256 px; interleaved: EVA-02 B/L at
@@ -79,7 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for this call (default %(default)s)")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, Triton interpreter: checks the script, measures nothing")
     p.add_argument("--models", help="e2e: comma-separated models (default ViT-B/16, S/16, L/16 at 224)")
-    p.add_argument("--precisions", help="e2e: comma-separated of fp16,bf16 (default both)")
+    p.add_argument("--precisions", help="e2e, and the tests part's optimize() parity rows: comma-separated of fp16,bf16 (default both)")
+    p.add_argument("--pytest-share", type=float, default=0.5, help="tests: the share of the part's box the GPU pytest gets, "
+                   "the parity rows the rest (default %(default)s; 0: no pytest)")  # fmt: skip
     p.add_argument("--backends", help=f"e2e: comma-separated of {','.join(E2E_BACKENDS)},compile-max-autotune (default all)")
     p.add_argument("--batches", help="e2e: comma-separated batch sizes (default 1,8,64,256)")
     p.add_argument("--autotune-batches", help="e2e: the batch sizes of compile-max-autotune, minutes of tuning each "
@@ -90,6 +93,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         unknown = set((getattr(args, flag) or "").split(",")) - {"", *allowed}
         if unknown:
             p.error(f"--{flag}: unknown {', '.join(sorted(unknown))}; choose from {','.join(allowed)}")
+    if not 0 <= args.pytest_share <= 1:
+        p.error(f"--pytest-share is a fraction of the tests part's box, 0 to 1, got {args.pytest_share}")
     for flag in ("batches", "autotune_batches"):
         value = getattr(args, flag)
         if value and not all(b.isdigit() and int(b) > 0 for b in value.split(",")):
@@ -233,10 +238,13 @@ def tma_verdict(returncode: int, stdout: str, stderr: str) -> dict:
 
 # ---------------------------------------------------------------------------- tests
 def part_tests(result: dict, args: argparse.Namespace, deadline: float, tma: TmaCheck) -> None:
-    result["pytest"] = run_pytest(args, deadline - 0.5 * (deadline - time.monotonic()))
+    if args.pytest_share > 0:
+        result["pytest"] = run_pytest(args, time.monotonic() + args.pytest_share * (deadline - time.monotonic()))
+    else:
+        result["pytest"] = {"not_run": "--pytest-share 0"}
     tma.settle(result, deadline)  # before the parity rows run optimize() in this process
     result["model_parity"], result["precompile"] = rows, warm = [], []
-    model_parity(rows, warm, args.dry_run, deadline)
+    model_parity(rows, warm, args.dry_run, deadline, args.precisions)
     result["failed"] = (result["pytest"].get("failed", 0) > 0 or any(r.get("passes") is False for r in rows)
                         or result["tma_check"]["passed"] is False)
 
@@ -321,12 +329,13 @@ def parity_models(dry_run: bool):
         yield label, vitfast.get_config(name, **overrides)
 
 
-def model_parity(rows: list, warm: list, dry_run: bool, deadline: float) -> None:
+def model_parity(rows: list, warm: list, dry_run: bool, deadline: float, precisions: str | None = None) -> None:
     """optimize() vs the float64 model, next to the eager model in the same dtype (the 2x rule). First
     torch.compile over the optimized model and CUDA graphs on a 2-block ViT-B/16 (Inductor compiles it in
     seconds; neither H100 run reached the full-depth check, which waited for every family's row); then every
     family; then, on the full ViT-B/16, approximate_gelu, attention=sdpa, torch.compile and CUDA graphs. Each
     model's kernels are compiled ahead for both dtypes' batches and MLP paths (counts appended to `warm`).
+    `precisions` ("fp16,bf16" when None; fp32 only under the interpreter) picks the dtypes, in that order.
     Rows are appended as each check ends: a time box keeps them."""
     import gpu_kernels as gk
     import torch
@@ -334,7 +343,8 @@ def model_parity(rows: list, warm: list, dry_run: bool, deadline: float) -> None
     import vitfast
 
     device = "cpu" if dry_run else "cuda"
-    dtypes = (torch.float32,) if dry_run else (torch.float16, torch.bfloat16)  # the interpreter: fp32 only
+    names = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+    dtypes = (torch.float32,) if dry_run else tuple(names[p] for p in (precisions or "fp16,bf16").split(","))  # the interpreter: fp32 only
     batches = (2,) if dry_run else (64, 1)
     models, warmed = list(parity_models(dry_run)), set()
     extras_for = "ViT-S/16" if dry_run else "ViT-B/16"
@@ -425,6 +435,7 @@ def parity_rows(rows: list, base: dict, checks: dict, exact, compile_by: float) 
 
 # ---------------------------------------------------------------------------- kernels
 def part_kernels(result: dict, args: argparse.Namespace, deadline: float, tma: TmaCheck) -> None:
+    import gpu_host as gh
     import gpu_kernels as gk
 
     import vitfast
@@ -435,6 +446,11 @@ def part_kernels(result: dict, args: argparse.Namespace, deadline: float, tma: T
     section(result, "ceilings", lambda: gk.ceilings(s))
     copy_GBps = result.get("ceilings", {}).get("copy_GBps", float("nan"))
     warm = result["precompile"] = [{"section": "attention"} | gk.warm_attention(s)]
+    # first after the ceilings, in a box of its own: the open question of the last run (gpu_host.py's docstring)
+    name, overrides, _ = s.profile
+    warm.append({"section": "host"} | gk.warm_model(vitfast.get_config(name, **overrides), s.dtypes[0], s.device, s.host_batches, ("auto",)))
+    section(result, "host", lambda: gh.host_profile(name, overrides, s.dtypes[0], s.device, s.host_batches,
+                                                     min(deadline, time.monotonic() + s.host_s), repeats=min(gh.REPEATS, s.iters)))
     section(result, "attention", lambda: gk.attention_speed(s, left(0.6), result.setdefault("attention", [])))
     section(result, "add_layernorm", lambda: gk.layernorm_speed(s, copy_GBps, left(0.7), result.setdefault("add_layernorm", [])))
     section(result, "activations", lambda: gk.activation_speed(s, copy_GBps, left(0.7), result.setdefault("activations", [])))
@@ -617,8 +633,11 @@ def markdown(part: str, result: dict) -> str:
     lines += [precompile_line(result.get("precompile")), ""] + tma_markdown(result.get("tma_check"))
     if part == "tests":
         p = result.get("pytest", {})
-        lines += [f"pytest `{p.get('command')}`: {p.get('passed', '?')} passed, {p.get('failed', '?')} failed, {p.get('skipped', '?')} skipped"
-                  f"{' (TIMED OUT)' if p.get('timed_out') else ''}", ""] + [f"- {f}" for f in p.get("failed_tests", [])]  # fmt: skip
+        if p.get("not_run"):
+            lines += [f"pytest: not run ({p['not_run']})", ""]
+        else:
+            lines += [f"pytest `{p.get('command')}`: {p.get('passed', '?')} passed, {p.get('failed', '?')} failed, {p.get('skipped', '?')} skipped"
+                      f"{' (TIMED OUT)' if p.get('timed_out') else ''}", ""] + [f"- {f}" for f in p.get("failed_tests", [])]  # fmt: skip
         lines += ["", "optimize() parity vs the float64 model (max |err| of the logits; passes: <= 2x eager's + atol):", ""]
         lines += md_table(result.get("model_parity", []), ["model", "dtype", "batch", "check", "status", "max_abs_err", "eager_max_abs_err", "passes", "reason"])
     elif part == "kernels":
@@ -638,6 +657,9 @@ def markdown(part: str, result: dict) -> str:
         lines += md_table(result.get("rope", []), ["model", "layout", "B", "N", "H", "D", "dtype", "status", "vitfast_GBps", "torch_GBps",
                                                    "speedup", "fraction_of_copy", "passes_2x_rule"])  # fmt: skip
         lines += profile_markdown(result.get("profile"))
+        from gpu_host import host_markdown
+
+        lines += host_markdown(result.get("host"), md_table)
         lines += ["", "## GEMMs with epilogues vs cuBLAS + separate kernels", ""]
         lines += ["speedup: cuBLAS path / Triton epilogue GEMM (epilogue_kernel: the persistent TMA kernel on Hopper, else "
                   "the pointer one; pointer_TFLOPs: the pointer kernel beside the TMA one); cublaslt_tanh: fc1 with GELU's tanh "

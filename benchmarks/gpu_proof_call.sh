@@ -17,6 +17,8 @@
 # PARTS picks parts (default "tests kernels e2e"); a second call on the same machine can time what the
 # first leaves out, e.g. torch.compile max-autotune at more batch sizes (minutes of tuning each):
 #   PARTS=e2e E2E_S=420 E2E_ARGS="--models vit_base_patch16_224 --precisions fp16 --backends compile-max-autotune --autotune-batches 1,256"
+# or the bf16 parity rows no call's tests part has reached (TESTS_ARGS go to the tests part only):
+#   PARTS=tests TESTS_S=200 TESTS_ARGS="--precisions bf16 --pytest-share 0"
 set -uo pipefail
 OUT=${OUT:-gpu-proof-out}
 CALL_S=${CALL_S:-585}
@@ -43,7 +45,8 @@ export PYTHONUNBUFFERED=1
     pack  # after each part: a call cut at the device's 10-minute limit still returns the parts that ended
   }
   parts=" ${PARTS:-tests kernels e2e} "
-  [[ $parts == *" tests "* ]] && part tests "${TESTS_S:-130}"
+  # shellcheck disable=SC2086  # TESTS_ARGS is a list of flags
+  [[ $parts == *" tests "* ]] && part tests "${TESTS_S:-130}" ${TESTS_ARGS:-}
   [[ $parts == *" kernels "* ]] && part kernels "${KERNELS_S:-150}"
   case " ${PROOF_FLAGS:-} " in
     *" --dry-run "*) echo "dry run: the committed dispatch tables stay as they are" ;;  # CPU figures must not reach kernels/

@@ -217,8 +217,10 @@ def goals_markdown(calls: list[dict[str, dict]], cut: list[list[str]]) -> str:
             p = tests.get("pytest", {})
             parity = tests.get("model_parity", [])
             bad = [f"{r['model']} {r['dtype']} b{r['batch']} {r['check']}" for r in parity if r.get("passes") is False]
-            lines.append(f"- call {i} tests: pytest {p.get('passed', '?')} passed, {p.get('failed', '?')} failed, {p.get('skipped', '?')} skipped"
-                         f"{' (time box hit)' if p.get('timed_out') else ''}; optimize() parity rows {sum(r.get('status') == 'ok' for r in parity)} "
+            ran = (f"pytest not run ({p['not_run']})" if p.get("not_run") else
+                   f"pytest {p.get('passed', '?')} passed, {p.get('failed', '?')} failed, {p.get('skipped', '?')} skipped"
+                   f"{' (time box hit)' if p.get('timed_out') else ''}")  # fmt: skip
+            lines.append(f"- call {i} tests: {ran}; optimize() parity rows {sum(r.get('status') == 'ok' for r in parity)} "
                          f"ran, failing: {', '.join(bad) or 'none'}")  # fmt: skip
         check = next((r["tma_check"] for r in parts.values() if r.get("tma_check")), None)  # the same verdict in each part
         if check and check["passed"]:

@@ -229,6 +229,16 @@ def test_kernels_part_schema(dry_run):
         assert backend["status"] == "ok" and backend["us_per_forward"] > 0 and backend["kernels"]
         assert abs(sum(backend["us_by_category"].values()) - backend["us_per_forward"]) < 1e-6 * backend["us_per_forward"]
     assert "Where one forward's time goes" in (dry_run / "proof-kernels.md").read_text()
+    host = result["host"]  # eager vs optimize() at DRY_RUN's host batches; the GPU-only columns empty on CPU
+    assert [(r["backend"], r["batch"]) for r in host["rows"]] == [(b, n) for b in ("eager", "optimize") for n in (1, 2)]
+    for row in host["rows"]:
+        assert row["status"] == "ok", row
+        assert 0 < row["enqueue_ms"] <= row["wall_ms"] and row["back_to_back_ms"] > 0 and row["forwards"] >= 3
+        assert row["syncs"] is None and row["api"] == [] and row["sm_mhz_median"] is None
+        assert row["python"] and all(p["own_us"] <= p["cumulative_us"] for p in row["python"])
+    optimized = [p["function"] for r in host["rows"] if r["backend"] == "optimize" for p in r["python"]]
+    assert any("interpreter.py" in f for f in optimized)  # optimize()'s rows ran the kernels (interpreted on CPU)
+    assert "## Host time of one forward" in (dry_run / "proof-kernels.md").read_text()
     table = load(dry_run, "mlp_dispatch.json")
     dry = [e for e in table["entries"] if e["compute_capability"] == "cpu (dry run)"]
     assert len(dry) == len(result["mlp_dispatch"]) == 2  # one per measured batch bucket
@@ -357,6 +367,31 @@ def test_a_failing_section_or_part_still_writes_its_files(tmp_path, monkeypatch)
     written = json.loads((tmp_path / "proof-kernels.json").read_text())
     assert written["attention"] == [{"N": 197, "status": "ok"}] and "KeyError: 'boom'" in written["errors"]["part"]
     assert "**ERROR** in part" in (tmp_path / "proof-kernels.md").read_text()
+
+
+def test_a_tests_call_can_skip_pytest_for_the_parity_rows(tmp_path, monkeypatch, capsys):
+    """`--pytest-share 0 --precisions bf16`: the whole tests box goes to the parity rows of that dtype (no call's
+    box has reached a bf16 row behind pytest); the files say pytest did not run, not that it passed."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_proof
+
+    with pytest.raises(SystemExit):
+        gpu_proof.parse_args(["--out", str(tmp_path), "--pytest-share", "1.5"])
+    assert "--pytest-share is a fraction" in capsys.readouterr().err
+    args = gpu_proof.parse_args(["--out", str(tmp_path), "--part", "tests", "--pytest-share", "0", "--precisions", "bf16"])
+    monkeypatch.setattr(gpu_proof, "run_pytest", lambda *a: pytest.fail("pytest ran with --pytest-share 0"))
+    asked = {}
+    monkeypatch.setattr(gpu_proof, "model_parity", lambda rows, warm, dry_run, deadline, precisions: asked.update(precisions=precisions))
+    tma = types.SimpleNamespace(settle=lambda result, deadline: result.update(tma_check={"passed": True, "rows": []}))
+    result = {"environment": {}}
+    gpu_proof.part_tests(result, args, time.monotonic() + 60, tma)
+    assert asked == {"precisions": "bf16"} and result["pytest"] == {"not_run": "--pytest-share 0"} and result["failed"] is False
+    import land_proof
+
+    result |= {"environment": {"gpu": {"name": "GPU"}, "versions": {}, "git": {"sha": "abc1234", "dirty": False}, "command": "c", "python": "3"},
+               "dry_run": False, "elapsed_s": 1.0, "budget_s": 60.0}  # fmt: skip
+    assert "pytest: not run (--pytest-share 0)" in gpu_proof.markdown("tests", result)
+    assert "- call 1 tests: pytest not run (--pytest-share 0); optimize() parity rows 0 ran" in land_proof.goals_markdown([{"tests": result}], [[]])
 
 
 def test_e2e_part_is_a_bench_result(dry_run):
