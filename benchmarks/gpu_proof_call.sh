@@ -47,7 +47,7 @@ export PYTHONUNBUFFERED=1
   parts=" ${PARTS:-tests kernels e2e} "
   # shellcheck disable=SC2086  # TESTS_ARGS is a list of flags
   [[ $parts == *" tests "* ]] && part tests "${TESTS_S:-130}" ${TESTS_ARGS:-}
-  [[ $parts == *" kernels "* ]] && part kernels "${KERNELS_S:-150}"
+  [[ $parts == *" kernels "* ]] && part kernels "${KERNELS_S:-170}"
   case " ${PROOF_FLAGS:-} " in
     *" --dry-run "*) echo "dry run: the committed dispatch tables stay as they are" ;;  # CPU figures must not reach kernels/
     *) for table in mlp_dispatch.json attention_dispatch.json; do

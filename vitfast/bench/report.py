@@ -325,7 +325,7 @@ files. Each part first compiles the kernels x autotune configs it will need in p
 (`vitfast.kernels.precompile`), and the GPU tests run under pytest-xdist.
 
 A session is lent 15 device minutes, machine start included, and a machine idle for 30 s goes back:
-`benchmarks/gpu_proof_call.sh` runs the three parts in one call (tests 130 s, kernels 150 s, e2e
+`benchmarks/gpu_proof_call.sh` runs the three parts in one call (tests 130 s, kernels 170 s, e2e
 200 s by default; the first part also checks the Hopper TMA GEMMs and turns them off for the rest of
 the call if they fail) and packs the results into the two files the device returns. On the device
 (repository root, files come back from `$OUT`), carrying a setuptools wheel in `.whl/`:
@@ -335,6 +335,8 @@ VITFAST_GIT_SHA=<the commit sent> bash benchmarks/gpu_proof_call.sh
 # then, on the same warm machine, within 30 s: what the first call leaves out, e.g. max-autotune at batch 1 too
 PARTS=e2e E2E_S=420 E2E_ARGS="--models vit_base_patch16_224 --precisions fp16 --backends compile-max-autotune --autotune-batches 1,256" \
   VITFAST_GIT_SHA=<the commit sent> bash benchmarks/gpu_proof_call.sh
+# or the bf16 parity rows, the whole tests box to them (no pytest)
+PARTS=tests TESTS_S=200 TESTS_ARGS="--precisions bf16 --pytest-share 0" VITFAST_GIT_SHA=<the commit sent> bash benchmarks/gpu_proof_call.sh
 ```
 
 `VITFAST_GIT_SHA` names the commit in the results: the device gets the working tree beside an older
