@@ -10,13 +10,14 @@ graphs, 5.4-5.6 ms with them (the same kernels) and 5.5 ms on the commit before;
   something in it synchronises: this is the Python and launch path's own cost.
 - wall_ms: one forward, synchronised before and after; back_to_back_ms: forwards queued back to back for at
   least 0.3 s, one sync at the end, per forward (what the e2e rows' CUDA events time).
-- sm_mhz: the SM clock nvidia-smi sampled every 50 ms during the back-to-back forwards (median, min): a GPU that
-  a host-bound loop leaves idle between kernels may clock down, and every kernel then runs slower.
+- sm_mhz: the SM clock nvidia-smi read during the back-to-back forwards (median, min; after 0.2 s of untimed
+  ones): a GPU that a host-bound loop leaves idle between kernels may clock down, and every kernel then runs slower.
 - syncs: what torch.cuda.set_sync_debug_mode("warn") reports during one forward (where: the Python line).
 - api: CUDA runtime and driver calls per forward by host time (torch.profiler): launches, and any
-  cudaStreamSynchronize, cudaMalloc, cudaMemcpy.
-- python: the functions with the most own time in one forward (cProfile; its per-call cost inflates every
-  Python frame alike, so read the order, not the microseconds).
+  cudaStreamSynchronize, cudaMalloc, cudaMemcpy; dispatcher_ops: `vitfast::` ops per forward, 0 where
+  optimize()'s blocks call their launchers straight, as meant in eager mode.
+- python: the functions with the most own time in one forward (cProfile; its cost per call inflates functions
+  of many cheap calls most: read the order, not the microseconds).
 Under --dry-run (CPU) the GPU-only columns are empty; the rest runs, so the plumbing is tested.
 """
 
@@ -38,38 +39,50 @@ import torch
 
 from vitfast.errors import describe_exception, first_line
 
-BACKENDS = (("eager", None), ("optimize", {"mlp": "auto"}))
+BACKENDS = (("optimize", {"mlp": "auto"}), ("eager", None))  # optimize() first: its batch-64 row is the open question
 CUDA_API = re.compile(r"cu(da)?[A-Z]")  # cudaLaunchKernel, cuLaunchKernelEx, cudaStreamSynchronize; not aten:: or cudnn
-CLOCK_INTERVAL_MS = 50
-BACK_TO_BACK_S = 0.3
+SM_CLOCK_QUERY = ("nvidia-smi", "--id=0", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits")
+CLOCK_INTERVAL_S = 0.05
+PRE_ROLL_S = 0.2  # untimed back-to-back forwards first: a GPU left idle by the synchronised ones clocks up again
+BACK_TO_BACK_S = 0.5
 REPEATS = 20
+INPUTS = 4  # input buffers the timed forwards rotate among, as the e2e rows' (vitfast.bench.measure.random_inputs)
 
 
 @contextlib.contextmanager
-def sm_clock_samples(gpu: bool):
-    """[(time.monotonic(), SM MHz), ...] filled in while the block runs: `nvidia-smi -lms` of the
-    machine's first GPU (the proof's machines have one). Empty off a GPU or without nvidia-smi."""
+def sm_clock_samples(gpu: bool, interval_s: float = CLOCK_INTERVAL_S):
+    """(samples, errors) filled in while the block runs: samples (time.monotonic(), SM MHz) of the machine's
+    first GPU (the proof's machines have one), from one-shot nvidia-smi queries in a thread (a looping
+    nvidia-smi writing to a pipe may buffer its lines, which would then arrive late and be timed wrong); a
+    failing query stops the sampling and says why in `errors`. Both empty off a GPU."""
     samples: list[tuple[float, float]] = []
-    if not gpu or shutil.which("nvidia-smi") is None:
-        yield samples
-        return
-    proc = subprocess.Popen(["nvidia-smi", "--id=0", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits",
-                             f"--loop-ms={CLOCK_INTERVAL_MS}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    errors: list[str] = []
+    stop = threading.Event()
 
-    def read():
-        for line in proc.stdout:
-            with contextlib.suppress(ValueError):
-                samples.append((time.monotonic(), float(line.strip())))
+    def sample():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            try:
+                done = subprocess.run(SM_CLOCK_QUERY, capture_output=True, text=True, timeout=5)
+                if done.returncode != 0:
+                    errors.append(f"nvidia-smi exited {done.returncode}: {first_line(done.stderr or done.stdout)}")
+                    return
+                samples.append(((t0 + time.monotonic()) / 2, float(done.stdout.split()[0])))
+            except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+                errors.append(f"nvidia-smi: {describe_exception(exc)}")
+                return
+            stop.wait(interval_s)
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    thread = None
+    if gpu and shutil.which(SM_CLOCK_QUERY[0]):
+        thread = threading.Thread(target=sample, daemon=True)
+        thread.start()
     try:
-        yield samples
+        yield samples, errors
     finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-        reader.join(timeout=2)
+        stop.set()
+        if thread is not None:
+            thread.join(timeout=6)
 
 
 def _sync(gpu: bool) -> None:
@@ -77,21 +90,25 @@ def _sync(gpu: bool) -> None:
         torch.cuda.synchronize()
 
 
-def timings(model, x, gpu: bool, clocks: list, repeats: int) -> dict:
-    """enqueue_ms, wall_ms (medians of `repeats`), back_to_back_ms and the SM clock meanwhile."""
+def timings(model, xs: list, gpu: bool, clocks: list, repeats: int) -> dict:
+    """enqueue_ms, wall_ms (medians of `repeats`), back_to_back_ms and the SM clock meanwhile; the
+    inputs rotate among `xs`, as the e2e rows' do."""
     enqueue, wall = [], []
-    for _ in range(repeats):
+    for i in range(repeats):
         _sync(gpu)
         t0 = time.perf_counter()
-        model(x)
+        model(xs[i % len(xs)])
         t1 = time.perf_counter()
         _sync(gpu)
         enqueue.append(t1 - t0)
         wall.append(time.perf_counter() - t0)
+    start = time.monotonic()
+    while time.monotonic() - start < PRE_ROLL_S:
+        model(xs[0])
     _sync(gpu)
     n, start = 0, time.monotonic()
     while n < repeats or time.monotonic() - start < BACK_TO_BACK_S:
-        model(x)
+        model(xs[n % len(xs)])
         n += 1
     _sync(gpu)
     end = time.monotonic()
@@ -102,7 +119,8 @@ def timings(model, x, gpu: bool, clocks: list, repeats: int) -> dict:
 
 
 def sync_sites(model, x) -> list[str]:
-    """Each synchronising call torch reports during one forward, as 'file:line: message'."""
+    """Each synchronising call torch reports during one forward, as 'file:line: message' (other warnings
+    raised meanwhile are left out)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -110,44 +128,50 @@ def sync_sites(model, x) -> list[str]:
             model(x)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return [f"{Path(w.filename).name}:{w.lineno}: {first_line(str(w.message))}" for w in caught]
+    return [f"{Path(w.filename).name}:{w.lineno}: {first_line(str(w.message))}" for w in caught if "synchroniz" in str(w.message)]
 
 
-def api_calls(model, x, gpu: bool, forwards: int = 3, top: int = 8) -> list[dict]:
-    """CUDA runtime / driver calls per forward, the most host time first (torch.profiler)."""
-    if not gpu:
-        return []
+def profiled_calls(model, x, gpu: bool, forwards: int = 3, top: int = 8) -> tuple[list[dict], float]:
+    """(CUDA runtime / driver calls per forward, the most host time first; `vitfast::` dispatcher ops per
+    forward: 0 where optimize()'s blocks call the launchers straight, as meant in eager mode) from
+    torch.profiler over `forwards` forwards, the GPU synchronised before, not inside (a sync of ours would
+    read as one of the forward's)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    _sync(gpu)
+    with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * gpu) as prof:
         for _ in range(forwards):
             model(x)
-        _sync(gpu)
+    averages = prof.key_averages()
     rows = [{"call": e.key, "per_forward": e.count / forwards, "us": e.self_cpu_time_total / forwards}
-            for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CPU and CUDA_API.match(e.key)]  # fmt: skip
-    return sorted(rows, key=lambda r: -r["us"])[:top]
+            for e in averages if e.device_type == torch.autograd.DeviceType.CPU and CUDA_API.match(e.key)]  # fmt: skip
+    dispatcher_ops = sum(e.count for e in averages if e.key.startswith("vitfast::")) / forwards
+    return sorted(rows, key=lambda r: -r["us"])[:top], dispatcher_ops
 
 
 def python_hotspots(model, x, gpu: bool, forwards: int = 3, top: int = 8) -> list[dict]:
     """The Python functions with the most own time per forward (cProfile)."""
+    _sync(gpu)
     prof = cProfile.Profile()
     prof.enable()
-    for _ in range(forwards):
-        model(x)
-    _sync(gpu)
-    prof.disable()
+    try:
+        for _ in range(forwards):
+            model(x)
+    finally:
+        prof.disable()
     rows = [{"function": f"{Path(file).name}:{line}({name})", "calls": calls / forwards, "own_us": 1e6 * own / forwards,
              "cumulative_us": 1e6 * cumulative / forwards}
             for (file, line, name), (_, calls, own, cumulative, _) in pstats.Stats(prof).stats.items()]  # fmt: skip
     return sorted(rows, key=lambda r: -r["own_us"])[:top]
 
 
-def host_row(model, x, gpu: bool, clocks: list, repeats: int) -> dict:
+def host_row(model, xs: list, gpu: bool, clocks: list, repeats: int) -> dict:
+    x = xs[0]
     for _ in range(3):  # autotuning and compiles stay out
         model(x)
-    row = {"status": "ok"} | timings(model, x, gpu, clocks, repeats)
+    row = {"status": "ok"} | timings(model, xs, gpu, clocks, repeats)
     row["syncs"] = sync_sites(model, x) if gpu else None  # torch's sync debug mode is CUDA's
-    row["api"] = api_calls(model, x, gpu)
+    row["api"], row["dispatcher_ops"] = profiled_calls(model, x, gpu)
     row["python"] = python_hotspots(model, x, gpu)
     return row
 
@@ -162,7 +186,7 @@ def host_profile(name: str, overrides: dict, dtype: torch.dtype, device: str, ba
     with torch.device(device):
         model = vitfast.create_model(cfg).to(dtype=dtype).eval()
     result = {"model": name, "overrides": overrides, "dtype": str(dtype).removeprefix("torch."), "rows": []}
-    with sm_clock_samples(gpu) as clocks, torch.no_grad():
+    with sm_clock_samples(gpu) as (clocks, clock_errors), torch.inference_mode():  # as vitfast.bench runs a model
         for label, options in BACKENDS:
             if options:
                 vitfast.optimize(model, **options)
@@ -171,15 +195,15 @@ def host_profile(name: str, overrides: dict, dtype: torch.dtype, device: str, ba
                 if time.monotonic() > deadline:
                     row |= {"status": "not reached", "reason": "the part's time box ran out before this row"}
                 else:
-                    x = torch.randn(batch, cfg.in_chans, *cfg.img_hw, device=device, dtype=dtype)
+                    xs = [torch.randn(batch, cfg.in_chans, *cfg.img_hw, device=device, dtype=dtype) for _ in range(INPUTS)]
                     try:
-                        row |= host_row(model, x, gpu, clocks, repeats)
+                        row |= host_row(model, xs, gpu, clocks, repeats)
                     except Exception as exc:
                         row |= {"status": "error", "reason": describe_exception(exc)}
                 result["rows"].append(row)
             if options:
                 vitfast.restore(model)
-    result["clock_samples"] = len(clocks)
+    result |= {"clock_samples": len(clocks), "clock_errors": clock_errors}
     return result
 
 
@@ -189,8 +213,10 @@ def host_markdown(host: dict | None, md_table) -> list[str]:
         return []
     lines = ["", f"## Host time of one forward ({host['model']}, {host['dtype']}, no CUDA graphs; gpu_host.py)", "",
              "enqueue: host time of one forward from an idle GPU; wall: one forward synchronised; back_to_back: "
-             "forwards queued back to back (as the e2e rows run); sm_mhz: nvidia-smi's SM clock meanwhile.", ""]  # fmt: skip
-    lines += md_table(host["rows"], ["backend", "batch", "status", "enqueue_ms", "wall_ms", "back_to_back_ms", "forwards",
+             "forwards queued back to back (as the e2e rows run); sm_mhz: nvidia-smi's SM clock meanwhile "
+             f"({host['clock_samples']} samples{'; ' + '; '.join(host['clock_errors']) if host['clock_errors'] else ''}); "
+             "dispatcher_ops: vitfast:: ops per forward (0: launchers called straight).", ""]  # fmt: skip
+    lines += md_table(host["rows"], ["backend", "batch", "status", "dispatcher_ops", "enqueue_ms", "wall_ms", "back_to_back_ms", "forwards",
                                      "sm_mhz_median", "sm_mhz_min", "reason"])  # fmt: skip
     for row in (r for r in host["rows"] if r.get("status") == "ok"):
         syncs = ("not checked (off a GPU)" if row["syncs"] is None else "; ".join(f"`{s}`" for s in row["syncs"][:5])

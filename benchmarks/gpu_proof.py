@@ -80,7 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for this call (default %(default)s)")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, Triton interpreter: checks the script, measures nothing")
     p.add_argument("--models", help="e2e: comma-separated models (default ViT-B/16, S/16, L/16 at 224)")
-    p.add_argument("--precisions", help="e2e, and the tests part's optimize() parity rows: comma-separated of fp16,bf16 (default both)")
+    p.add_argument("--precisions", help="e2e, and the tests part's optimize() parity rows: comma-separated of fp16,bf16,fp32 "
+                   "(default fp16,bf16)")  # fmt: skip
     p.add_argument("--pytest-share", type=float, default=0.5, help="tests: the share of the part's box the GPU pytest gets, "
                    "the parity rows the rest (default %(default)s; 0: no pytest)")  # fmt: skip
     p.add_argument("--backends", help=f"e2e: comma-separated of {','.join(E2E_BACKENDS)},compile-max-autotune (default all)")
@@ -334,7 +335,7 @@ def model_parity(rows: list, warm: list, dry_run: bool, deadline: float, precisi
     torch.compile over the optimized model and CUDA graphs on a 2-block ViT-B/16 (Inductor compiles it in
     seconds; neither H100 run reached the full-depth check, which waited for every family's row); then every
     family; then, on the full ViT-B/16, approximate_gelu, attention=sdpa, torch.compile and CUDA graphs. Each
-    model's kernels are compiled ahead for both dtypes' batches and MLP paths (counts appended to `warm`).
+    model's kernels are compiled ahead for its dtypes' batches and MLP paths (counts appended to `warm`).
     `precisions` ("fp16,bf16" when None; fp32 only under the interpreter) picks the dtypes, in that order.
     Rows are appended as each check ends: a time box keeps them."""
     import gpu_kernels as gk
@@ -448,9 +449,10 @@ def part_kernels(result: dict, args: argparse.Namespace, deadline: float, tma: T
     warm = result["precompile"] = [{"section": "attention"} | gk.warm_attention(s)]
     # first after the ceilings, in a box of its own: the open question of the last run (gpu_host.py's docstring)
     name, overrides, _ = s.profile
+    host_by = min(deadline, time.monotonic() + s.host_s)  # compiling ahead included
     warm.append({"section": "host"} | gk.warm_model(vitfast.get_config(name, **overrides), s.dtypes[0], s.device, s.host_batches, ("auto",)))
-    section(result, "host", lambda: gh.host_profile(name, overrides, s.dtypes[0], s.device, s.host_batches,
-                                                     min(deadline, time.monotonic() + s.host_s), repeats=min(gh.REPEATS, s.iters)))
+    section(result, "host", lambda: gh.host_profile(name, overrides, s.dtypes[0], s.device, s.host_batches, host_by,
+                                                     repeats=min(gh.REPEATS, s.iters)))
     section(result, "attention", lambda: gk.attention_speed(s, left(0.6), result.setdefault("attention", [])))
     section(result, "add_layernorm", lambda: gk.layernorm_speed(s, copy_GBps, left(0.7), result.setdefault("add_layernorm", [])))
     section(result, "activations", lambda: gk.activation_speed(s, copy_GBps, left(0.7), result.setdefault("activations", [])))

@@ -16,6 +16,7 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'vitfast[triton]')")
 
@@ -230,9 +231,9 @@ def test_kernels_part_schema(dry_run):
         assert abs(sum(backend["us_by_category"].values()) - backend["us_per_forward"]) < 1e-6 * backend["us_per_forward"]
     assert "Where one forward's time goes" in (dry_run / "proof-kernels.md").read_text()
     host = result["host"]  # eager vs optimize() at DRY_RUN's host batches; the GPU-only columns empty on CPU
-    assert [(r["backend"], r["batch"]) for r in host["rows"]] == [(b, n) for b in ("eager", "optimize") for n in (1, 2)]
+    assert [(r["backend"], r["batch"]) for r in host["rows"]] == [(b, n) for b in ("optimize", "eager") for n in (2, 1)]
     for row in host["rows"]:
-        assert row["status"] == "ok", row
+        assert row["status"] == "ok" and row["dispatcher_ops"] == 0, row  # plain tensors, no mode: launchers called straight
         assert 0 < row["enqueue_ms"] <= row["wall_ms"] and row["back_to_back_ms"] > 0 and row["forwards"] >= 3
         assert row["syncs"] is None and row["api"] == [] and row["sm_mhz_median"] is None
         assert row["python"] and all(p["own_us"] <= p["cumulative_us"] for p in row["python"])
@@ -367,6 +368,48 @@ def test_a_failing_section_or_part_still_writes_its_files(tmp_path, monkeypatch)
     written = json.loads((tmp_path / "proof-kernels.json").read_text())
     assert written["attention"] == [{"N": 197, "status": "ok"}] and "KeyError: 'boom'" in written["errors"]["part"]
     assert "**ERROR** in part" in (tmp_path / "proof-kernels.md").read_text()
+
+
+def test_sm_clock_samples_come_from_nvidia_smi_and_a_failure_says_why(tmp_path, monkeypatch):
+    """The host rows' SM clock (gpu_host.sm_clock_samples), with stand-in nvidia-smi scripts: samples while the
+    block runs, and a failing query stops the sampling with its reason instead of silently leaving none."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_host
+
+    smi = tmp_path / "nvidia-smi"
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    smi.write_text("#!/bin/sh\necho 1980\n")
+    smi.chmod(0o755)
+    with gpu_host.sm_clock_samples(True, interval_s=0.01) as (samples, errors):
+        time.sleep(0.5)
+    assert len(samples) >= 2 and {m for _, m in samples} == {1980.0} and errors == []
+    assert all(a < b for (a, _), (b, _) in zip(samples, samples[1:]))
+    smi.write_text("#!/bin/sh\necho 'No devices were found' >&2\nexit 6\n")
+    with gpu_host.sm_clock_samples(True, interval_s=0.01) as (samples, errors):
+        time.sleep(0.3)
+    assert samples == [] and errors == ["nvidia-smi exited 6: No devices were found"]
+    with gpu_host.sm_clock_samples(False) as (samples, errors):  # off a GPU: no query at all
+        time.sleep(0.05)
+    assert samples == [] and errors == []
+
+
+def test_the_host_rows_count_dispatcher_ops(monkeypatch):
+    """dispatcher_ops tells launchers called straight (0) from a forward through torch.ops.vitfast (one op per
+    kernel: attention and two add+LayerNorms per block), so a slow eager path can be told apart from a detour."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_host
+
+    import vitfast
+    from vitfast import fused
+
+    cfg = vitfast.get_config("vit_tiny_patch16_224", img_size=32, patch_size=16, depth=1)
+    model = vitfast.optimize(vitfast.create_model(cfg).eval())
+    x = torch.randn(1, 3, 32, 32)
+    with torch.inference_mode():
+        _, straight = gpu_host.profiled_calls(model, x, gpu=False, forwards=1)
+        monkeypatch.setattr(fused, "kernel_ops", lambda x: torch.ops.vitfast)
+        _, dispatched = gpu_host.profiled_calls(model, x, gpu=False, forwards=1)
+    assert straight == 0 and dispatched >= 3
 
 
 def test_a_tests_call_can_skip_pytest_for_the_parity_rows(tmp_path, monkeypatch, capsys):
