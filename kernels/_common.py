@@ -183,9 +183,31 @@ def configs_within(configs: list, estimate: SharedMemoryEstimate, args: dict, bu
     return [c for c in configs if estimate(c, args, capability) <= limit]
 
 
+def tune_limit() -> int:
+    """VITFAST_TUNE_CONFIGS: at most this many of a kernel's fitting configs reach its tuner (unset or 0: all).
+    The GPU proof's pytest sets it: its tests check results at odd shapes, and every config of every new shape
+    is a compile (the H200 run of 2026-11-27 spent 16-33 s per test, 20 tests in its 65 s)."""
+    value = os.environ.get("VITFAST_TUNE_CONFIGS", "")
+    if value and not value.isdigit():
+        raise ValueError(f"VITFAST_TUNE_CONFIGS must be a whole number of configs (0 or unset: all), got {value!r}")
+    return int(value or 0)
+
+
+def kept_configs(configs: list, estimate: SharedMemoryEstimate, args: dict, budget: tuple[int, int] | None) -> list:
+    """The configs a tuner benchmarks: those that fit the budget (`configs_within`), cut to `tune_limit()`
+    of them spread over the list, the first and the last kept (the kernels list small tiles first)."""
+    fitting, n = configs_within(configs, estimate, args, budget), tune_limit()
+    if n <= 0 or len(fitting) <= n:
+        return fitting
+    if n == 1:
+        return fitting[:1]
+    return [fitting[round(i * (len(fitting) - 1) / (n - 1))] for i in range(n)]
+
+
 def autotune(configs: list, key: list[str], estimate: SharedMemoryEstimate):
     """`triton.autotune` that drops configs too big for the device's shared memory before tuning
-    (instead of compiling them only to fail), and keeps tuning results on disk (in Triton's cache
+    (instead of compiling them only to fail; where VITFAST_TUNE_CONFIGS is set, all but that many too:
+    `kept_configs`), and keeps tuning results on disk (in Triton's cache
     dir, TRITON_CACHE_DIR) where the installed Triton can, unless VITFAST_TUNE_CACHE=0 (read at import:
     a process that tunes on a shared GPU, as the GPU proof's pytest workers do, must not leave its picks
     to the processes that time the kernels). `.shared_memory_estimate` is kept on the autotuner for the
@@ -195,7 +217,7 @@ def autotune(configs: list, key: list[str], estimate: SharedMemoryEstimate):
     def prune(configs, named_args, **kwargs):
         args = {**named_args, **kwargs}
         device = next(v.device for v in args.values() if isinstance(v, torch.Tensor))
-        return configs_within(configs, estimate, args, shared_memory_budget(device))
+        return kept_configs(configs, estimate, args, shared_memory_budget(device))
 
     keep = "cache_results" in inspect.signature(triton.autotune).parameters and os.environ.get("VITFAST_TUNE_CACHE") != "0"
     extra = {"cache_results": True} if keep else {}

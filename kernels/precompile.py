@@ -82,7 +82,7 @@ class Recorded:
         prune's rule), or the launch's single config for a plain kernel."""
         if not hasattr(self.kernel, "configs"):
             return [Config({}, num_warps=self.kwargs.get("num_warps", 4), num_stages=self.kwargs.get("num_stages", 3))]
-        return _common.configs_within(self.kernel.configs, self.kernel.shared_memory_estimate, self.named_args(), budget)
+        return _common.kept_configs(self.kernel.configs, self.kernel.shared_memory_estimate, self.named_args(), budget)
 
 
 @contextlib.contextmanager

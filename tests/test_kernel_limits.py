@@ -240,6 +240,37 @@ def test_tuning_results_go_to_disk_unless_turned_off(monkeypatch, setting, cache
     assert asked == [cached]
 
 
+@pytest.mark.parametrize("setting, picked", [(None, list(range(8))), ("0", list(range(8))), ("1", [0]), ("2", [0, 7]),
+                                             ("3", [0, 4, 7]), ("8", list(range(8))), ("20", list(range(8)))])  # fmt: skip
+def test_tune_configs_cuts_what_the_tuner_and_precompile_see(monkeypatch, setting, picked):
+    """VITFAST_TUNE_CONFIGS=n (the GPU proof's pytest): at most n of the fitting configs, first and last kept, in the
+    tuner's prune and in precompile's plan alike; unset or 0: every fitting config."""
+    from vitfast.kernels.precompile import Recorded
+
+    configs = gpu_configs(att, monkeypatch)
+    assert len(configs) == 8
+    monkeypatch.setattr(att._attention_fwd_kernel, "configs", configs)
+    if setting is None:
+        monkeypatch.delenv("VITFAST_TUNE_CONFIGS", raising=False)
+    else:
+        monkeypatch.setenv("VITFAST_TUNE_CONFIGS", setting)
+    args = {"QKV": torch.empty(2, 197, 3, 12, 64, dtype=torch.float16), "BLOCK_D": 64, "BLOCK_D1": 0}
+    kept = _common.kept_configs(configs, att.shared_memory_bytes, args, BUDGET["sm_90a"])
+    assert kept == [configs[i] for i in picked]
+    recorded = Recorded(att._attention_fwd_kernel, (args["QKV"],), {"BLOCK_D": 64, "BLOCK_D1": 0})
+    assert recorded.configs(BUDGET["sm_90a"]) == kept
+    fp32 = args | {"QKV": args["QKV"].float(), "BLOCK_D": 128}  # on a 99 KB part only some tiles fit: the cut comes after
+    fitting = _common.configs_within(configs, att.shared_memory_bytes, fp32, BUDGET["sm_89"])
+    kept = _common.kept_configs(configs, att.shared_memory_bytes, fp32, BUDGET["sm_89"])
+    assert 0 < len(fitting) < 8 and len(kept) == min(len(picked), len(fitting)) and all(c in fitting for c in kept)
+
+
+def test_a_malformed_tune_configs_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("VITFAST_TUNE_CONFIGS", "two")
+    with pytest.raises(ValueError, match="VITFAST_TUNE_CONFIGS must be a whole number of configs"):
+        _common.tune_limit()
+
+
 def test_no_fitting_config_is_a_clear_error(monkeypatch):
     """fp32 attention at head_dim 256 on a 99 KB GPU (sm_86/89): no tile fits."""
     configs = gpu_configs(att, monkeypatch)
