@@ -502,7 +502,8 @@ def section(result: dict, key: str, run) -> None:
 E2E_MODELS = ("vit_base_patch16_224", "vit_small_patch16_224", "vit_large_patch16_224")
 E2E_BATCHES = (1, 8, 64, 256)
 MAX_AUTOTUNE_S = 60.0  # the least time left in the box for a max-autotune job to start: Inductor tunes each GEMM shape
-E2E_BACKENDS = ("eager", "vitfast", "vitfast-approx-gelu", "vitfast-graphs", "compile", "vitfast-compile")  # torch.compile's last: slowest to start
+# vitfast-every-token: optimize() without head_only, so a reader sees what the last block's pruning adds
+E2E_BACKENDS = ("eager", "vitfast", "vitfast-every-token", "vitfast-approx-gelu", "vitfast-graphs", "compile", "vitfast-compile")  # torch.compile's last
 
 
 def e2e_jobs(args: argparse.Namespace):

@@ -7,8 +7,9 @@
 # dispatch tables; packed again after each part, so a call the device cuts at its limit still returns
 # the parts that ended) and log.txt. Budgets in seconds: TESTS_S, KERNELS_S, E2E_S (cut to what is left of
 # CALL_S, default 585, for the whole call); the e2e part
-# takes E2E_ARGS (default: ViT-B/16 fp16; torch.compile max-autotune last, at batch 256 only, measured if the
-# box has a minute left for its tuning). PROOF_FLAGS go to
+# takes E2E_ARGS (default: ViT-B/16 fp16, optimize() with and without head_only (vitfast-every-token); torch.compile
+# default left to other calls; max-autotune last, at batch 256 only, measured if the box has a minute left for its
+# tuning). PROOF_FLAGS go to
 # every part: PROOF_FLAGS=--dry-run checks this script on CPU (tests/test_gpu_proof.py). Set VITFAST_GIT_SHA to the
 # commit sent (the device gets the working tree beside an older .git, whose HEAD would be recorded):
 #   run: VITFAST_GIT_SHA=<git rev-parse HEAD here> bash benchmarks/gpu_proof_call.sh
@@ -60,7 +61,7 @@ export PYTHONUNBUFFERED=1
   (( e2e_s > ${E2E_S:-200} )) && e2e_s=${E2E_S:-200}
   (( e2e_s < 30 )) && e2e_s=30
   # shellcheck disable=SC2086  # E2E_ARGS is a list of flags
-  [[ $parts == *" e2e "* ]] && part e2e "$e2e_s" ${E2E_ARGS:---models vit_base_patch16_224 --precisions fp16 --backends eager,vitfast,vitfast-graphs,compile,vitfast-approx-gelu,compile-max-autotune}
+  [[ $parts == *" e2e "* ]] && part e2e "$e2e_s" ${E2E_ARGS:---models vit_base_patch16_224 --precisions fp16 --backends eager,vitfast,vitfast-every-token,vitfast-graphs,vitfast-approx-gelu,compile-max-autotune}
   for f in "$DIR"/*.md; do echo "----- $f"; cat "$f"; done
 } >"$LOG" 2>&1
 tail -c 11000 "$LOG"

@@ -233,6 +233,11 @@ def goals_markdown(calls: list[dict[str, dict]], cut: list[list[str]]) -> str:
                 pointer = f", pointer kernel {r['pointer_TFLOPs']:.0f}" if r.get("pointer_TFLOPs") else ""
                 lines.append(f"- call {i} fc1 + bias + GELU, ViT-B/16 batch 256 {r['dtype']}: {r.get('epilogue_kernel', 'pointer')} kernel "
                              f"{r['epilogue_TFLOPs']:.0f} TFLOP/s{pointer}, cuBLAS + GELU {r['cublas_TFLOPs']:.0f} (speedup {r['speedup']:.2f}x)")  # fmt: skip
+        ratio, shown = e2e_ratio(parts.get("e2e", {}).get("rows", []), "vitfast-every-token", "eager",
+                                 model="vit_base_patch16_224", precision="fp16", batch=256)  # fmt: skip
+        if ratio is not None:  # the goal's optimize() computes the last block on the class token only (head_only)
+            lines.append(f"- call {i} ViT-B/16 fp16 batch 256, optimize() with the last block over every token (vitfast-every-token): "
+                         f"{shown} over eager")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

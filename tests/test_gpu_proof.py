@@ -403,7 +403,7 @@ def test_the_host_rows_count_dispatcher_ops(monkeypatch):
     from vitfast import fused
 
     cfg = vitfast.get_config("vit_tiny_patch16_224", img_size=32, patch_size=16, depth=1)
-    model = vitfast.optimize(vitfast.create_model(cfg).eval())
+    model = vitfast.optimize(vitfast.create_model(cfg).eval(), head_only=False)  # every token: the block's kernels all run
     x = torch.randn(1, 3, 32, 32)
     with torch.inference_mode():
         _, straight = gpu_host.profiled_calls(model, x, gpu=False, forwards=1)
@@ -440,7 +440,7 @@ def test_a_tests_call_can_skip_pytest_for_the_parity_rows(tmp_path, monkeypatch,
 def test_e2e_part_is_a_bench_result(dry_run):
     result = validate_result(load(dry_run, "proof-e2e.json"))  # the `vitfast bench` schema: --report / --compare read it
     by_backend = {r["backend"]: r for r in result["rows"]}
-    assert set(by_backend) == {"eager", "vitfast", "vitfast-graphs", "compile", "vitfast-compile", "vitfast-approx-gelu"}
+    assert set(by_backend) == {"eager", "vitfast", "vitfast-every-token", "vitfast-graphs", "compile", "vitfast-compile", "vitfast-approx-gelu"}
     assert by_backend["eager"]["status"] == "ok" and by_backend["eager"]["images_per_s"] > 0
     assert "Inductor" in by_backend["compile"]["reason"] and "TRITON_INTERPRET" in by_backend["vitfast"]["reason"]
 
@@ -586,6 +586,11 @@ def test_goals_are_judged_from_the_rows():
     e2e["rows"].append(vitb | {"backend": "vitfast-graphs", "batch": 256, "images_per_s": 11500.0, "p50_ms": 22.3})
     autotune = land_proof.goals_table([{"kernels": kernels}, {"e2e": e2e}])[3]
     assert autotune["verdict"] == "met" and autotune["measured"].startswith("1.15x (22.30 vs 25.60 ms")
+    # the goal's optimize() runs the last block on the class token alone: the every-token row is reported beside it
+    e2e["rows"].append(vitb | {"backend": "vitfast-every-token", "batch": 256, "images_per_s": 9040.0, "p50_ms": 28.3})
+    md = land_proof.goals_markdown([{"e2e": e2e | {"environment": {"gpu": {"name": "GPU"}, "git": {"sha": "abc1234", "dirty": False}}}}], [[]])
+    assert ("- call 1 ViT-B/16 fp16 batch 256, optimize() with the last block over every token (vitfast-every-token): 1.13x "
+            "(28.30 vs 32.00 ms p50) over eager") in md
 
 
 def test_max_autotune_runs_at_the_largest_batch_unless_told():

@@ -79,8 +79,10 @@ def test_fused_path_really_runs_the_kernels(device, monkeypatch):
     monkeypatch.setattr(attention, "attention_launch", lambda *a, **k: calls.append(1) or real(*a, **k))
     model = vitfast.optimize(vitfast.create_model(tiny_config()).to(device))
     with torch.no_grad():
-        model(torch.randn(1, 3, 32, 32, device=device))
-    assert len(calls) == tiny_config().depth
+        model.forward_features(torch.randn(1, 3, 32, 32, device=device))
+        assert len(calls) == tiny_config().depth
+        model(torch.randn(1, 3, 32, 32, device=device))  # head_only: the last block's one query row runs on SDPA
+    assert len(calls) == 2 * tiny_config().depth - 1
 
 
 @pytest.mark.parametrize("overrides", [
@@ -460,6 +462,63 @@ def test_attention_maps_and_training_fall_back_to_reference(device, monkeypatch)
     assert all(b.training and b.reference.training for b in model.blocks)
     model.eval()
     assert not any(b.reference.training for b in model.blocks)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_head_only_runs_the_last_block_on_the_rows_the_head_reads(device, name):
+    """Class-token pooling (DeiT distilled: class and distillation tokens): model(x) runs the last block on those
+    rows alone, with the same logits (optimize_and_compare checks them against the reference), and every FLOP
+    saved is the last block's projection and MLP over the other rows (FlopCounterMode; its attention may count
+    too); forward_features still returns every token. Any other head (mean or attention pooling, none,
+    feature maps) keeps the full forward."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = VARIANTS[name]
+    model, x, ref = optimize_and_compare(cfg, device)
+    rows = None if cfg.features_only else 2 if cfg.distilled else 1 if cfg.global_pool == "token" else None
+    forward = vars(model).get("forward")
+    assert (getattr(forward, "__func__", None) is importlib.import_module("vitfast.optimize").head_only_forward) == (rows is not None)
+    if rows is None:
+        return
+    with torch.no_grad():
+        features = model.forward_features(x)
+        with FlopCounterMode(display=False) as head_only:
+            model(x)
+        vitfast.optimize(model, head_only=False)
+        assert "forward" not in vars(model)
+        with FlopCounterMode(display=False) as every_row:
+            out = model(x)
+        assert torch.equal(model.forward_features(x), features)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    B, T, C = features.shape
+    last = model.blocks[-1]
+    weights = sum(m.in_features * m.out_features for n, m in last.named_modules() if isinstance(m, torch.nn.Linear) and n != "attn.qkv")
+    saved, linear = every_row.get_total_flops() - head_only.get_total_flops(), 2 * B * (T - rows) * weights
+    assert linear <= saved <= linear + 4 * B * (T - rows) * T * C
+
+
+def test_head_only_switches_off_restores_and_leaves_a_forward_of_the_callers(device):
+    optimize_module = importlib.import_module("vitfast.optimize")
+    model = randomize(vitfast.create_model(tiny_config())).to(device)
+    vitfast.optimize(model)
+    assert vars(model)["forward"].__func__ is optimize_module.head_only_forward
+    vitfast.restore(model)
+    assert "forward" not in vars(model) and not hasattr(model, optimize_module._HEAD_ONLY)
+    vitfast.optimize(model)  # CUDA graphs over it (as cuda_graphs=True would wrap it on a GPU): changing it is refused
+    graphed = optimize_module.CudaGraphForward(model.forward)
+    model.forward = graphed
+    setattr(model, optimize_module._GRAPHED, graphed)
+    with pytest.raises(vitfast.VitfastError, match="head_only=False would change a forward already captured in CUDA graphs"):
+        vitfast.optimize(model, head_only=False)
+    vitfast.restore(model)
+    assert "forward" not in vars(model) and not hasattr(model, optimize_module._GRAPHED)
+
+    def own(x):
+        return x
+
+    model.forward = own
+    vitfast.optimize(model)
+    assert model.forward is own
 
 
 def test_custom_injected_layers_are_left_alone(device):

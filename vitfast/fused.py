@@ -270,28 +270,36 @@ class FusedBlock(nn.Module):
             return self.mlp_path, self.mlp_path
         return nearest_paths(self.measured.get(dtype, ()), rows, torch.compiler.is_compiling())
 
-    def forward(self, x, return_attention: bool = False, rope: Rope | None = None):
+    def forward(self, x, return_attention: bool = False, rope: Rope | None = None, rows: int | None = None):
         """x [B, N, C] or (x, norm1(x)) -> x, or (x, next_norm(x)) when `next_norm` is set. `rope`: the rotary
-        tables [Np, D] of the last Np tokens (DINOv3, EVA-02), as the reference block takes them."""
+        tables [Np, D] of the last Np tokens (DINOv3, EVA-02), as the reference block takes them. `rows`: only
+        the first `rows` tokens' outputs [B, rows, C] (their queries over every key), for a last block whose
+        model reads no other (`optimize.head_only_forward`)."""
         x, h = x if isinstance(x, tuple) else (x, None)
         if return_attention or self.training:
             return self.reference(x, return_attention=return_attention, **({} if rope is None else {"rope": rope}))
         ops = kernel_ops(x)
         attn, mlp, nxt = self.attn, self.mlp, self.next_norm
         B, N, C = x.shape
-        fc1, fc2 = self.mlp_paths(x.dtype, B * N)
         if h is None:
             h = _norm(ops, x, self.norm1)
         qkv = F.linear(h, attn.qkv.weight, attn.qkv.bias).view(B, N, 3, attn.num_heads, attn.head_dim)
         if rope is not None:
             qkv = ops.rope_qkv(qkv, rope.cos, rope.sin, rope.interleaved)
-        if self.attention_kernel(x.dtype, B, N) == "sdpa":  # where SDPA measured faster on this GPU
+        if rows is not None and rows < N:  # a few queries over every key: SDPA's, too small a job for a tiled kernel
+            if nxt is not None:
+                raise ValueError("rows= is for the last block: a next block would need every token")
+            q, k, v = (t.transpose(1, 2) for t in (qkv[:, :rows, 0], qkv[:, :, 1], qkv[:, :, 2]))  # [B, H, rows or N, D]
+            o = F.scaled_dot_product_attention(q, k, v, scale=attn.scale).transpose(1, 2).reshape(B, rows, -1)
+            x, N = x[:, :rows], rows
+        elif self.attention_kernel(x.dtype, B, N) == "sdpa":  # where SDPA measured faster on this GPU
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, N, D] views
             o = F.scaled_dot_product_attention(q, k, v, scale=attn.scale).transpose(1, 2).reshape(B, N, -1)
         else:
             o = ops.fused_attention(qkv, attn.scale)
         if type(attn.norm) is not nn.Identity:
             o = _norm(ops, o, attn.norm)
+        fc1, fc2 = self.mlp_paths(x.dtype, B * N)
         x, h = self._branch_end(ops, fc2, o, attn.proj, x, self.ls1, self.norm2)
         if isinstance(mlp, SwiGLU):  # gate and value GEMMs on cuBLAS (biases included), then silu(gate) * value
             m = ops.swiglu(F.linear(h, mlp.fc1_g.weight, mlp.fc1_g.bias), F.linear(h, mlp.fc1_x.weight, mlp.fc1_x.bias))

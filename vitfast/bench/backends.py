@@ -26,7 +26,7 @@ from vitfast.foreign import is_onnx_artifact
 from vitfast.export import quantize_int8, to_onnx
 from vitfast.export.artifacts import read_sidecar, sidecar_path
 from vitfast.export.tensorrt import require_tensorrt
-from vitfast.optimize import optimize
+from vitfast.optimize import head_rows, optimize
 from vitfast.precision import BENCH as PRECISIONS
 from vitfast.precision import TORCH as TORCH_PRECISIONS
 from vitfast.precision import TORCH_DTYPES
@@ -34,13 +34,13 @@ from vitfast.registry import create_model
 from vitfast.runtime import ENGINE_SUFFIXES, TorchEngine, load_engine
 from vitfast.sources import RANDOM_SEED
 
-BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitfast-compile", "vitfast-approx-gelu", "onnxruntime", "openvino",
-            "tensorrt")
+BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitfast-compile", "vitfast-approx-gelu", "vitfast-every-token",
+            "onnxruntime", "openvino", "tensorrt")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # the int8 QDQ form each CPU runtime runs fastest (benchmarks/cpu_runtimes.py measures them all)
 INT8_TARGETS = {"onnxruntime": "cpu", "openvino": "openvino"}
-TORCH_BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitfast-compile", "vitfast-approx-gelu")
+TORCH_BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitfast-compile", "vitfast-approx-gelu", "vitfast-every-token")
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def skip_reason(backend: str, precision: str, platform: Platform, options: Backe
     """Why `backend` at `precision` cannot be measured here, or None when it can."""
     if backend in TORCH_BACKENDS and precision not in TORCH_PRECISIONS:
         return "PyTorch backends run fp32/fp16/bf16; int8 is measured through onnxruntime (quantize_int8) and tensorrt engines"
-    if backend in ("vitfast", "vitfast-graphs", "vitfast-approx-gelu"):
+    if backend in ("vitfast", "vitfast-graphs", "vitfast-approx-gelu", "vitfast-every-token"):
         return _vitfast_reason(backend, platform)
     if backend == "vitfast-compile":  # torch.compile over the optimized model
         return _vitfast_reason(backend, platform) or _compile_reason(platform)
@@ -271,8 +271,11 @@ def _torch_runner(backend: str, precision: str, config: ViTConfig, platform: Pla
     if backend.startswith("vitfast"):
         # vitfast-approx-gelu: GELU's tanh form in fc1's cuBLASLt epilogue, a different function for an erf-GELU model
         approximate = backend == "vitfast-approx-gelu"
-        optimize(model, cuda_graphs=backend == "vitfast-graphs", approximate_gelu=approximate)
+        # vitfast-every-token: the last block over every token, as the reference computes it (optimize's head_only off)
+        every_token = backend == "vitfast-every-token"
+        optimize(model, cuda_graphs=backend == "vitfast-graphs", approximate_gelu=approximate, head_only=not every_token)
         details["attention"] = "vitfast Triton kernel, or SDPA where kernels/attention_dispatch.json measured it faster"
+        details["last block"] = "every token" if every_token or head_rows(model) is None else f"the head's {head_rows(model)} token(s) only"
         if approximate:
             details["gelu"] = "tanh form in fc1's cuBLASLt epilogue" + (
                 "" if config.act_layer == "gelu_tanh" else f"; the model's is {config.act_layer!r}: a different function")
