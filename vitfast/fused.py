@@ -274,7 +274,7 @@ class FusedBlock(nn.Module):
         """x [B, N, C] or (x, norm1(x)) -> x, or (x, next_norm(x)) when `next_norm` is set. `rope`: the rotary
         tables [Np, D] of the last Np tokens (DINOv3, EVA-02), as the reference block takes them. `rows`: only
         the first `rows` tokens' outputs [B, rows, C] (their queries over every key), for a last block whose
-        model reads no other (`optimize.head_only_forward`)."""
+        model reads no other (`VisionTransformer._head_rows_features`)."""
         x, h = x if isinstance(x, tuple) else (x, None)
         if return_attention or self.training:
             return self.reference(x, return_attention=return_attention, **({} if rope is None else {"rope": rope}))

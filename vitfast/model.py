@@ -20,6 +20,9 @@ from .hybrid import HybridEmbed
 from .layers import MLP_CLASSES, NORM_CLASSES, Attention, AttentionPoolLatent, Block, PatchEmbed, RopeTables
 from .pos_embed import interpolate_grid
 
+# the instance attribute vitfast.optimize(head_only=True) sets: how many leading tokens the head reads
+HEAD_ROWS = "_vitfast_head_rows"
+
 
 class VisionTransformer(nn.Module):
     """images [B, in_chans, H, W] (normalised float) -> logits [B, num_classes].
@@ -251,7 +254,20 @@ class VisionTransformer(nn.Module):
             if c.feature_prefix_tokens:  # every token in the block's order: prefix first
                 maps = [torch.cat([prefix, patches], dim=1) for patches, prefix in maps]
             return torch.stack(maps, dim=1)
+        rows = self.__dict__.get(HEAD_ROWS)  # vitfast.optimize(head_only=True): see _head_rows_features
+        if rows is not None and not any(m._forward_hooks or m._forward_pre_hooks for m in (self.blocks[-1], self.norm)):
+            return self.forward_head(self._head_rows_features(x, rows))
         return self.forward_head(self.forward_features(x))
+
+    def _head_rows_features(self, x: torch.Tensor, rows: int) -> torch.Tensor:
+        """forward_features' first `rows` tokens [B, rows, C], the last block computing only those (their queries
+        over every key): an optimized block's `rows`, set up by `vitfast.optimize(head_only=True)` where the head
+        reads no other token. Hooks on the last block or the final norm get the full forward instead (above)."""
+        x, rope = self._embed(x)
+        *body, last = self.blocks
+        for block in body:
+            x = block(x, **rope)
+        return self.norm(last(x, rows=rows, **rope))
 
     # ---------------------------------------------------------------- helpers
     def set_fused_attn(self, enabled: bool) -> "VisionTransformer":

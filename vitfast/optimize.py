@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import types
 from collections.abc import Sequence
 
 import torch
@@ -12,10 +11,9 @@ from torch import nn
 
 from .errors import VitfastError
 from .fused import ATTENTION_PATHS, MLP_PATHS, FusedBlock, GemmPatchEmbed, can_fuse, can_gemm_embed
-from .model import VisionTransformer
+from .model import HEAD_ROWS, VisionTransformer
 
 _GRAPHED = "_vitfast_cuda_graphs"
-_HEAD_ONLY = "_vitfast_head_only"
 
 
 def _check_backend(model: nn.Module, cuda_graphs: bool) -> None:
@@ -73,10 +71,11 @@ def optimize(model: nn.Module, *, cuda_graphs: bool | Sequence[int] = False, mlp
 
     `head_only=True`: where the head reads only the leading tokens (class-token pooling: the class token;
     DeiT distilled: class and distillation tokens), `model(x)` has the last block compute those rows alone,
-    their queries over every key, and the final norm only them (`head_only_forward`): the same logits for less
-    work (the last block's projection and MLP shrink from B x T rows to B x 1; about 6% of a ViT-B/16
-    forward). `forward_features` and `forward_intermediates` still return every token. False computes every
-    token in `model(x)` too (forward hooks on the last block see what they did before).
+    their queries over every key, and the final norm only them (`VisionTransformer._head_rows_features`): the
+    same function for less work (not bitwise: that attention runs on SDPA and those GEMMs at fewer rows; the last
+    block's projection and MLP shrink from B x T rows to B x 1, about 6% of a ViT-B/16 forward).
+    `forward_features` and `forward_intermediates` still return every token, and so does `model(x)` while a
+    forward hook sits on the last block or the final norm. False computes every token in `model(x)` too.
 
     Calling optimize again on an optimized model changes `mlp`, `attention`, `approximate_gelu` and
     `head_only` (and can add CUDA graphs or change their batch sizes).
@@ -123,56 +122,41 @@ def restore(model: nn.Module) -> nn.Module:
         for i, block in enumerate(blocks):
             if isinstance(block, FusedBlock):
                 blocks[i] = block.reference
-    if hasattr(model, _GRAPHED) or hasattr(model, _HEAD_ONLY):
-        vars(model).pop("forward", None)  # the instance attribute shadowing the class's forward
-        for marker in (_GRAPHED, _HEAD_ONLY):
-            if hasattr(model, marker):
-                delattr(model, marker)
+    if hasattr(model, _GRAPHED):
+        del model.forward
+        delattr(model, _GRAPHED)
+    vars(model).pop(HEAD_ROWS, None)
     return model
-
-
-def head_only_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`model.forward` (bound to it) of an optimized classifier whose head reads only its first rows (`head_rows`,
-    kept on the model): the blocks but the last as usual, the last computing those rows alone
-    (`FusedBlock.forward(rows=...)`), the final norm on them, then the head. Images [B, C, H, W] -> the head's
-    output, as the model's own forward. A function, not a callable object: torch.export reads forward's code."""
-    x, rope = model._embed(x)
-    *body, last = model.blocks
-    for block in body:
-        x = block(x, **rope)
-    return model.forward_head(model.norm(last(x, rows=getattr(model, _HEAD_ONLY), **rope)))
 
 
 def head_rows(model: nn.Module) -> int | None:
     """The leading tokens a vitfast VisionTransformer's head reads, when that is all it reads: 1 with class-token
     pooling, 2 for DeiT distilled (class and distillation tokens); None otherwise (mean or attention pooling, no
-    pooling, features_only, a forward of its own, a last block left unfused)."""
+    pooling, features_only, a last block left unfused, or a subclass or instance with its own forward path)."""
     config = getattr(model, "config", None)
-    if type(model).forward is not VisionTransformer.forward or config is None or config.features_only:
+    path = ("forward", "forward_features", "forward_head", "pool", "_embed", "_head_rows_features")
+    if not isinstance(model, VisionTransformer) or config is None or config.features_only:
         return None
-    if not isinstance(model.blocks[-1], FusedBlock):
+    if any(getattr(type(model), name) is not getattr(VisionTransformer, name) for name in path):
+        return None
+    if any(name in vars(model) for name in path[1:]) or not isinstance(model.blocks[-1], FusedBlock):
         return None
     rows = 2 if config.distilled else 1 if config.global_pool == "token" else None
     return rows if rows is not None and model.num_prefix_tokens >= rows else None
 
 
 def _set_head_only(model: nn.Module, head_only: bool, graphed: CudaGraphForward | None) -> None:
-    """Install or remove `head_only_forward` as `model.forward` (see `optimize`'s head_only)."""
-    installed = hasattr(model, _HEAD_ONLY)
+    """Set or clear the model's HEAD_ROWS, which its forward reads (see `optimize`'s head_only); graphs captured
+    with the other forward are dropped, to be captured again."""
     rows = head_rows(model) if head_only else None
-    if installed == bool(rows):
+    if vars(model).get(HEAD_ROWS) == rows:
         return
-    if graphed is not None:
-        raise VitfastError(f"head_only={head_only} would change a forward already captured in CUDA graphs: "
-                           "restore(model), then optimize it again with the options wanted")  # fmt: skip
-    if rows:
-        if "forward" in vars(model):  # a forward of the caller's own: left as it is
-            return
-        model.forward = types.MethodType(head_only_forward, model)  # shadows the class method; restore() deletes it
-        setattr(model, _HEAD_ONLY, rows)
+    if rows is None:
+        delattr(model, HEAD_ROWS)
     else:
-        del model.forward
-        delattr(model, _HEAD_ONLY)
+        setattr(model, HEAD_ROWS, rows)
+    if graphed is not None:
+        graphed.reset()
 
 
 def graphed_forward(model: nn.Module) -> CudaGraphForward | None:
