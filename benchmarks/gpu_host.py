@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from gpu_kernels import NOT_REACHED, dtype_name
 from vitfast.errors import describe_exception, first_line
 
 BACKENDS = (("optimize", {"mlp": "auto"}), ("eager", None))  # optimize() first: its batch-64 row is the open question
@@ -185,7 +186,7 @@ def host_profile(name: str, overrides: dict, dtype: torch.dtype, device: str, ba
     cfg = vitfast.get_config(name, **overrides)
     with torch.device(device):
         model = vitfast.create_model(cfg).to(dtype=dtype).eval()
-    result = {"model": name, "overrides": overrides, "dtype": str(dtype).removeprefix("torch."), "rows": []}
+    result = {"model": name, "overrides": overrides, "dtype": dtype_name(dtype), "rows": []}
     with sm_clock_samples(gpu) as (clocks, clock_errors), torch.inference_mode():  # as vitfast.bench runs a model
         for label, options in BACKENDS:
             if options:
@@ -193,7 +194,7 @@ def host_profile(name: str, overrides: dict, dtype: torch.dtype, device: str, ba
             for batch in batches:
                 row = {"backend": label, "batch": batch}
                 if time.monotonic() > deadline:
-                    row |= {"status": "not reached", "reason": "the part's time box ran out before this row"}
+                    row |= NOT_REACHED
                 else:
                     xs = [torch.randn(batch, cfg.in_chans, *cfg.img_hw, device=device, dtype=dtype) for _ in range(INPUTS)]
                     try:

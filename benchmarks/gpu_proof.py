@@ -344,10 +344,10 @@ def model_parity(rows: list, warm: list, dry_run: bool, deadline: float, precisi
     import torch
 
     import vitfast
+    from vitfast.precision import TORCH_DTYPES
 
     device = "cpu" if dry_run else "cuda"
-    names = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-    dtypes = (torch.float32,) if dry_run else tuple(names[p] for p in (precisions or "fp16,bf16").split(","))  # the interpreter: fp32 only
+    dtypes = (torch.float32,) if dry_run else tuple(TORCH_DTYPES[p] for p in (precisions or "fp16,bf16").split(","))  # the interpreter: fp32 only
     batches = (2,) if dry_run else (64, 1)
     models, warmed = list(parity_models(dry_run)), set()
     extras_for = "ViT-S/16" if dry_run else "ViT-B/16"

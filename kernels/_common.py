@@ -200,9 +200,7 @@ def kept_configs(configs: list, estimate: SharedMemoryEstimate, args: dict, budg
     fitting, n = configs_within(configs, estimate, args, budget), tune_limit()
     if n <= 0 or len(fitting) <= n:
         return fitting
-    if n == 1:
-        return fitting[:1]
-    return [fitting[round(i * (len(fitting) - 1) / (n - 1))] for i in range(n)]
+    return [fitting[round(i * (len(fitting) - 1) / max(n - 1, 1))] for i in range(n)]
 
 
 def autotune(configs: list, key: list[str], estimate: SharedMemoryEstimate):

@@ -26,7 +26,8 @@ from vitfast.foreign import is_onnx_artifact
 from vitfast.export import quantize_int8, to_onnx
 from vitfast.export.artifacts import read_sidecar, sidecar_path
 from vitfast.export.tensorrt import require_tensorrt
-from vitfast.optimize import head_rows, optimize
+from vitfast.model import HEAD_ROWS
+from vitfast.optimize import optimize
 from vitfast.precision import BENCH as PRECISIONS
 from vitfast.precision import TORCH as TORCH_PRECISIONS
 from vitfast.precision import TORCH_DTYPES
@@ -275,7 +276,8 @@ def _torch_runner(backend: str, precision: str, config: ViTConfig, platform: Pla
         every_token = backend == "vitfast-every-token"
         optimize(model, cuda_graphs=backend == "vitfast-graphs", approximate_gelu=approximate, head_only=not every_token)
         details["attention"] = "vitfast Triton kernel, or SDPA where kernels/attention_dispatch.json measured it faster"
-        details["last block"] = "every token" if every_token or head_rows(model) is None else f"the head's {head_rows(model)} token(s) only"
+        rows = vars(model).get(HEAD_ROWS)  # what optimize set up: read, not worked out again
+        details["last block"] = f"the head's {rows} token(s) only" if rows else "every token"
         if approximate:
             details["gelu"] = "tanh form in fc1's cuBLASLt epilogue" + (
                 "" if config.act_layer == "gelu_tanh" else f"; the model's is {config.act_layer!r}: a different function")
