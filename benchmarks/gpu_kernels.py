@@ -478,9 +478,11 @@ def mlp_gemms(s: Shapes, deadline: float, rows: list) -> list[dict]:
                     cublas=lambda h: F.gelu(F.linear(h, w1, b1)),  # what FusedBlock's cuBLAS path runs for GELU
                     epilogue=lambda h: le.linear_bias_gelu(h, w1, b1, "none"),
                     reference=lambda h, w, b: le.linear_epilogue_reference(h, w, b, "none"), ref_args=(w1, b1),
+                    # bias_gelu: fc1's third path, cuBLAS without the bias, then the bias+GELU kernel (its erfc form);
                     # optimize(approximate_gelu=True): GELU's tanh form in cuBLASLt's epilogue, its error still vs erf;
                     # on Hopper the epilogue column is the TMA kernel, and `pointer` the kernel it replaced there
-                    variants={"cublaslt_tanh": lambda h: fused.linear_gelu_tanh(h, w1, b1)} | ({"pointer": lambda h: le.linear_epilogue_launch(
+                    variants={"bias_gelu": lambda h: bg.bias_gelu(F.linear(h, w1), b1, "none"),
+                              "cublaslt_tanh": lambda h: fused.linear_gelu_tanh(h, w1, b1)} | ({"pointer": lambda h: le.linear_epilogue_launch(
                         h, w1, b1, h.new_empty(M, hidden), gelu="none", kernel="pointer")} if tma else {}),
                     more={"epilogue_kernel": "tma" if tma else "pointer"},
                 ))  # fmt: skip
@@ -636,19 +638,28 @@ def merge_entries(path: Path, table: dict, new: list[dict], key) -> None:
     os.replace(tmp, path)
 
 
+FC1_PATHS = ("epilogue", "bias_gelu")  # fc1's paths besides "cublas" (fc2 and proj: "epilogue" only)
+
+
 def write_dispatch(rows: list[dict], env: dict, path: Path = DISPATCH_TABLE) -> list[dict]:
     """Merge this run's fc1/fc2 winners into the dispatch table at `path` (atomically); returns the
-    new entries. A shape gets "epilogue" only where it was >= min_speedup faster and passed the
-    2x rule; entries of other GPUs and shapes are kept. `fc1_traced` / `fc2_traced`: the choices under
+    new entries. A path other than "cublas" wins a shape only where it was >= min_speedup faster than
+    cuBLAS + PyTorch's kernels and passed the 2x rule: "epilogue" (fc1, fc2), or for fc1 "bias_gelu"
+    (cuBLAS without the bias, then vitfast's bias+GELU kernel), the faster of the two where both
+    qualify. Entries of other GPUs and shapes are kept. `fc1_traced` / `fc2_traced`: the choices under
     torch.compile / torch.export, judged by the pointer kernels' own timings where eager timed the TMA ones."""
     table = json.loads(path.read_text())
     min_speedup = table["min_speedup"]
 
-    def choice(row: dict, kernel: str = "") -> str:
-        return "epilogue" if row[f"{kernel}speedup"] >= min_speedup and row[f"{kernel}passes_2x_rule"] else "cublas"
+    def choice(row: dict, kernel: str = "", paths: tuple[str, ...] = ("epilogue",)) -> str:
+        # path -> (its speedup over cuBLAS, its row prefix); "bias_gelu" timed as a variant of the fc1 row
+        speedups = {"cublas": 1.0} | {p: row[f"{pre}speedup"] for p, pre in (("epilogue", kernel), ("bias_gelu", "bias_gelu_"))
+                                      if p in paths and row.get(f"{pre}passes_2x_rule")}  # fmt: skip
+        best = max(speedups, key=speedups.get)
+        return best if speedups[best] >= min_speedup else "cublas"
 
-    def traced_choice(row: dict) -> str:  # a trace runs the pointer kernel where eager ran the TMA one
-        return choice(row, "pointer_") if row.get("epilogue_kernel") == "tma" else choice(row)
+    def traced_choice(row: dict, paths: tuple[str, ...] = ("epilogue",)) -> str:  # a trace runs the pointer kernel where eager ran the TMA one
+        return choice(row, "pointer_" if row.get("epilogue_kernel") == "tma" else "", paths)
 
     by_shape: dict[tuple, dict] = {}
     for row in rows:
@@ -661,9 +672,10 @@ def write_dispatch(rows: list[dict], env: dict, path: Path = DISPATCH_TABLE) -> 
             continue
         fc1, fc2 = ops["fc1"], ops["fc2"]
         new.append(dict(compute_capability=env["compute_capability"], gpu=env["gpu"], dtype=dtype, C=C, hidden=hidden,
-                        m_bucket=bucket, fc1=choice(fc1), fc2=choice(fc2), fc1_traced=traced_choice(fc1), fc2_traced=traced_choice(fc2),
-                        fc1_speedup=round(fc1["speedup"], 3),
-                        fc2_speedup=round(fc2["speedup"], 3), git_sha=env["git_sha"], command=env["command"]))  # fmt: skip
+                        m_bucket=bucket, fc1=choice(fc1, paths=FC1_PATHS), fc2=choice(fc2), fc1_traced=traced_choice(fc1, FC1_PATHS),
+                        fc2_traced=traced_choice(fc2), fc1_speedup=round(fc1["speedup"], 3), fc2_speedup=round(fc2["speedup"], 3))
+                   | ({"fc1_bias_gelu_speedup": round(fc1["bias_gelu_speedup"], 3)} if "bias_gelu_speedup" in fc1 else {})
+                   | dict(git_sha=env["git_sha"], command=env["command"]))  # fmt: skip
     merge_entries(path, table, new, lambda e: (e["compute_capability"], e["dtype"], e["C"], e["m_bucket"], e["hidden"]))
     fused.mlp_dispatch_table.cache_clear()  # optimize(mlp="auto") in this process sees the new table
     return new

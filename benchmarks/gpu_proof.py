@@ -667,11 +667,13 @@ def markdown(part: str, result: dict) -> str:
         lines += host_markdown(result.get("host"), md_table)
         lines += ["", "## GEMMs with epilogues vs cuBLAS + separate kernels", ""]
         lines += ["speedup: cuBLAS path / Triton epilogue GEMM (epilogue_kernel: the persistent TMA kernel on Hopper, else "
-                  "the pointer one; pointer_TFLOPs: the pointer kernel beside the TMA one); cublaslt_tanh: fc1 with GELU's tanh "
+                  "the pointer one; pointer_TFLOPs: the pointer kernel beside the TMA one); bias_gelu: fc1's third path, cuBLAS "
+                  "without the bias, then vitfast's bias+GELU kernel (erfc form); cublaslt_tanh: fc1 with GELU's tanh "
                   "form in cuBLASLt's epilogue (optimize(approximate_gelu=True)), its speedup over the cuBLAS path and its error "
                   "vs the erf GELU (2x rule).", ""]  # fmt: skip
         lines += md_table(result.get("mlp", []), ["op", "model", "dtype", "batch", "status", "epilogue_kernel", "cublas_TFLOPs",
                                                   "epilogue_TFLOPs", "pointer_TFLOPs", "speedup", "faster", "passes_2x_rule",
+                                                  "bias_gelu_speedup", "bias_gelu_passes_2x_rule",
                                                   "cublaslt_tanh_speedup", "cublaslt_tanh_passes_2x_rule"])  # fmt: skip
         lines += ["", f"Dispatch entries written to mlp_dispatch.json: {len(result.get('mlp_dispatch') or [])}, to attention_dispatch.json: "
                   f"{len(result.get('attention_dispatch') or [])} (SDPA where it was faster: "

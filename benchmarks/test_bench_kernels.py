@@ -161,3 +161,17 @@ def test_write_dispatch_merges_measured_winners(tmp_path, monkeypatch):
     monkeypatch.setattr(fused, "mlp_dispatch_table", functools.cache(lambda: tuple(entries)))
     assert fused.choose_mlp_paths("auto", torch.device("cuda"), torch.float16, 768, 3072, 256 * 197, traced=True) == ("cublas", "cublas")
     assert fused.choose_mlp_paths("auto", torch.device("cuda"), torch.float16, 768, 3072, 256 * 197) == ("epilogue", "cublas")
+
+    # fc1's third path, cuBLAS without bias + the bias+GELU kernel (a variant of the fc1 row): where it
+    # qualifies it wins if faster than the epilogue, in traces too; failing the 2x rule it never does
+    def fc1(epilogue, bias_gelu, passes=True, pointer=0.9):
+        row = dict(rows[0], speedup=epilogue, pointer_speedup=pointer, bias_gelu_speedup=bias_gelu, bias_gelu_passes_2x_rule=passes)
+        entry = next(e for e in gpu_kernels.write_dispatch([row, rows[1]], env, table) if e["m_bucket"] == 65536)
+        return entry["fc1"], entry["fc1_traced"], entry["fc1_bias_gelu_speedup"]
+
+    assert fc1(1.2, 1.3) == ("bias_gelu", "bias_gelu", 1.3)
+    assert fc1(1.2, 1.1) == ("epilogue", "bias_gelu", 1.1)  # a trace's pointer kernel (0.9x) loses to bias_gelu
+    assert fc1(1.0, 1.02) == ("cublas", "cublas", 1.02)  # within noise
+    assert fc1(0.8, 1.5, passes=False) == ("cublas", "cublas", 1.5)
+    fc2_row = dict(rows[1], bias_gelu_speedup=2.0, bias_gelu_passes_2x_rule=True)  # fc2 has no such path
+    assert {e["fc2"] for e in gpu_kernels.write_dispatch([rows[0], fc2_row], env, table)} == {"cublas"}

@@ -242,6 +242,21 @@ def _init_worker() -> None:
     _RECORDED[:] = [record(launch) for launch in LAUNCHES]
 
 
+def specialised_source(jit, args: tuple, kwargs: dict, arch: int, fp64_scalars: bool = False):
+    """(ASTSource, GPUTarget, backend, options) of `jit` launched with `args` / `kwargs` (CPU tensors
+    stand in for the GPU's) on compute capability `arch`: Triton's own binder and packer, so the
+    specialisation (divisibility, alignment, constexprs) is what a GPU launch would get. `fp64_scalars`
+    types the float arguments fp64, as Inductor does."""
+    gpu = GPUTarget("cuda", arch, 32)
+    backend = make_backend(gpu)
+    bind = create_function_from_signature(jit.signature, jit.params, backend)
+    bound, specialization, options = bind(*args, **kwargs)
+    options, signature, constexprs, attrs = jit._pack_args(backend, options, bound, specialization, options)
+    if fp64_scalars:
+        signature = {name: "fp64" if kind == "fp32" else kind for name, kind in signature.items()}
+    return ASTSource(jit, signature, constexprs, attrs), gpu, backend, options
+
+
 def compile_one(job: tuple) -> dict:
     """Compile launch `i` with config `c` (an index into the kept list) for `target`; with
     `fp64_scalars`, its float arguments typed fp64, as Inductor types them."""
@@ -250,15 +265,7 @@ def compile_one(job: tuple) -> dict:
     arch, limit = TARGETS[target]
     config = rec.configs(TARGETS[target])[c]
     jit = rec.jit
-    gpu = GPUTarget("cuda", arch, 32)
-    backend = make_backend(gpu)
-    # Triton's own binder and packer: the specialisation a GPU launch would get
-    bind = create_function_from_signature(jit.signature, jit.params, backend)
-    bound, specialization, options = bind(*rec.args, **rec.launch_kwargs, **config.all_kwargs())
-    options, signature, constexprs, attrs = jit._pack_args(backend, options, bound, specialization, options)
-    if fp64_scalars:
-        signature = {name: "fp64" if kind == "fp32" else kind for name, kind in signature.items()}
-    src = ASTSource(jit, signature, constexprs, attrs)
+    src, gpu, backend, options = specialised_source(jit, rec.args, rec.launch_kwargs | config.all_kwargs(), arch, fp64_scalars)
     key = hashlib.sha256(get_cache_key(src, backend, options, {}).encode()).hexdigest()
     row = {"launch": LAUNCHES[i].name, "kernel": jit.__name__, "target": target, "limit": limit,
            "config": _common.describe_config(config), "estimate": _estimate(rec, config, arch),

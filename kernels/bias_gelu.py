@@ -5,6 +5,13 @@ the two approximations of Hendrycks & Gimpel, tanh and sigmoid (x sigmoid(1.702 
 Used after fc1 computed without its bias (cuBLAS GEMM, then this kernel). `gelu` is also the
 epilogue of the Triton GEMM in linear_epilogue.py; FusedBlock picks between the two paths per
 shape (see vitfast/fused.py).
+
+16-bit outputs take a cheaper erf GELU (`gelu_erfc`): Numerical Recipes' erfc fit, relative error
+< 1.2e-7, with its reciprocal and exp2 as single approximate instructions on a GPU. On sm_90a it
+compiles to 20 SASS instructions per fp16 element against 35 with libdevice's erf (loads and stores
+included; `python benchmarks/gelu_sass.py`): an H200 reads and writes an fp16 element in ~28
+instruction issues, so libdevice's erf makes a GELU pass issue-bound there, this one memory-bound.
+fp32 outputs keep libdevice's erf.
 """
 
 from __future__ import annotations
@@ -13,22 +20,70 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_device, elementwise_tiles, rows_view, runs_reference, vitfast_op, wrap_triton
+from ._common import INTERPRET, check_device, elementwise_tiles, rows_view, runs_reference, vitfast_op, wrap_triton
 
 GELU_FORMS = {"none": 0, "tanh": 1, "sigmoid": 2}  # `approximate` -> the FORM constexpr
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1 / ln 2: exp(v) = exp2(v / ln 2)
+# PTX's approximate instructions run on a GPU only: the interpreter computes 1 / x and exp2 exactly instead
+_PTX: tl.constexpr = tl.constexpr(not INTERPRET)
 
 
 @triton.jit
-def gelu(x, FORM: tl.constexpr):
-    """GELU of an fp32 tile: FORM 0 erf, 1 tanh approximation, 2 sigmoid approximation."""
+def _rcp(x, APPROX: tl.constexpr):
+    """1 / x; APPROX: rcp.approx.ftz (max error 1 ulp of fp32) instead of the IEEE division's ~10 instructions."""
+    if APPROX and _PTX:
+        y = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        y = 1.0 / x
+    return y
+
+
+@triton.jit
+def _exp2(x, APPROX: tl.constexpr):
+    """2^x; APPROX: ex2.approx.ftz (results below 2^-126 flush to 0) without the denormal range fix-up."""
+    if APPROX and _PTX:
+        y = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        y = tl.math.exp2(x)
+    return y
+
+
+@triton.jit
+def gelu_erfc(x, APPROX: tl.constexpr):
+    """x Phi(x) of an fp32 tile through erfc: Phi(x) = 1 - h for x >= 0, h for x < 0, h = erfc(z) / 2 at
+    z = |x| / sqrt 2. erfc(z) = t exp(-z^2 + P(t)) with t = 1 / (1 + z/2) is Numerical Recipes' Chebyshev
+    fit `erfcc` (fractional error < 1.2e-7 for every z >= 0), so the negative tail keeps its relative
+    accuracy where 1 + erf(x / sqrt 2) cancels in fp32; the exponent is taken in log2 units for one ex2."""
+    t = _rcp(1.0 + 0.35355339059327373 * tl.abs(x), APPROX)  # z / 2 = |x| / (2 sqrt 2)
+    # P(t) / ln 2 by Horner, minus 1 for the halving (h = t 2^(P / ln 2 - 1 - z^2 / ln 2))
+    p = 0.17087277 * LOG2E
+    p = p * t - 0.82215223 * LOG2E
+    p = p * t + 1.48851587 * LOG2E
+    p = p * t - 1.13520398 * LOG2E
+    p = p * t + 0.27886807 * LOG2E
+    p = p * t - 0.18628806 * LOG2E
+    p = p * t + 0.09678418 * LOG2E
+    p = p * t + 0.37409196 * LOG2E
+    p = p * t + 1.00002368 * LOG2E
+    p = p * t - (1.26551223 * LOG2E + 1.0)
+    h = t * _exp2(p - (0.5 * LOG2E) * x * x, APPROX)  # z^2 = x^2 / 2
+    return x * tl.where(x < 0, h, 1.0 - h)
+
+
+@triton.jit
+def gelu(x, FORM: tl.constexpr, FAST: tl.constexpr):
+    """GELU of an fp32 tile: FORM 0 erf, 1 tanh approximation, 2 sigmoid approximation. FAST (a 16-bit
+    output, whose rounding is ~1e3x the difference): erf through `gelu_erfc`, approximate rcp and exp2."""
     if FORM == 1:
         # tanh(u) = 2 sigmoid(2u) - 1, so 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + exp(-2u))
         u = 0.7978845608028654 * (x + 0.044715 * x * x * x)  # sqrt(2/pi) (x + 0.044715 x^3)
         # exp(-2u) as exp2(-2u / ln 2), the exponent capped so it cannot overflow to inf
-        y = x / (1.0 + tl.math.exp2(tl.minimum(-2.0 * 1.4426950408889634 * u, 126.0)))
+        y = x * _rcp(1.0 + _exp2(tl.minimum(-2.0 * LOG2E * u, 126.0), FAST), FAST)
     elif FORM == 2:
         # x sigmoid(1.702 x) = x / (1 + exp(-1.702 x)), exp as exp2 (times 1/ln 2), capped as above
-        y = x / (1.0 + tl.math.exp2(tl.minimum(-1.702 * 1.4426950408889634 * x, 126.0)))
+        y = x * _rcp(1.0 + _exp2(tl.minimum(-1.702 * LOG2E * x, 126.0), FAST), FAST)
+    elif FAST:
+        y = gelu_erfc(x, True)
     else:
         y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))  # x / sqrt(2)
     return y
@@ -45,7 +100,7 @@ def _bias_gelu_kernel(
     mask = (rows < M)[:, None] & (cols < C)[None, :]
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     x += tl.load(Bias + cols, mask=cols < C, other=0.0).to(tl.float32)[None, :]
-    y = gelu(x, FORM)
+    y = gelu(x, FORM, Out.dtype.element_ty != tl.float32)
     tl.store(Out + rows[:, None] * stride_out + cols[None, :], y.to(Out.dtype.element_ty), mask=mask)
 
 

@@ -113,14 +113,15 @@ def grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def branch_tile(acc, Bias, Gamma, offs_n, N, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, RESIDUAL: tl.constexpr):
+def branch_tile(acc, Bias, Gamma, offs_n, N, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, RESIDUAL: tl.constexpr,
+                OUT_16BIT: tl.constexpr):  # fmt: skip
     """The epilogue before the residual add, on an fp32 [rows, len(offs_n)] tile of columns offs_n:
-    + bias, then GELU (ACTIVATION > 0) or the LayerScale gamma (RESIDUAL == 2)."""
+    + bias, then GELU (ACTIVATION > 0; its fast form for a 16-bit output) or the LayerScale gamma (RESIDUAL == 2)."""
     mask_n = offs_n < N
     if HAS_BIAS:
         acc += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     if ACTIVATION > 0:
-        acc = gelu_tile(acc, ACTIVATION - 1)
+        acc = gelu_tile(acc, ACTIVATION - 1, OUT_16BIT)
     if RESIDUAL == 2:
         acc *= tl.load(Gamma + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     return acc
@@ -157,7 +158,7 @@ def _linear_epilogue_kernel(
 
     # -- epilogue in fp32 registers: bias, then GELU or the (scaled) residual add; one rounding
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    acc = branch_tile(acc, Bias, Gamma, offs_n, N, HAS_BIAS, ACTIVATION, RESIDUAL)
+    acc = branch_tile(acc, Bias, Gamma, offs_n, N, HAS_BIAS, ACTIVATION, RESIDUAL, Out.dtype.element_ty != tl.float32)
     if RESIDUAL > 0:
         res_ptrs = Res + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn
         acc += tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
@@ -200,7 +201,7 @@ def tma_shared_memory_bytes(config: triton.Config, args: dict, capability: int) 
 def _epilogue_store(acc, out_desc, res_desc, Bias, Gamma, row, col, N,
                     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     """acc [BLOCK_M, BLOCK_N] fp32 at (row, col) of the output: bias, GELU or the (scaled) residual, one rounding, TMA store."""
-    acc = branch_tile(acc, Bias, Gamma, col + tl.arange(0, BLOCK_N), N, HAS_BIAS, ACTIVATION, RESIDUAL)
+    acc = branch_tile(acc, Bias, Gamma, col + tl.arange(0, BLOCK_N), N, HAS_BIAS, ACTIVATION, RESIDUAL, out_desc.dtype != tl.float32)
     if RESIDUAL > 0:
         acc += res_desc.load([row, col]).to(tl.float32)
     out_desc.store([row, col], acc.to(out_desc.dtype))

@@ -54,7 +54,7 @@ def residual_chunk(acc, Bias, Gamma, Res, ResOut, offs_m, mask_m, n0, N, stride_
     RMSNorm m2 is the sum of squares and mean stays 0). Statistics from r as stored (rounded)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    acc = branch_tile(acc, Bias, Gamma, offs_n, N, HAS_BIAS, 0, 1 + HAS_GAMMA)  # + bias, * gamma: linear_epilogue's RESIDUAL 1 / 2
+    acc = branch_tile(acc, Bias, Gamma, offs_n, N, HAS_BIAS, 0, 1 + HAS_GAMMA, False)  # + bias, * gamma: linear_epilogue's RESIDUAL 1 / 2
     mask = mask_m[:, None] & mask_n[None, :]
     acc += tl.load(Res + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
     r = acc.to(ResOut.dtype.element_ty)

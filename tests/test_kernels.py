@@ -7,12 +7,17 @@ and truncates fp32->bf16 casts, so bf16 is checked on the GPU only."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'vitfast[triton]')")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -206,6 +211,34 @@ def test_bias_gelu(device, dtype, approximate, shape):
     bg.bias_gelu_launch(x, b, out, approximate)
     exact = bg.bias_gelu_reference(x.double(), b.double(), approximate)
     check_2x(out, bg.bias_gelu_reference(x, b, approximate), exact, dtype)
+
+
+@triton.jit
+def _gelu_probe(X, Y, n, FORM: tl.constexpr, FAST: tl.constexpr, BLOCK: tl.constexpr):
+    """bg.gelu of x in fp32, stored in fp32: the form a 16-bit output takes (FAST) without its rounding."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + offs, mask=offs < n)
+    tl.store(Y + offs, bg.gelu(x, FORM, FAST), mask=offs < n)
+
+
+def test_fast_erf_gelu_is_as_accurate_as_fp32_erf_and_keeps_its_negative_tail(device):
+    """The erfc form 16-bit outputs take: within 2x of PyTorch's fp32 erf GELU's absolute error against
+    float64, relative error < 2e-5 down to |GELU| = 1e-30 (PyTorch's fp32 form rounds 1 + erf to 0 below
+    x ~ -5.5), and inf, nan, 0 and huge inputs come out as GELU's limits."""
+    special = [0.0, -0.0, float("inf"), float("nan"), 1e30, -1e30, 3e38, -3e38]
+    x = torch.cat([torch.linspace(-14, 14, 20001), torch.tensor(special)]).to(device)
+    out = poisoned(x.shape, torch.float32, device)
+    _gelu_probe[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), FORM=0, FAST=True, BLOCK=1024)
+    xd = x.double()
+    exact = 0.5 * xd * torch.special.erfc(-xd / math.sqrt(2))  # x Phi(x) with both tails accurate
+    grid, tail = slice(0, -len(special)), exact.abs() > 1e-30
+    err, torch_err = ((y[grid].double() - exact[grid]).abs().max().item() for y in (out, F.gelu(x)))
+    assert err <= 2 * torch_err, f"error {err:.3g} vs PyTorch's fp32 GELU {torch_err:.3g}"
+    rel = ((out.double() - exact) / exact)[grid][tail[grid]].abs().max().item()
+    assert rel < 2e-5, f"relative error {rel:.3g}"
+    assert out[(x < -6) & (x > -12)].ne(0).all(), "the negative tail cancelled to 0"
+    torch.testing.assert_close(out[-len(special):].cpu(), torch.tensor([0.0, 0.0, float("inf"), float("nan"), 1e30, 0.0, 3e38, 0.0]),
+                               equal_nan=True, atol=0, rtol=1e-6)
 
 
 def test_bias_gelu_rejects_unknown_form(device):

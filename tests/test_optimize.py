@@ -171,6 +171,32 @@ def test_epilogue_mlp_path_matches_reference(device, name, monkeypatch):
         assert torch.equal(model(x), ref)  # restore is bit-identical
 
 
+@pytest.mark.parametrize("name", ["plain", "tanh-no-qkv-bias-no-final-norm", "clip-pre-norm-quick-gelu"])
+def test_measured_bias_gelu_path_runs_fc1_without_bias_then_the_kernel(device, name, monkeypatch):
+    """A table entry with fc1 "bias_gelu": cuBLAS without the bias, then the bias + GELU kernel, once per block, same
+    logits. GELU's tanh form keeps its one cuBLASLt GEMM (no kernel), and a forced mlp="cublas" PyTorch's GELU."""
+    from vitfast.kernels import bias_gelu
+
+    launches = []
+    real = bias_gelu.bias_gelu_launch
+    monkeypatch.setattr(bias_gelu, "bias_gelu_launch", lambda *a, **k: launches.append(a[3] if len(a) > 3 else k.get("approximate", "none")) or real(*a, **k))
+    cfg = VARIANTS[name]
+    model = randomize(vitfast.create_model(cfg)).to(device)
+    x = torch.randn(3, 3, *cfg.img_hw, device=device)
+    with torch.no_grad():
+        ref = model(x)
+        vitfast.optimize(model)
+        for block in model.blocks:
+            block.measured = {torch.float32: ((256, "bias_gelu", "cublas", "bias_gelu", "cublas"),)}
+        torch.testing.assert_close(model(x), ref, atol=1e-4, rtol=1e-4)
+        form = {"gelu": "none", "gelu_tanh": None, "quick_gelu": "sigmoid"}[cfg.act_layer]
+        assert launches == ([form] * cfg.depth if form else [])
+        launches.clear()
+        vitfast.optimize(model, mlp="cublas")
+        model(x)
+        assert launches == (["sigmoid"] * cfg.depth if form == "sigmoid" else [])
+
+
 def test_auto_mlp_path_is_cublas_until_measured(device, monkeypatch):
     """"auto" runs cuBLAS + the standalone kernel where no GPU of this compute capability measured the shape (off CUDA too)."""
     from vitfast import fused

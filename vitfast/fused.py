@@ -12,6 +12,9 @@ followed by a non-fused block) ends with the plain residual add. The GEMMs that 
   kernel for PyTorch's three). 8 launches per block. GELU's tanh form (SigLIP, or any model
   under `optimize(model, approximate_gelu=True)`) is applied by cuBLASLt in fc1's epilogue
   (`linear_gelu_tanh`): 7 launches, and the 4x-wide activation is written once.
+- "bias_gelu" (fc1 only, from the measured table): cuBLAS GEMM without its bias -> the bias + GELU
+  kernel, which for fp16/bf16 computes erf's GELU through a cheaper erfc (kernels/bias_gelu.py: 20
+  instead of 35 instructions per element, so the pass is memory-bound where PyTorch's is not).
 - "epilogue": Triton GEMMs with the elementwise work as their epilogue: proj and fc2 + bias +
   LayerScale + residual + LayerNorm (kernels/linear_layernorm.py), fc1 + bias + GELU
   (kernels/linear_epilogue.py); on Hopper, in eager calls, their TMA forms. 5 launches per block
@@ -156,7 +159,7 @@ def nearest_paths(choices: tuple[MlpChoice, ...], rows: int, traced: bool = Fals
 
 
 def choose_mlp_paths(mode: str, device: torch.device, dtype: torch.dtype, C: int, hidden: int, rows: int, traced: bool = False) -> tuple[str, str]:
-    """(fc1 path, fc2 path), each "cublas" or "epilogue" (proj follows fc2).
+    """(fc1 path, fc2 path), each "cublas" or "epilogue", fc1 also "bias_gelu" from the table (proj follows fc2).
 
     mode "cublas" / "epilogue" forces both. "auto" looks up the measured table: the entry for this
     GPU's compute capability, dtype, C and hidden whose M bucket is nearest (log scale) to
@@ -310,12 +313,14 @@ class FusedBlock(nn.Module):
             m = ops.linear_bias_gelu(h, mlp.fc1.weight, mlp.fc1.bias, self.gelu_form)
         elif self.gelu_form == "tanh":  # one cuBLASLt GEMM with bias + GELU (tanh form) as its epilogue
             m = linear_gelu_tanh(h, mlp.fc1.weight, mlp.fc1.bias)
-        elif mlp.fc1.bias is None or mlp.act.approximate != "sigmoid":
+        elif mlp.fc1.bias is not None and (fc1 == "bias_gelu" or self.gelu_form == "sigmoid"):
+            # the bias + GELU kernel after a GEMM without bias: where the table measured it faster than PyTorch's
+            # GELU (its erfc form for 16-bit), and always for QuickGELU, which is three PyTorch kernels
+            m = ops.bias_gelu(F.linear(h, mlp.fc1.weight), mlp.fc1.bias, self.gelu_form)
+        else:
             # cuBLAS adds the bias in its epilogue at no cost and PyTorch's GELU is one kernel: on the H100 this
-            # beat fc1 without bias + the bias+GELU kernel (ViT-B/16 batch 256: 223 vs 263 us per GELU)
+            # beat fc1 without bias + the bias+GELU kernel with libdevice's erf (ViT-B/16 batch 256: 223 vs 263 us)
             m = mlp.act(F.linear(h, mlp.fc1.weight, mlp.fc1.bias))
-        else:  # QuickGELU is three PyTorch kernels: bias and x * sigmoid(1.702 x) in one
-            m = ops.bias_gelu(F.linear(h, mlp.fc1.weight), mlp.fc1.bias, "sigmoid")
         if type(mlp.norm) is not nn.Identity:
             m = _norm(ops, m, mlp.norm)
         return self._branch_end(ops, fc2, m, mlp.fc2, x, self.ls2, nxt) if nxt is not None else self._last_end(ops, fc2, m, x)
