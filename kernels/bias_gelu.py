@@ -29,12 +29,12 @@ _PTX: tl.constexpr = tl.constexpr(not INTERPRET)
 
 
 @triton.jit
-def _rcp(x, APPROX: tl.constexpr):
-    """1 / x; APPROX: rcp.approx.ftz (max error 1 ulp of fp32) instead of the IEEE division's ~10 instructions."""
+def _div(x, d, APPROX: tl.constexpr):
+    """x / d; APPROX: x times rcp.approx.ftz(d) (max error 1 ulp of fp32) instead of the division's ~10 instructions."""
     if APPROX and _PTX:
-        y = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+        y = x * tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [d], dtype=tl.float32, is_pure=True, pack=1)
     else:
-        y = 1.0 / x
+        y = x / d
     return y
 
 
@@ -54,7 +54,7 @@ def gelu_erfc(x, APPROX: tl.constexpr):
     z = |x| / sqrt 2. erfc(z) = t exp(-z^2 + P(t)) with t = 1 / (1 + z/2) is Numerical Recipes' Chebyshev
     fit `erfcc` (fractional error < 1.2e-7 for every z >= 0), so the negative tail keeps its relative
     accuracy where 1 + erf(x / sqrt 2) cancels in fp32; the exponent is taken in log2 units for one ex2."""
-    t = _rcp(1.0 + 0.35355339059327373 * tl.abs(x), APPROX)  # z / 2 = |x| / (2 sqrt 2)
+    t = _div(1.0, 1.0 + 0.35355339059327373 * tl.abs(x), APPROX)  # z / 2 = |x| / (2 sqrt 2)
     # P(t) / ln 2 by Horner, minus 1 for the halving (h = t 2^(P / ln 2 - 1 - z^2 / ln 2))
     p = 0.17087277 * LOG2E
     p = p * t - 0.82215223 * LOG2E
@@ -78,10 +78,10 @@ def gelu(x, FORM: tl.constexpr, FAST: tl.constexpr):
         # tanh(u) = 2 sigmoid(2u) - 1, so 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + exp(-2u))
         u = 0.7978845608028654 * (x + 0.044715 * x * x * x)  # sqrt(2/pi) (x + 0.044715 x^3)
         # exp(-2u) as exp2(-2u / ln 2), the exponent capped so it cannot overflow to inf
-        y = x * _rcp(1.0 + _exp2(tl.minimum(-2.0 * LOG2E * u, 126.0), FAST), FAST)
+        y = _div(x, 1.0 + _exp2(tl.minimum(-2.0 * LOG2E * u, 126.0), FAST), FAST)
     elif FORM == 2:
         # x sigmoid(1.702 x) = x / (1 + exp(-1.702 x)), exp as exp2 (times 1/ln 2), capped as above
-        y = x * _rcp(1.0 + _exp2(tl.minimum(-1.702 * LOG2E * x, 126.0), FAST), FAST)
+        y = _div(x, 1.0 + _exp2(tl.minimum(-1.702 * LOG2E * x, 126.0), FAST), FAST)
     elif FAST:
         y = gelu_erfc(x, True)
     else:
