@@ -173,7 +173,7 @@ def _tma_configs() -> list[triton.Config]:
     # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_N): the wgmma tiles of Triton's Hopper
     # matmul tutorial (128 rows, 128 or 256 columns) for the large batches, 64-row tiles so batch 1
     # (M = 197) still spreads over the SMs. No 4-warp 128x128 tile: it spills in the GELU epilogue
-    # (204 bytes at 255 registers, sm_90a, `python -m vitfast.kernels.aot`)
+    # (204 bytes at 255 registers with libdevice's erf; 4-8 bytes with the erfc form, sm_90a, `python -m vitfast.kernels.aot`)
     tiles = [
         (128, 256, 64, 8, 3, 2), (128, 256, 64, 8, 4, 2), (128, 128, 64, 8, 4, 1), (128, 128, 128, 8, 3, 1),
         (64, 128, 64, 4, 4, 1), (64, 64, 64, 4, 4, 1),
