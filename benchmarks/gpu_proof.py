@@ -61,8 +61,10 @@ GRACE_S = 30.0  # the watchdog fires this long after a part's time box
 INTERRUPT_GRACE_S = 20.0  # a pytest run past its box gets SIGINT, then this long to write its JUnit XML
 # optimize() and the GEMM epilogues first: the H100 run of 2026-11-26 reached 261 of test_kernels.py's
 # 352 tests in its box and none of the other two files (xdist hands tests out in this order); the one GPU test of
-# test_torch_engine.py (CUDA graphs per batch size, as `vitfast serve --optimize --cuda-graphs` captures them) rides along
-TEST_FILES = ("tests/test_optimize.py", "tests/test_torch_engine.py::test_gpu_engine_graphs_per_batch_size_match_the_engine_without",
+# test_torch_engine.py (CUDA graphs per batch size, as `vitfast serve --optimize --cuda-graphs` captures them) rides along.
+# Before them, seconds long: the erfc GELU of 16-bit outputs, whose PTX rcp / ex2.approx.ftz only a GPU runs
+TEST_FILES = ("tests/test_kernels.py::test_fast_erf_gelu_is_as_accurate_as_fp32_erf_and_keeps_its_negative_tail",
+              "tests/test_optimize.py", "tests/test_torch_engine.py::test_gpu_engine_graphs_per_batch_size_match_the_engine_without",
               "tests/test_linear_layernorm.py", "tests/test_kernels.py")
 ATOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}  # DESIGN.md's 2x rule
 TMA_CHECK = "tma-check.json"  # the TMA GEMMs' verdict in DIR: the first part of a call writes it, every part obeys it
