@@ -32,6 +32,7 @@ from vitfast.kernels.bias_gelu import GELU_FORMS, gelu
 
 BLOCK, NUM_WARPS = 2048, 4
 # a SASS line: "/*0a30*/  [@!P0] OPCODE.MODIFIERS operands ;"
+APPROX_PTX = ("rcp.approx.ftz.f32", "ex2.approx.ftz.f32")  # bias_gelu's FAST path writes both; libdevice's erf uses the ex2 too
 SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)[.\s;]")
 
 
@@ -57,10 +58,12 @@ def count(form: str, fast: bool, arch: int) -> dict:
     x = torch.empty(BLOCK, dtype=torch.float16)
     src, target, _, options = specialised_source(
         _gelu_1d, (x, torch.empty_like(x)), dict(FORM=GELU_FORMS[form], FAST=fast, BLOCK=BLOCK, num_warps=NUM_WARPS), arch)
-    ops = sass_opcodes(triton.compile(src, target=target, options=options.__dict__).asm["cubin"])
+    compiled = triton.compile(src, target=target, options=options.__dict__)
+    ops = sass_opcodes(compiled.asm["cubin"])
     per_thread = BLOCK // (32 * NUM_WARPS)
     return dict(form=form, fast=fast, arch=f"sm_{arch}", instructions=sum(ops.values()),
-                per_element=round(sum(ops.values()) / per_thread, 2), mufu=ops["MUFU"], top=dict(ops.most_common(6)))  # fmt: skip
+                per_element=round(sum(ops.values()) / per_thread, 2), mufu=ops["MUFU"],
+                approx_ptx=sorted(i for i in APPROX_PTX if i in compiled.asm["ptx"]), top=dict(ops.most_common(6)))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

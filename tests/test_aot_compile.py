@@ -173,3 +173,20 @@ def test_float_arguments_typed_fp64_as_inductor_passes_them(report):
     for kernel, row in typed.items():
         assert "error" not in row, f"{kernel}: {row.get('error')}"
         assert row["f64_ops"] == 0, f"{kernel}: {row['f64_ops']} fp64 instructions"
+
+
+def test_16bit_gelu_compiles_to_one_rcp_and_one_ex2_per_element(tmp_path):
+    """benchmarks/gelu_sass.py (sm_90a SASS): erf's GELU for a 16-bit output is the erfc form, its reciprocal and exp2
+    one MUFU instruction each per element (the reciprocal the inline PTX `rcp.approx.ftz`, which the interpreter
+    never runs), in fewer instructions than libdevice's erf, which fp32 outputs keep (one MUFU, its exp2)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "1"}
+    out = tmp_path / "sass.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gelu_sass.py"), "--arch", "90", "--json", str(out)],
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    erf = {r["fast"]: r for r in json.loads(out.read_text()) if r["form"] == "none"}
+    per_thread = 2048 // (32 * 4)  # gelu_sass.py's BLOCK over its 4 warps
+    assert (erf[True]["mufu"], erf[False]["mufu"]) == (2 * per_thread, per_thread)
+    # (libdevice's erf and tl.math.exp2 use ex2.approx.ftz themselves: the reciprocal tells the two paths apart)
+    assert "rcp.approx.ftz.f32" in erf[True]["approx_ptx"] and "rcp.approx.ftz.f32" not in erf[False]["approx_ptx"]
+    assert erf[True]["per_element"] < erf[False]["per_element"]
