@@ -4,9 +4,9 @@ machine without one (the ptxas and cuobjdump shipped in the triton wheel).
     python benchmarks/gelu_sass.py [--arch 90] [--json FILE]
 
 Each form is compiled inside the same 1-D elementwise kernel (fp16 in, fp16 out, 16-byte aligned,
-no mask), once as a 16-bit output takes it (`fast`: erf through erfc, approximate rcp / ex2) and
-once as fp32 outputs take it (libdevice's erf, IEEE division): the difference is the GELU's own
-cost. Why it matters: a GPU issues ~128 thread-instructions per clock per SM, and reads + writes
+no mask), once as a 16-bit output takes it (`fast`: erf through erfc, the reciprocal as rcp.approx.ftz)
+and once as fp32 outputs take it (libdevice's erf, Triton's div.full.f32 division): the difference is
+the GELU's own cost. Why it matters: a GPU issues ~128 thread-instructions per clock per SM, and reads + writes
 4 bytes per fp16 element, so a GELU over fc1's output is issue-bound once instructions per element
 exceed 128 x 4 / (bytes per clock per SM): ~40 on an H100 (3.35 TB/s), ~28 on an H200 (4.8 TB/s),
 both 132 SMs at 1.98 GHz. Must run without TRITON_INTERPRET.

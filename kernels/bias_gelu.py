@@ -6,12 +6,13 @@ Used after fc1 computed without its bias (cuBLAS GEMM, then this kernel). `gelu`
 epilogue of the Triton GEMM in linear_epilogue.py; FusedBlock picks between the two paths per
 shape (see vitfast/fused.py).
 
-16-bit outputs take a cheaper erf GELU (`gelu_erfc`): Numerical Recipes' erfc fit, relative error
-< 1.2e-7, with its reciprocal and exp2 as single approximate instructions on a GPU. On sm_90a it
+16-bit outputs take a cheaper erf GELU (`gelu_erfc`): Numerical Recipes' erfc fit (fractional error
+< 1.2e-7), its reciprocal and exp2 single approximate instructions on an NVIDIA GPU. On sm_90a it
 compiles to 20 SASS instructions per fp16 element against 35 with libdevice's erf (loads and stores
 included; `python benchmarks/gelu_sass.py`): an H200 reads and writes an fp16 element in ~28
-instruction issues, so libdevice's erf makes a GELU pass issue-bound there, this one memory-bound.
-fp32 outputs keep libdevice's erf.
+instruction issues, so by that count libdevice's erf makes a GELU pass issue-bound there and this
+one memory-bound (not yet timed on a GPU). fp32 outputs keep libdevice's erf. The inline PTX is
+NVIDIA's: under the interpreter or a ROCm build the 16-bit forms divide as usual.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from ._common import INTERPRET, check_device, elementwise_tiles, rows_view, runs
 
 GELU_FORMS = {"none": 0, "tanh": 1, "sigmoid": 2}  # `approximate` -> the FORM constexpr
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1 / ln 2: exp(v) = exp2(v / ln 2)
-# PTX's approximate instructions run on a GPU only: the interpreter computes 1 / x and exp2 exactly instead
-_PTX: tl.constexpr = tl.constexpr(not INTERPRET)
+# Inline PTX runs on an NVIDIA GPU only: the interpreter (and a ROCm build) divide as usual instead
+_PTX: tl.constexpr = tl.constexpr(not INTERPRET and torch.version.hip is None)
 
 
 @triton.jit
 def _div(x, d, APPROX: tl.constexpr):
-    """x / d; APPROX: x times rcp.approx.ftz(d) (max error 1 ulp of fp32) instead of the division's ~10 instructions."""
+    """x / d; APPROX: x times rcp.approx.ftz(d) (1 ulp of fp32) in place of Triton's fp32 division, div.full.f32
+    (2 ulp, with range checks around the same reciprocal: 3 instructions per element more, `gelu_sass.py`)."""
     if APPROX and _PTX:
         y = x * tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [d], dtype=tl.float32, is_pure=True, pack=1)
     else:
@@ -39,21 +41,12 @@ def _div(x, d, APPROX: tl.constexpr):
 
 
 @triton.jit
-def _exp2(x, APPROX: tl.constexpr):
-    """2^x; APPROX: ex2.approx.ftz (results below 2^-126 flush to 0) without the denormal range fix-up."""
-    if APPROX and _PTX:
-        y = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
-    else:
-        y = tl.math.exp2(x)
-    return y
-
-
-@triton.jit
 def gelu_erfc(x, APPROX: tl.constexpr):
     """x Phi(x) of an fp32 tile through erfc: Phi(x) = 1 - h for x >= 0, h for x < 0, h = erfc(z) / 2 at
     z = |x| / sqrt 2. erfc(z) = t exp(-z^2 + P(t)) with t = 1 / (1 + z/2) is Numerical Recipes' Chebyshev
-    fit `erfcc` (fractional error < 1.2e-7 for every z >= 0), so the negative tail keeps its relative
-    accuracy where 1 + erf(x / sqrt 2) cancels in fp32; the exponent is taken in log2 units for one ex2."""
+    fit `erfcc` (fractional error < 1.2e-7 for every z >= 0; in fp32, <= 1e-5 relative down to |GELU| = 1e-30, from
+    rounding the exponent), so the negative tail keeps its relative accuracy where 1 + erf(x / sqrt 2) cancels in
+    fp32; the exponent is taken in log2 units for one exp2 (ex2.approx.ftz on a GPU, as tl.math.exp2 compiles)."""
     t = _div(1.0, 1.0 + 0.35355339059327373 * tl.abs(x), APPROX)  # z / 2 = |x| / (2 sqrt 2)
     # P(t) / ln 2 by Horner, minus 1 for the halving (h = t 2^(P / ln 2 - 1 - z^2 / ln 2))
     p = 0.17087277 * LOG2E
@@ -66,22 +59,22 @@ def gelu_erfc(x, APPROX: tl.constexpr):
     p = p * t + 0.37409196 * LOG2E
     p = p * t + 1.00002368 * LOG2E
     p = p * t - (1.26551223 * LOG2E + 1.0)
-    h = t * _exp2(p - (0.5 * LOG2E) * x * x, APPROX)  # z^2 = x^2 / 2
+    h = t * tl.math.exp2(p - (0.5 * LOG2E) * x * x)  # z^2 = x^2 / 2
     return x * tl.where(x < 0, h, 1.0 - h)
 
 
 @triton.jit
 def gelu(x, FORM: tl.constexpr, FAST: tl.constexpr):
     """GELU of an fp32 tile: FORM 0 erf, 1 tanh approximation, 2 sigmoid approximation. FAST (a 16-bit
-    output, whose rounding is ~1e3x the difference): erf through `gelu_erfc`, approximate rcp and exp2."""
+    output, whose rounding is ~1e3x the difference): erf through `gelu_erfc`, and the approximate reciprocal."""
     if FORM == 1:
         # tanh(u) = 2 sigmoid(2u) - 1, so 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + exp(-2u))
         u = 0.7978845608028654 * (x + 0.044715 * x * x * x)  # sqrt(2/pi) (x + 0.044715 x^3)
         # exp(-2u) as exp2(-2u / ln 2), the exponent capped so it cannot overflow to inf
-        y = _div(x, 1.0 + _exp2(tl.minimum(-2.0 * LOG2E * u, 126.0), FAST), FAST)
+        y = _div(x, 1.0 + tl.math.exp2(tl.minimum(-2.0 * LOG2E * u, 126.0)), FAST)
     elif FORM == 2:
         # x sigmoid(1.702 x) = x / (1 + exp(-1.702 x)), exp as exp2 (times 1/ln 2), capped as above
-        y = _div(x, 1.0 + _exp2(tl.minimum(-1.702 * LOG2E * x, 126.0), FAST), FAST)
+        y = _div(x, 1.0 + tl.math.exp2(tl.minimum(-1.702 * LOG2E * x, 126.0)), FAST)
     elif FAST:
         y = gelu_erfc(x, True)
     else:

@@ -224,7 +224,7 @@ def _gelu_probe(X, Y, n, FORM: tl.constexpr, FAST: tl.constexpr, BLOCK: tl.const
 def test_fast_erf_gelu_is_as_accurate_as_fp32_erf_and_keeps_its_negative_tail(device):
     """The erfc form 16-bit outputs take: within 2x of PyTorch's fp32 erf GELU's absolute error against
     float64, relative error < 2e-5 down to |GELU| = 1e-30 (PyTorch's fp32 form rounds 1 + erf to 0 below
-    x ~ -5.5), and inf, nan, 0 and huge inputs come out as GELU's limits."""
+    x ~ -5.5), and +inf, nan, 0 and huge inputs come out as GELU's limits (-inf gives nan, as PyTorch's does)."""
     special = [0.0, -0.0, float("inf"), float("nan"), 1e30, -1e30, 3e38, -3e38]
     x = torch.cat([torch.linspace(-14, 14, 20001), torch.tensor(special)]).to(device)
     out = poisoned(x.shape, torch.float32, device)

@@ -14,7 +14,8 @@ followed by a non-fused block) ends with the plain residual add. The GEMMs that 
   (`linear_gelu_tanh`): 7 launches, and the 4x-wide activation is written once.
 - "bias_gelu" (fc1 only, from the measured table): cuBLAS GEMM without its bias -> the bias + GELU
   kernel, which for fp16/bf16 computes erf's GELU through a cheaper erfc (kernels/bias_gelu.py: 20
-  instead of 35 instructions per element, so the pass is memory-bound where PyTorch's is not).
+  instead of 35 instructions per element; by that count memory-bound on an H200, where PyTorch's GELU
+  is not: not yet timed on a GPU).
 - "epilogue": Triton GEMMs with the elementwise work as their epilogue: proj and fc2 + bias +
   LayerScale + residual + LayerNorm (kernels/linear_layernorm.py), fc1 + bias + GELU
   (kernels/linear_epilogue.py); on Hopper, in eager calls, their TMA forms. 5 launches per block

@@ -55,8 +55,9 @@ def optimize(model: nn.Module, *, cuda_graphs: bool | Sequence[int] = False, mlp
 
     `mlp` picks the MLP path: "cublas" (cuBLAS GEMMs with their bias, then PyTorch's GELU or the QuickGELU kernel),
     "epilogue" (Triton GEMMs with bias+GELU and bias+LayerScale+residual as epilogues) or "auto"
-    (per shape, whichever `benchmarks/gpu_kernels.py` measured faster on this kind of GPU;
-    "cublas" where nothing was measured; of the sm_90 table's 48 choices (H200 fp16, H100 bf16), 46 are cuBLAS).
+    (per shape, whichever `benchmarks/gpu_kernels.py` measured faster on this kind of GPU, fc1 also
+    "bias_gelu": cuBLAS without the bias, then vitfast's bias+GELU kernel; "cublas" where nothing was
+    measured; of the sm_90 table's 48 choices (H200 fp16, H100 bf16), 46 are cuBLAS).
 
     `attention` picks the attention: "vitfast" (the Triton kernel on the packed qkv), "sdpa" (PyTorch's
     scaled_dot_product_attention, cuDNN's on an H100) or "auto" (per shape, whichever the GPU proof
