@@ -122,11 +122,12 @@ def _kv_tile(acc, acc1, m_i, l_i, q, q1, k_base, v_base, start_n, N, stride_n, s
     if BLOCK_D1 > 0:
         offs_d1 = BLOCK_D + tl.arange(0, BLOCK_D1)
         s = _dot(q1, _tile(k_base, cols, offs_d1, N, stride_n, stride_d, HEAD_DIM, MASK_N, False), s, IEEE_FP32)
-    s *= qk_scale
     if MASK_N:
         s = tl.where((cols < N)[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.math.exp2(s - m_new[:, None])
+    # the max of the raw scores, scaled once per row (qk_scale > 0), then scale and shift in one FMA per
+    # score, as Triton's fused-attention tutorial does: the softmax, not the dots, bounds short sequences
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    p = tl.math.exp2(s * qk_scale - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)  # rescales what was accumulated under the old max
     l_i = l_i * alpha + tl.sum(p, 1)
     p = p.to(q.dtype)
@@ -235,6 +236,8 @@ def attention_launch(qkv: torch.Tensor, out: torch.Tensor, scale: float | None =
         raise ValueError(f"out must be a [B, N, H*D] {qkv.dtype} tensor with unit last stride, got {tuple(out.shape)} {out.dtype}")
     check_device(qkv, out)
     scale = D**-0.5 if scale is None else scale
+    if not scale > 0:  # the kernel takes the row max before scaling
+        raise ValueError(f"fused attention needs a positive scale, got {scale}")
     out4 = out.view(B, N, H, D)
     if max(span(qkv, slice(1, None)), span(out4, slice(1, None))) > INT32_MAX:
         raise InputError(f"fused attention: one image's qkv {tuple(qkv.shape[1:])} spans 2^31 elements or more "
@@ -276,5 +279,7 @@ def attention_reference(qkv: torch.Tensor, scale: float | None = None) -> torch.
     B, N, _, H, D = qkv.shape
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, N, D]
     scale = D**-0.5 if scale is None else scale
+    if not scale > 0:  # the kernel takes the row max before scaling
+        raise ValueError(f"fused attention needs a positive scale, got {scale}")
     attn = torch.softmax((q @ k.transpose(-2, -1)) * scale, dim=-1)
     return (attn @ v).transpose(1, 2).reshape(B, N, H * D)

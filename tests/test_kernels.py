@@ -115,6 +115,10 @@ def test_attention_rejects_bad_input(device):
         att.fused_attention(torch.randn(1, 4, 2, 2, 32, device=device), 0.1)
     with pytest.raises(ValueError, match="head_dim 1..256"):
         att.fused_attention(torch.randn(1, 4, 3, 1, 300, device=device), 0.1)
+    qkv = torch.randn(1, 4, 3, 1, 32, device=device)
+    for scale in (0.0, -0.1, float("nan")):  # the kernel takes each row's max before scaling
+        with pytest.raises(ValueError, match="positive scale"):
+            att.attention_launch(qkv, poisoned((1, 4, 32), torch.float32, device), scale)
 
 
 # ---------------------------------------------------------------------------- add + LayerNorm / RMSNorm
