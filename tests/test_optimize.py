@@ -191,6 +191,8 @@ def test_measured_bias_gelu_path_runs_fc1_without_bias_then_the_kernel(device, n
         torch.testing.assert_close(model(x), ref, atol=1e-4, rtol=1e-4)
         form = {"gelu": "none", "gelu_tanh": None, "quick_gelu": "sigmoid"}[cfg.act_layer]
         assert launches == ([form] * cfg.depth if form else [])
+        if name == "plain":  # traces take the entry's fc1_traced: the op, with no graph break
+            assert "vitfast.bias_gelu.default" in traced_vitfast_ops(model, x, ref, device)
         launches.clear()
         vitfast.optimize(model, mlp="cublas")
         model(x)
