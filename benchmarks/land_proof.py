@@ -235,6 +235,10 @@ def goals_markdown(calls: list[dict[str, dict]], cut: list[list[str]]) -> str:
                 lines.append(f"- call {i} fc1 + bias + GELU, ViT-B/16 batch 256 {r['dtype']}: {r.get('epilogue_kernel', 'pointer')} kernel "
                              f"{r['epilogue_TFLOPs']:.0f} TFLOP/s{pointer}, cuBLAS + PyTorch's GELU {r['cublas_TFLOPs']:.0f} "
                              f"(speedup {r['speedup']:.2f}x){bias_gelu}")  # fmt: skip
+        for r in parts.get("kernels", {}).get("activations", []):
+            if r.get("status") == "ok" and r["op"] == "bias+gelu":  # fp16/bf16: the erfc form
+                lines.append(f"- call {i} bias + GELU kernel, {r['rows']} x {r['H']} {r['dtype']}: {r['vitfast_GBps']:.0f} GB/s, "
+                             f"{r['fraction_of_copy']:.0%} of copy (PyTorch's F.gelu(x + b): {r['torch_GBps']:.0f} GB/s)")  # fmt: skip
         ratio, shown = e2e_ratio(parts.get("e2e", {}).get("rows", []), "vitfast-every-token", "eager",
                                  model="vit_base_patch16_224", precision="fp16", batch=256)  # fmt: skip
         if ratio is not None:  # the goal's optimize() computes the last block on the class token only (head_only)

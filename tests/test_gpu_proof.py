@@ -520,6 +520,7 @@ def test_landing_two_calls_files_each_result_where_it_belongs(dry_run, tmp_path)
     assert goals == (dest / "goals.md").read_text() and "| goal | measured | verdict |" in goals
     assert goals.count("not measured in these calls") == 5  # the dry run's tiny shapes are none of the goals'
     assert "- call 1 TMA check: passed (6 forced launches within the 2x rule)" in goals
+    assert "- call 1 bias + GELU kernel, 10 x 96 " in goals and "of copy (PyTorch's F.gelu(x + b): " in goals
     assert "started but returned no result" not in goals
     with pytest.raises(land_proof.LandError, match="exists already"):
         land_proof.land(calls[:1], root)
