@@ -638,9 +638,6 @@ def merge_entries(path: Path, table: dict, new: list[dict], key) -> None:
     os.replace(tmp, path)
 
 
-FC1_PATHS = ("epilogue", "bias_gelu")  # fc1's paths besides "cublas" (fc2 and proj: "epilogue" only)
-
-
 def write_dispatch(rows: list[dict], env: dict, path: Path = DISPATCH_TABLE) -> list[dict]:
     """Merge this run's fc1/fc2 winners into the dispatch table at `path` (atomically); returns the
     new entries. A path other than "cublas" wins a shape only where it was >= min_speedup faster than
@@ -651,15 +648,15 @@ def write_dispatch(rows: list[dict], env: dict, path: Path = DISPATCH_TABLE) -> 
     table = json.loads(path.read_text())
     min_speedup = table["min_speedup"]
 
-    def choice(row: dict, kernel: str = "", paths: tuple[str, ...] = ("epilogue",)) -> str:
-        # path -> (its speedup over cuBLAS, its row prefix); "bias_gelu" timed as a variant of the fc1 row
-        speedups = {"cublas": 1.0} | {p: row[f"{pre}speedup"] for p, pre in (("epilogue", kernel), ("bias_gelu", "bias_gelu_"))
-                                      if p in paths and row.get(f"{pre}passes_2x_rule")}  # fmt: skip
+    def choice(row: dict, columns: dict[str, str]) -> str:
+        """The fastest path that passed the 2x rule (`columns`: path -> the prefix of its row's speedup and
+        passes_2x_rule columns; "cublas" is 1.0), "cublas" unless that path beat it by min_speedup."""
+        speedups = {"cublas": 1.0} | {p: row[f"{c}speedup"] for p, c in columns.items() if row.get(f"{c}passes_2x_rule")}
         best = max(speedups, key=speedups.get)
         return best if speedups[best] >= min_speedup else "cublas"
 
-    def traced_choice(row: dict, paths: tuple[str, ...] = ("epilogue",)) -> str:  # a trace runs the pointer kernel where eager ran the TMA one
-        return choice(row, "pointer_" if row.get("epilogue_kernel") == "tma" else "", paths)
+    def traced(row: dict) -> str:  # the epilogue's columns in a trace: the pointer kernel's where eager ran the TMA one
+        return "pointer_" if row.get("epilogue_kernel") == "tma" else ""
 
     by_shape: dict[tuple, dict] = {}
     for row in rows:
@@ -672,8 +669,10 @@ def write_dispatch(rows: list[dict], env: dict, path: Path = DISPATCH_TABLE) -> 
             continue
         fc1, fc2 = ops["fc1"], ops["fc2"]
         new.append(dict(compute_capability=env["compute_capability"], gpu=env["gpu"], dtype=dtype, C=C, hidden=hidden,
-                        m_bucket=bucket, fc1=choice(fc1, paths=FC1_PATHS), fc2=choice(fc2), fc1_traced=traced_choice(fc1, FC1_PATHS),
-                        fc2_traced=traced_choice(fc2), fc1_speedup=round(fc1["speedup"], 3), fc2_speedup=round(fc2["speedup"], 3))
+                        m_bucket=bucket, fc1=choice(fc1, {"epilogue": "", "bias_gelu": "bias_gelu_"}), fc2=choice(fc2, {"epilogue": ""}),
+                        fc1_traced=choice(fc1, {"epilogue": traced(fc1), "bias_gelu": "bias_gelu_"}),
+                        fc2_traced=choice(fc2, {"epilogue": traced(fc2)}), fc1_speedup=round(fc1["speedup"], 3),
+                        fc2_speedup=round(fc2["speedup"], 3))
                    | ({"fc1_bias_gelu_speedup": round(fc1["bias_gelu_speedup"], 3)} if "bias_gelu_speedup" in fc1 else {})
                    | dict(git_sha=env["git_sha"], command=env["command"]))  # fmt: skip
     merge_entries(path, table, new, lambda e: (e["compute_capability"], e["dtype"], e["C"], e["m_bucket"], e["hidden"]))

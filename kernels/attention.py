@@ -235,9 +235,7 @@ def attention_launch(qkv: torch.Tensor, out: torch.Tensor, scale: float | None =
     if out.shape != (B, N, H * D) or out.dtype != qkv.dtype or out.stride(-1) != 1:
         raise ValueError(f"out must be a [B, N, H*D] {qkv.dtype} tensor with unit last stride, got {tuple(out.shape)} {out.dtype}")
     check_device(qkv, out)
-    scale = D**-0.5 if scale is None else scale
-    if not scale > 0:  # the kernel takes the row max before scaling
-        raise ValueError(f"fused attention needs a positive scale, got {scale}")
+    scale = attention_scale(D, scale)
     out4 = out.view(B, N, H, D)
     if max(span(qkv, slice(1, None)), span(out4, slice(1, None))) > INT32_MAX:
         raise InputError(f"fused attention: one image's qkv {tuple(qkv.shape[1:])} spans 2^31 elements or more "
@@ -254,6 +252,15 @@ def attention_launch(qkv: torch.Tensor, out: torch.Tensor, scale: float | None =
         HEAD_DIM=D, BLOCK_D=block_d, BLOCK_D1=block_d1, IEEE_FP32=qkv.dtype == torch.float32,
     )  # fmt: skip
     return out
+
+
+def attention_scale(D: int, scale: float | None) -> float:
+    """The softmax scale, head_dim^-0.5 by default; positive, since the kernel takes each row's max before scaling
+    (the reference refuses the same, so the op behaves alike on CPU and GPU)."""
+    scale = D**-0.5 if scale is None else scale
+    if not scale > 0:
+        raise ValueError(f"fused attention needs a positive scale, got {scale}")
+    return scale
 
 
 def attention_grid(B: int, N: int, H: int, block_m: int, tail: int = 0) -> tuple[int]:
@@ -278,8 +285,6 @@ def attention_reference(qkv: torch.Tensor, scale: float | None = None) -> torch.
     """Plain PyTorch: softmax(q k^T * scale) v, qkv [B, N, 3, H, D] -> [B, N, H*D], in qkv's dtype."""
     B, N, _, H, D = qkv.shape
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, N, D]
-    scale = D**-0.5 if scale is None else scale
-    if not scale > 0:  # the kernel takes the row max before scaling
-        raise ValueError(f"fused attention needs a positive scale, got {scale}")
+    scale = attention_scale(D, scale)
     attn = torch.softmax((q @ k.transpose(-2, -1)) * scale, dim=-1)
     return (attn @ v).transpose(1, 2).reshape(B, N, H * D)

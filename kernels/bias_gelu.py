@@ -41,13 +41,13 @@ def _div(x, d, APPROX: tl.constexpr):
 
 
 @triton.jit
-def gelu_erfc(x, APPROX: tl.constexpr):
+def gelu_erfc(x):
     """x Phi(x) of an fp32 tile through erfc: Phi(x) = 1 - h for x >= 0, h for x < 0, h = erfc(z) / 2 at
     z = |x| / sqrt 2. erfc(z) = t exp(-z^2 + P(t)) with t = 1 / (1 + z/2) is Numerical Recipes' Chebyshev
     fit `erfcc` (fractional error < 1.2e-7 for every z >= 0; in fp32, <= 1e-5 relative down to |GELU| = 1e-30, from
     rounding the exponent), so the negative tail keeps its relative accuracy where 1 + erf(x / sqrt 2) cancels in
     fp32; the exponent is taken in log2 units for one exp2 (ex2.approx.ftz on a GPU, as tl.math.exp2 compiles)."""
-    t = _div(1.0, 1.0 + 0.35355339059327373 * tl.abs(x), APPROX)  # z / 2 = |x| / (2 sqrt 2)
+    t = _div(1.0, 1.0 + 0.35355339059327373 * tl.abs(x), True)  # z / 2 = |x| / (2 sqrt 2)
     # P(t) / ln 2 by Horner, minus 1 for the halving (h = t 2^(P / ln 2 - 1 - z^2 / ln 2))
     p = 0.17087277 * LOG2E
     p = p * t - 0.82215223 * LOG2E
@@ -76,7 +76,7 @@ def gelu(x, FORM: tl.constexpr, FAST: tl.constexpr):
         # x sigmoid(1.702 x) = x / (1 + exp(-1.702 x)), exp as exp2 (times 1/ln 2), capped as above
         y = _div(x, 1.0 + tl.math.exp2(tl.minimum(-1.702 * LOG2E * x, 126.0)), FAST)
     elif FAST:
-        y = gelu_erfc(x, True)
+        y = gelu_erfc(x)
     else:
         y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))  # x / sqrt(2)
     return y

@@ -305,19 +305,20 @@ class FusedBlock(nn.Module):
             o = _norm(ops, o, attn.norm)
         fc1, fc2 = self.mlp_paths(x.dtype, B * N)
         x, h = self._branch_end(ops, fc2, o, attn.proj, x, self.ls1, self.norm2)
+        form = self.gelu_form
         if isinstance(mlp, SwiGLU):  # gate and value GEMMs on cuBLAS (biases included), then silu(gate) * value
             m = ops.swiglu(F.linear(h, mlp.fc1_g.weight, mlp.fc1_g.bias), F.linear(h, mlp.fc1_x.weight, mlp.fc1_x.bias))
         elif isinstance(mlp, SwiGLUPacked):  # no GEMM epilogue for the gate: cuBLAS, then the bias+SwiGLU kernel
             gv = F.linear(h, mlp.fc1.weight)
             m = ops.bias_swiglu(gv, mlp.fc1.bias) if mlp.fc1.bias is not None else ops.swiglu(*gv.chunk(2, dim=-1))
         elif fc1 == "epilogue":
-            m = ops.linear_bias_gelu(h, mlp.fc1.weight, mlp.fc1.bias, self.gelu_form)
-        elif self.gelu_form == "tanh":  # one cuBLASLt GEMM with bias + GELU (tanh form) as its epilogue
+            m = ops.linear_bias_gelu(h, mlp.fc1.weight, mlp.fc1.bias, form)
+        elif form == "tanh":  # one cuBLASLt GEMM with bias + GELU (tanh form) as its epilogue
             m = linear_gelu_tanh(h, mlp.fc1.weight, mlp.fc1.bias)
-        elif mlp.fc1.bias is not None and (fc1 == "bias_gelu" or self.gelu_form == "sigmoid"):
+        elif mlp.fc1.bias is not None and (fc1 == "bias_gelu" or form == "sigmoid"):
             # the bias + GELU kernel after a GEMM without bias: where the table measured it faster than PyTorch's
             # GELU (its erfc form for 16-bit), and always for QuickGELU, which is three PyTorch kernels
-            m = ops.bias_gelu(F.linear(h, mlp.fc1.weight), mlp.fc1.bias, self.gelu_form)
+            m = ops.bias_gelu(F.linear(h, mlp.fc1.weight), mlp.fc1.bias, form)
         else:
             # cuBLAS adds the bias in its epilogue at no cost and PyTorch's GELU is one kernel: on the H100 this
             # beat fc1 without bias + the bias+GELU kernel with libdevice's erf (ViT-B/16 batch 256: 223 vs 263 us)
