@@ -231,7 +231,7 @@ def test_kernels_part_schema(dry_run):
         assert abs(sum(backend["us_by_category"].values()) - backend["us_per_forward"]) < 1e-6 * backend["us_per_forward"]
     assert "Where one forward's time goes" in (dry_run / "proof-kernels.md").read_text()
     host = result["host"]  # eager vs optimize() at DRY_RUN's host batches; the GPU-only columns empty on CPU
-    assert [(r["backend"], r["batch"]) for r in host["rows"]] == [(b, n) for b in ("optimize", "eager") for n in (2, 1)]
+    assert [(r["backend"], r["batch"]) for r in host["rows"]] == [(b, n) for b in ("optimize", "optimize approximate_gelu", "eager") for n in (2, 1)]
     for row in host["rows"]:
         assert row["status"] == "ok" and row["dispatcher_ops"] == 0, row  # plain tensors, no mode: launchers called straight
         assert 0 < row["enqueue_ms"] <= row["wall_ms"] and row["back_to_back_ms"] > 0 and row["forwards"] >= 3

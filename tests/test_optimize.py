@@ -393,6 +393,36 @@ def test_approximate_gelu_runs_the_tanh_form(device, mlp):
         assert torch.equal(vitfast.restore(model)(x), erf_ref)
 
 
+def test_gelu_tanh_takes_cublaslt_over_the_tables_epilogue(device, monkeypatch):
+    """GELU's tanh form (approximate_gelu, SigLIP) under mlp="auto" runs fc1 as `linear_gelu_tanh` (cuBLASLt's GELU
+    epilogue on CUDA) even where the table says "epilogue" for fc1: that choice timed the erf form, and on the H100
+    cuBLASLt's tanh epilogue beat the Triton GEMM at every shape. A forced mlp="epilogue" still gets the Triton GEMM.
+    The same logits every way."""
+    from vitfast import fused
+
+    calls = []
+    real = fused.linear_gelu_tanh
+    monkeypatch.setattr(fused, "linear_gelu_tanh", lambda *a: calls.append(a[0].shape) or real(*a))
+    cfg = tiny_config(init_values=0.1)
+    model = randomize(vitfast.create_model(cfg)).to(device)
+    tanh_model = copy.deepcopy(model)
+    for block in tanh_model.blocks:
+        block.mlp.act = torch.nn.GELU(approximate="tanh")
+    x = 3 * torch.randn(3, 3, *cfg.img_hw, device=device)
+    with torch.no_grad():
+        ref = tanh_model(x)
+        vitfast.optimize(model, approximate_gelu=True, head_only=False)
+        for block in model.blocks:
+            block.measured = {torch.float32: ((256, "epilogue", "cublas", "epilogue", "cublas"),)}
+        torch.testing.assert_close(model(x), ref, atol=1e-5, rtol=1e-5)
+        assert len(calls) == cfg.depth
+        assert not any("linear_bias_gelu" in op for op in launches_per_block(model, x)[1])
+        calls.clear()
+        vitfast.optimize(model, mlp="epilogue", approximate_gelu=True, head_only=False)
+        torch.testing.assert_close(model(x), ref, atol=1e-5, rtol=1e-5)
+        assert not calls and any("linear_bias_gelu" in op for op in launches_per_block(model, x)[1])
+
+
 def test_linear_gelu_tanh_is_the_tanh_form_on_every_device(device):
     """torch._addmm_activation's GELU is the tanh form on CUDA and the erf form on CPU: the helper must be
     the tanh form on both, with and without a bias, for any leading dims."""
@@ -454,8 +484,8 @@ def test_committed_mlp_dispatch_table_is_well_formed():
     fused.mlp_dispatch_table.cache_clear()
     for entry in fused.mlp_dispatch_table():
         assert {"compute_capability", "dtype", "C", "hidden", "m_bucket", "fc1", "fc2"} <= entry.keys()
-        assert entry["fc1"] in ("cublas", "epilogue") and entry["fc2"] in ("cublas", "epilogue")
-        assert entry.get("fc1_traced") in (None, "cublas", "epilogue") and entry.get("fc2_traced") in (None, "cublas", "epilogue")
+        assert entry["fc1"] in ("cublas", "epilogue", "bias_gelu") and entry["fc2"] in ("cublas", "epilogue")
+        assert entry.get("fc1_traced") in (None, "cublas", "epilogue", "bias_gelu") and entry.get("fc2_traced") in (None, "cublas", "epilogue")
         assert entry["m_bucket"] == fused.m_bucket(entry["m_bucket"])
 
 

@@ -11,11 +11,12 @@ followed by a non-fused block) ends with the plain residual add. The GEMMs that 
   with its bias -> PyTorch's GELU (QuickGELU: GEMM without bias -> the bias + GELU kernel, one
   kernel for PyTorch's three). 8 launches per block. GELU's tanh form (SigLIP, or any model
   under `optimize(model, approximate_gelu=True)`) is applied by cuBLASLt in fc1's epilogue
-  (`linear_gelu_tanh`): 7 launches, and the 4x-wide activation is written once.
+  (`linear_gelu_tanh`): 7 launches, and the 4x-wide activation is written once; under "auto" that
+  replaces the table's fc1 choice, which timed the erf form.
 - "bias_gelu" (fc1 only, from the measured table): cuBLAS GEMM without its bias -> the bias + GELU
   kernel, which for fp16/bf16 computes erf's GELU through a cheaper erfc (kernels/bias_gelu.py: 20
-  instead of 35 instructions per element; by that count memory-bound on an H200, where PyTorch's GELU
-  is not: not yet timed on a GPU).
+  instead of 35 instructions per element; 95% of copy bandwidth on an H100, but 1.00-1.06x
+  cuBLAS's bias epilogue + PyTorch's GELU there: the table picks it at a few shapes only).
 - "epilogue": Triton GEMMs with the elementwise work as their epilogue: proj and fc2 + bias +
   LayerScale + residual + LayerNorm (kernels/linear_layernorm.py), fc1 + bias + GELU
   (kernels/linear_epilogue.py); on Hopper, in eager calls, their TMA forms. 5 launches per block
@@ -25,10 +26,10 @@ followed by a non-fused block) ends with the plain residual add. The GEMMs that 
 `optimize(model, mlp="auto")` takes, for each shape, the path that `benchmarks/gpu_proof.py`
 measured faster on a GPU of the same compute capability (kernels/mlp_dispatch.json, see
 `choose_mlp_paths`; proj follows fc2's choice, having the same epilogue). Where nothing was
-measured it takes "cublas". Measured so far: an H100 (sm_90, 2026-11-26), where cuBLAS won all
-but two of 48 GEMM shapes (fc2 + LayerNorm epilogue at batch 256: 0.36-0.51x of cuBLAS + the
-add+LayerNorm kernel; its rows at small batches timed host overhead too, to be measured again), so
-"auto" is mostly "cublas" there too; "epilogue" can be forced with `mlp="epilogue"`.
+measured it takes "cublas". Measured on sm_90 (H100 and H200; the table holds each shape's last run, mostly an
+H100's on 2026-11-27): fc1's Triton epilogue wins at most fp16 shapes from batch 64 up (1.03-1.17x), "bias_gelu" at a
+few (1.03-1.06x), cuBLAS below batch 64 and for ViT-L bf16; fc2, and proj with it, stay on cuBLAS +
+add+LayerNorm (the fc2 epilogue GEMM: 0.15-0.64x); "epilogue" can be forced with `mlp="epilogue"`.
 
 The attention takes the same kind of choice (`optimize(model, attention="auto")`): the Triton
 kernel reading the packed qkv, or PyTorch's scaled_dot_product_attention on its [B, H, N, D] views
@@ -311,9 +312,12 @@ class FusedBlock(nn.Module):
         elif isinstance(mlp, SwiGLUPacked):  # no GEMM epilogue for the gate: cuBLAS, then the bias+SwiGLU kernel
             gv = F.linear(h, mlp.fc1.weight)
             m = ops.bias_swiglu(gv, mlp.fc1.bias) if mlp.fc1.bias is not None else ops.swiglu(*gv.chunk(2, dim=-1))
-        elif fc1 == "epilogue":
+        elif fc1 == "epilogue" and (form != "tanh" or self.mlp_path == "epilogue"):
             m = ops.linear_bias_gelu(h, mlp.fc1.weight, mlp.fc1.bias, form)
-        elif form == "tanh":  # one cuBLASLt GEMM with bias + GELU (tanh form) as its epilogue
+        elif form == "tanh":
+            # one cuBLASLt GEMM with bias + GELU (tanh form) as its epilogue. Under "auto" also where the table says
+            # "epilogue" for fc1: that choice timed the erf form, and cuBLASLt's tanh epilogue beat the Triton GEMM
+            # at every ViT-S/B/L shape the H100 timed (1.25-1.6x cuBLAS + GELU against 0.68-1.17x)
             m = linear_gelu_tanh(h, mlp.fc1.weight, mlp.fc1.bias)
         elif mlp.fc1.bias is not None and (fc1 == "bias_gelu" or form == "sigmoid"):
             # the bias + GELU kernel after a GEMM without bias: where the table measured it faster than PyTorch's

@@ -57,7 +57,8 @@ def optimize(model: nn.Module, *, cuda_graphs: bool | Sequence[int] = False, mlp
     "epilogue" (Triton GEMMs with bias+GELU and bias+LayerScale+residual as epilogues) or "auto"
     (per shape, whichever `benchmarks/gpu_kernels.py` measured faster on this kind of GPU, fc1 also
     "bias_gelu": cuBLAS without the bias, then vitfast's bias+GELU kernel; "cublas" where nothing was
-    measured; of the sm_90 table's 48 choices (H200 fp16, H100 bf16), 46 are cuBLAS).
+    measured; on sm_90, mostly an H100's 2026-11-27 run: fc1's epilogue at most fp16 shapes from batch 64 up,
+    cuBLAS for fc2 and proj).
 
     `attention` picks the attention: "vitfast" (the Triton kernel on the packed qkv), "sdpa" (PyTorch's
     scaled_dot_product_attention, cuDNN's on an H100) or "auto" (per shape, whichever the GPU proof
