@@ -6,7 +6,9 @@ projection. Online softmax in base 2 with fp32 statistics and accumulation; any 
 dim up to 256 (non powers of two by masking, or as two column tiles where one would pad more:
 80 = 64 + 16), fp16 / bf16 / fp32. Only the last query and key
 tiles are masked, and with TAIL=16 they are 16 wide: at N = 197 a 64-row tiling computes 208 x 208
-scores instead of 256 x 256.
+scores instead of 256 x 256. For N <= 256 in fp16/bf16 the autotuner may also pick a whole-head program
+(`WHOLE` configs, `_whole_head`): all keys and values of one (batch, head) read once, every query tile's
+scores in one softmax pass.
 """
 
 from __future__ import annotations
@@ -38,7 +40,12 @@ def _configs() -> list[triton.Config]:
         (64, 32, 0, 4, 2), (64, 64, 0, 4, 3), (64, 64, 16, 4, 3), (128, 32, 0, 8, 2), (128, 32, 16, 8, 2),
         (128, 64, 0, 8, 3), (128, 64, 16, 8, 3), (128, 128, 16, 8, 2),
     ]  # fmt: skip
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "TAIL": t}, num_warps=w, num_stages=s) for bm, bn, t, w, s in tiles]
+    flash = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "TAIL": t}, num_warps=w, num_stages=s) for bm, bn, t, w, s in tiles]
+    # WHOLE: one program per (batch, head) holding all of its keys and values (N <= BLOCK_N = 256, fp16/bf16,
+    # one head-dim tile), its query tiles in a loop, one softmax pass each: ViT's N = 197 ran 3 key tiles per
+    # query tile in the tiles above, too few to fill their pipeline (benchmarks/NOTES.md, "Attention at N = 197")
+    whole = [triton.Config({"BLOCK_M": bm, "BLOCK_N": 256, "TAIL": 0, "WHOLE": True}, num_warps=w, num_stages=1) for bm, w in ((64, 4), (64, 8))]
+    return flash + whole
 
 
 def shared_memory_bytes(config: triton.Config, args: dict, capability: int) -> int:
@@ -49,6 +56,10 @@ def shared_memory_bytes(config: triton.Config, args: dict, capability: int) -> i
     p. The tail tiles are smaller and share it."""
     elsize, block_d = args["QKV"].element_size(), args["BLOCK_D"] + args.get("BLOCK_D1", 0)
     bm, bn, stages = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_stages
+    if config.kwargs.get("WHOLE"):  # all keys and values at once, the query tile, p: for 16-bit, one head-dim tile, N <= BLOCK_N
+        if elsize != 2 or args.get("BLOCK_D1", 0) or args.get("N", 0) > bn:
+            return 1 << 40
+        return 2 * bn * block_d * elsize + bm * block_d * elsize + bm * bn * elsize
     buffers = stages if capability >= 90 and elsize == 2 else stages - 1
     p = bm * (bn + 1) * 4 if elsize == 4 else bm * bn * elsize
     return max(buffers, 1) * 2 * bn * block_d * elsize + bm * block_d * elsize + p
@@ -72,8 +83,11 @@ def tail_tiles(block: int, tail: int) -> int:
     return tail if tail else block
 
 
-def programs_per_head(N: int, block_m: int, tail: int) -> int:
-    """Query tiles of one (batch, head): N // BLOCK_M full ones, then the rest in tail tiles."""
+def programs_per_head(N: int, block_m: int, tail: int, whole: bool = False) -> int:
+    """Query tiles of one (batch, head): N // BLOCK_M full ones, then the rest in tail tiles; one program
+    for all of them (`whole`)."""
+    if whole:
+        return 1
     return N // block_m + triton.cdiv(N % block_m, tail_tiles(block_m, tail))
 
 
@@ -179,6 +193,27 @@ def _query_tile(base, out_base, row0, N, stride_n, stride_3, stride_d, stride_on
         tl.store(out_ptrs, (acc1 / l_i[:, None]).to(out_base.dtype.element_ty), mask=mask_m[:, None] & (offs_d1 < HEAD_DIM)[None, :])
 
 
+@triton.jit
+def _whole_head(base, out_base, N, stride_n, stride_3, stride_d, stride_on, stride_od, qk_scale,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Attention for every query row of one (batch, head) with N <= BLOCK_N: its keys and values read once, then
+    per BLOCK_M query rows all BLOCK_N scores at once and one softmax pass (no running max, no rescale)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    cols = tl.arange(0, BLOCK_N)
+    k = _tile(base + stride_3, cols, offs_d, N, stride_n, stride_d, HEAD_DIM, True, False)  # [BLOCK_D, BLOCK_N], k^T
+    v = _tile(base + 2 * stride_3, cols, offs_d, N, stride_n, stride_d, HEAD_DIM, True, True)  # [BLOCK_N, BLOCK_D]
+    for row0 in range(0, N, BLOCK_M):
+        rows = row0 + tl.arange(0, BLOCK_M)
+        q = _tile(base, rows, offs_d, N, stride_n, stride_d, HEAD_DIM, True, True)  # rows past N: zeros, never stored
+        s = tl.dot(q, k)
+        s = tl.where((cols < N)[None, :], s, float("-inf"))
+        m = tl.max(s, 1) * qk_scale  # as _kv_tile: the raw max, scaled once (qk_scale > 0)
+        p = tl.math.exp2(s * qk_scale - m[:, None])
+        acc = tl.dot(p.to(q.dtype), v) / tl.sum(p, 1)[:, None]
+        out_ptrs = out_base + rows[:, None] * stride_on + offs_d[None, :] * stride_od
+        tl.store(out_ptrs, acc.to(out_base.dtype.element_ty), mask=(rows < N)[:, None] & (offs_d < HEAD_DIM)[None, :])
+
+
 # Keyed on the sequence length, the head dim and the number of (batch, head) pairs rounded up to
 # a power of two (together they set how many programs run, which decides the best tile, so the
 # tile tuned at batch 8 is not reused at batch 256); tensor dtypes are part of the key too.
@@ -191,13 +226,16 @@ def _attention_fwd_kernel(
     N, H, BH_BUCKET, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D1: tl.constexpr,  # head_dim_tiles
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, IEEE_FP32: tl.constexpr,
+    WHOLE: tl.constexpr = False,  # one program per (batch, head): `_whole_head` (configs that say so)
 ):  # fmt: skip
     # -- one flat grid axis (axis 1 would cap B * H at 65,535): the query tiles of one (batch,
     # head) are neighbours, so they share its k/v in L2; ceil(N / BLOCK_M) tiles, or (TAIL > 0)
     # N // BLOCK_M full tiles then the last N % BLOCK_M rows in TAIL-row tiles (programs_per_head)
     pid = tl.program_id(0)
     full_m = N // BLOCK_M
-    if TAIL > 0:
+    if WHOLE:
+        per_head = 1
+    elif TAIL > 0:
         per_head = full_m + tl.cdiv(N - full_m * BLOCK_M, TAIL)
     else:
         per_head = tl.cdiv(N, BLOCK_M)
@@ -212,7 +250,10 @@ def _attention_fwd_kernel(
     # Inductor passes a Python float to a user kernel as fp64: without the cast the scores, and the
     # running max carried through the loop, would turn fp64 (a compile error in the loop)
     qk_scale = tl.cast(qk_scale, tl.float32)
-    if TAIL == 0:
+    if WHOLE:  # the prune keeps WHOLE configs to these (shared_memory_bytes); N <= BLOCK_N is checked at launch
+        tl.static_assert(BLOCK_D1 == 0 and not IEEE_FP32, "whole-head programs take one head-dim tile of fp16/bf16")
+        _whole_head(base, out_base, N, stride_n, stride_3, stride_d, stride_on, stride_od, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N)
+    elif TAIL == 0:
         _query_tile(base, out_base, tile * BLOCK_M, N, stride_n, stride_3, stride_d, stride_on, stride_od, qk_scale,
                     HEAD_DIM, BLOCK_D, BLOCK_D1, BLOCK_M, True, BLOCK_N, TAIL, IEEE_FP32)  # fmt: skip
     elif tile < full_m:
@@ -245,7 +286,12 @@ def attention_launch(qkv: torch.Tensor, out: torch.Tensor, scale: float | None =
         require_fitting_config(_attention_fwd_kernel, {"QKV": qkv, "BLOCK_D": block_d, "BLOCK_D1": block_d1}, qkv.device,
                                f"fused attention ({str(qkv.dtype).removeprefix('torch.')}, head_dim {D})")
 
-    wrap_triton(_attention_fwd_kernel, qkv)[lambda meta: attention_grid(B, N, H, meta["BLOCK_M"], meta["TAIL"])](
+    def grid(meta):
+        if meta.get("WHOLE") and N > meta["BLOCK_N"]:  # the prune keeps them to N <= BLOCK_N: never drop keys silently
+            raise RuntimeError(f"fused attention: a whole-head config holds {meta['BLOCK_N']} keys, not N = {N}")
+        return attention_grid(B, N, H, meta["BLOCK_M"], meta["TAIL"], meta.get("WHOLE", False))
+
+    wrap_triton(_attention_fwd_kernel, qkv)[grid](
         qkv, out4,
         *qkv.stride(), *out4.stride(),
         N, H, next_pow2(B * H), scale * LOG2E,
@@ -263,9 +309,10 @@ def attention_scale(D: int, scale: float | None) -> float:
     return scale
 
 
-def attention_grid(B: int, N: int, H: int, block_m: int, tail: int = 0) -> tuple[int]:
-    """One program per (query tile, batch, head), flattened on grid axis 0 (up to 2^31 - 1 programs)."""
-    programs = programs_per_head(N, block_m, tail) * B * H
+def attention_grid(B: int, N: int, H: int, block_m: int, tail: int = 0, whole: bool = False) -> tuple[int]:
+    """One program per (query tile, batch, head), or per (batch, head) (`whole`), flattened on grid axis 0 (up to
+    2^31 - 1 programs)."""
+    programs = programs_per_head(N, block_m, tail, whole) * B * H
     if programs > INT32_MAX:
         raise InputError(f"fused attention: {programs} programs exceed CUDA's grid limit; split the batch")
     return (programs,)

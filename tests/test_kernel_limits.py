@@ -195,6 +195,25 @@ def test_attention_has_a_fitting_config_for_vit_head_dims(monkeypatch, arch, hea
     assert len(configs) <= 10  # a first call must not tune for minutes
 
 
+def test_whole_head_configs_are_kept_only_where_one_program_holds_every_key(monkeypatch):
+    """WHOLE configs hold all N keys and values of one (batch, head) in one program: kept for fp16/bf16 with one
+    head-dim tile and N <= their BLOCK_N (256) where the target's shared memory holds them; pruned for fp32, a head
+    dim in two tiles (80 = 64 + 16), N = 257, D = 64 on sm_89 (104 KB of 99), D = 128 on sm_80 (176 KB of 163). One
+    program per (batch, head)."""
+    configs = gpu_configs(att, monkeypatch)
+    whole = [c for c in configs if c.kwargs.get("WHOLE")]
+
+    def kept(dtype, D, N, arch="sm_90a"):
+        block_d, block_d1 = att.head_dim_tiles(D)
+        args = {"QKV": torch.empty(0, dtype=dtype), "BLOCK_D": block_d, "BLOCK_D1": block_d1, "N": N}
+        return [c for c in _common.configs_within(configs, att.shared_memory_bytes, args, BUDGET[arch]) if c.kwargs.get("WHOLE")]
+
+    assert whole and kept(torch.float16, 64, 197) == whole and kept(torch.bfloat16, 128, 256) == whole and not kept(torch.bfloat16, 128, 256, "sm_80")
+    assert kept(torch.float16, 32, 197, "sm_89") == whole and not kept(torch.float16, 64, 197, "sm_89")
+    assert not kept(torch.float16, 64, 257) and not kept(torch.float32, 64, 197) and not kept(torch.float16, 80, 197)
+    assert att.programs_per_head(197, 64, 0, whole=True) == 1 and att.attention_grid(3, 197, 12, 64, 0, True) == (36,)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("arch", BUDGET)
 def test_linear_epilogue_has_a_fitting_config(monkeypatch, arch, dtype):

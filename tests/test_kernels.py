@@ -80,6 +80,25 @@ def test_attention_tilings(device, monkeypatch, block_m, block_n, tail, N):
     run_attention(torch.randn(1, N, 3, 2, 80, device=device), torch.float32)  # head dim in two column tiles, 64 + 16
 
 
+@pytest.mark.parametrize("N, D", [(1, 32), (15, 16), (64, 64), (65, 32), (197, 64), (256, 32), (40, 128)])
+def test_attention_whole_head_programs(device, monkeypatch, N, D):
+    """A WHOLE config: one program per (batch, head) holding its N <= 256 keys and values, its query tiles in a
+    loop, each with all of its scores at once and one softmax pass (no running max): the 2x rule, wide logits
+    too (fp16; bf16 on the GPU only: the interpreter's bf16 dot is wrong). The prune keeps WHOLE configs to
+    these cases (tests/test_kernel_limits.py)."""
+    import triton
+
+    config = triton.Config({"BLOCK_M": 32, "BLOCK_N": 256, "TAIL": 0, "WHOLE": True}, num_warps=4, num_stages=1)
+    monkeypatch.setattr(att._attention_fwd_kernel, "configs", [config])  # one config: no tuning
+    for dtype in (torch.float16, torch.bfloat16) if device == "cuda" else (torch.float16,):
+        run_attention(torch.randn(2, N, 3, 3, D, device=device).to(dtype), dtype)
+    run_attention((8 * torch.randn(1, N, 3, 2, D, device=device)).half(), torch.float16)
+    if N <= 64:  # more keys than the config holds: refused, not computed over the first 256 alone
+        qkv = torch.randn(1, 257, 3, 1, D, device=device).half()
+        with pytest.raises(RuntimeError, match="holds 256 keys, not N = 257"):
+            att.attention_launch(qkv, torch.empty(1, 257, D, dtype=torch.float16, device=device))
+
+
 def test_attention_reads_strided_qkv_without_copies(device):
     """qkv as the Linear output view, sliced along batch and tokens: not contiguous."""
     B, N, H, D = 3, 40, 2, 48
