@@ -304,6 +304,8 @@ def _pytest(args: argparse.Namespace, files: tuple[str, ...], junit: Path, deadl
     summary |= {"returncode": proc.returncode, "tail": (out or "")[-2000:]}
     if junit.exists():
         summary |= junit_counts(junit)
+    else:  # a pytest that died before its report: its tests count as failed, not as absent
+        summary |= {"failed": 1, "failed_tests": [f"{' '.join(files)}: no JUnit XML (pytest exit status {proc.returncode})"]}
     return summary
 
 

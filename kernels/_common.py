@@ -196,7 +196,7 @@ def tune_limit() -> int:
 def kept_configs(configs: list, estimate: SharedMemoryEstimate, args: dict, budget: tuple[int, int] | None) -> list:
     """The configs a tuner benchmarks: those that fit the budget (`configs_within`), cut to `tune_limit()`
     of them spread over the list, the first and the last kept (each kernel lists its tiles from one size extreme
-    to the other: the largest and the smallest tile stay)."""
+    to the other, so the largest and the smallest tile stay; attention lists its whole-head configs first)."""
     fitting, n = configs_within(configs, estimate, args, budget), tune_limit()
     if n <= 0 or len(fitting) <= n:
         return fitting

@@ -6,9 +6,9 @@ projection. Online softmax in base 2 with fp32 statistics and accumulation; any 
 dim up to 256 (non powers of two by masking, or as two column tiles where one would pad more:
 80 = 64 + 16), fp16 / bf16 / fp32. Only the last query and key
 tiles are masked, and with TAIL=16 they are 16 wide: at N = 197 a 64-row tiling computes 208 x 208
-scores instead of 256 x 256. For N <= 256 in fp16/bf16 the autotuner may also pick a whole-head program
-(`WHOLE` configs, `_whole_head`): all keys and values of one (batch, head) read once, every query tile's
-scores in one softmax pass.
+scores instead of 256 x 256. For N <= 256 in fp16/bf16, with the head dim in one tile and where shared memory
+holds them, the autotuner may also pick a whole-head program (`WHOLE` configs, `_whole_head`): all keys and
+values of one (batch, head) read once, every query tile's scores in one softmax pass.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ LOG2E = 1.0 / math.log(2.0)  # exp(x) = exp2(x / ln 2): folded into the softmax 
 
 def _configs() -> list[triton.Config]:
     if INTERPRET:  # the interpreter is slow and gains nothing from tuning: one config, with tail tiles
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "TAIL": 16}, num_warps=4, num_stages=1)]
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "TAIL": 16, "WHOLE": False}, num_warps=4, num_stages=1)]
     # A short list, so a first call tunes in seconds: wide query tiles for the large batches,
     # 8-warp variants that keep fp32 (IEEE products) out of register spills (ptxas counts in
     # `python -m vitfast.kernels.aot`), and the small (64, 32) tiles that still fit fp32 at
@@ -40,12 +40,14 @@ def _configs() -> list[triton.Config]:
         (64, 32, 0, 4, 2), (64, 64, 0, 4, 3), (64, 64, 16, 4, 3), (128, 32, 0, 8, 2), (128, 32, 16, 8, 2),
         (128, 64, 0, 8, 3), (128, 64, 16, 8, 3), (128, 128, 16, 8, 2),
     ]  # fmt: skip
-    flash = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "TAIL": t}, num_warps=w, num_stages=s) for bm, bn, t, w, s in tiles]
+    flash = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "TAIL": t, "WHOLE": False}, num_warps=w, num_stages=s) for bm, bn, t, w, s in tiles]
     # WHOLE: one program per (batch, head) holding all of its keys and values (N <= BLOCK_N = 256, fp16/bf16,
-    # one head-dim tile), its query tiles in a loop, one softmax pass each: ViT's N = 197 ran 3 key tiles per
-    # query tile in the tiles above, too few to fill their pipeline (benchmarks/NOTES.md, "Attention at N = 197")
+    # one head-dim tile, where shared memory holds them), its query tiles in a loop, one softmax pass each: ViT's
+    # N = 197 ran 3 key tiles per query tile in the tiles above, too few to fill their pipeline (benchmarks/NOTES.md,
+    # "Attention at N = 197"). Listed first: VITFAST_TUNE_CONFIGS=2 (the GPU proof's pytest) keeps the first and
+    # the last, so a whole-head config and the largest flash tile both run there
     whole = [triton.Config({"BLOCK_M": bm, "BLOCK_N": 256, "TAIL": 0, "WHOLE": True}, num_warps=w, num_stages=1) for bm, w in ((64, 4), (64, 8))]
-    return flash + whole
+    return whole + flash
 
 
 def shared_memory_bytes(config: triton.Config, args: dict, capability: int) -> int:
@@ -57,6 +59,7 @@ def shared_memory_bytes(config: triton.Config, args: dict, capability: int) -> i
     elsize, block_d = args["QKV"].element_size(), args["BLOCK_D"] + args.get("BLOCK_D1", 0)
     bm, bn, stages = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_stages
     if config.kwargs.get("WHOLE"):  # all keys and values at once, the query tile, p: for 16-bit, one head-dim tile, N <= BLOCK_N
+        # (N is absent only in require_fitting_config's question whether any config fits; a launch passes it)
         if elsize != 2 or args.get("BLOCK_D1", 0) or args.get("N", 0) > bn:
             return 1 << 40
         return 2 * bn * block_d * elsize + bm * block_d * elsize + bm * bn * elsize
@@ -226,7 +229,7 @@ def _attention_fwd_kernel(
     N, H, BH_BUCKET, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D1: tl.constexpr,  # head_dim_tiles
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, IEEE_FP32: tl.constexpr,
-    WHOLE: tl.constexpr = False,  # one program per (batch, head): `_whole_head` (configs that say so)
+    WHOLE: tl.constexpr,  # one program per (batch, head): `_whole_head`
 ):  # fmt: skip
     # -- one flat grid axis (axis 1 would cap B * H at 65,535): the query tiles of one (batch,
     # head) are neighbours, so they share its k/v in L2; ceil(N / BLOCK_M) tiles, or (TAIL > 0)
@@ -287,9 +290,9 @@ def attention_launch(qkv: torch.Tensor, out: torch.Tensor, scale: float | None =
                                f"fused attention ({str(qkv.dtype).removeprefix('torch.')}, head_dim {D})")
 
     def grid(meta):
-        if meta.get("WHOLE") and N > meta["BLOCK_N"]:  # the prune keeps them to N <= BLOCK_N: never drop keys silently
+        if meta["WHOLE"] and N > meta["BLOCK_N"]:  # the prune keeps them to N <= BLOCK_N: never drop keys silently
             raise RuntimeError(f"fused attention: a whole-head config holds {meta['BLOCK_N']} keys, not N = {N}")
-        return attention_grid(B, N, H, meta["BLOCK_M"], meta["TAIL"], meta.get("WHOLE", False))
+        return attention_grid(B, N, H, meta["BLOCK_M"], meta["TAIL"], meta["WHOLE"])
 
     wrap_triton(_attention_fwd_kernel, qkv)[grid](
         qkv, out4,

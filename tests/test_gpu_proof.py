@@ -218,7 +218,7 @@ def test_kernels_part_schema(dry_run):
     assert all(r["torch_rel_err"] < 1e-6 for r in rope)  # eager in the row's layout too, else the 2x rule would pass anything
     md = (dry_run / "proof-kernels.md").read_text()
     assert "## 2-D RoPE on the packed qkv" in md and "| eva02_tiny_patch14_224 | interleaved |" in md
-    assert "| BLOCK_M=32,BLOCK_N=32,TAIL=16,w4,s1 |" in md  # the attention rows name the tile the autotuner picked
+    assert "| BLOCK_M=32,BLOCK_N=32,TAIL=16,WHOLE=False,w4,s1 |" in md  # the attention rows name the tile the autotuner picked
     ops = {r["op"].split("+")[0] for r in result["mlp"]}
     assert ops == {"fc1", "fc2", "proj"} and all(r["passes_2x_rule"] for r in result["mlp"])
     assert all(r["tuning"]["picked"] for r in result["attention"] + result["mlp"])  # one config under the interpreter
@@ -339,6 +339,17 @@ def test_the_gpu_pytest_runs_the_first_tests_alone_then_the_rest_and_sums_them(t
     assert set(gpu_proof.TEST_FILES) <= set(rest) and first_junit != rest_junit == "tests-junit.xml"
     assert (summary["passed"], summary["failed"], summary["skipped"], summary["timed_out"]) == (51, 1, 2, True)
     assert summary["failed_tests"] == ["t::x: boom"] and [r["command"] for r in summary["runs"]] == ["first", "rest"]
+
+
+def test_a_gpu_pytest_without_its_report_counts_as_failed(tmp_path, monkeypatch):
+    """A pytest that exits before writing its JUnit XML (here `--version`; on a GPU a crash) must not vanish from
+    the counts: the erfc GELU test runs alone in the first one."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import gpu_proof
+
+    args = argparse.Namespace(out=tmp_path, dry_run=True)
+    summary = gpu_proof._pytest(args, ("--version",), tmp_path / "none.xml", time.monotonic() + 60, xdist=False)
+    assert summary["failed"] == 1 and "no JUnit XML (pytest exit status 0)" in summary["failed_tests"][0]
 
 
 def test_junit_counts_name_each_failure_even_without_a_message(tmp_path):

@@ -211,6 +211,11 @@ def test_whole_head_configs_are_kept_only_where_one_program_holds_every_key(monk
     assert whole and kept(torch.float16, 64, 197) == whole and kept(torch.bfloat16, 128, 256) == whole and not kept(torch.bfloat16, 128, 256, "sm_80")
     assert kept(torch.float16, 32, 197, "sm_89") == whole and not kept(torch.float16, 64, 197, "sm_89")
     assert not kept(torch.float16, 64, 257) and not kept(torch.float32, 64, 197) and not kept(torch.float16, 80, 197)
+    prune = att._attention_fwd_kernel.early_config_prune  # the tuner's own prune, with the launch's N as Triton names it
+    monkeypatch.setattr(_common, "shared_memory_budget", lambda device: BUDGET["sm_90a"])
+    qkv = torch.empty(0, dtype=torch.float16)
+    assert whole == [c for c in prune(configs, {"QKV": qkv, "N": 197}, BLOCK_D=64, BLOCK_D1=0) if c.kwargs["WHOLE"]]
+    assert not [c for c in prune(configs, {"QKV": qkv, "N": 257}, BLOCK_D=64, BLOCK_D1=0) if c.kwargs["WHOLE"]]
     assert att.programs_per_head(197, 64, 0, whole=True) == 1 and att.attention_grid(3, 197, 12, 64, 0, True) == (36,)
 
 
@@ -259,15 +264,15 @@ def test_tuning_results_go_to_disk_unless_turned_off(monkeypatch, setting, cache
     assert asked == [cached]
 
 
-@pytest.mark.parametrize("setting, picked", [(None, list(range(8))), ("0", list(range(8))), ("1", [0]), ("2", [0, 7]),
-                                             ("3", [0, 4, 7]), ("8", list(range(8))), ("20", list(range(8)))])  # fmt: skip
+@pytest.mark.parametrize("setting, picked", [(None, list(range(10))), ("0", list(range(10))), ("1", [0]), ("2", [0, 9]),
+                                             ("3", [0, 4, 9]), ("8", [0, 1, 3, 4, 5, 6, 8, 9]), ("20", list(range(10)))])  # fmt: skip
 def test_tune_configs_cuts_what_the_tuner_and_precompile_see(monkeypatch, setting, picked):
     """VITFAST_TUNE_CONFIGS=n (the GPU proof's pytest): at most n of the fitting configs, first and last kept, in the
     tuner's prune and in precompile's plan alike; unset or 0: every fitting config."""
     from vitfast.kernels.precompile import Recorded
 
     configs = gpu_configs(att, monkeypatch)
-    assert len(configs) == 8
+    assert len(configs) == 10 and configs[0].kwargs["WHOLE"] and not configs[-1].kwargs["WHOLE"]  # both kinds at 2
     monkeypatch.setattr(att._attention_fwd_kernel, "configs", configs)
     if setting is None:
         monkeypatch.delenv("VITFAST_TUNE_CONFIGS", raising=False)
@@ -281,7 +286,7 @@ def test_tune_configs_cuts_what_the_tuner_and_precompile_see(monkeypatch, settin
     fp32 = args | {"QKV": args["QKV"].float(), "BLOCK_D": 128}  # on a 99 KB part only some tiles fit: the cut comes after
     fitting = _common.configs_within(configs, att.shared_memory_bytes, fp32, BUDGET["sm_89"])
     kept = _common.kept_configs(configs, att.shared_memory_bytes, fp32, BUDGET["sm_89"])
-    assert 0 < len(fitting) < 8 and len(kept) == min(len(picked), len(fitting)) and all(c in fitting for c in kept)
+    assert 0 < len(fitting) < 10 and len(kept) == min(len(picked), len(fitting)) and all(c in fitting for c in kept)
 
 
 def test_a_malformed_tune_configs_is_a_clear_error(monkeypatch):
