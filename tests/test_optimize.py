@@ -371,6 +371,14 @@ def test_eva02_clip_launches_per_block(device, mlp, most):
     assert not any("layer_norm" in op for op in per_block[1])
 
 
+def tanh_gelu_copy(model):
+    """A copy of the reference model with GELU's tanh form in every MLP: what approximate_gelu must compute."""
+    copied = copy.deepcopy(model)
+    for block in copied.blocks:
+        block.mlp.act = torch.nn.GELU(approximate="tanh")
+    return copied
+
+
 @pytest.mark.parametrize("mlp", ["cublas", "epilogue"])
 def test_approximate_gelu_runs_the_tanh_form(device, mlp):
     """optimize(approximate_gelu=True) on an erf-GELU model computes the same model with GELU's tanh form
@@ -378,9 +386,7 @@ def test_approximate_gelu_runs_the_tanh_form(device, mlp):
     model; optimizing again without it goes back to the erf form, and restore() to the reference."""
     cfg = tiny_config(init_values=0.1)
     model = randomize(vitfast.create_model(cfg)).to(device)
-    tanh_model = copy.deepcopy(model)
-    for block in tanh_model.blocks:
-        block.mlp.act = torch.nn.GELU(approximate="tanh")
+    tanh_model = tanh_gelu_copy(model)
     x = 3 * torch.randn(3, 3, *cfg.img_hw, device=device)  # wide activations: where the two forms differ most
     with torch.no_grad():
         erf_ref, tanh_ref = model(x), tanh_model(x)
@@ -405,9 +411,7 @@ def test_gelu_tanh_takes_cublaslt_over_the_tables_epilogue(device, monkeypatch):
     monkeypatch.setattr(fused, "linear_gelu_tanh", lambda *a: calls.append(a[0].shape) or real(*a))
     cfg = tiny_config(init_values=0.1)
     model = randomize(vitfast.create_model(cfg)).to(device)
-    tanh_model = copy.deepcopy(model)
-    for block in tanh_model.blocks:
-        block.mlp.act = torch.nn.GELU(approximate="tanh")
+    tanh_model = tanh_gelu_copy(model)
     x = 3 * torch.randn(3, 3, *cfg.img_hw, device=device)
     with torch.no_grad():
         ref = tanh_model(x)

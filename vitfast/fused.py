@@ -270,10 +270,14 @@ class FusedBlock(nn.Module):
             return self.attention_path
         return nearest_attention_path(self.measured_attention.get(dtype, ()), N, B * self.attn.num_heads)
 
-    def mlp_paths(self, dtype: torch.dtype, rows: int) -> tuple[str, str]:
+    def mlp_paths(self, dtype: torch.dtype, rows: int, form: str | None = None) -> tuple[str, str]:
+        """(fc1, fc2): forced, or the table's for this shape (`nearest_paths`). The table timed fc1 with GELU's erf
+        form; the tanh `form` has cuBLASLt's epilogue (`linear_gelu_tanh`), which beat the Triton GEMM at every
+        ViT-S/B/L shape the H100 timed (1.25-1.6x cuBLAS + GELU against 0.68-1.17x), so "auto" gives it "cublas"."""
         if self.mlp_path != "auto":
             return self.mlp_path, self.mlp_path
-        return nearest_paths(self.measured.get(dtype, ()), rows, torch.compiler.is_compiling())
+        fc1, fc2 = nearest_paths(self.measured.get(dtype, ()), rows, torch.compiler.is_compiling())
+        return ("cublas" if form == "tanh" else fc1), fc2
 
     def forward(self, x, return_attention: bool = False, rope: Rope | None = None, rows: int | None = None):
         """x [B, N, C] or (x, norm1(x)) -> x, or (x, next_norm(x)) when `next_norm` is set. `rope`: the rotary
@@ -304,20 +308,17 @@ class FusedBlock(nn.Module):
             o = ops.fused_attention(qkv, attn.scale)
         if type(attn.norm) is not nn.Identity:
             o = _norm(ops, o, attn.norm)
-        fc1, fc2 = self.mlp_paths(x.dtype, B * N)
-        x, h = self._branch_end(ops, fc2, o, attn.proj, x, self.ls1, self.norm2)
         form = self.gelu_form
+        fc1, fc2 = self.mlp_paths(x.dtype, B * N, form)
+        x, h = self._branch_end(ops, fc2, o, attn.proj, x, self.ls1, self.norm2)
         if isinstance(mlp, SwiGLU):  # gate and value GEMMs on cuBLAS (biases included), then silu(gate) * value
             m = ops.swiglu(F.linear(h, mlp.fc1_g.weight, mlp.fc1_g.bias), F.linear(h, mlp.fc1_x.weight, mlp.fc1_x.bias))
         elif isinstance(mlp, SwiGLUPacked):  # no GEMM epilogue for the gate: cuBLAS, then the bias+SwiGLU kernel
             gv = F.linear(h, mlp.fc1.weight)
             m = ops.bias_swiglu(gv, mlp.fc1.bias) if mlp.fc1.bias is not None else ops.swiglu(*gv.chunk(2, dim=-1))
-        elif fc1 == "epilogue" and (form != "tanh" or self.mlp_path == "epilogue"):
+        elif fc1 == "epilogue":
             m = ops.linear_bias_gelu(h, mlp.fc1.weight, mlp.fc1.bias, form)
-        elif form == "tanh":
-            # one cuBLASLt GEMM with bias + GELU (tanh form) as its epilogue. Under "auto" also where the table says
-            # "epilogue" for fc1: that choice timed the erf form, and cuBLASLt's tanh epilogue beat the Triton GEMM
-            # at every ViT-S/B/L shape the H100 timed (1.25-1.6x cuBLAS + GELU against 0.68-1.17x)
+        elif form == "tanh":  # one cuBLASLt GEMM with bias + GELU (tanh form) as its epilogue
             m = linear_gelu_tanh(h, mlp.fc1.weight, mlp.fc1.bias)
         elif mlp.fc1.bias is not None and (fc1 == "bias_gelu" or form == "sigmoid"):
             # the bias + GELU kernel after a GEMM without bias: where the table measured it faster than PyTorch's
