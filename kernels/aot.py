@@ -13,7 +13,8 @@ rows or more, mma.sync otherwise). Registers and spills (ptxas -v) are reported.
 (source, specialisation, options, target, Triton version) in --cache.
 
 Must run without TRITON_INTERPRET (the interpreter replaces the compiler). Exit status 1 when
-a kernel fails to compile, when a kept config exceeds the limit or its estimate, when an fp16/bf16
+a kernel fails to compile, when a kept config exceeds the limit or its estimate, when a config that
+asks for two programs per SM (PER_SM) cannot keep two resident (shared memory, registers), when an fp16/bf16
 dot misses its tensor-core instruction, when a launch in the supported range
 (`Launch.required`) has no config that fits, or when a kernel compiled with its float arguments
 typed fp64 (as torch.compile's Inductor passes Python floats to user kernels) fails or does
@@ -56,6 +57,11 @@ DOT_KERNELS = ("_attention_fwd_kernel", "_linear_epilogue_kernel", "_linear_epil
 RESULT_VERSION = "v3"  # bump when compile_one's cached fields change (v2: "mma", v3: "f64_ops")
 # target -> (compute capability, bytes of shared memory per block: the opt-in maximum)
 TARGETS = {"sm_80": (80, 166912), "sm_89": (89, 101376), "sm_90a": (90, 232448)}
+# target -> shared memory per SM, of which each resident block also takes 1 KB the system reserves; and the
+# register file (64K 32-bit registers per SM on all three): what PER_SM programs of one config must share
+SM_SHARED = {"sm_80": 167936, "sm_89": 102400, "sm_90a": 233472}
+BLOCK_RESERVED_SHARED = 1024
+SM_REGISTERS = 65536
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -270,7 +276,7 @@ def compile_one(job: tuple) -> dict:
     row = {"launch": LAUNCHES[i].name, "kernel": jit.__name__, "target": target, "limit": limit,
            "config": _common.describe_config(config), "estimate": _estimate(rec, config, arch),
            "mma_expected": expected_matrix_instruction(jit.__name__, LAUNCHES[i].dtype, target, config.kwargs.get("BLOCK_M", 0)),
-           "scalars": "fp64" if fp64_scalars else "fp32"}  # fmt: skip
+           "scalars": "fp64" if fp64_scalars else "fp32", "per_sm": config.kwargs.get("PER_SM", 1), "warps": config.num_warps}  # fmt: skip
     cached = os.path.join(cache_dir, f"{key}.{RESULT_VERSION}.json")
     if os.path.exists(cached):
         with open(cached) as f:
@@ -368,6 +374,9 @@ def problems(rows: list[dict], unfit: list[dict]) -> list[str]:
             found.append(f"{r['launch']} [{r['config']}] on {r['target']}: {r['shared']} B shared > limit {r['limit']} B")
         if r["estimate"] is not None and r["shared"] > r["estimate"]:
             found.append(f"{r['launch']} [{r['config']}] on {r['target']}: {r['shared']} B shared > estimate {r['estimate']} B")
+        if r.get("per_sm", 1) > 1 and not fits_per_sm(r):
+            found.append(f"{r['launch']} [{r['config']}] on {r['target']}: {r['per_sm']} programs per SM do not fit one SM "
+                         f"({r['shared']} B shared, {r['regs']} registers x {r['warps']} warps each)")
         if r["mma_expected"] and r["mma"] != r["mma_expected"]:
             found.append(f"{r['launch']} [{r['config']}] on {r['target']}: compiles its dot to {r['mma']}, not {r['mma_expected']}")
         if r.get("scalars") == "fp64" and r.get("f64_ops"):
@@ -375,6 +384,16 @@ def problems(rows: list[dict], unfit: list[dict]) -> list[str]:
                          "typed fp64 (as Inductor passes them): cast them to fp32 in the kernel")
     found += [f"{u['launch']} on {u['target']}: no config fits the shared memory" for u in unfit if u["required"]]
     return found
+
+
+def fits_per_sm(row: dict) -> bool:
+    """Whether `row["per_sm"]` programs of a compiled kernel can be resident on one SM of its target at
+    once: their shared memory (plus the 1 KB reserved per block) and their registers (allocated per
+    thread in multiples of 8; unknown counts as fitting)."""
+    n = row["per_sm"]
+    shared_ok = n * (row["shared"] + BLOCK_RESERVED_SHARED) <= SM_SHARED[row["target"]]
+    regs = row.get("regs")
+    return shared_ok and (regs is None or n * -(-regs // 8) * 8 * 32 * row["warps"] <= SM_REGISTERS)
 
 
 def table(rows: list[dict], unfit: list[dict]) -> str:

@@ -21,8 +21,9 @@ the first H100 run timed the pointer kernel's fc1 + GELU at ~55% of cuBLAS's GEM
   (`tl.make_tensor_descriptor`): bulk async copies, no address arithmetic or masks per element
   (rows and K columns past the edge read as zero, stores past it are dropped by the copy engine),
   the operand tiles landing in shared memory laid out for wgmma;
-- one program per SM walks the output tiles (grouped order, so W stays in L2) in one flattened
-  loop, so the next tile's loads are in flight while this tile's epilogue runs;
+- one or two programs per SM (the config's PER_SM) walk the output tiles (grouped order, so W stays
+  in L2) in one flattened loop, so the next tile's loads are in flight while this tile's epilogue
+  runs (and, two per SM, the other program's main loop);
 - the wide 128x256 tile stores its result in two 128-column halves: half the epilogue's staging
   memory, room for a fourth pipeline stage.
 It is taken in eager calls when every operand meets TMA's rules (`tma_ready`), unless the
@@ -53,6 +54,8 @@ from .bias_gelu import gelu as gelu_tile
 ACTIVATIONS = {None: 0} | {form: 1 + code for form, code in GELU_FORMS.items()}  # ACTIVATION: no GELU, or 1 + FORM
 KERNELS = ("auto", "tma", "pointer")  # linear_epilogue_launch's `kernel`
 INTERPRETED_PROGRAMS = 3  # the TMA kernel's persistent grid under the interpreter: several tiles per program
+HOPPER_SM_SHARED = 233472  # shared memory per SM on sm_90 (228 KB), which PER_SM programs share
+BLOCK_RESERVED_SHARED = 1024  # what each resident program's block also takes of it (the system's reservation)
 TMA_ALIGN = 16  # TMA's rule for a tensor it reads or writes: 16-byte aligned base and row stride (and unit column stride)
 
 
@@ -168,33 +171,42 @@ def _linear_epilogue_kernel(
 
 # ---------------------------------------------------------------------------- the Hopper form (sm_90): persistent, TMA
 def _tma_configs() -> list[triton.Config]:
-    if INTERPRET:  # one small config, the wide tile's split store included
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4, "SPLIT_N": 2}, num_warps=4, num_stages=1)]
-    # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_N): the wgmma tiles of Triton's Hopper
+    if INTERPRET:  # one small config, the wide tile's split store and the grid's PER_SM included
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4, "SPLIT_N": 2, "PER_SM": 2}, num_warps=4, num_stages=1)]
+    # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_N, PER_SM): the wgmma tiles of Triton's Hopper
     # matmul tutorial (128 rows, 128 or 256 columns) for the large batches, 64-row tiles so batch 1
-    # (M = 197) still spreads over the SMs. No 4-warp 128x128 tile: it spills in the GELU epilogue
-    # (204 bytes at 255 registers with libdevice's erf; 4-8 bytes with the erfc form, sm_90a, `python -m vitfast.kernels.aot`)
+    # (M = 197) still spreads over the SMs. PER_SM = 2: two programs share each SM, so one's epilogue
+    # (GELU on its whole tile, the store) runs while the other's wgmma main loop does, as cuBLAS's
+    # ping-pong kernels overlap them with two consumer warpgroups; one program per SM leaves the tensor
+    # cores idle for its epilogue (the first H100 profile: fc1 + GELU at 467 TFLOP/s, cuBLASLt's tanh
+    # epilogue 588). Those tiles fit two per SM on sm_90a: 115 KB of shared memory each (of 228 KB), 101 and
+    # 178 registers (`python -m vitfast.kernels.aot` checks both). No 4-warp 128x128 tile with one program per
+    # SM: it spills in the GELU epilogue (204 bytes at 255 registers with libdevice's erf; 4-8 bytes with the
+    # erfc form, sm_90a) and leaves half of the SM's warp slots empty.
     tiles = [
-        (128, 256, 64, 8, 3, 2), (128, 256, 64, 8, 4, 2), (128, 128, 64, 8, 4, 1), (128, 128, 128, 8, 3, 1),
-        (64, 128, 64, 4, 4, 1), (64, 64, 64, 4, 4, 1),
+        (128, 256, 64, 8, 3, 2, 1), (128, 256, 64, 8, 4, 2, 1), (128, 128, 64, 8, 4, 1, 1), (128, 128, 128, 8, 3, 1, 1),
+        (128, 128, 64, 8, 3, 2, 2), (128, 128, 64, 4, 3, 2, 2), (64, 128, 64, 4, 4, 1, 1), (64, 64, 64, 4, 4, 1, 1),
     ]  # fmt: skip
     return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_N": split}, num_warps=w, num_stages=s)
-        for bm, bn, bk, w, s, split in tiles
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_N": split, "PER_SM": per_sm},
+                      num_warps=w, num_stages=s)
+        for bm, bn, bk, w, s, split, per_sm in tiles
     ]
 
 
 def tma_shared_memory_bytes(config: triton.Config, args: dict, capability: int) -> int:
     """Upper estimate of one program's shared memory, checked against the compiled kernels'
     `metadata.shared` on sm_90a (tests/test_aot_compile.py): num_stages x and W tiles, the output
-    staging tile (and the residual's), and 1 KB for the pipeline's barriers. No TMA before sm_90:
-    larger than any budget there, so the prune keeps no config."""
+    staging tile (and the residual's), and 1 KB for the pipeline's barriers. No TMA before sm_90, and
+    no room for a PER_SM = 2 config's second program (the fc2 epilogue's residual tile doubles its staging):
+    larger than any budget there, so the prune drops them."""
     if capability < 90:
         return 1 << 40
     elsize, kw = args["X"].element_size(), config.kwargs
     operands = config.num_stages * (kw["BLOCK_M"] + kw["BLOCK_N"]) * kw["BLOCK_K"] * elsize
     staging = kw["BLOCK_M"] * kw["BLOCK_N"] // kw["SPLIT_N"] * elsize * (2 if args["RESIDUAL"] else 1)
-    return operands + staging + 1024
+    one = operands + staging + 1024
+    return one if kw["PER_SM"] * (one + BLOCK_RESERVED_SHARED) <= HOPPER_SM_SHARED else 1 << 40
 
 
 @triton.jit
@@ -209,16 +221,17 @@ def _epilogue_store(acc, out_desc, res_desc, Bias, Gamma, row, col, N,
 
 # Same tuning key as the pointer kernel: shape (M by power-of-two bucket) and epilogue; dtypes too.
 @autotune(configs=_tma_configs(), key=["M_BUCKET", "N", "K", "HAS_BIAS", "ACTIVATION", "RESIDUAL"], estimate=tma_shared_memory_bytes)
-@triton.jit(do_not_specialize=["M_BUCKET", "NUM_PROGRAMS"])
+@triton.jit(do_not_specialize=["M_BUCKET"])
 def _linear_epilogue_tma_kernel(
     X, W, Bias, Res, Gamma, Out,
-    M, N, K, M_BUCKET, NUM_PROGRAMS,
+    M, N, K, M_BUCKET,
     stride_xm, stride_wn, stride_rm, stride_om,
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,  # 0: none, else GELU of form ACTIVATION - 1 (bias_gelu.GELU_FORMS)
     RESIDUAL: tl.constexpr,  # 0: none, 1: + Res, 2: Res + Gamma * (...)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_N: tl.constexpr,  # the output tile is stored in SPLIT_N (1 or 2) column pieces
+    PER_SM: tl.constexpr,  # persistent programs per SM (1 or 2): read by the launcher's grid only
 ):  # fmt: skip
     # -- descriptors: global shapes and strides, so the copy engine handles every edge
     STORE_N: tl.constexpr = BLOCK_N // SPLIT_N
@@ -228,13 +241,14 @@ def _linear_epilogue_tma_kernel(
     res_desc = tl.make_tensor_descriptor(Res, shape=[M, N], strides=[stride_rm, 1], block_shape=[BLOCK_M, STORE_N])
 
     pid = tl.program_id(0)
+    programs = tl.num_programs(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     # the epilogue keeps its own tile counter: shared with the loads, it would tie the next tile's
     # prologue to this tile's epilogue and stop the flattened loop from overlapping them
-    tile_c = pid - NUM_PROGRAMS
-    for tile in tl.range(pid, num_pid_m * num_pid_n, NUM_PROGRAMS, flatten=True):
+    tile_c = pid - programs
+    for tile in tl.range(pid, num_pid_m * num_pid_n, programs, flatten=True):
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for ki in range(k_tiles):
@@ -243,7 +257,7 @@ def _linear_epilogue_tma_kernel(
             acc = tl.dot(a, b.T, acc)
 
         # -- epilogue in fp32 registers, stored in SPLIT_N column pieces
-        tile_c += NUM_PROGRAMS
+        tile_c += programs
         pid_m, pid_n = grouped_tile(tile_c, num_pid_m, num_pid_n, GROUP_M)
         row, col = pid_m * BLOCK_M, pid_n * BLOCK_N
         if SPLIT_N == 2:
@@ -318,8 +332,8 @@ def linear_epilogue_launch(
     res2 = residual.reshape(M, N) if residual is not None else out2  # placeholders when unused
     check_column_offsets("linear epilogue", weight, x2, res2, out2)
     if takes_tma(kernel, "linear epilogue", x2, weight, res2 if residual is not None else None, out2):
-        programs = _sm_count(x.device) if x.is_cuda else INTERPRETED_PROGRAMS
-        _tma_launch(x2, weight, bias, res2, gamma, out2, ACTIVATIONS[gelu], mode, programs)
+        sms = _sm_count(x.device) if x.is_cuda else INTERPRETED_PROGRAMS
+        _tma_launch(x2, weight, bias, res2, gamma, out2, ACTIVATIONS[gelu], mode, sms)
         return out
     if x.is_cuda:
         require_fitting_config(_linear_epilogue_kernel, {"X": x2}, x.device, f"linear epilogue ({str(x.dtype).removeprefix('torch.')})")
@@ -403,19 +417,20 @@ def ensure_tma_allocator(x: torch.Tensor) -> None:
         triton.set_allocator(_scratch)
 
 
-def _tma_launch(x2, weight, bias, res2, gamma, out2, activation: int, residual_mode: int, programs: int) -> None:
+def _tma_launch(x2, weight, bias, res2, gamma, out2, activation: int, residual_mode: int, sms: int) -> None:
     """The launch, on 2-D views already checked by `linear_epilogue_launch` (and `tma_ready`):
-    x2 [M, K], weight [N, K], res2 / out2 [M, N]; `programs`: the persistent grid's upper bound (the SM count)."""
+    x2 [M, K], weight [N, K], res2 / out2 [M, N]; `sms`: the SM count (the persistent grid is at most
+    the config's PER_SM programs on each)."""
     M, K = x2.shape
     N = weight.shape[0]
     ensure_tma_allocator(x2)
 
     def grid(meta):
-        return (min(programs, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
+        return (min(sms * meta["PER_SM"], triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
 
     wrap_triton(_linear_epilogue_tma_kernel, x2)[grid](
         x2, weight, bias if bias is not None else weight, res2, gamma if gamma is not None else weight, out2,
-        M, N, K, next_pow2(M), programs,
+        M, N, K, next_pow2(M),
         x2.stride(0), weight.stride(0), res2.stride(0), out2.stride(0),
         HAS_BIAS=bias is not None, ACTIVATION=activation, RESIDUAL=residual_mode,
     )  # fmt: skip

@@ -162,6 +162,24 @@ def test_the_matrix_instruction_is_read_off_the_ptx():
                                       "(as Inductor passes them): cast them to fp32 in the kernel"]  # fmt: skip
 
 
+def test_two_programs_per_sm_stay_resident_together(report):
+    """The Hopper GEMM's PER_SM=2 configs (one program's epilogue overlapping the other's main loop) are
+    compiled at ViT-B's fc1 and fit two to an SM (the report's problems would name them otherwise); the
+    check itself refuses a pair over the shared memory or the register file."""
+    from vitfast.kernels import aot
+
+    pairs = [r for r in report["rows"] if r.get("per_sm") == 2 and "shared" in r]
+    assert {r["launch"] for r in pairs} >= {"linear tma fc1+gelu 1576x768->3072 fp16"}
+    assert all(aot.fits_per_sm(r) and r["regs"] for r in pairs)
+    row = {"per_sm": 2, "target": "sm_90a", "shared": 114712, "regs": 101, "warps": 8}
+    assert aot.fits_per_sm(row)
+    assert not aot.fits_per_sm(row | {"shared": 116000})  # 2 x (116000 + 1 KB reserved) > 228 KB
+    assert not aot.fits_per_sm(row | {"regs": 129})  # 2 x 136 x 32 x 8 > 64K registers
+    assert not aot.fits_per_sm(row | {"target": "sm_89"})
+    problem = aot.problems([row | {"launch": "l", "config": "c", "limit": 232448, "estimate": None, "mma_expected": None, "regs": 200}], [])
+    assert problem == ["l [c] on sm_90a: 2 programs per SM do not fit one SM (114712 B shared, 200 registers x 8 warps each)"]
+
+
 def test_float_arguments_typed_fp64_as_inductor_passes_them(report):
     """torch.compile over optimize() hands each Python float (softmax scale, LayerNorm eps) to the
     kernels as fp64; found on an H100, where the attention kernel then failed to compile (its

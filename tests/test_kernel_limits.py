@@ -230,6 +230,24 @@ def test_linear_epilogue_has_a_fitting_config(monkeypatch, arch, dtype):
         assert len(kept) < len(configs)
 
 
+def test_two_per_sm_gemm_configs_are_kept_only_where_two_programs_fit_an_sm(monkeypatch):
+    """The Hopper GEMM's PER_SM = 2 configs stay for fc1 (two 115 KB programs share the SM's 228 KB) and go
+    where the residual's staging tile makes one program too big for two to be resident (fc2), and off Hopper."""
+    monkeypatch.setattr(le, "INTERPRET", False)
+    configs = le._tma_configs()
+    pairs = [c for c in configs if c.kwargs["PER_SM"] == 2]
+    assert len(pairs) == 2
+    for dtype in (torch.float16, torch.bfloat16):
+        x = torch.empty(0, dtype=dtype)
+        fc1 = _common.configs_within(configs, le.tma_shared_memory_bytes, {"X": x, "RESIDUAL": 0}, BUDGET["sm_90a"])
+        fc2 = _common.configs_within(configs, le.tma_shared_memory_bytes, {"X": x, "RESIDUAL": 2}, BUDGET["sm_90a"])
+        assert all(c in fc1 for c in pairs) and not [c for c in fc2 if c.kwargs["PER_SM"] == 2]
+        assert fc1 == configs and fc2  # fc2's 4-stage 128x256 and 128x128x128 tiles also outgrow one program's 227 KB
+        for c in pairs:  # what makes the pair fit: the estimate of one program, its 1 KB reservation, twice
+            assert 2 * (le.tma_shared_memory_bytes(c, {"X": x, "RESIDUAL": 0}, 90) + 1024) <= 228 * 1024
+        assert not _common.configs_within(configs, le.tma_shared_memory_bytes, {"X": x, "RESIDUAL": 0}, BUDGET["sm_80"])
+
+
 def test_autotuner_prunes_by_the_device_limit(monkeypatch):
     """The autotuner's early prune asks the device for its limit and keeps what fits."""
     configs = gpu_configs(att, monkeypatch)
