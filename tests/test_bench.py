@@ -310,3 +310,20 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     foreign.write_text("{}")
     assert main(["bench", "--compare", str(foreign), str(foreign)]) == 2
     assert "not a `vitfast bench --out` file" in capsys.readouterr().err
+
+
+def test_two_outputs_naming_one_file_are_refused_before_measuring(tmp_path, monkeypatch, capsys):
+    """--out r.json --csv r.json used to measure everything, write r.json and then refuse the CSV (or, with
+    --force, overwrite the JSON with it)."""
+    from vitfast.cli import bench as bench_cli
+
+    monkeypatch.setattr(bench_cli, "run_sweep", lambda *a, **k: pytest.fail("measured before refusing"))
+    monkeypatch.chdir(tmp_path)
+    sweep = ["bench", "--model", "vit_tiny_patch16_224", "--backends", "eager", "--batch", "1"]
+    for outputs in (["--out", "r.json", "--csv", "r.json"], ["--out", "r.json", "--markdown", str(tmp_path / "r.json"), "--force"],
+                    ["--csv", "r.csv", "--markdown", "./sub/../r.csv"]):  # fmt: skip
+        assert main(sweep + outputs) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "both name" in err and "its own file" in err
+    assert list(tmp_path.iterdir()) == []
+

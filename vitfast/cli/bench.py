@@ -76,7 +76,14 @@ def _outputs(args: argparse.Namespace) -> dict[str, Path]:
     wanted = {"out": args.out, "csv": args.csv, "plot": args.plot, "markdown": args.markdown if args.markdown != "-" else None}
     if args.plot:
         report.require_matplotlib()
-    return {kind: check_output_free(path, args.force) for kind, path in wanted.items() if path}
+    outputs = {kind: check_output_free(path, args.force) for kind, path in wanted.items() if path}
+    # two flags naming one file: the second write would fail after the sweep, or with --force overwrite the first
+    claimed: dict[Path, str] = {}
+    for kind, path in outputs.items():
+        other = claimed.setdefault(path.resolve(), kind)
+        if other != kind:
+            raise InputError(f"--{other} and --{kind} both name {path}; give each output its own file")
+    return outputs
 
 
 def _write(path: Path, force: bool, write) -> None:
