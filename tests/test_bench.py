@@ -327,3 +327,39 @@ def test_two_outputs_naming_one_file_are_refused_before_measuring(tmp_path, monk
         assert len(err.splitlines()) == 1 and "both name" in err and "its own file" in err
     assert list(tmp_path.iterdir()) == []
 
+
+class _TensorRTHere(Platform):
+    """CUDA with TensorRT as far as the skip logic can tell, while tensors stay on this machine's CPU."""
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+
+def test_an_unusable_engine_is_a_skipped_row_and_keeps_the_measured_ones(tmp_path, monkeypatch, capsys):
+    """An --engine without its sidecar (built by trtexec) used to crash the sweep after every other backend was
+    measured; a missing one is refused up front."""
+    from vitfast.bench import sweep as sweep_module
+
+    monkeypatch.setattr(sweep_module, "detect_platform", lambda names: _TensorRTHere(**vars(_platform(cuda=True, tensorrt=None))))
+    trtexec = tmp_path / "trtexec.engine"
+    trtexec.write_bytes(b"serialized by trtexec: no vitfast sidecar")
+    settings = Settings(models=[tiny_config(name="tiny")], backends=["eager", "tensorrt"], batches=[1], precisions=["fp32"],
+                        repeats=2, warmup=0, options=BackendOptions(engines=[str(trtexec)]))  # fmt: skip
+    eager, tensorrt = run_sweep(settings)["rows"]
+    assert eager["status"] == "ok"
+    assert tensorrt["status"] == "skipped" and "trtexec.engine.json" in tensorrt["reason"]
+    assert f"--artifact {trtexec}" in tensorrt["reason"]
+
+    def broken(backend, *args):  # whatever else goes wrong in a backend's checks fails its rows only
+        if backend == "tensorrt":
+            raise RuntimeError("unexpected")
+        return None
+
+    monkeypatch.setattr(sweep_module, "skip_reason", broken)
+    eager, tensorrt = run_sweep(settings)["rows"]
+    assert eager["status"] == "ok" and (tensorrt["status"], tensorrt["reason"]) == ("error", "RuntimeError: unexpected")
+
+    assert main(["bench", "--model", "vit_tiny_patch16_224", "--backends", "tensorrt", "--engine", str(tmp_path / "gone.engine")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--engine" in err and "gone.engine: no such file" in err

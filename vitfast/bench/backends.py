@@ -198,7 +198,11 @@ def match_engine(paths: list[str], config: ViTConfig, precision: str) -> tuple[P
     wanted = _arch(config.to_dict())
     seen = []
     for path in map(Path, paths):
-        meta = read_sidecar(path, verify=False)  # matching only: loading the engine checks the pair
+        try:
+            meta = read_sidecar(path, verify=False)  # matching only: loading the engine checks the pair
+        except ArtifactError as exc:  # one unusable engine must not stop the others (or the sweep)
+            seen.append(f"{exc}; an engine without a vitfast sidecar is measured with --artifact {path}")
+            continue
         seen.append(f"{path.name}: {meta.get('config', {}).get('name')} {meta.get('precision')}")
         if meta.get("precision") == precision and _arch(meta.get("config", {})) == wanted:
             return path, None

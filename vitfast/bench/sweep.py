@@ -144,7 +144,10 @@ def _measure_backend(backend, precision, config, settings: Settings, platform: P
     """Rows of one backend at one precision for every batch size (skipped / failed rows included)."""
     rows = [base_row(config, backend, precision, b) for b in settings.batches]
     label = f"{config.name} {config.img_hw[0]}px {backend} {precision}"
-    reason = skip_reason(backend, precision, platform, settings.options, config)
+    try:
+        reason = skip_reason(backend, precision, platform, settings.options, config)
+    except Exception as exc:  # a surprise in the checks fails this backend's rows, not the sweep and the rows measured before
+        return _finish([r | _error(exc, settings.debug) for r in rows], on_row)
     if reason:
         return _finish([r | {"status": "skipped", "reason": reason} for r in rows], on_row)
     if on_start:

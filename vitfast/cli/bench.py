@@ -54,6 +54,9 @@ def settings_from_args(args: argparse.Namespace):
     for artifact in args.artifact or []:
         if not Path(artifact).exists():
             raise InputError(f"--artifact {artifact}: no such file or folder")
+    for engine in args.engine or []:
+        if not Path(engine).is_file():
+            raise InputError(f"--engine {engine}: no such file; give a TensorRT engine built with `vitfast export --format trt`")
     options = BackendOptions(compile_mode=args.compile_mode, engines=args.engine or [], ort_provider=args.ort_provider,
                              threads=args.threads, calib_samples=args.calib_samples, calib_dir=args.calib_dir,
                              ov_hint=args.ov_hint)  # fmt: skip
