@@ -363,3 +363,28 @@ def test_an_unusable_engine_is_a_skipped_row_and_keeps_the_measured_ones(tmp_pat
     assert main(["bench", "--model", "vit_tiny_patch16_224", "--backends", "tensorrt", "--engine", str(tmp_path / "gone.engine")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--engine" in err and "gone.engine: no such file" in err
+
+
+def test_artifacts_with_one_file_name_get_their_own_rows_and_compare_refuses_a_merge(tmp_path, monkeypatch, capsys):
+    """a/model.onnx and b/model.onnx (Optimum and Hub exports) were both labelled model.onnx, and --compare
+    silently kept one of them."""
+    import vitfast
+    from vitfast.bench.sweep import artifact_labels
+
+    assert artifact_labels(["dir/model.onnx"]) == ["model.onnx"]
+    assert artifact_labels(["x/a/model.onnx", "y/a/model.onnx", "b.onnx"]) == ["x/a/model.onnx", "y/a/model.onnx", "b.onnx"]
+    assert artifact_labels(["model.onnx", "v2/model.onnx", "/abs/v2/model.onnx"]) == ["model.onnx", "v2/model.onnx", "abs/v2/model.onnx"]
+    for folder in ("a", "b"):
+        vitfast.save_checkpoint(vitfast.create_model(tiny_config(name="tiny")), tmp_path / folder / "model.safetensors")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match="more than once"):
+        Settings(models=[], backends=["eager"], batches=[1], precisions=["fp32"], artifacts=["a/model.safetensors", f"{tmp_path}/a/model.safetensors"])
+    result = run_sweep(Settings(models=[], backends=["eager"], batches=[1], precisions=["fp32"], repeats=2, warmup=0,
+                                artifacts=["a/model.safetensors", "b/model.safetensors"]))  # fmt: skip
+    assert [(r["model"], r["status"]) for r in result["rows"]] == [("a/model.safetensors", "ok"), ("b/model.safetensors", "ok")]
+    assert [r["status"] for r in compare_rows(result["rows"], result["rows"])] == ["ok", "ok"]
+    merged = [r | {"model": "model.safetensors"} for r in result["rows"]]  # as labelled before
+    with pytest.raises(ArtifactError, match="the new result has two rows for model.safetensors at 32px"):
+        compare_rows(result["rows"], merged)
+    assert main(["bench", "--model", "vit_tiny_patch16_224", "--batch", "1,8,1"]) == 2
+    assert "--batch lists 1 more than once" in capsys.readouterr().err

@@ -10,6 +10,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from vitfast.errors import ArtifactError
+
 PERCENTILES = (50, 95, 99)
 MIN_NOISE = 0.02  # two runs closer than 2% are never called a win or a regression
 
@@ -74,8 +76,7 @@ def compare_rows(base: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]], 
     spread only sees noise within a run, so across runs on a shared machine raise the floor. Rows
     measured on one side only, or skipped on either, are listed with their status.
     """
-    old = {row_key(r): r for r in base}
-    cur = {row_key(r): r for r in new}
+    old, cur = _by_key(base, "base"), _by_key(new, "new")
     out = []
     for key in list(old) + [k for k in cur if k not in old]:
         a, b = old.get(key), cur.get(key)
@@ -97,6 +98,18 @@ def compare_rows(base: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]], 
             "verdict": verdict(ratio, noise, floor),
         }
         out.append(entry)
+    return out
+
+
+def _by_key(rows: Sequence[dict[str, Any]], side: str) -> dict[tuple, dict[str, Any]]:
+    """Rows by `row_key`; two rows with one key cannot be paired, and keeping either would compare the wrong one."""
+    out: dict[tuple, dict[str, Any]] = {}
+    for row in rows:
+        key = row_key(row)
+        if out.setdefault(key, row) is not row:
+            model, img, backend, precision, batch = key
+            raise ArtifactError(f"the {side} result has two rows for {model} at {img}px, {backend} {precision}, batch {batch}, "
+                                "which cannot be paired (older vitfast labelled artifacts by file name alone); rerun that sweep")  # fmt: skip
     return out
 
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from vitfast.config import ViTConfig
-from vitfast.errors import ArtifactError, BackendUnavailable, describe_exception
+from vitfast.errors import ArtifactError, BackendUnavailable, InputError, describe_exception
 from vitfast.flops import count_macs
 from vitfast.registry import get_config
 from vitfast.runtime import ENGINE_SUFFIXES
@@ -56,6 +56,12 @@ class Settings:
     options: BackendOptions = field(default_factory=BackendOptions)
     debug: bool = False
     artifacts: list[str] = field(default_factory=list)  # the user's own files, each measured as it is
+
+    def __post_init__(self):
+        resolved = [os.path.realpath(a) for a in self.artifacts]
+        twice = sorted({a for a, r in zip(self.artifacts, resolved) if resolved.count(r) > 1})
+        if twice:  # its rows would be measured twice under one label
+            raise InputError(f"--artifact {', '.join(twice)}: the same file given more than once; give each artifact once")
 
     def configs(self) -> Iterator[ViTConfig]:
         for model in self.models:
@@ -109,8 +115,8 @@ def run_sweep(settings: Settings, *, command: str | None = None, on_row: Callabl
             for backend in settings.backends:
                 for precision in settings.precisions:
                     rows += _measure_backend(backend, precision, config, settings, platform, on_row or (lambda r: None), on_start)
-    for artifact in settings.artifacts:
-        rows += _measure_artifact(Path(artifact), settings, platform, on_row or (lambda r: None), on_start)
+    for artifact, label in zip(settings.artifacts, artifact_labels(settings.artifacts)):
+        rows += _measure_artifact(Path(artifact), label, settings, platform, on_row or (lambda r: None), on_start)
     peaks.append(matmul_peak(platform.device))
     peak = peak_tflops(peaks)
     for row in rows:
@@ -171,9 +177,19 @@ def _measure_backend(backend, precision, config, settings: Settings, platform: P
     return done
 
 
-def _measure_artifact(path: Path, settings: Settings, platform: Platform, on_row, on_start) -> list[dict]:
+def artifact_labels(paths: list[str]) -> list[str]:
+    """Each artifact's row label (its `model`): the file name, or as many of its last path parts as tell it
+    from the others (Optimum and Hub exports are all model.onnx), so rows and --compare keep them apart."""
+    parts = [Path(p).parts for p in paths]
+    labels = []
+    for i, mine in enumerate(parts):
+        n = next((n for n in range(1, len(mine)) if all(other[-n:] != mine[-n:] for j, other in enumerate(parts) if j != i)), len(mine))
+        labels.append(Path(*mine[-n:]).as_posix())
+    return labels
+
+
+def _measure_artifact(path: Path, label: str, settings: Settings, platform: Platform, on_row, on_start) -> list[dict]:
     """Rows of one user artifact (`--artifact`), as it is (its own precision), at every batch size."""
-    label = path.name
     if on_start:
         on_start(f"{label}: loading")
     probe = MemoryProbe(torch.device("cpu") if is_onnx_artifact(path) else platform.device)

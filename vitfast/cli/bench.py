@@ -32,6 +32,9 @@ def parse_list(text: str, what: str, choices: tuple[str, ...] | None = None) -> 
     bad = [t for t in items if choices and t not in choices]
     if bad:
         raise InputError(f"unknown {what} {', '.join(bad)}; choose from {', '.join(choices)}")
+    twice = sorted({t for t in items if items.count(t) > 1})
+    if twice:  # the same row measured twice under one label: --compare could not pair it
+        raise InputError(f"--{what} lists {', '.join(twice)} more than once; give each once")
     return items
 
 
