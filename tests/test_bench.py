@@ -388,3 +388,23 @@ def test_artifacts_with_one_file_name_get_their_own_rows_and_compare_refuses_a_m
         compare_rows(result["rows"], merged)
     assert main(["bench", "--model", "vit_tiny_patch16_224", "--batch", "1,8,1"]) == 2
     assert "--batch lists 1 more than once" in capsys.readouterr().err
+
+
+def test_report_supersedes_only_a_sweep_of_the_same_rows(sweep):
+    """An fp32 sweep and a later int8 one (same device, models, backends) used to hide each other."""
+
+    def result(time_utc: str, **settings) -> dict:
+        copy = json.loads(json.dumps(sweep))
+        copy["settings"] |= settings
+        copy["environment"]["time_utc"] = time_utc
+        return copy
+
+    runs = [("fp32.json", result("2026-01-01T00:00:00", precisions=["fp32"])), ("int8.json", result("2026-01-02T00:00:00", precisions=["int8"])),
+            ("batch64.json", result("2026-01-03T00:00:00", precisions=["int8"], batches=[64])),
+            ("img64.json", result("2026-01-04T00:00:00", precisions=["int8"], img_sizes=[64])),
+            ("artifact.json", result("2026-01-05T00:00:00", precisions=["int8"], artifacts=["a/model.onnx"])),
+            ("fp32-again.json", result("2026-01-06T00:00:00", precisions=["fp32"]))]  # fmt: skip
+    readme = report.render_readme(runs)
+    shown = [name for name, _ in runs if f"`{name}` (git" in readme]
+    assert shown == ["int8.json", "batch64.json", "img64.json", "artifact.json", "fp32-again.json"]
+    assert "superseded by the runs above: `fp32.json`." in readme

@@ -367,11 +367,13 @@ a run; between runs on a shared machine the load drifts, so raise `--noise-floor
 
 
 def _latest(results: Iterable[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
-    """The newest result per (device, models, backends) series, newest first."""
+    """The newest result per series, newest first: a later sweep supersedes one that measured the same rows
+    (device, models, backends, precisions, batches, image sizes, artifacts), not an fp32 sweep an int8 one."""
     best: dict[tuple, tuple[str, dict[str, Any]]] = {}
     for name, result in results:
         s = result["settings"]
-        key = (device_label(result), tuple(map(str, s["models"])), tuple(s["backends"]))
+        measured = (s["models"], s["backends"], s["precisions"], s["batches"], s["img_sizes"], s.get("artifacts", []))  # older files: no artifacts
+        key = (device_label(result), *(tuple(map(str, items)) for items in measured))
         if key not in best or result["environment"]["time_utc"] > best[key][1]["environment"]["time_utc"]:
             best[key] = (name, result)
     return sorted(best.values(), key=lambda item: item[1]["environment"]["time_utc"], reverse=True)
