@@ -378,7 +378,8 @@ def test_artifacts_with_one_file_name_get_their_own_rows_and_compare_refuses_a_m
         vitfast.save_checkpoint(vitfast.create_model(tiny_config(name="tiny")), tmp_path / folder / "model.safetensors")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(InputError, match="more than once"):
-        Settings(models=[], backends=["eager"], batches=[1], precisions=["fp32"], artifacts=["a/model.safetensors", f"{tmp_path}/a/model.safetensors"])
+        Settings(models=[], backends=["eager"], batches=[1], precisions=["fp32"],
+                 artifacts=["a/model.safetensors", f"{tmp_path}/a/model.safetensors"])  # fmt: skip
     result = run_sweep(Settings(models=[], backends=["eager"], batches=[1], precisions=["fp32"], repeats=2, warmup=0,
                                 artifacts=["a/model.safetensors", "b/model.safetensors"]))  # fmt: skip
     assert [(r["model"], r["status"]) for r in result["rows"]] == [("a/model.safetensors", "ok"), ("b/model.safetensors", "ok")]
@@ -408,3 +409,35 @@ def test_report_supersedes_only_a_sweep_of_the_same_rows(sweep):
     shown = [name for name, _ in runs if f"`{name}` (git" in readme]
     assert shown == ["int8.json", "batch64.json", "img64.json", "artifact.json", "fp32-again.json"]
     assert "superseded by the runs above: `fp32.json`." in readme
+
+
+def test_recorded_command_parses_back_to_the_same_settings(tmp_path, monkeypatch):
+    """The command a result records repeats the sweep: --ov-hint (it changes OpenVINO's figures) and a --work-dir
+    other than the user's cache were missing, and paths were not quoted for a shell."""
+    import shlex
+
+    from PIL import Image
+
+    from vitfast.cli.bench import settings_from_args
+    from vitfast.cli.main import build_parser
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    calib, engine, artifact = tmp_path / "calib dir", tmp_path / "vit s.engine", tmp_path / "a b" / "model.onnx"
+    calib.mkdir()
+    Image.new("RGB", (8, 8)).save(calib / "0.png")
+    artifact.parent.mkdir()
+    for path in (engine, artifact):
+        path.write_bytes(b"")
+    argv = ["bench", "--model", "vit_tiny_patch16_224,vit_small_patch16_224", "--artifact", str(artifact), "--backends", "eager,openvino",
+            "--batch", "1,8", "--precision", "fp32,int8", "--img-size", "64,96", "--repeats", "7", "--warmup", "2", "--max-seconds", "2.5",
+            "--buffers", "3", "--compile-mode", "max-autotune", "--engine", str(engine), "--ort-provider", "cpu", "--threads", "2",
+            "--ov-hint", "throughput", "--work-dir", str(tmp_path / "my work"), "--calib-samples", "4", "--calib-dir", str(calib)]  # fmt: skip
+    parse = build_parser().parse_args
+    commands = []
+    for given in (argv, argv[:-10] + argv[-4:], ["bench", "--model", "vit_tiny_patch16_224"]):  # every option; some; none
+        settings = settings_from_args(parse(given))
+        commands.append(settings.command())
+        assert commands[-1].startswith("vitfast bench ")
+        assert settings_from_args(parse(shlex.split(commands[-1])[1:])) == settings, commands[-1]
+    assert "--ov-hint throughput" in commands[0] and f"--work-dir '{tmp_path}/my work'" in commands[0]
+    assert "--ov-hint" not in commands[1] and "--work-dir" not in commands[1]  # OpenVINO's default; the user's cache

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -27,6 +28,7 @@ from vitfast.runtime import ENGINE_SUFFIXES
 
 from .backends import (
     BackendOptions, Platform, Runner, artifact_runner, build_runner, detect_platform, is_onnx_artifact, prepare, skip_reason,
+    user_cache_dir,
 )
 from .measure import MemoryProbe, environment, matmul_peak, peak_tflops, random_inputs, release_memory, time_calls
 from .stats import summarize
@@ -70,11 +72,12 @@ class Settings:
                 yield base.replace(img_size=size) if size else base
 
     def command(self) -> str:
-        """The `vitfast bench` command line that repeats this sweep, every default spelled out."""
+        """The `vitfast bench` command line that repeats this sweep, every default spelled out (paths quoted for
+        a shell; the work dir only when not the user's cache, which differs per machine)."""
         names = [m if isinstance(m, str) else (m.name or "custom-config") for m in self.models]
         o = self.options
         parts = ["vitfast bench"] + ([f"--model {','.join(names)}"] if names else [])
-        parts += [f"--artifact {a}" for a in self.artifacts]
+        parts += [f"--artifact {shlex.quote(a)}" for a in self.artifacts]
         parts += [f"--backends {','.join(self.backends)}", f"--batch {','.join(map(str, self.batches))}",
                   f"--precision {','.join(self.precisions)}"]  # fmt: skip
         if self.img_sizes != [None]:
@@ -82,9 +85,11 @@ class Settings:
         parts += [f"--repeats {self.repeats}", f"--warmup {self.warmup}", f"--max-seconds {self.max_seconds:g}",
                   f"--buffers {self.buffers}", f"--compile-mode {o.compile_mode}", f"--ort-provider {o.ort_provider}",
                   f"--calib-samples {o.calib_samples}"]  # fmt: skip
-        parts += [f"--calib-dir {o.calib_dir}"] if o.calib_dir else []
+        parts += [f"--calib-dir {shlex.quote(o.calib_dir)}"] if o.calib_dir else []
         parts += [f"--threads {o.threads}"] if o.threads else []
-        parts += [f"--engine {e}" for e in o.engines]
+        parts += [f"--ov-hint {o.ov_hint}"] if o.ov_hint else []  # unset: OpenVINO's own default, which no value names
+        parts += [f"--work-dir {shlex.quote(str(o.work_dir))}"] if Path(o.work_dir) != user_cache_dir() / "bench" else []
+        parts += [f"--engine {shlex.quote(e)}" for e in o.engines]
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -97,9 +98,9 @@ def _write(path: Path, force: bool, write) -> None:
 
 
 def _output_flags(args: argparse.Namespace) -> str:
-    flags = [f"--{k} {v}" for k, v in (("out", args.out), ("csv", args.csv), ("plot", args.plot)) if v]
+    flags = [f"--{k} {shlex.quote(v)}" for k, v in (("out", args.out), ("csv", args.csv), ("plot", args.plot)) if v]
     if args.markdown:
-        flags.append("--markdown" if args.markdown == "-" else f"--markdown {args.markdown}")
+        flags.append("--markdown" if args.markdown == "-" else f"--markdown {shlex.quote(args.markdown)}")
     return " ".join(flags)
 
 
