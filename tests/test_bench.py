@@ -328,6 +328,21 @@ def test_two_outputs_naming_one_file_are_refused_before_measuring(tmp_path, monk
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_output_naming_an_input_is_refused_before_measuring(tmp_path, monkeypatch, capsys):
+    """--out model.onnx --artifact model.onnx --force would replace the measured model with the results."""
+    from vitfast.cli import bench as bench_cli
+
+    monkeypatch.setattr(bench_cli, "run_sweep", lambda *a, **k: pytest.fail("measured before refusing"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model.onnx").write_bytes(b"graph")
+    assert main(["bench", "--artifact", "model.onnx", "--out", "./model.onnx", "--force"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is the input --artifact model.onnx" in err
+    assert (tmp_path / "model.onnx").read_bytes() == b"graph"
+    assert main(["bench", "--model", "vit_tiny_patch16_224", "--batch", "1,01", "--backends", "eager"]) == 2
+    assert "more than once" in capsys.readouterr().err
+
+
 class _TensorRTHere(Platform):
     """CUDA with TensorRT as far as the skip logic can tell, while tensors stay on this machine's CPU."""
 

@@ -43,7 +43,10 @@ def parse_ints(text: str, what: str) -> list[int]:
     items = parse_list(text, what)
     if not all(t.isascii() and t.isdigit() and int(t) > 0 for t in items):
         raise InputError(f"--{what} takes positive integers separated by commas, e.g. 1,8,64; got {text!r}")
-    return [int(t) for t in items]
+    values = [int(t) for t in items]
+    if len(set(values)) < len(values):  # 1,01: one row measured twice under one label
+        raise InputError(f"--{what} lists a value more than once ({text}); give each once")
+    return values
 
 
 def settings_from_args(args: argparse.Namespace):
@@ -90,6 +93,11 @@ def _outputs(args: argparse.Namespace) -> dict[str, Path]:
         other = claimed.setdefault(path.resolve(), kind)
         if other != kind:
             raise InputError(f"--{other} and --{kind} both name {path}; give each output its own file")
+    # an output naming an input (the model measured, an engine) would replace it with --force
+    inputs = {Path(p).resolve(): f"--{flag} {p}" for flag, paths in (("artifact", args.artifact), ("engine", args.engine)) for p in paths or []}
+    for kind, path in outputs.items():
+        if path.resolve() in inputs:
+            raise InputError(f"--{kind} {path} is the input {inputs[path.resolve()]}; write the results to another file")
     return outputs
 
 
