@@ -691,11 +691,13 @@ def markdown(part: str, result: dict) -> str:
                   "the pointer one; pointer_TFLOPs: the pointer kernel beside the TMA one); bias_gelu: fc1's third path, cuBLAS "
                   "without the bias, then vitfast's bias+GELU kernel (erfc form); cublaslt_tanh: fc1 with GELU's tanh "
                   "form in cuBLASLt's epilogue (optimize(approximate_gelu=True)), its speedup over the cuBLAS path and its error "
-                  "vs the erf GELU (2x rule).", ""]  # fmt: skip
+                  "vs the erf GELU (2x rule); residual_in_cublas (fc2, proj): the cuBLAS GEMM adding the residual as its C, "
+                  "then a LayerNorm reading one tensor, over the cuBLAS path: timed only (no bias: the data movement of "
+                  "carrying biases to the next norm, benchmarks/NOTES.md).", ""]  # fmt: skip
         lines += md_table(result.get("mlp", []), ["op", "model", "dtype", "batch", "status", "epilogue_kernel", "cublas_TFLOPs",
                                                   "epilogue_TFLOPs", "pointer_TFLOPs", "speedup", "faster", "passes_2x_rule",
                                                   "bias_gelu_speedup", "bias_gelu_passes_2x_rule",
-                                                  "cublaslt_tanh_speedup", "cublaslt_tanh_passes_2x_rule"])  # fmt: skip
+                                                  "cublaslt_tanh_speedup", "cublaslt_tanh_passes_2x_rule", "residual_in_cublas_speedup"])  # fmt: skip
         lines += ["", f"Dispatch entries written to mlp_dispatch.json: {len(result.get('mlp_dispatch') or [])}, to attention_dispatch.json: "
                   f"{len(result.get('attention_dispatch') or [])} (SDPA where it was faster: "
                   f"{sum(e['path'] == 'sdpa' for e in result.get('attention_dispatch') or [])})"]  # fmt: skip

@@ -225,6 +225,9 @@ def test_kernels_part_schema(dry_run):
     fc1 = [r for r in result["mlp"] if r["op"].startswith("fc1")]
     # GELU's tanh form, timed and checked against erf: in fp32 its error is the approximation's, far above eager's
     assert fc1 and all(r["cublaslt_tanh_ms"] > 0 and r["cublaslt_tanh_rel_err"] > 10 * r["torch_rel_err"] for r in fc1)
+    # fc2 / proj: the residual added inside cuBLAS's GEMM then a LayerNorm, timed beside the cuBLAS path
+    assert all(r["residual_in_cublas_ms"] > 0 and r["residual_in_cublas_speedup"] > 0 for r in result["mlp"] if not r["op"].startswith("fc1"))
+    assert "residual_in_cublas_speedup" in (dry_run / "proof-kernels.md").read_text()
     profile = result["profile"]
     assert set(profile["backends"]) == {"eager", "optimize mlp=auto", "optimize mlp=auto approximate_gelu", "optimize mlp=epilogue"}
     for backend in profile["backends"].values():
