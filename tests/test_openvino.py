@@ -138,6 +138,13 @@ def test_auto_runs_symmetric_int8_in_openvino_and_says_why(exported, tmp_path, m
         assert isinstance(engine, OpenVinoEngine) and engine.backend_choice.startswith("auto: OpenVINO"), target
     engine = load_engine(files["cpu"])
     assert isinstance(engine, OnnxEngine) and "--int8-target cpu" in engine.backend_choice
+    folder = tmp_path / "served"  # the same file given by its folder: its sidecar still decides (it was read as foreign)
+    folder.mkdir()
+    for name in (files["openvino"].name, files["openvino"].name + ".json"):
+        (folder / name.replace("openvino", "model")).write_bytes((tmp_path / name).read_bytes())
+    engine = load_engine(folder)
+    assert isinstance(engine, OpenVinoEngine) and engine.backend_choice.startswith("auto: OpenVINO")
+    assert isinstance(load_engine(folder, backend="openvino"), OpenVinoEngine)
     engine = load_engine(files["openvino"], providers=["CPUExecutionProvider"])
     assert isinstance(engine, OnnxEngine) and "providers" in engine.backend_choice
     import importlib.util

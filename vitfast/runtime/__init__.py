@@ -18,7 +18,7 @@ from typing import Any
 from vitfast.checkpoint import load_checkpoint
 from vitfast.config import OUTPUT_MEANING_FIELDS, PREPROCESSING_FIELDS, ViTConfig
 from vitfast.errors import ArtifactError, ConfigError, InputError
-from vitfast.foreign import FOREIGN_FIELDS, is_onnx_artifact
+from vitfast.foreign import FOREIGN_FIELDS, is_onnx_artifact, resolve_onnx_path
 
 from .engine import Engine, is_float_images
 from .onnx_engine import OnnxEngine
@@ -62,14 +62,15 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
         raise InputError(f"--output / output= picks one of an ONNX graph's or TensorRT engine's outputs; {path} is a checkpoint: drop it")
     reason = f"{backend} requested"
     if kind == "onnx":
-        ours = path.is_file() and sidecar_path(path).exists()  # vitfast's export: config and input spec in the sidecar
+        graph = resolve_onnx_path(path)[0]  # a folder: the graph in it that runs, whose sidecar decides as a file's does
+        ours = sidecar_path(graph).exists()  # vitfast's export: config and input spec in the sidecar
         if backend == "auto":
-            backend, reason = onnx_backend(read_sidecar(path) if ours else None, kwargs)
+            backend, reason = onnx_backend(read_sidecar(graph) if ours else None, kwargs)
         if backend == "openvino":
             if not ours:
                 raise InputError(f"the openvino backend runs ONNX files exported by vitfast (with a .json sidecar); "
                                  f"{path} has none: use backend onnxruntime")  # fmt: skip
-            engine = OpenVinoEngine(path, overrides=overrides, output=output, **kwargs)
+            engine = OpenVinoEngine(graph, overrides=overrides, output=output, **kwargs)
         else:
             engine = OnnxEngine(path, overrides=overrides, output=output, **kwargs)
     elif kind == "engine":
