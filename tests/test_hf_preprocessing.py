@@ -55,6 +55,7 @@ PROCESSORS = {
     "deit": ("DeiTImageProcessor", dict(size={"height": 40, "width": 40}, crop_size={"height": 32, "width": 32}), 32),
     "clip-shortest-edge": ("CLIPImageProcessor", dict(size={"shortest_edge": 40}, crop_size={"height": 32, "width": 32}), 32),
     "siglip": ("SiglipImageProcessor", dict(size={"height": 48, "width": 48}), 48),  # straight to 48x48, bicubic, 0.5
+    "bit": ("BitImageProcessor", dict(size={"shortest_edge": 40}, crop_size={"height": 32, "width": 32}), 32),  # DINOv2's
     "convnext-crop-pct": ("ConvNextImageProcessor", dict(size={"shortest_edge": 32}, crop_pct=0.875, resample=2), 32),
     "convnext-384-warps": ("ConvNextImageProcessor", dict(size={"shortest_edge": 384}), 384),
     "rescale-folded": ("ViTImageProcessor", dict(size={"height": 32, "width": 32}, rescale_factor=1 / 127.5,
@@ -201,3 +202,49 @@ def test_aimv2_preprocessing_is_clips(tmp_path, saved):
     for name, arr in _images(4):
         expected = processor(Image.fromarray(arr), return_tensors="pt")["pixel_values"]
         torch.testing.assert_close(vitfast.preprocess(Image.fromarray(arr), config), expected, atol=2e-6, rtol=0, msg=name)
+
+
+def _transparent_images(seed: int):
+    """Fresh random images with transparency, in the modes that have it: RGBA and LA (an alpha band, fully transparent,
+    half and opaque pixels) and P with a transparent palette colour."""
+    rng = np.random.default_rng(seed)
+    h, w = 50, 60
+    alpha = rng.choice(np.array([0, 128, 255], dtype=np.uint8), size=(h, w))
+    rgb, grey = rng.integers(0, 256, (h, w, 3), dtype=np.uint8), rng.integers(0, 256, (h, w), dtype=np.uint8)
+    yield "RGBA", Image.fromarray(np.dstack([rgb, alpha]), mode="RGBA")
+    yield "LA", Image.fromarray(np.dstack([grey, alpha]), mode="LA")
+    palette = Image.fromarray(rng.integers(0, 8, (h, w), dtype=np.uint8), mode="P")
+    palette.putpalette(rng.integers(0, 256, 8 * 3, dtype=np.uint8).tolist())
+    palette.info["transparency"] = 3
+    yield "P", palette
+
+
+@pytest.mark.parametrize("key", ["clip-shortest-edge", "bit", "siglip"])
+def test_transparent_images_are_composited_onto_white_as_do_convert_rgb_does(tmp_path, key):
+    """CLIP's, Bit's (DINOv2) and SigLIP's processors (do_convert_rgb) put transparent pixels on white, not the colour
+    Pillow's convert("RGB") keeps under them; the flag survives a vitfast checkpoint, and image files read for eval do the same."""
+    processor, _ = _hf_folder(tmp_path / "hf", key)
+    config = vitfast.load_checkpoint(tmp_path / "hf").config
+    assert config.alpha_on_white
+    for name, image in _transparent_images(4):
+        expected = processor(image, return_tensors="pt")["pixel_values"]
+        torch.testing.assert_close(vitfast.preprocess(image, config), expected, atol=2e-6, rtol=0, msg=f"{key} {name}")
+        dropped = Image.fromarray(np.asarray(image.convert("RGB")))  # alpha dropped (convert alone keeps P's transparent colour in info)
+        assert (vitfast.preprocess(dropped, config) - expected).abs().max() > 0.1, name  # the case is a real one
+        image.save(tmp_path / f"{name}.png")
+        from_file = next(vitfast.data.batches([tmp_path / f"{name}.png"], config, 1, workers=1))
+        torch.testing.assert_close(from_file, expected, atol=2e-6, rtol=0, msg=f"{key} {name} file")
+    model = vitfast.load_checkpoint(tmp_path / "hf")
+    vitfast.save_checkpoint(model, tmp_path / "saved.safetensors")
+    assert vitfast.load_checkpoint(tmp_path / "saved.safetensors").config.alpha_on_white
+
+
+def test_processors_without_do_convert_rgb_and_older_configs_drop_alpha(tmp_path):
+    """ViTImageProcessor converts nothing (transformers takes no RGBA image through it); timm and vitfast's own models, and
+    configs saved before the flag existed, keep Pillow's convert("RGB")."""
+    _hf_folder(tmp_path, "vit-custom")
+    for config in (vitfast.load_checkpoint(tmp_path).config, vitfast.create_model("vit_tiny_patch16_224", img_size=32).config,
+                   vitfast.ViTConfig.from_dict({k: v for k, v in vitfast.ViTConfig(img_size=32).to_dict().items() if k != "alpha_on_white"})):
+        assert not config.alpha_on_white
+        for name, image in _transparent_images(5):
+            torch.testing.assert_close(vitfast.preprocess(image, config), vitfast.preprocess(image.convert("RGB"), config), atol=0, rtol=0, msg=name)

@@ -135,6 +135,10 @@ class ViTConfig:
     interpolation: str = "bicubic"
     crop_mode: str = "center"
     crop_rounding: str = "round"
+    # Images with transparency (RGBA, LA, P with a transparent colour) composited onto white before the RGB conversion, as
+    # transformers' convert_to_rgb does in the processors with do_convert_rgb (CLIP, DINOv2's Bit, SigLIP). False: Pillow's
+    # convert("RGB"), which drops alpha and keeps the colour under transparent pixels, as timm does
+    alpha_on_white: bool = False
     name: str | None = field(default=None, compare=False)  # registry name it came from, if any
     labels: tuple[str, ...] | None = field(default=None, compare=False, repr=False)  # class names, by index
     problem_type: str | None = field(default=None, compare=False, repr=False)  # one of PROBLEM_TYPES; None: not said
@@ -474,7 +478,7 @@ def take_indices(depth: int, indices: int | tuple[int, ...] | list[int] | None) 
 
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ViTConfig))
 # Everything `vitfast.preprocess` reads besides the image size and channels.
-PREPROCESSING_FIELDS = ("mean", "std", "crop_pct", "interpolation", "crop_mode", "crop_rounding")
+PREPROCESSING_FIELDS = ("mean", "std", "crop_pct", "interpolation", "crop_mode", "crop_rounding", "alpha_on_white")
 # What a model's output means, not how it is computed: any artifact takes them from the user (class names by index,
 # and how to score the logits).
 OUTPUT_MEANING_FIELDS = ("labels", "problem_type")

@@ -69,13 +69,14 @@ VIT_MODEL_TYPES = ("vit", "deit", "vit_msn", "ijepa")
 PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 # transformers' (5.x) class defaults for what a preprocessor_config.json leaves out; mean/std default to 0.5.
 _CROP_224 = dict(crop_size={"height": 224, "width": 224}, do_center_crop=True, resample=3)
-_CLIP_DEFAULTS = dict(size={"shortest_edge": 224}, image_mean=list(OPENAI_CLIP_MEAN), image_std=list(OPENAI_CLIP_STD), **_CROP_224)
+_CLIP_DEFAULTS = dict(size={"shortest_edge": 224}, image_mean=list(OPENAI_CLIP_MEAN), image_std=list(OPENAI_CLIP_STD), **_CROP_224,
+                      do_convert_rgb=True)  # fmt: skip
 PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
     "ViTImageProcessor": dict(size={"height": 224, "width": 224}, resample=2),
     "DeiTImageProcessor": dict(size={"height": 256, "width": 256}, **_CROP_224),
     "CLIPImageProcessor": _CLIP_DEFAULTS,
     "BitImageProcessor": _CLIP_DEFAULTS,
-    "SiglipImageProcessor": dict(size={"height": 224, "width": 224}, resample=3),
+    "SiglipImageProcessor": dict(size={"height": 224, "width": 224}, resample=3, do_convert_rgb=True),
     "ConvNextImageProcessor": dict(size={"shortest_edge": 384}, crop_pct=0.875, resample=3),
     dinov3.PROCESSOR: dinov3.PROCESSOR_DEFAULTS,
 }
@@ -574,7 +575,9 @@ def hf_preprocessing(pre: dict[str, Any], in_chans: int, img_size: int, *, follo
     factor = float(pre.get("rescale_factor", 1 / 255)) if pre.get("do_rescale", True) else 1.0
     if factor != 1 / 255:  # (x * factor - m) / s == (x / 255 - m / (255 factor)) / (s / (255 factor))
         mean, std = [m / (255 * factor) for m in mean], [v / (255 * factor) for v in std]
-    out: dict[str, Any] = {"mean": tuple(mean), "std": tuple(std), "crop_rounding": "floor"}
+    # do_convert_rgb: transparent pixels composited onto white (transformers' convert_to_rgb); without it a processor
+    # takes no RGBA image at all, and vitfast drops alpha as Pillow does
+    out: dict[str, Any] = {"mean": tuple(mean), "std": tuple(std), "crop_rounding": "floor", "alpha_on_white": bool(pre.get("do_convert_rgb"))}
     resample = pre.get("resample", 2)
     out["interpolation"] = PIL_RESAMPLE.get(resample, "bicubic")
     if resample not in PIL_RESAMPLE:

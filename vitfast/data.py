@@ -13,7 +13,7 @@ from PIL import Image, UnidentifiedImageError
 
 from .config import PREPROCESSING_FIELDS, ViTConfig
 from .errors import InputError
-from .preprocessing import preprocess
+from .preprocessing import has_alpha, preprocess
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"}
 
@@ -42,14 +42,15 @@ def labeled_images(root: str | Path) -> tuple[list[Path], list[int], list[str]]:
 
 
 def open_image(path: Path) -> Image.Image:
-    """The image at `path` as RGB; unreadable files and decompression bombs (more pixels than
+    """The image at `path` as RGB, or RGBA where it has transparency (`preprocess` decides, as the model's
+    `alpha_on_white` says, what transparent pixels become); unreadable files and decompression bombs (more pixels than
     Pillow's `Image.MAX_IMAGE_PIXELS`, decoded to gigabytes) are one `InputError` naming the file.
     Safe in threads: the pixel count is checked here, from the header, not by a process-wide warnings filter."""
     try:
         with Image.open(path) as img:  # reads the header only; Pillow itself refuses twice the limit
             pixels = img.width * img.height
             if not Image.MAX_IMAGE_PIXELS or pixels <= Image.MAX_IMAGE_PIXELS:
-                return img.convert("RGB")
+                return img.convert("RGBA" if has_alpha(img) else "RGB")
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:  # the warning: under an "error" filter
         raise InputError(f"{path} is too large to decode safely ({exc}); remove it or resize it") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:

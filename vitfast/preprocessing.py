@@ -13,6 +13,8 @@ With `scale = floor(img_size / crop_pct)` per side (all settings from the `ViTCo
 then the centre `img_size` crop (offset rounded as torchvision's `CenterCrop`, or floored as
 Hugging Face's `center_crop` with `crop_rounding="floor"`), scale to [0, 1], subtract `mean`,
 divide by `std`. Resampling is Pillow's, as both timm (on PIL images) and HF's PIL processors use.
+Images with transparency become RGB by Pillow's `convert("RGB")` (timm), or composited onto white first with
+`alpha_on_white` (the HF processors with `do_convert_rgb`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ _PIL_FILTERS = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resamplin
 
 def preprocess(images: ImageLike | Iterable[ImageLike], config: ViTConfig) -> torch.Tensor:
     """PIL image(s) or uint8 arrays [H, W, C] / [B, H, W, C] -> float32 [B, C, img_h, img_w]."""
-    batch = [_to_pil(img, config.in_chans) for img in _as_list(images)]
+    batch = [_to_pil(img, config) for img in _as_list(images)]
     if not batch:
         raise InputError("preprocess got an empty batch of images")
     out = np.stack([_transform(img, config) for img in batch])  # [B, H, W, C] float32 in [0, 1]
@@ -55,8 +57,11 @@ def _as_list(images) -> list:
     return list(images)
 
 
-def _to_pil(img: ImageLike, in_chans: int) -> Image.Image:
+def _to_pil(img: ImageLike, config: ViTConfig) -> Image.Image:
+    in_chans = config.in_chans
     if isinstance(img, Image.Image):
+        if config.alpha_on_white and has_alpha(img):  # transformers' convert_to_rgb
+            img = Image.alpha_composite(Image.new("RGBA", img.size, (255, 255, 255, 255)), img.convert("RGBA"))
         return img.convert("RGB" if in_chans == 3 else "L")
     arr = img.detach().cpu().numpy() if isinstance(img, torch.Tensor) else np.asarray(img)
     if arr.dtype != np.uint8:
@@ -67,6 +72,12 @@ def _to_pil(img: ImageLike, in_chans: int) -> Image.Image:
     if arr.ndim != 3 or arr.shape[-1] != in_chans:
         raise InputError(f"expected a uint8 image [H, W, {in_chans}] (channels last), got shape {tuple(arr.shape)}")
     return Image.fromarray(arr[..., 0] if in_chans == 1 else arr)
+
+
+def has_alpha(img: Image.Image) -> bool:
+    """Whether an image has transparency, as transformers' `convert_to_rgb` tells it: an alpha band, or a transparent
+    colour (a palette or greyscale PNG's `transparency`)."""
+    return "A" in img.getbands() or img.info.get("transparency") is not None
 
 
 def resize_size(height: int, width: int, config: ViTConfig) -> tuple[int, int]:
