@@ -52,6 +52,7 @@ def test_non_square_image_size_round_trips():
         (dict(drop_path_rate=1.5), "drop_path_rate must be in [0, 1)"),
         (dict(hybrid_layers=(3, 4, 9), patch_size=8), "multiple of the hybrid stem's stride 16"),
         (dict(distilled=True, global_pool="avg"), "distilled"),
+        (dict(dist_head=False), "dist_head=False leaves out the distillation token's head; it needs distilled=True"),
         (dict(num_classes=-1), "num_classes must be >= 0"),
         (dict(crop_pct=0), "crop_pct must be in (0, 1]"),
         (dict(crop_mode="letterbox"), "crop_mode must be one of"),

@@ -93,6 +93,29 @@ def test_hf_deit_distilled_matches(tmp_path):
         torch.testing.assert_close(model(x), hf(pixel_values=x).logits, atol=ATOL, rtol=0)
 
 
+def test_hf_deit_classifier_without_teacher_reads_the_class_token_alone(tmp_path):
+    """DeiTForImageClassification has a distillation token but one classifier, on the class token: from the folder, the
+    weights alone (its shapes say so) and vitfast's own checkpoint, vitfast gives its logits."""
+    cfg = transformers.DeiTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=128, num_labels=6)  # fmt: skip
+    hf = _perturbed(transformers.DeiTForImageClassification(cfg))
+    hf.save_pretrained(tmp_path / "hf")
+    torch.save(hf.state_dict(), tmp_path / "weights.bin")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", vitfast.GuessedConfigWarning)  # no preprocessor_config.json
+        model = vitfast.load_checkpoint(tmp_path / "hf")
+        alone = vitfast.load_checkpoint(tmp_path / "weights.bin", overrides={"num_heads": 4})
+        vitfast.save_checkpoint(model, tmp_path / "vitfast.safetensors")
+        saved = vitfast.load_checkpoint(tmp_path / "vitfast.safetensors")
+    assert (model.config.distilled, model.config.dist_head, alone.config.dist_head, saved.config.dist_head) == (True, False, False, False)
+    assert not hasattr(model, "head_dist")
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        expected = hf(pixel_values=x).logits
+        for loaded in (model, alone, saved):
+            torch.testing.assert_close(loaded(x), expected, atol=ATOL, rtol=0)
+
+
 def test_hf_preprocessor_config_is_read(tmp_path):
     hf = _hf_vit(**HF_CONFIGS["base-like"])
     hf.save_pretrained(tmp_path)

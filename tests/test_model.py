@@ -105,7 +105,7 @@ def functional_vit(sd: dict, cfg: vitfast.ViTConfig, x: torch.Tensor) -> tuple[t
         t = t + (h @ sd[b + "mlp.fc2.weight"].T + sd.get(b + "mlp.fc2.bias", 0)) * sd.get(b + "ls2.gamma", 1)
     if "norm.weight" in sd:
         t = ln(t, "norm")
-    if cfg.distilled:
+    if cfg.distilled and cfg.dist_head:
         head = lambda v, n: v @ sd[n + ".weight"].T + sd[n + ".bias"]  # noqa: E731
         return (head(t[:, 0], "head") + head(t[:, 1], "head_dist")) / 2, attns
     if cfg.global_pool == "map":  # one learned query attends over the patch tokens (all, for PE), then a residual MLP
@@ -139,6 +139,7 @@ VARIANTS = {
     "avg-pool-fc-norm": tiny_config(class_token=False, global_pool="avg"),
     "avg-pool-with-cls": tiny_config(global_pool="avg", fc_norm=False),
     "distilled": tiny_config(distilled=True),
+    "distilled-one-head": tiny_config(distilled=True, dist_head=False),  # transformers' DeiTForImageClassification
     "deit3-layer-scale": tiny_config(init_values=0.1, no_embed_class=True),
     "registers": tiny_config(reg_tokens=3, class_token=False, global_pool="avg", no_embed_class=True),
     "registers-with-cls": tiny_config(reg_tokens=2),

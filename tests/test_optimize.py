@@ -19,6 +19,7 @@ VARIANTS = {
     "plain": tiny_config(),
     "tanh-no-qkv-bias-no-final-norm": tiny_config(act_layer="gelu_tanh", qkv_bias=False, final_norm=False, embed_dim=48, num_heads=3),
     "distilled": tiny_config(distilled=True),
+    "distilled-one-head": tiny_config(distilled=True, dist_head=False),
     "layer-scale-registers-avg": tiny_config(init_values=0.1, reg_tokens=2, class_token=False, global_pool="avg", no_embed_class=True),
     "clip-pre-norm-quick-gelu": tiny_config(pre_norm=True, act_layer="quick_gelu", norm_eps=1e-5),
     "siglip-attention-pool": tiny_config(class_token=False, global_pool="map", act_layer="gelu_tanh"),
@@ -539,7 +540,7 @@ def test_head_only_runs_the_last_block_on_the_rows_the_head_reads(device, name):
 
     cfg = VARIANTS[name]
     model, x, ref = optimize_and_compare(cfg, device)
-    rows = None if cfg.features_only else 2 if cfg.distilled else 1 if cfg.global_pool == "token" else None
+    rows = None if cfg.features_only else 2 if cfg.distilled and cfg.dist_head else 1 if cfg.global_pool == "token" else None
     assert vars(model).get(HEAD_ROWS) == rows
     if rows is None:
         return

@@ -80,6 +80,9 @@ class ViTConfig:
     init_values: float | None = None  # LayerScale init (DeiT-III); None = no layer scale
     class_token: bool = True
     distilled: bool = False  # DeiT distillation token and second head
+    # False: the distillation token is there but only the class token is classified, by one head (transformers'
+    # DeiTForImageClassification, unlike ...WithTeacher and timm's distilled models: the mean of two heads)
+    dist_head: bool = True
     reg_tokens: int = 0  # register tokens (Darcet et al. 2023)
     no_embed_class: bool = False  # position embeddings cover patches only (DeiT-III, reg models)
     abs_pos_embed: bool = True  # False: no learned position embeddings added to the tokens (timm's use_abs_pos_emb; DINOv3)
@@ -302,6 +305,8 @@ class ViTConfig:
             bad("fc_norm=True asks for the norm after pooling that final_norm=False removes; drop one of them")
         if self.distilled and not (self.class_token and self.global_pool == "token"):
             bad('distilled (DeiT) models need class_token=True and global_pool="token"')
+        if not self.dist_head and not self.distilled:
+            bad("dist_head=False leaves out the distillation token's head; it needs distilled=True (or drop dist_head)")
         if self.reg_tokens < 0:
             bad(f"reg_tokens must be >= 0, got {self.reg_tokens}")
         if self.act_layer not in ACT_LAYERS:

@@ -455,6 +455,7 @@ def _vit_fields(cfg: dict[str, Any], model_type: str, sd: StateDict) -> dict[str
         norm_eps=cfg.get("layer_norm_eps", 1e-6 if dinov2 or model_type == "vit_msn" else 1e-12),
         act_layer=_hf_act(cfg, "gelu"),
         distilled="dist_token" in sd,
+        dist_head=_dist_head(sd),
     )
     if dinov2 and cfg.get("use_swiglu_ffn"):  # the giant: SiLU gate whatever hidden_act says, fc1 packed to 2 x 4096
         fields |= dict(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=sd["blocks.0.mlp.fc1.weight"].shape[0] / dim)
@@ -468,6 +469,14 @@ def _vit_fields(cfg: dict[str, Any], model_type: str, sd: StateDict) -> dict[str
                                   "to load its normalised class token")  # fmt: skip
         fields["representation_size"] = pooler.shape[0]
     return fields
+
+
+def _dist_head(sd: StateDict) -> bool:
+    """Whether a classifier beside a distillation token has the token's own head too (timm's distilled DeiTs,
+    transformers' DeiTForImageClassificationWithTeacher), or classifies the class token alone (DeiTForImageClassification).
+    No classifier at all: the two tokens' mean, as timm's distilled models without one return. True without a
+    distillation token (the field's default)."""
+    return "dist_token" not in sd or "head.weight" not in sd or "head_dist.weight" in sd
 
 
 def _aimv2_fields(cfg: dict[str, Any], sd: StateDict) -> dict[str, Any]:
@@ -825,6 +834,7 @@ def infer_timm_config(
         init_values=1e-6 if has("blocks.0.ls1.gamma") else None,  # the value is overwritten on load
         class_token=class_token,
         distilled=distilled,
+        dist_head=_dist_head(sd),
         reg_tokens=reg_tokens,
         no_embed_class=no_embed_class,
         global_pool="avg" if family == "pe_spatial" else _timm_pool(sd, class_token, fc_norm, dim),  # no pool in PE's keys: timm's, said below

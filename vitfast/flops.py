@@ -47,7 +47,7 @@ def count_macs(config: ViTConfig) -> int:
     if c.representation_size:
         macs += head_rows * head_in * c.representation_size
         head_in = c.representation_size
-    macs += head_rows * head_in * c.num_classes * (2 if c.distilled else 1)
+    macs += head_rows * head_in * c.num_classes * (2 if c.distilled and c.dist_head else 1)
     return macs
 
 

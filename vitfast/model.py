@@ -115,7 +115,7 @@ class VisionTransformer(nn.Module):
         self.head_drop = nn.Dropout(c.drop_rate)
         head_in = c.representation_size or c.num_features
         self.head = nn.Linear(head_in, c.num_classes) if c.num_classes else nn.Identity()
-        if c.distilled:
+        if c.distilled and c.dist_head:
             self.head_dist = nn.Linear(dim, c.num_classes) if c.num_classes else nn.Identity()
 
     def reset_parameters(self) -> None:
@@ -180,7 +180,7 @@ class VisionTransformer(nn.Module):
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """tokens [B, T, C] -> logits [B, num_classes] (or pooled features with `pre_logits`; [B, T, ...] unpooled)."""
-        if self.config.distilled:
+        if self.config.distilled and self.config.dist_head:
             cls, dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])
             if pre_logits:
                 return (cls + dist) / 2

@@ -133,7 +133,7 @@ def restore(model: nn.Module) -> nn.Module:
 
 def head_rows(model: nn.Module) -> int | None:
     """The leading tokens a vitfast VisionTransformer's head reads, when that is all it reads: 1 with class-token
-    pooling, 2 for DeiT distilled (class and distillation tokens); None otherwise (mean or attention pooling, no
+    pooling, 2 for DeiT distilled with two heads (class and distillation tokens); None otherwise (mean or attention pooling, no
     pooling, features_only, a last block left unfused, or a subclass or instance with its own forward path)."""
     config = getattr(model, "config", None)
     path = ("forward", "forward_features", "forward_head", "pool", "_embed", "_head_rows_features")
@@ -143,7 +143,7 @@ def head_rows(model: nn.Module) -> int | None:
         return None
     if any(name in vars(model) for name in path[1:]) or not isinstance(model.blocks[-1], FusedBlock):
         return None
-    rows = 2 if config.distilled else 1 if config.global_pool == "token" else None
+    rows = 2 if config.distilled and config.dist_head else 1 if config.global_pool == "token" else None
     return rows if rows is not None and model.num_prefix_tokens >= rows else None
 
 
