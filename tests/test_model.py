@@ -251,6 +251,30 @@ def test_hybrid_forward_shapes_and_stride():
     assert model.patch_embed.backbone.num_features == 2048
 
 
+def test_stem_only_hybrid_loads_from_timms_names_and_embeds_as_the_stem_does(tmp_path):
+    """timm's R+Ti hybrids (vit_tiny_r_s16_p8_*) have a ResNet-v2 stem and no stages, the stem itself being the backbone
+    (patch_embed.backbone.conv/norm): the config is read off such a state dict (stride 4 x 8x8 patches = 32), and the
+    patch embedding is the BiT stem, written out here: weight-standardised 7x7/2 conv and 3x3/2 max-pool, both with TF
+    'SAME' padding, GroupNorm(32) + ReLU between them, then the 8x8 projection."""
+    source = randomize(vitfast.create_model("vit_tiny_r_s16_p8_224", img_size=64, depth=1, num_classes=5))
+    sd = source.state_dict()
+    assert {k for k in sd if k.startswith("patch_embed.backbone.")} == {f"patch_embed.backbone.{k}" for k in ("conv.weight", "norm.weight", "norm.bias")}
+    torch.save(sd, tmp_path / "r_ti.pth")
+    with pytest.warns(vitfast.GuessedConfigWarning):
+        model = vitfast.load_checkpoint(tmp_path / "r_ti.pth")
+    assert (model.config.hybrid_layers, model.config.patch_size, model.config.img_size, model.config.num_heads) == ((), 32, 64, 3)
+    x = torch.randn(2, 3, 64, 64)
+    w = sd["patch_embed.backbone.conv.weight"]
+    w = (w - w.mean((1, 2, 3), keepdim=True)) / torch.sqrt(w.var((1, 2, 3), unbiased=False, keepdim=True) + 1e-8)
+    h = F.conv2d(F.pad(x, [2, 3, 2, 3]), w, stride=2)  # SAME for 7/2 on 64 px: 5 pixels, the extra one right/bottom
+    h = F.relu(F.group_norm(h, 32, sd["patch_embed.backbone.norm.weight"], sd["patch_embed.backbone.norm.bias"], eps=1e-5))
+    h = F.max_pool2d(F.pad(h, [0, 1, 0, 1], value=float("-inf")), 3, 2)  # SAME for 3/2 on 32: 1 pixel
+    tokens = F.conv2d(h, sd["patch_embed.proj.weight"], sd["patch_embed.proj.bias"], stride=8).flatten(2).transpose(1, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(model.patch_embed(x), tokens, atol=1e-5, rtol=0)
+        torch.testing.assert_close(model(x), source(x), atol=0, rtol=0)
+
+
 def test_features_only_model():
     model = vitfast.create_model(tiny_config(num_classes=0))
     with torch.no_grad():

@@ -31,6 +31,7 @@ VARIANTS = {
     "reg4-gap": ("vit_base_patch16_reg4_gap_256", dict(img_size=64, depth=2, num_classes=5)),
     "hybrid-r26": ("vit_small_r26_s32_224", dict(img_size=64, depth=2, num_classes=5)),
     "hybrid-r50": ("vit_base_r50_s16_224", dict(img_size=64, depth=1, num_classes=5)),
+    "hybrid-r-ti-stem-only": ("vit_tiny_r_s16_p8_224", dict(img_size=64, depth=1, num_classes=5)),
     "clip": ("vit_base_patch16_clip_224", dict(img_size=64, depth=2, num_classes=5)),
     "clip-quickgelu": ("vit_base_patch32_clip_quickgelu_224", dict(img_size=64, depth=2, num_classes=7)),
     "dinov2-reg4": ("vit_small_patch14_reg4_dinov2", dict(img_size=56, depth=2, num_classes=5)),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,8 +63,8 @@ class ViTConfig:
 
     `patch_size` is the total stride from pixels to tokens; an `img_size` that is not a multiple of it
     leaves its last pixels unseen, as in timm and transformers. For a hybrid model
-    (`hybrid_layers` set) the ResNet-v2 stem reduces by `4 * 2**(len(hybrid_layers) - 1)`
-    and the projection's kernel covers the rest (1 for timm's `*_r50_s16_*`).
+    (`hybrid_layers` set) the ResNet-v2 stem reduces by `hybrid_stride(hybrid_layers)` (4 for the stem alone, else
+    `4 * 2**(len(hybrid_layers) - 1)`) and the projection's kernel covers the rest (1 for timm's `*_r50_s16_*`, 8 for its R+Ti).
     """
 
     img_size: int | tuple[int, int] = 224
@@ -131,7 +132,7 @@ class ViTConfig:
     attn_drop_rate: float = 0.0
     proj_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
-    hybrid_layers: tuple[int, ...] | None = None  # ResNet-v2 stage depths, e.g. (3, 4, 9) for R50
+    hybrid_layers: tuple[int, ...] | None = None  # ResNet-v2 stage depths, e.g. (3, 4, 9) for R50; () the stem alone (R+Ti)
     mean: tuple[float, ...] = INCEPTION_MEAN
     std: tuple[float, ...] = INCEPTION_STD
     crop_pct: float = 0.9
@@ -149,7 +150,9 @@ class ViTConfig:
     def __post_init__(self) -> None:
         # Normalise JSON lists into tuples so equal configs compare and hash equal.
         if isinstance(self.img_size, (list, tuple)):
-            object.__setattr__(self, "img_size", tuple(int(s) for s in self.img_size))
+            object.__setattr__(self, "img_size", tuple(int(s) if _is_int(s) else s for s in self.img_size))  # JSON, numpy ints
+        elif _is_int(self.img_size):
+            object.__setattr__(self, "img_size", int(self.img_size))
         for name in ("mean", "std"):
             values = tuple(float(v) for v in getattr(self, name))
             if len(values) != self.in_chans and len(set(values)) == 1:
@@ -259,17 +262,18 @@ class ViTConfig:
     @property
     def hybrid_reduction(self) -> int:
         """Stride of the ResNet-v2 stem (1 for a plain ViT)."""
-        if self.hybrid_layers is None:
-            return 1
-        return 4 * 2 ** (len(self.hybrid_layers) - 1)
+        return 1 if self.hybrid_layers is None else hybrid_stride(self.hybrid_layers)
 
     # ---------------------------------------------------------------- validation
     def _validate(self) -> None:
         def bad(msg: str) -> None:
             raise ConfigError(f"invalid ViTConfig{f' {self.name!r}' if self.name else ''}: {msg}")
 
+        size = self.img_size
+        if not (_is_int(size) or isinstance(size, tuple) and len(size) == 2 and all(_is_int(s) for s in size)):
+            bad(f"img_size must be a positive int or (height, width) ints, got {size!r}; e.g. img_size=224 or img_size=(224, 320)")
         hw = self.img_hw
-        if len(hw) != 2 or min(hw) <= 0:
+        if min(hw) <= 0:
             bad(f"img_size must be a positive int or (height, width), got {self.img_size!r}")
         for key in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) <= 0:
@@ -391,8 +395,8 @@ class ViTConfig:
         if self.representation_size is not None and self.distilled:
             bad("representation_size (pre-logits) is not supported together with distilled=True")
         if self.hybrid_layers is not None:
-            if not self.hybrid_layers or any(d <= 0 for d in self.hybrid_layers):
-                bad(f"hybrid_layers must be one or more positive stage depths, got {self.hybrid_layers}")
+            if any(d <= 0 for d in self.hybrid_layers):
+                bad(f"hybrid_layers must be positive stage depths (() for the stem alone), got {self.hybrid_layers}")
             if self.patch_size % self.hybrid_reduction:
                 bad(
                     f"patch_size {self.patch_size} must be a multiple of the hybrid stem's stride "
@@ -467,6 +471,11 @@ class ViTConfig:
         return cls.from_dict(data)
 
 
+def _is_int(value: Any) -> bool:
+    """An integer, Python's or numpy's, and not a bool (nor a float such as 224.0: an image has whole pixels)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def take_indices(depth: int, indices: int | tuple[int, ...] | list[int] | None) -> tuple[int, ...]:
     """timm's `feature_take_indices`: None = every block, n = the last n, else the given blocks (negative from the
     end), each once, in block order. ValueError names what is out of range."""
@@ -479,6 +488,12 @@ def take_indices(depth: int, indices: int | tuple[int, ...] | list[int] | None) 
     if not indices or any(not -depth <= i < depth for i in indices):
         raise ValueError(f"{tuple(indices)} must be one or more block indices in [{-depth}, {depth - 1}] (negative from the end)")
     return tuple(sorted({i % depth for i in indices}))
+
+
+def hybrid_stride(layers: tuple[int, ...]) -> int:
+    """Stride of a ResNet-v2 stem with `layers` stage depths: 4 from the stem itself (7x7/2 conv, 3x3/2 max-pool), then 2
+    per stage after the first; () is the stem alone (timm's R+Ti hybrids, `_resnetv2(layers=())`)."""
+    return 4 * 2 ** max(len(layers) - 1, 0)
 
 
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ViTConfig))

@@ -26,7 +26,7 @@ import torch
 
 from .config import (
     CROP_MODES, IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, INTERPOLATIONS, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PROBLEM_TYPES,
-    ROPE_SETTINGS, ROPE_THETA, ViTConfig,
+    ROPE_SETTINGS, ROPE_THETA, ViTConfig, hybrid_stride,
 )  # fmt: skip
 from . import dinov3, eva
 from .errors import CheckpointError, ConfigError
@@ -781,15 +781,17 @@ def infer_timm_config(
         return key in sd
 
     hybrid = None
-    if has("patch_embed.backbone.stem.conv.weight"):
+    # a ResNet-v2 stem with stages, or alone (timm's R+Ti: the stem is the backbone)
+    stem = next((k for k in ("patch_embed.backbone.stem.conv.weight", "patch_embed.backbone.conv.weight") if has(k)), None)
+    if stem is not None:
         stages = {}
         for key in sd:
             if m := re.match(r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.", key):
                 stages[int(m.group(1))] = max(stages.get(int(m.group(1)), 0), int(m.group(2)) + 1)
         hybrid = tuple(stages[i] for i in sorted(stages))
-        in_chans = sd["patch_embed.backbone.stem.conv.weight"].shape[1]
+        in_chans = sd[stem].shape[1]
         dim, _, k, _ = sd["patch_embed.proj.weight"].shape
-        patch = k * 4 * 2 ** (len(hybrid) - 1)
+        patch = k * hybrid_stride(hybrid)
     else:
         dim, in_chans, patch, _ = sd["patch_embed.proj.weight"].shape
     depth = 1 + max((int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))), default=-1)

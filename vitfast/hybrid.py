@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import hybrid_stride
 from .layers import check_image_shape
 
 
@@ -105,6 +106,7 @@ class Stem(nn.Module):
         super().__init__()
         self.conv = StdConv2dSame(in_chans, out_chs, 7, stride=2)
         self.norm = GroupNormAct(out_chs)
+        self.num_features = out_chs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm(self.conv(x))
@@ -140,9 +142,9 @@ class HybridEmbed(nn.Module):
         self.img_size = img_size
         self.in_chans = in_chans
         self.dynamic_patch = dynamic_patch
-        self.backbone = ResNetV2(layers, in_chans)
-        reduction = 4 * 2 ** (len(layers) - 1)
-        kernel = patch_size // reduction
+        # no stages: timm builds the stem alone as the backbone (create_resnetv2_stem), so its names are backbone.conv/norm
+        self.backbone = ResNetV2(layers, in_chans) if layers else Stem(in_chans)
+        kernel = patch_size // hybrid_stride(layers)
         self.proj = nn.Conv2d(self.backbone.num_features, embed_dim, kernel_size=kernel, stride=kernel, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

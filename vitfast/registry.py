@@ -197,7 +197,9 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     "deit3_base_patch16_384": _vit("base", 16, 384, **_DEIT3),
     "deit3_large_patch16_224": _vit("large", 16, 224, **_DEIT3),
     "deit3_large_patch16_384": _vit("large", 16, 384, **_DEIT3),
-    # hybrids: ResNet-v2 (BiT) stem, stride 16 or 32, tokens from its last stage
+    # hybrids: ResNet-v2 (BiT) stem, stride 16 or 32, tokens from its last stage; R+Ti: the stem alone (stride 4), 8x8 patches
+    "vit_tiny_r_s16_p8_224": _vit("tiny", 32, 224, hybrid_layers=()),
+    "vit_tiny_r_s16_p8_384": _vit("tiny", 32, 384, hybrid_layers=()),
     "vit_base_r50_s16_224": _vit("base", 16, 224, hybrid_layers=(3, 4, 9), num_classes=0),
     "vit_base_r50_s16_384": _vit("base", 16, 384, hybrid_layers=(3, 4, 9)),
     "vit_small_r26_s32_224": _vit("small", 32, 224, hybrid_layers=(2, 2, 2, 2)),
