@@ -248,3 +248,48 @@ def test_processors_without_do_convert_rgb_and_older_configs_drop_alpha(tmp_path
         assert not config.alpha_on_white
         for name, image in _transparent_images(5):
             torch.testing.assert_close(vitfast.preprocess(image, config), vitfast.preprocess(image.convert("RGB"), config), atol=0, rtol=0, msg=name)
+
+
+def test_non_square_processor_size_is_carried_through(tmp_path):
+    """ViTImageProcessor with size {height: 32, width: 48} squashes every image to 32x48, and a ViT with image_size
+    [32, 48] takes it: the model's img_size is both sides (not the height twice), its pixels and logits are the
+    processor's and the model's; --config preprocessor_config.json alone gives the same input size."""
+    import json
+
+    from vitfast.foreign import config_file_fields
+
+    processor = processor_class("ViTImageProcessor")(size={"height": 32, "width": 48}, image_mean=[0.3, 0.4, 0.5], image_std=[0.2, 0.3, 0.4])
+    hf_cfg = transformers.ViTConfig(image_size=[32, 48], patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                    intermediate_size=64, num_labels=3)  # fmt: skip
+    hf = transformers.ViTForImageClassification(hf_cfg).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    hf.save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    model = vitfast.load_checkpoint(tmp_path)
+    assert model.config.img_hw == (32, 48) and not model.config_guesses
+    for name, arr in _images(6):
+        expected = processor(Image.fromarray(arr), return_tensors="pt")["pixel_values"]
+        torch.testing.assert_close(vitfast.preprocess(arr, model.config), expected, atol=2e-6, rtol=0, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(model(expected), hf(pixel_values=expected).logits, atol=1e-5, rtol=0)
+    saved = json.loads((tmp_path / "preprocessor_config.json").read_text())
+    assert vitfast.ViTConfig(**config_file_fields(saved)).img_hw == (32, 48)
+
+
+@pytest.mark.parametrize("sizes, why", [
+    (dict(size={"height": 40, "width": 56}, crop_size={"height": 32, "width": 32}), "resizes to 40x56 and crops 32x32, which one crop_pct"),
+    (dict(size={"height": 32, "width": 48}, do_center_crop=False), "makes 32x48 inputs but config.json's image_size is 32x32"),
+])  # fmt: skip
+def test_non_square_processor_size_a_model_cannot_take_is_a_loud_guess(tmp_path, sizes, why):
+    """A non-square resize that vitfast's one crop_pct cannot follow, or a processor size a square model does not
+    take, is said (GuessedConfigWarning, config_guesses), never changed silently."""
+    processor = processor_class("DeiTImageProcessor")(**sizes)
+    hf_cfg = transformers.DeiTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, num_labels=3)  # fmt: skip
+    transformers.DeiTForImageClassification(hf_cfg).save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    with pytest.warns(vitfast.GuessedConfigWarning, match=why):
+        model = vitfast.load_checkpoint(tmp_path)
+    assert model.config.img_hw == (32, 32)

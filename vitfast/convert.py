@@ -565,10 +565,10 @@ def processor_kind(pre: dict[str, Any], default: str = "") -> str:
     return str(pre.get("image_processor_type") or legacy or default).removesuffix("Fast")
 
 
-def hf_preprocessing(pre: dict[str, Any], in_chans: int, img_size: int, *, follow_size: bool = False,
+def hf_preprocessing(pre: dict[str, Any], in_chans: int, img_size: int | tuple[int, int], *, follow_size: bool = False,
                      default_kind: str = "") -> tuple[dict[str, Any], Guesses]:  # fmt: skip
     """ViTConfig preprocessing fields doing what the HF image processor (PIL backend) does:
-    `size` {height, width} resizes straight ("squash"), {shortest_edge} keeps the aspect ratio
+    `size` {height, width} resizes straight ("squash", non-square sizes too), {shortest_edge} keeps the aspect ratio
     ("center"); `crop_size` after `do_center_crop` (offset floored, as HF does); rescale and
     normalisation folded into one mean/std. Where the processor's output size differs from
     `img_size`, `follow_size` makes it the model's `img_size` (for models that interpolate their
@@ -598,29 +598,40 @@ def hf_preprocessing(pre: dict[str, Any], in_chans: int, img_size: int, *, follo
         crop = {"height": crop, "width": crop}
     crop = crop if pre.get("do_center_crop") and isinstance(crop, dict) else None
     edge = size.get("shortest_edge") if isinstance(size, dict) else None
+    model_hw = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    crop_hw = (crop["height"], crop.get("width", crop["height"])) if crop else None
     if kind.startswith("ConvNext") and edge:
         # ConvNextImageProcessor: below 384, shortest edge to int(edge / crop_pct) then an edge x edge
         # crop; from 384 on, straight to edge x edge
         pct = float(pre.get("crop_pct", 224 / 256)) if edge < 384 else 1.0
         out |= {"crop_mode": "center" if edge < 384 else "squash", "crop_pct": pct}
-        output = edge
+        output = (edge, edge)
     elif not pre.get("do_resize", True):
         out |= {"crop_mode": "squash", "crop_pct": 1.0}  # images must already have the input size
-        output = img_size
+        output = model_hw
     elif edge:
-        output = crop["height"] if crop else img_size
-        out |= {"crop_mode": "center", "crop_pct": _exact_crop_pct(output, edge)}
+        output = crop_hw or model_hw
+        out |= {"crop_mode": "center", "crop_pct": _exact_crop_pct(output[0], edge)}
         if not crop:
             guesses["crop_pct"] = "the processor resizes the shortest edge without a centre crop (no fixed input size); a centre crop assumed"
-    elif isinstance(size, dict) and size.get("height"):
-        output = crop["height"] if crop else size["height"]
-        out |= {"crop_mode": "squash", "crop_pct": _exact_crop_pct(output, size["height"])}
+        elif output[0] != output[1]:  # vitfast's centre crop of a non-square size resizes as timm's ResizeKeepRatio does
+            guesses["crop_pct"] = (f"the processor crops {output[0]}x{output[1]} after resizing the shortest edge to {edge}, which vitfast's "
+                                   "non-square centre crop (timm's ResizeKeepRatio) does not reproduce; images are resized by its rule")  # fmt: skip
+    elif isinstance(size, dict) and size.get("height") and size.get("width"):
+        resized = (size["height"], size["width"])  # both sides straight to these, then the crop, if any
+        output = crop_hw or resized
+        pct = _exact_crop_pct(output[0], resized[0])
+        out |= {"crop_mode": "squash", "crop_pct": pct}
+        if (got := tuple(math.floor(o / pct) for o in output)) != resized:  # one crop_pct scales both sides
+            guesses["crop_pct"] = (f"the processor resizes to {resized[0]}x{resized[1]} and crops {output[0]}x{output[1]}, which one crop_pct "
+                                   f"cannot reproduce; {pct:g} (the heights') used, resizing to {got[0]}x{got[1]}")  # fmt: skip
     else:
         raise CheckpointError(f"preprocessor_config.json has a size vitfast cannot follow: {size!r}; pass --config with the preprocessing")
-    if output != img_size and follow_size:
-        out["img_size"] = output
-    elif output != img_size:
-        guesses["img_size"] = f"the processor makes {output}px inputs but config.json's image_size is {img_size}; {img_size} used"
+    if output != model_hw and follow_size:
+        out["img_size"] = output[0] if output[0] == output[1] else output
+    elif output != model_hw:
+        guesses["img_size"] = (f"the processor makes {output[0]}x{output[1]} inputs but config.json's image_size is {model_hw[0]}x{model_hw[1]}; "
+                               f"{model_hw[0]}x{model_hw[1]} used")  # fmt: skip
     return out, guesses
 
 

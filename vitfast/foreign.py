@@ -326,12 +326,15 @@ def config_file_fields(data: dict[str, Any], img_size: int | None = None) -> dic
             fields["img_size"] = h if h == w else (h, w)
         return fields | ({"num_classes": int(data["num_classes"])} if "num_classes" in data else {})
     if any(k in data for k in ("image_mean", "image_processor_type", "feature_extractor_type")):  # HF preprocessor_config.json
-        size = data.get("crop_size") if data.get("do_center_crop") else data.get("size")
-        size = size.get("height") or size.get("shortest_edge") if isinstance(size, dict) else size
-        img_size = img_size or (int(size) if size else 224)
         chans = len(data["image_mean"]) if isinstance(data.get("image_mean"), list) else 3
-        fields, _ = hf_preprocessing(data, chans, img_size)
-        return fields | {"img_size": img_size}
+        if img_size:
+            fields, _ = hf_preprocessing(data, chans, img_size)
+            return fields | {"img_size": img_size}
+        # the processor's own output size ({height, width} or the crop's, both sides), the shortest edge's without a crop
+        size = data.get("size")
+        size = size.get("height") or size.get("shortest_edge") if isinstance(size, dict) else size
+        fields, _ = hf_preprocessing(data, chans, int(size) if size else 224, follow_size=True)
+        return {"img_size": int(size) if size else 224} | fields
     if "model_type" in data:  # HF config.json: the input size, and what a classifier's logits mean
         model = data.get("vision_config") or data  # CLIPConfig nests the image tower's
         return {k: v for k, v in (("img_size", model.get("image_size")), ("problem_type", hf_problem_type(data))) if v is not None}
