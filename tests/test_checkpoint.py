@@ -75,6 +75,25 @@ def test_training_checkpoint_wrappers_are_unwrapped(tmp_path, wrap):
     assert torch.equal(loaded.pos_embed, sd["pos_embed"])
 
 
+@pytest.mark.parametrize("ema_key", ["state_dict_ema", "model_ema"])
+def test_training_checkpoint_with_ema_weights_loads_the_ema_as_timm_does_and_says_so(tmp_path, ema_key):
+    """timm's train.py saves the weights ('state_dict', DDP's 'module.' names) and their EMA ('state_dict_ema'; 'model_ema'
+    elsewhere); timm's load_checkpoint(use_ema=True), behind timm.create_model(checkpoint_path=...), loads the EMA. So
+    does vitfast, saying so (with a config given too: that is no guess about the weights), and use_ema=False loads the
+    trained ones. A vitfast save of the result holds those weights alone and does not repeat the note."""
+    cfg = tiny_config()
+    trained, ema = (randomize(vitfast.create_model(cfg)).state_dict() for _ in range(2))
+    torch.save({"epoch": 3, "state_dict": {"module." + k: v for k, v in trained.items()}, ema_key: ema}, tmp_path / "ckpt.pth.tar")
+    for config in (None, cfg):
+        with pytest.warns(vitfast.GuessedConfigWarning, match=f"'state_dict' and its EMA '{ema_key}'; the EMA loaded.*use_ema=False"):
+            loaded = vitfast.load_checkpoint(tmp_path / "ckpt.pth.tar", config=config, overrides={"num_heads": cfg.num_heads})
+        assert all(torch.equal(loaded.state_dict()[k], v) for k, v in ema.items()) and "weights" in loaded.config_guesses
+    plain = vitfast.load_checkpoint(tmp_path / "ckpt.pth.tar", config=cfg, use_ema=False)
+    assert all(torch.equal(plain.state_dict()[k], v) for k, v in trained.items()) and not plain.config_guesses
+    vitfast.save_checkpoint(loaded, tmp_path / "ema.safetensors")
+    assert "weights" not in vitfast.load_checkpoint(tmp_path / "ema.safetensors").config_guesses
+
+
 def test_hf_names_are_converted_and_qkv_fused_in_order(tmp_path):
     """Hand-written HF-format state dict (transformers 4.x names): q, k, v rows stack in that order."""
     cfg = tiny_config(depth=1)

@@ -30,6 +30,7 @@ from .model import VisionTransformer
 from .pos_embed import resample_pos_embed
 
 FORMAT_TAG = "vitfast"
+WEIGHTS = "weights"  # the guess that names which of a training checkpoint's weights were loaded (not a config field)
 MAX_LISTED = 12  # keys shown per category in a mismatch error
 
 
@@ -44,8 +45,9 @@ def save_checkpoint(model: torch.nn.Module, path: str | os.PathLike) -> Path:
     path = Path(path)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     metadata = {"format": FORMAT_TAG, "vitfast_version": __version__, "config": config.to_json()}
-    if getattr(model, "config_guesses", None):  # still guesses: say so again when it is loaded
-        metadata["guessed"] = json.dumps(model.config_guesses)
+    # still guesses: say so again when it is loaded (not which weights a training checkpoint gave: this file holds those alone)
+    if guesses := {k: v for k, v in (getattr(model, "config_guesses", None) or {}).items() if k != WEIGHTS}:
+        metadata["guessed"] = json.dumps(guesses)
     return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
@@ -55,6 +57,7 @@ def load_checkpoint(
     config: ViTConfig | None = None,
     img_size: int | tuple[int, int] | None = None,
     overrides: dict[str, Any] | None = None,
+    use_ema: bool = True,
 ):
     """Load a reference `VisionTransformer` (eval mode) from any supported checkpoint.
 
@@ -75,14 +78,17 @@ def load_checkpoint(
     checkpoint's) resizes the position embeddings bicubically over the patch grid, keeping
     class/distillation/register tokens apart: timm's antialiased resize for timm and vitfast
     checkpoints, Hugging Face's `interpolate_pos_encoding` for HF ones.
+    A training checkpoint holding the weights' EMA beside them (timm's `state_dict_ema` or `model_ema`) loads the EMA,
+    as timm's `load_checkpoint(use_ema=True)` does, and says so (`model.config_guesses["weights"]`); `use_ema=False`
+    loads the trained weights instead.
     """
     path = Path(path)
     if config is not None and not isinstance(config, ViTConfig):
         raise ConfigError(f"config must be a ViTConfig, got {type(config).__name__}")
     stated = overrides or {}
-    source_cfg, sd, fmt, guesses = _read(path, given=config, num_heads=stated.get("num_heads"), rope=stated.get("rope"))
-    if config is not None:
-        cfg, guesses = config, {}
+    source_cfg, sd, fmt, guesses = _read(path, given=config, num_heads=stated.get("num_heads"), rope=stated.get("rope"), use_ema=use_ema)
+    if config is not None:  # nothing about the config is guessed; which weights were taken still is
+        cfg, guesses = config, {k: v for k, v in guesses.items() if k == WEIGHTS}
     else:
         cfg = source_cfg
     if overrides:
@@ -158,7 +164,7 @@ def describe_guesses(path: str | os.PathLike, cfg: ViTConfig, guesses: Guesses) 
     by_reason: dict[str, list[str]] = {}
     for key, reason in guesses.items():
         value = getattr(cfg, key, None)
-        by_reason.setdefault(reason, []).append(f"{key}={list(value) if isinstance(value, tuple) else value!r}")
+        by_reason.setdefault(reason, []).append(key if key == WEIGHTS else f"{key}={list(value) if isinstance(value, tuple) else value!r}")
     parts = "; ".join(f"{', '.join(keys)} ({reason})" for reason, keys in by_reason.items())
     return (
         f"{path}: guessed {parts}. If a value is wrong, pass --config FILE.json or the field's flag "
@@ -168,13 +174,14 @@ def describe_guesses(path: str | os.PathLike, cfg: ViTConfig, guesses: Guesses) 
 
 
 # ---------------------------------------------------------------------------- reading
-def _read(path: Path, *, given: ViTConfig | None = None, num_heads: int | None = None,
-          rope: str | None = None) -> tuple[ViTConfig, StateDict, str, Guesses]:  # fmt: skip
+def _read(path: Path, *, given: ViTConfig | None = None, num_heads: int | None = None, rope: str | None = None,
+          use_ema: bool = True) -> tuple[ViTConfig, StateDict, str, Guesses]:  # fmt: skip
     """(config stored or inferred, state dict in timm names, 'vitfast' | 'timm' | 'hf', what was guessed).
 
     A bare state dict is not read for a config when one is `given` (the shapes may not tell it: an
     unusual head width, a non-square grid); `num_heads`, when the caller knows it, is not guessed;
-    `rope` (an override's), or the given config's, says which rotary positions timm weights have."""
+    `rope` (an override's), or the given config's, says which rotary positions timm weights have; `use_ema`: see `_unwrap`,
+    whose note on the weights it chose is a guess under `WEIGHTS`."""
     if path.is_dir():
         return _read_dir(path)
     if not path.exists():
@@ -185,7 +192,14 @@ def _read(path: Path, *, given: ViTConfig | None = None, num_heads: int | None =
             return ViTConfig.from_json(metadata["config"]), sd, FORMAT_TAG, json.loads(metadata.get("guessed", "{}"))
         except (ConfigError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"{path}: the config stored in this vitfast checkpoint is invalid: {exc}") from None
-    sd = _unwrap(sd)
+    sd, chosen = _unwrap(sd, use_ema)
+    cfg, sd, fmt, guesses = _read_state_dict(sd, path, given, num_heads, rope)
+    return cfg, sd, fmt, guesses | ({WEIGHTS: chosen} if chosen else {})
+
+
+def _read_state_dict(sd: StateDict, path: Path, given: ViTConfig | None, num_heads: int | None,
+                     rope: str | None) -> tuple[ViTConfig, StateDict, str, Guesses]:  # fmt: skip
+    """`_read` of an unwrapped state dict."""
     if dinov3.is_meta(sd):  # timm's patch_embed.proj, but Meta's own names beside it
         sd, cfg, guesses = dinov3.read_meta(sd, given=given, num_heads=num_heads)
         return cfg, sd, "timm", guesses
@@ -212,7 +226,7 @@ def _read_dir(path: Path) -> tuple[ViTConfig, StateDict, str, Guesses]:
     hub_cfg = _read_json(cfg_file)
     sd = _read_dir_weights(path)
     if "architecture" in hub_cfg:  # timm's save_for_hf / push_to_hf_hub layout
-        sd = _unwrap(sd)
+        sd = _unwrap(sd)[0]  # a Hub folder holds the weights alone
         detect_format(sd)
         sd, cfg, guesses = read_timm_hub(hub_cfg, sd, path)
         return cfg, sd, "timm", guesses
@@ -331,16 +345,22 @@ def _is_zip(path: Path) -> bool:
         return f.read(4) == b"PK\x03\x04"
 
 
-def _unwrap(obj: dict[str, Any]) -> StateDict:
-    """Training checkpoints nest the weights ('model', 'state_dict', ...) and DDP prefixes 'module.'."""
-    for key in ("model", "state_dict", "model_state_dict", "model_ema"):
-        if isinstance(obj.get(key), dict):
-            obj = obj[key]
-            break
-    sd = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+def _unwrap(obj: dict[str, Any], use_ema: bool = True) -> tuple[StateDict, str | None]:
+    """(the weights, a note when they were chosen over others). Training checkpoints nest the weights ('model',
+    'state_dict', ...) and DDP prefixes 'module.'. timm's hold the weights' EMA beside them ('state_dict_ema', or
+    'model_ema'), which timm's load_checkpoint(use_ema=True) prefers, as `timm.create_model(checkpoint_path=...)` loads
+    it: so does vitfast, unless `use_ema=False`."""
+    nested = [k for k in ("model", "state_dict", "model_state_dict") if isinstance(obj.get(k), dict)]
+    ema = next((k for k in ("state_dict_ema", "model_ema") if isinstance(obj.get(k), dict)), None)
+    key = ema if ema and (use_ema or not nested) else nested[0] if nested else None
+    note = None
+    if key == ema and nested:  # a choice between two sets of weights, made for the caller
+        note = (f"this training checkpoint holds '{nested[0]}' and its EMA '{ema}'; the EMA loaded, as timm's "
+                f"load_checkpoint(use_ema=True) does: pass use_ema=False to load_checkpoint for '{nested[0]}'")  # fmt: skip
+    sd = {k: v for k, v in (obj[key] if key else obj).items() if isinstance(v, torch.Tensor)}
     if sd and all(k.startswith("module.") for k in sd):
         sd = {k[len("module.") :]: v for k, v in sd.items()}
-    return sd
+    return sd, note
 
 
 # ---------------------------------------------------------------------------- fitting
