@@ -3,6 +3,7 @@ and every way a checkpoint can be bad."""
 
 from __future__ import annotations
 
+import argparse
 import os
 
 import pytest
@@ -83,7 +84,8 @@ def test_training_checkpoint_with_ema_weights_loads_the_ema_as_timm_does_and_say
     trained ones. A vitfast save of the result holds those weights alone and does not repeat the note."""
     cfg = tiny_config()
     trained, ema = (randomize(vitfast.create_model(cfg)).state_dict() for _ in range(2))
-    torch.save({"epoch": 3, "state_dict": {"module." + k: v for k, v in trained.items()}, ema_key: ema}, tmp_path / "ckpt.pth.tar")
+    args = argparse.Namespace(model="vit_tiny_patch16_224", lr=5e-4, aa="rand-m9-mstd0.5")  # train.py keeps its arguments too
+    torch.save({"epoch": 3, "state_dict": {"module." + k: v for k, v in trained.items()}, ema_key: ema, "args": args}, tmp_path / "ckpt.pth.tar")
     for config in (None, cfg):
         with pytest.warns(vitfast.GuessedConfigWarning, match=f"'state_dict' and its EMA '{ema_key}'; the EMA loaded.*use_ema=False"):
             loaded = vitfast.load_checkpoint(tmp_path / "ckpt.pth.tar", config=config, overrides={"num_heads": cfg.num_heads})

@@ -6,6 +6,7 @@ and safetensors is preferred everywhere.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -326,7 +327,9 @@ def _check_declared_sizes(path: Path) -> None:
 def _torch_load(path: Path) -> StateDict:
     _check_declared_sizes(path)
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=_is_zip(path))
+        # timm's train.py saves its argparse Namespace beside the weights: plain attributes, nothing run to rebuild it
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=_is_zip(path))
     except Exception as exc:  # torch raises many types for bad archives; all mean the same here
         msg = first_line(exc)
         if "Weights only load failed" in str(exc):
