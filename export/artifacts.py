@@ -108,9 +108,15 @@ def base_metadata(kind: str, config: ViTConfig, precision: str, *, batch: tuple[
         },
         "output": {"name": "logits", "shape": ["batch", *(d or "dynamic" for d in config.output_shape)], "dtype": "float32"},
         "preprocessing": {k: getattr(config, k) for k in PREPROCESSING_FIELDS} | {"img_size": [h, w]},
-        "source": {"path": str(source), "sha256": sha256_file(source)} if source and Path(source).is_file() else None,
+        "source": made_from(source) if source and Path(source).is_file() else None,
         "tools": tool_versions(),
     }
+
+
+def made_from(path: Path, *, intermediate: bool = False) -> dict[str, Any]:
+    """{path, sha256} of the file an artifact was made from. An `intermediate` is a temporary of the export that made the
+    artifact, deleted with its staging folder: its path would name nothing, so it is recorded by its hash alone, not kept."""
+    return {"path": None, "sha256": sha256_file(path), "kept": False} if intermediate else {"path": str(path), "sha256": sha256_file(path)}
 
 
 def file_records(artifact: Path, companions: Iterable[Path] = ()) -> list[dict[str, Any]]:

@@ -33,7 +33,7 @@ from vitfast.progress import Reporter, reporting
 
 from vitfast.atomic import claim_output, temporaries_in
 
-from .artifacts import read_sidecar, sha256_file, write_sidecar
+from .artifacts import made_from, read_sidecar, write_sidecar
 from .int8_sensitivity import module_paths, rank_layers
 from .onnx_export import require_onnx
 from .qkv_split import write_split_qkv
@@ -171,11 +171,13 @@ def quantize_int8(
     keep_float: int = 0,
     percentile: float = 99.999,
     force: bool = False,
+    intermediate: bool = False,
     progress: Reporter | None = None,
 ) -> Path:
     """fp32 ONNX (with sidecar) -> INT8 QDQ ONNX (+ sidecar with calibration and parity numbers).
     `exclude`: node-name patterns kept in float. `keep_float`: also keep the n quantized layers in float whose
     quantization costs the most (`int8_sensitivity.rank_layers` on calibration images; recorded in the sidecar).
+    `intermediate`: `onnx_path` is the caller's temporary, not kept; the sidecar records it by its sha256 alone.
     `progress`: a `vitfast.progress.Reporter` told each phase and the images calibrated so far (default: silent)."""
     require_onnx()
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
@@ -258,7 +260,7 @@ def quantize_int8(
         new_meta = dict(meta)
         new_meta.update(
             kind="onnx", precision="int8",  # "source" stays the model the fp32 ONNX came from
-            quantized_from={"path": str(onnx_path), "sha256": sha256_file(onnx_path)},
+            quantized_from=made_from(onnx_path, intermediate=intermediate),
             int8={"target": target, "method": method, "samples": n_samples, "held_out": len(held_out), "per_channel_weights": True,
                   "symmetric_activations": symmetric_acts, "quantized_ops": QUANTIZED_OPS, "exclude": list(exclude),
                   "keep_float": kept,

@@ -34,7 +34,7 @@ from vitfast.runtime.tensorrt_engine import (  # noqa: F401  (TensorRTEngine, ch
 
 from vitfast.atomic import atomic_write, check_output_free, claim_output
 
-from .artifacts import base_metadata, parse_batch, write_sidecar
+from .artifacts import base_metadata, made_from, parse_batch, write_sidecar
 from .engine_source import EngineSource, check_graph_precision, engine_source
 
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0) and newer
@@ -202,6 +202,7 @@ def build_engine(
     image_sizes: str | tuple | None = None,
     overrides: dict[str, Any] | None = None,
     force: bool = False,
+    intermediate: bool = False,
     progress: bool = True,
 ) -> Path:
     """Build a serialized TensorRT engine at `out_path` (+ `out_path.json` sidecar) from an ONNX file: vitfast's, or
@@ -217,7 +218,8 @@ def build_engine(
     can overflow). image_sizes: for a --dynamic-img-size ONNX, the (min, opt, max) image sizes the engine
     takes ('MIN:OPT:MAX', each N or HxW; default half to twice img_size, optimised for img_size: see
     `parse_image_sizes`). The engine and sidecar are written atomically; `force` overwrites an existing
-    engine. `progress` shows a progress bar when stderr is a terminal. The sidecar's `parity` is
+    engine. `intermediate`: `onnx_path` is the caller's temporary, not kept; the sidecar's `built_from` records it by
+    its sha256 alone. `progress` shows a progress bar when stderr is a terminal. The sidecar's `parity` is
     left None for the caller to fill in. Returns `out_path`.
     """
     out_path = Path(out_path)
@@ -246,7 +248,7 @@ def build_engine(
     cache = _attach_timing_cache(config, timing_cache)
     serialized = _build(trt, builder, network, config, show_progress=progress and sys.stderr.isatty())
 
-    meta = _engine_metadata(onnx_path, source_meta, precision, batch, dynamic_batch, input_name)
+    meta = _engine_metadata(onnx_path, source_meta, precision, batch, dynamic_batch, input_name, intermediate)
     if source.sizes and not source.graph:  # another tool's graph of any size is built for one: the config's
         meta["input"]["image_sizes"] = [list(hw) for hw in source.sizes]
     if source.graph:  # another tool's graph: its architecture is unknown, its output the one `load_engine` would run
@@ -443,11 +445,10 @@ def _progress_monitor(trt, bar):
 
 
 def _engine_metadata(onnx_path: Path, source_meta: dict[str, Any], precision: str, batch: tuple[int, int, int],
-                     dynamic_batch: bool, input_name: str) -> dict[str, Any]:  # fmt: skip
+                     dynamic_batch: bool, input_name: str, intermediate: bool) -> dict[str, Any]:  # fmt: skip
     """The sidecar fields shared with other artifacts; config and preprocessing copied from the ONNX's sidecar."""
-    meta = base_metadata("tensorrt", ViTConfig.from_dict(source_meta["config"]), precision,
-                         batch=batch, dynamic_batch=dynamic_batch, source=onnx_path)  # fmt: skip
-    meta["built_from"] = meta["source"]  # the ONNX file; "source" stays the model it came from
+    meta = base_metadata("tensorrt", ViTConfig.from_dict(source_meta["config"]), precision, batch=batch, dynamic_batch=dynamic_batch)
+    meta["built_from"] = made_from(onnx_path, intermediate=intermediate)  # the ONNX file; "source" stays the model it came from
     meta["source"] = source_meta.get("source")
     meta["config"] = source_meta["config"]
     meta["preprocessing"] = source_meta.get("preprocessing", meta["preprocessing"])

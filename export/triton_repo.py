@@ -67,12 +67,14 @@ def triton_repository(
     instance_count: int = 1,
     max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
     force: bool = False,
+    intermediate: bool = False,
 ) -> Path:
     """Write a Triton model repository for an ONNX file or TensorRT engine (with its sidecar) to `out_dir`.
 
     `max_batch_size` defaults to the artifact's batch profile maximum; `instance_count` is the
     number of execution instances of the network (and of the preprocessing model). Written to a
-    temporary folder and renamed into place; an existing `out_dir` needs `force=True`.
+    temporary folder and renamed into place; an existing `out_dir` needs `force=True`. `intermediate`: `artifact` is the
+    caller's temporary, copied in and not kept, so the sidecar's `artifact` is None rather than a path that names nothing.
     """
     artifact = Path(artifact)
     check_model_name(name)
@@ -102,7 +104,7 @@ def triton_repository(
             (tmp / model / LABEL_FILE).write_text("".join(f"{label}\n" for label in labels))
         _copy_artifact(artifact, tmp / names["model"] / "1" / ("model.onnx" if platform == "onnxruntime_onnx" else "model.plan"))
         shutil.copyfile(PREPROCESS_SOURCE, tmp / names["preprocess"] / "1" / "model.py")
-        sidecar = {**meta, "kind": "triton-repository", "artifact": str(artifact.resolve()), "platform": platform,
+        sidecar = {**meta, "kind": "triton-repository", "artifact": None if intermediate else str(artifact.resolve()), "platform": platform,
                    "models": names, "max_batch_size": max_batch}  # fmt: skip
         write_sidecar(tmp, sidecar)
     return out

@@ -227,8 +227,9 @@ def test_a_sidecar_that_disagrees_with_its_graph_is_refused(assets, tmp_path):
 def test_existing_unwritable_and_file_as_parent_outputs(assets, tmp_path):
     work = copy_assets(assets, tmp_path / "w")
     (work / "afile").write_text("x")
+    (work / "folder.onnx").mkdir()  # named as the format needs, so that the suffix check passes
     for out, message in [(work / "m.onnx", "already exists; pass --force"), (work / "afile" / "x.onnx", "is a file, not a folder"),
-                         (work / "images", "exists and is not a file")]:  # fmt: skip
+                         (work / "folder.onnx", "exists and is not a file")]:  # fmt: skip
         before = tree(work)
         result = run_cli("export", "--model", MODEL, "--format", "onnx", "--out", out)
         assert message in result[2] and "force=True" not in result[2]

@@ -309,7 +309,7 @@ def test_export_onnx_flag_builds_from_a_graph_and_refuses_what_does_not_apply(re
     assert read_sidecar(out)["foreign"] and measured[0][:2] == (out, theirs) and measured[0][2]["mean"] == (0.5,) * 3
     refusals = {
         ("--format", "onnx"): "--onnx builds a TensorRT engine from an existing graph: add --format trt",
-        ("--format", "trt", "--out", str(tmp_path / "m.onnx")): "name the engine .engine / .plan / .trt",
+        ("--format", "trt", "--out", str(tmp_path / "m.onnx")): "does not fit --format trt: name an ONNX export .onnx and a TensorRT engine .engine / .plan / .trt",
         ("--format", "trt", "--calib-dir", str(tmp_path)): "--calib-dir set vitfast's own ONNX export and int8 calibration",
         ("--format", "trt", "--num-heads", "3"): "--num-heads describe a checkpoint's architecture, which the graph",
     }

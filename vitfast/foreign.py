@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .config import OUTPUT_MEANING_FIELDS, PREPROCESSING_FIELDS, ViTConfig
-from .convert import hf_labels, hf_preprocessing, hf_problem_type
+from .convert import Guesses, hf_labels, hf_preprocessing, hf_problem_type
 from .errors import ArtifactError, ConfigError, first_line
 
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
@@ -315,31 +315,32 @@ def _tensorrt_quantization_problem(graph, constants: dict[str, Any]) -> str | No
 
 
 # ---------------------------------------------------------------------------- preprocessing
-def config_file_fields(data: dict[str, Any], img_size: int | None = None) -> dict[str, Any] | None:
+def config_file_fields(data: dict[str, Any], img_size: int | None = None) -> tuple[dict[str, Any], Guesses] | None:
     """ViTConfig fields from another tool's JSON: an HF `preprocessor_config.json` or `config.json`,
-    a timm Hub `config.json` (`pretrained_cfg`), or a vitfast sidecar; None for anything else."""
+    a timm Hub `config.json` (`pretrained_cfg`), or a vitfast sidecar, with what reading them had to guess
+    ({field: reason}: an HF `resample` vitfast has no filter for, ...); None for anything else."""
     if "pretrained_cfg" in data:  # timm Hub config.json
         pre = data["pretrained_cfg"] or {}
         fields = {k: pre[k] for k in ("mean", "std", "crop_pct", "interpolation", "crop_mode") if pre.get(k) is not None}
         if isinstance(pre.get("input_size"), (list, tuple)) and len(pre["input_size"]) == 3:
             h, w = (int(v) for v in pre["input_size"][1:])
             fields["img_size"] = h if h == w else (h, w)
-        return fields | ({"num_classes": int(data["num_classes"])} if "num_classes" in data else {})
+        return fields | ({"num_classes": int(data["num_classes"])} if "num_classes" in data else {}), {}
     if any(k in data for k in ("image_mean", "image_processor_type", "feature_extractor_type")):  # HF preprocessor_config.json
         chans = len(data["image_mean"]) if isinstance(data.get("image_mean"), list) else 3
         if img_size:
-            fields, _ = hf_preprocessing(data, chans, img_size)
-            return fields | {"img_size": img_size}
+            fields, guesses = hf_preprocessing(data, chans, img_size)
+            return fields | {"img_size": img_size}, guesses
         # the processor's own output size ({height, width} or the crop's, both sides), the shortest edge's without a crop
         size = data.get("size")
         size = size.get("height") or size.get("shortest_edge") if isinstance(size, dict) else size
-        fields, _ = hf_preprocessing(data, chans, int(size) if size else 224, follow_size=True)
-        return {"img_size": int(size) if size else 224} | fields
+        fields, guesses = hf_preprocessing(data, chans, int(size) if size else 224, follow_size=True)
+        return {"img_size": int(size) if size else 224} | fields, guesses
     if "model_type" in data:  # HF config.json: the input size, and what a classifier's logits mean
         model = data.get("vision_config") or data  # CLIPConfig nests the image tower's
-        return {k: v for k, v in (("img_size", model.get("image_size")), ("problem_type", hf_problem_type(data))) if v is not None}
+        return {k: v for k, v in (("img_size", model.get("image_size")), ("problem_type", hf_problem_type(data))) if v is not None}, {}
     if isinstance(data.get("config"), dict) and "vitfast_version" in data:  # a vitfast sidecar
-        return dict(data["config"])
+        return dict(data["config"]), {}
     return None
 
 
@@ -358,7 +359,7 @@ def optimum_folder_fields(folder: Path) -> dict[str, Any]:
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise ConfigError(f"{folder / name} is not readable JSON: {exc}") from None
             if isinstance(data, dict):  # preprocessor_config.json last: the size its processor feeds the graph wins
-                fields |= config_file_fields(data) or {}
+                fields |= (config_file_fields(data) or ({}, {}))[0]
                 classifier = any(str(a).endswith("ForImageClassification") for a in data.get("architectures") or ())
                 if name == "config.json" and classifier and (labels := hf_labels(data)):
                     fields["labels"] = labels

@@ -63,7 +63,7 @@ def export_onnx(model: torch.nn.Module, out: Path, *, precision: str, batch: tup
         fp32 = to_onnx(model, folder / "fp32.onnx", batch=batch, opset=opset, source=source, progress=progress)
         return quantize_int8(fp32, out, calibration.data_dir, method=calibration.method, samples=calibration.samples,
                              target=calibration.target, exclude=calibration.exclude, keep_float=calibration.keep_float, force=force,
-                             progress=progress)  # fmt: skip
+                             intermediate=True, progress=progress)  # fmt: skip
 
 
 def export_triton_repo(model: torch.nn.Module, out: Path, *, precision: str, batch: tuple[int, int, int],
@@ -74,7 +74,7 @@ def export_triton_repo(model: torch.nn.Module, out: Path, *, precision: str, bat
         onnx_path = export_onnx(model, folder / "model.onnx", precision=precision, batch=batch, source=source,
                                 opset=opset, calibration=calibration, scratch=folder, progress=progress)  # fmt: skip
         reporting(progress).phase(f"writing the Triton model repository {out}")
-        triton_repository(onnx_path, out, max_batch_size=batch[2], force=force)
+        triton_repository(onnx_path, out, max_batch_size=batch[2], force=force, intermediate=True)
     return out
 
 
@@ -91,10 +91,10 @@ def record_engine_parity(engine_path: Path, reference: torch.nn.Module, progress
     """Measure the built engine against the fp32 reference on this GPU and store it in the sidecar's `parity`: at img_size,
     and for a dynamic-size engine also at the smallest and largest sizes of its profile."""
     engine, reference = load_engine(engine_path), reference.float()
-    x = check_inputs(reference.config, engine, 8, None)
+    x = check_inputs(reference.config, 8, None)
     reporting(progress).phase(f"parity with PyTorch fp32 on {len(x)} images")
     with torch.no_grad():
-        parity = compare(engine(x).cpu(), reference(x), engine.precision, channel_axis=engine.config.channel_axis)
+        parity = compare(_run_all(engine, x), reference(x), engine.precision, channel_axis=engine.config.channel_axis)
     parity = with_other_sizes(parity, _parity_at_other_sizes(engine, reference, len(x)))
     _store_parity(engine_path, parity)
     return parity
@@ -113,25 +113,25 @@ def record_engine_parity_vs_onnx(engine_path: Path, onnx_path: Path, overrides: 
     reference), at the engine's precision's tolerances, and store it in the sidecar's `parity`. None, with a
     warning, where ONNX Runtime cannot run the graph (e.g. fp8 Q/DQ on its CPU kernels): check it another way."""
     engine = load_engine(engine_path)
-    x = check_inputs(engine.config, engine, 8, None)
+    x = check_inputs(engine.config, 8, None)
     reporting(progress).phase(f"parity with ONNX Runtime running {onnx_path.name} on {len(x)} images")
     try:
         reference = load_engine(onnx_path, backend="onnxruntime", overrides=overrides)
-        expected = reference(x)
+        expected = _run_all(reference, x)
     except Exception as exc:  # ORT's own exception types, for ops or types its kernels lack
         warnings.warn(f"parity not measured: ONNX Runtime cannot run {onnx_path} ({first_line(exc)}); compare the engine with "
                       f"`vitfast check {engine_path} --against OTHER` (e.g. the model's checkpoint or float ONNX)", VitfastWarning)  # fmt: skip
         return None
     with torch.no_grad():
         precision = looser_precision(engine.precision, reference.precision)  # an fp16 graph bounds an fp32 engine's agreement
-        parity = compare(engine(x).cpu(), expected, precision, channel_axis=engine.config.channel_axis) | {"against": "onnxruntime"}
+        parity = compare(_run_all(engine, x), expected, precision, channel_axis=engine.config.channel_axis) | {"against": "onnxruntime"}
     _store_parity(engine_path, parity)
     return parity
 
 
-def check_inputs(config: ViTConfig, engine: Engine, samples: int, data: str | os.PathLike | None) -> torch.Tensor:
-    """Inputs [n, C, H, W] for a parity check: images from `data`, else seeded random pixels; n fits the engine's profile."""
-    n = samples if not engine.batch else max(min(samples, engine.batch[2]), engine.batch[0])
+def check_inputs(config: ViTConfig, n: int, data: str | os.PathLike | None) -> torch.Tensor:
+    """Inputs [n, C, H, W] for a parity check (fewer if `data` holds fewer): images from `data`, else seeded random
+    pixels. All n are compared, run in chunks that an engine's batch profile takes (`_chunks`, `_run`)."""
     if data:
         return next(batches(find_images(data)[:n], config, n))
     return random_images(config, n, seed=1)
@@ -166,7 +166,7 @@ def check_artifact(engine: Engine, artifact: str | os.PathLike, *, checkpoint: s
         raise ArtifactError(f"the artifact takes {'any image size' if ours.dynamic_img_size else 'one image size'} and the reference "
                             f"{'any' if theirs.dynamic_img_size else 'one'}; pass --dynamic-img-size to check a --dynamic-img-size "
                             "export (and leave it out for a fixed-size one)")  # fmt: skip
-    x = check_inputs(engine.config, engine, samples, data)
+    x = check_inputs(engine.config, samples, data)
     reference.eval()
     outs, refs = [], []
     for part in reporting(progress).track(_chunks(x, engine), f"running {len(x)} images through {Path(artifact).name} and the fp32 "
@@ -187,7 +187,7 @@ def _parity_at_other_sizes(engine: Engine, reference: torch.nn.Module, n: int, *
     for hw in engine.parity_sizes():
         images = random_images(engine.config, n, seed=1, hw=hw)
         with torch.no_grad():
-            result = compare(_run(engine, images).cpu(), reference(images), engine.precision, channel_axis=engine.config.channel_axis,
+            result = compare(_run_all(engine, images), reference(images), engine.precision, channel_axis=engine.config.channel_axis,
                              **tolerances)  # fmt: skip
         others.append(result | {"img_size": list(hw)})
     return others
@@ -200,10 +200,8 @@ def check_against(engine: Engine, other: Engine, *, samples: int = 16, data: str
     also at `engine`'s other sizes that `other` takes (under "other_sizes"); `mark_all` adds the layer-by-layer
     comparison of two ONNX graphs under "layers". `progress`: told each phase."""
     report = reporting(progress)
-    limits = [e.batch[2] for e in (engine, other) if e.batch]
-    floors = [e.batch[0] for e in (engine, other) if e.batch]
-    n = max(min([samples, *limits]), max(floors, default=1))
-    images = raw_images(engine.config, n, data)
+    images = raw_images(engine.config, samples, data)
+    n = len(images)
     outs, refs = [], []
     for part in report.track(_chunks(images, engine, other), f"running {n} images through both", total=n, size=len):
         with torch.no_grad():
@@ -239,13 +237,18 @@ def _at_size(engine: Engine, other: Engine, hw: tuple[int, int], n: int) -> tupl
     """Both outputs on the same n seeded random-pixel images of size hw, each preprocessed its own way at that size."""
     pixels = torch.randint(0, 256, (n, *hw, engine.config.in_chans), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
     with torch.no_grad():
-        return tuple(_run(e, preprocess(pixels, e.config.replace(img_size=hw))).cpu() for e in (engine, other))
+        return tuple(_run_all(e, preprocess(pixels, e.config.replace(img_size=hw))) for e in (engine, other))
 
 
 def _chunks(items, *engines: Engine) -> list:
     """`items` (a batch tensor or a list of images) in runs of `CHECK_CHUNK`, fewer when an engine's profile says so."""
     size = min([CHECK_CHUNK, *(e.batch[2] for e in engines if e.batch)])
     return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _run_all(engine: Engine, items) -> torch.Tensor:
+    """engine(items) on the CPU, however many `items` (a batch tensor or a list of images): run in chunks its profile takes."""
+    return torch.cat([_run(engine, part).cpu() for part in _chunks(items, engine)])
 
 
 def _run(engine: Engine, part):
@@ -308,6 +311,13 @@ def class_indices(num_classes: int, labels: Sequence[str] | None, classes: list[
     if labels is not None and len(labels) != num_classes:
         raise InputError(f"{len(labels)} labels for a model with {num_classes} classes; give one name per class")
     if labels and set(classes) <= set(labels):
+        # a folder named after a label the model has twice (ImageNet's "crane": 134 the bird, 517 the machine) is either class
+        ambiguous = [f"{name} ({', '.join(str(i) for i, label in enumerate(labels) if label == name)})"
+                     for name in classes if labels.count(name) > 1]  # fmt: skip
+        if ambiguous:
+            raise InputError(f"class folders of {data} name labels the model has more than once: {'; '.join(ambiguous)} (class "
+                             "indices in brackets); pass --labels FILE with one distinct name per class and name the folders after "
+                             "those")  # fmt: skip
         index = {name: i for i, name in enumerate(labels)}
         return [index[classes[t]] for t in folder_targets]
     if len(classes) != num_classes:

@@ -22,19 +22,26 @@ RANDOM_SEED = 0  # --model NAME exports random weights; the seed lets `check` re
 
 
 def source_model(*, model: str | None = None, checkpoint: str | os.PathLike | None = None, img_size: int | None = None,
-                 overrides: dict[str, Any] | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:  # fmt: skip
+                 overrides: dict[str, Any] | None = None, guessed: dict[str, str] | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:  # fmt: skip
     """The reference model named by `model` or `checkpoint` (at `img_size`, with ViTConfig `overrides`),
-    and how to rebuild it: the overrides and what was still guessed go in the sidecar."""
-    overrides = overrides or {}
+    and how to rebuild it: the overrides and what was still guessed go in the sidecar. `guessed`: what the
+    overrides themselves guessed ({field: reason}; e.g. read from an HF preprocessor_config.json), recorded with the rest."""
+    overrides, guessed = overrides or {}, guessed or {}
     if checkpoint:
         reference = load_checkpoint(checkpoint, img_size=img_size, overrides=overrides)
         ckpt = Path(checkpoint)
         return reference, {"checkpoint": str(ckpt.resolve()), "sha256": sha256_file(ckpt) if ckpt.is_file() else None,
-                           "img_size": img_size, "overrides": overrides, "guessed": reference.config_guesses}  # fmt: skip
-    torch.manual_seed(RANDOM_SEED)
-    reference = create_model(model, **overrides, **({"img_size": img_size} if img_size else {}))
+                           "img_size": img_size, "overrides": overrides, "guessed": reference.config_guesses | guessed}  # fmt: skip
+    reference = random_model(model, overrides, img_size)
     return reference, {"model": model, "weights": f"random init, torch.manual_seed({RANDOM_SEED})", "img_size": img_size,
-                       "overrides": overrides}  # fmt: skip
+                       "overrides": overrides, "guessed": guessed}  # fmt: skip
+
+
+def random_model(name: str, overrides: dict[str, Any] | None = None, img_size: int | None = None) -> torch.nn.Module:
+    """The registered model `name` (with ViTConfig `overrides`, at `img_size`) with random weights seeded by `RANDOM_SEED`:
+    the same weights on every call, so an export of it can be checked and its attention maps inspected again."""
+    torch.manual_seed(RANDOM_SEED)
+    return create_model(name, **(overrides or {}), **({"img_size": img_size} if img_size else {}))
 
 
 def rebuild_reference(source: dict[str, Any] | None, checkpoint: str | os.PathLike | None, config: ViTConfig,
@@ -44,10 +51,17 @@ def rebuild_reference(source: dict[str, Any] | None, checkpoint: str | os.PathLi
         return load_checkpoint(checkpoint, img_size=config.img_size, overrides=overrides)
     source = source or {}
     recorded = source.get("overrides") or {}
-    if source.get("checkpoint") and Path(source["checkpoint"]).exists():
-        return load_checkpoint(source["checkpoint"], img_size=source.get("img_size"), overrides=recorded)
+    if source.get("checkpoint"):
+        ckpt = Path(source["checkpoint"])
+        if not ckpt.exists():
+            raise ArtifactError(f"the artifact was exported from {ckpt}, which is gone; pass --checkpoint PATH with its fp32 weights "
+                                "or --against OTHER (any artifact of the same model)")  # fmt: skip
+        # compared before loading: weights changed since the export would fail the check with nothing to say why
+        if source.get("sha256") and ckpt.is_file() and sha256_file(ckpt) != source["sha256"]:
+            raise ArtifactError(f"{ckpt} has changed since the artifact was exported from it (its sha256 differs from the sidecar's); "
+                                f"to compare with the weights as they are now, pass --checkpoint {ckpt}, or export again")  # fmt: skip
+        return load_checkpoint(ckpt, img_size=source.get("img_size"), overrides=recorded)
     if source.get("model"):
-        torch.manual_seed(RANDOM_SEED)
-        return create_model(source["model"], **recorded, **({"img_size": source["img_size"]} if source.get("img_size") else {}))
+        return random_model(source["model"], recorded, source.get("img_size"))
     raise ArtifactError("cannot tell which model this artifact came from; pass --checkpoint PATH with the fp32 weights "
                         "or --against OTHER (any artifact of the same model)")

@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 from vitfast.config import ACT_LAYERS, CROP_MODES, GLOBAL_POOLS, INTERPOLATIONS, OUTPUT_FMTS, PROBLEM_TYPES, check_field_names
-from vitfast.errors import ConfigError, InputError
+from vitfast.convert import Guesses
+from vitfast.errors import ConfigError, GuessedConfigWarning, InputError
 from vitfast.foreign import config_file_fields
 
 # flag -> ViTConfig field
@@ -75,19 +77,33 @@ def _pool(value: str) -> str:
 
 def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The ViTConfig fields set by --config and the override flags (flags win), labels included."""
+    return config_overrides_and_guesses(args)[0]
+
+
+def config_overrides_and_guesses(args: argparse.Namespace) -> tuple[dict[str, Any], Guesses]:
+    """`config_overrides`, and what reading --config's file had to guess ({field: reason}; e.g. an HF `resample` vitfast
+    has no filter for) less the fields a flag sets: warned about here (`GuessedConfigWarning`, one stderr line), and
+    for export to record in the sidecar."""
     out: dict[str, Any] = {}
+    guesses: Guesses = {}
     if getattr(args, "config", None):
-        out.update(_read_config_file(Path(args.config)))
+        fields, guesses = _read_config_file(Path(args.config))
+        out.update(fields)
     for field in _FLAGS:
         value = getattr(args, field, None)
         if value is not None:
             out[field] = tuple(value) if isinstance(value, list) else value
+            guesses.pop(field, None)
     if getattr(args, "labels", None):
         out["labels"] = read_labels(args.labels)
-    return out
+    if guesses:
+        said = "; ".join(f"{field}: {reason}" for field, reason in guesses.items())
+        flags = ", ".join(_FLAGS.get(field, "--" + field.replace("_", "-")) for field in guesses)
+        warnings.warn(GuessedConfigWarning(f"--config {args.config}: guessed {said} (to set it, pass {flags})"), stacklevel=2)
+    return out, guesses
 
 
-def _read_config_file(path: Path) -> dict[str, Any]:
+def _read_config_file(path: Path) -> tuple[dict[str, Any], Guesses]:
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
@@ -97,11 +113,10 @@ def _read_config_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path} must hold a JSON object of ViTConfig fields, got {type(data).__name__}")
     converted = config_file_fields(data)  # HF preprocessor_config.json / config.json, timm config.json, a sidecar
-    if converted is not None:
-        data = converted
+    data, guesses = converted if converted is not None else (data, {})
     data.pop("name", None)  # a registry name is informational; it does not select a model here
     check_field_names(data)
-    return data
+    return data, guesses
 
 
 def read_labels(path: str | Path) -> tuple[str, ...]:

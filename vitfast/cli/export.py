@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -12,9 +13,9 @@ from rich.table import Table
 
 from vitfast import pipeline
 from vitfast.data import find_images
-from vitfast.errors import BackendUnavailable, InputError
+from vitfast.errors import BackendUnavailable, InputError, OutputError
 from vitfast.foreign import FOREIGN_FIELDS, is_onnx_artifact, report_choice, report_settings
-from vitfast.flags import int_in, ov_streams, positive_float, positive_int
+from vitfast.flags import int_in, non_negative_float, ov_streams, positive_float, positive_int
 from vitfast.atomic import check_output_free, reserve_output
 from vitfast.export.artifacts import parse_batch, parse_image_sizes, read_sidecar
 from vitfast.export.tensorrt import build_engine, require_tensorrt, trtexec_command
@@ -28,7 +29,7 @@ from vitfast.runtime import BACKENDS, ENGINE_SUFFIXES, Engine, load_engine, side
 from vitfast.runtime.openvino_engine import HINTS as OV_HINTS
 from vitfast.sources import source_model
 
-from .config_args import add_config_args, config_overrides, read_labels
+from .config_args import add_config_args, config_overrides, config_overrides_and_guesses, read_labels
 from .output import console
 from .progress import add_quiet, paused, reporter
 
@@ -44,6 +45,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "triton-repo":
         out = check_repository_free(args.out, args.force)  # replaces only a repository vitfast wrote
     else:
+        _check_out_name(args)
         out = check_output_free(args.out, args.force)
     if args.precision == "int8" and not args.calib_dir:
         raise InputError("--precision int8 needs --calib-dir DIR with calibration images (searched recursively)")
@@ -57,7 +59,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                          "--dynamic-img-size takes any size)")  # fmt: skip
     if args.calib_dir:
         find_images(args.calib_dir)  # fail early on an empty or missing folder
-    no_tensorrt = _tensorrt_missing(args.quiet) if args.format == "trt" else None
+    no_tensorrt = _tensorrt_missing(out, args.quiet) if args.format == "trt" else None
     # held from here to the end: a second export to the same path fails now, not after minutes of work
     with reserve_output(out, args.force, directory=args.format == "triton-repo") as scratch, reporter("export", args.quiet) as progress:
         return _export(args, out, batch, scratch, no_tensorrt, progress)
@@ -79,9 +81,8 @@ def _engine_from_onnx(args: argparse.Namespace, batch: tuple[int, int, int]) -> 
     if fixed:
         raise InputError(f"{', '.join('--' + k.replace('_', '-') for k in fixed)} describe a checkpoint's architecture, which the "
                          f"graph {args.onnx} fixes: drop them (a graph takes its preprocessing, --img-size and class names)")  # fmt: skip
+    _check_out_name(args)
     out = check_output_free(args.out, args.force)
-    if out.suffix.lower() not in ENGINE_SUFFIXES:
-        raise InputError(f"--out {out}: name the engine {' / '.join(ENGINE_SUFFIXES)} (vitfast tells artifacts by their suffix)")
     sizes = args.image_sizes
     try:
         require_tensorrt()
@@ -103,6 +104,23 @@ def _engine_from_onnx(args: argparse.Namespace, batch: tuple[int, int, int]) -> 
     return 0
 
 
+OUT_SUFFIXES = {"onnx": (".onnx",), "trt": ENGINE_SUFFIXES}  # vitfast tells artifacts by their suffix
+
+
+def _check_out_name(args: argparse.Namespace) -> None:
+    """--out named for its --format's artifact, and none of the export's inputs: --force replaces a previous output, never
+    the checkpoint or graph being exported (an export that fails half-way would have nothing left to start from)."""
+    out, wanted = Path(args.out), OUT_SUFFIXES[args.format]
+    if out.suffix.lower() not in wanted:
+        raise InputError(f"--out {out} does not fit --format {args.format}: name an ONNX export .onnx and a TensorRT engine "
+                         f"{' / '.join(ENGINE_SUFFIXES)} (vitfast tells artifacts by their suffix)")  # fmt: skip
+    for flag in ("checkpoint", "onnx"):
+        given = getattr(args, flag, None)
+        if given and out.exists() and Path(given).exists() and os.path.samefile(out, given):
+            raise InputError(f"--out {out} is the --{flag} being exported (--force replaces only an earlier output); "
+                             "write the export to another path")  # fmt: skip
+
+
 def _report_graph(path: Path, quiet: bool) -> None:
     """What an engine built from another tool's graph read from it, and what it assumed (as `load_engine` reports it)."""
     meta = read_sidecar(path)
@@ -112,12 +130,18 @@ def _report_graph(path: Path, quiet: bool) -> None:
     report_settings(path, meta)
 
 
-def _tensorrt_missing(quiet: bool) -> BackendUnavailable | None:
-    """Checked before the ONNX export (a minute on ViT-B): without TensorRT only the ONNX is written, and a
-    terminal is told so up front (a pipe or log gets the one error line at the end, with the trtexec command)."""
+def _tensorrt_missing(out: Path, quiet: bool) -> BackendUnavailable | None:
+    """Checked before the ONNX export (a minute on ViT-B): without TensorRT only the ONNX is written, beside `out` for
+    trtexec, and a terminal is told so up front (a pipe or log gets the one error line at the end, with the trtexec
+    command). That ONNX is not what --out names, so --force does not cover it: one already there is refused."""
     try:
         require_tensorrt()
     except BackendUnavailable as exc:
+        onnx = out.with_suffix(".onnx")
+        taken = [p for p in (onnx, sidecar_path(onnx), Path(f"{onnx}.data")) if p.exists()]
+        if taken:
+            raise OutputError(f"{str(exc).rstrip('.')}; without it --format trt writes the ONNX for trtexec to {onnx}, and "
+                              f"{taken[0]} exists (--force replaces only --out): move it away or choose another --out") from None  # fmt: skip
         if sys.stderr.isatty() and not quiet:
             print(f"{str(exc).rstrip('.')}; writing only the ONNX, then the trtexec command that builds it", file=sys.stderr)
         return exc
@@ -128,8 +152,9 @@ def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], sc
             no_tensorrt: BackendUnavailable | None, progress: Reporter) -> int:  # fmt: skip
     calibration = pipeline.Calibration(args.calib_dir, method=args.calib_method, samples=args.calib_samples,
                                        target=args.int8_target, exclude=args.exclude or (), keep_float=args.int8_keep_float) if args.calib_dir else None  # fmt: skip
-    model, source = source_model(model=args.model, checkpoint=args.checkpoint, img_size=args.img_size,
-                                 overrides=config_overrides(args))  # fmt: skip
+    overrides, guessed = config_overrides_and_guesses(args)
+    model, source = source_model(model=args.model, checkpoint=args.checkpoint, img_size=args.img_size, overrides=overrides,
+                                 guessed=guessed)  # fmt: skip
     if args.format == "triton-repo":
         pipeline.export_triton_repo(model, out, precision=args.precision, batch=batch, source=source, opset=args.opset,
                                     calibration=calibration, force=args.force, scratch=scratch, progress=progress)  # fmt: skip
@@ -138,11 +163,17 @@ def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], sc
                   f"run it with: tritonserver --model-repository {out.resolve()}", file=sys.stderr)  # fmt: skip
         return 0
     sizes = _engine_image_sizes(args, model.config) if args.format == "trt" else None  # refused before the ONNX export, not after
-    onnx_out = out if args.format == "onnx" else out.with_suffix(".onnx")
+    if args.format == "onnx":
+        onnx_out = out
+    elif no_tensorrt:  # the ONNX is what this run leaves, for trtexec: beside --out (refused up front if a file is there)
+        onnx_out = out.with_suffix(".onnx")
+    else:  # the engine's intermediate: built in the staging folder, removed with it
+        onnx_out = scratch / out.with_suffix(".onnx").name
     # TensorRT takes an fp32 ONNX and lowers it to fp16 itself; int8 needs the Q/DQ ONNX in every case
     onnx_precision = args.precision if args.format == "onnx" or args.precision == "int8" else "fp32"
     pipeline.export_onnx(model, onnx_out, precision=onnx_precision, batch=batch, source=source, opset=args.opset,
-                         calibration=calibration, force=args.force, scratch=scratch, progress=progress)  # fmt: skip
+                         calibration=calibration, force=args.force and onnx_out == out,  # --force covers --out only
+                         scratch=scratch, progress=progress)  # fmt: skip
     if args.format == "onnx":
         _report(onnx_out, args.quiet)
         return 0
@@ -157,7 +188,8 @@ def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], sc
     with paused(progress):  # TensorRT's own bar shows the builder's phases on a terminal
         build_engine(onnx_out, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
                      optimization_level=args.opt_level, timing_cache=args.timing_cache,
-                     fp32_layernorm=not args.no_fp32_layernorm, image_sizes=sizes, force=args.force, progress=not args.quiet)  # fmt: skip
+                     fp32_layernorm=not args.no_fp32_layernorm, image_sizes=sizes, force=args.force, progress=not args.quiet,
+                     intermediate=True)  # fmt: skip
     pipeline.record_engine_parity(out, model, progress)
     _report(out, args.quiet)
     return 0
@@ -239,7 +271,7 @@ def add_artifact_args(p: argparse.ArgumentParser, labels: bool = True) -> None:
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="runtime for the artifact (default auto: torch, TensorRT, or for ONNX files OpenVINO when installed for "
                         "symmetric int8 QDQ, else ONNX Runtime)")  # fmt: skip
-    p.add_argument("--img-size", type=int, metavar="N", help="input resolution of an ONNX graph or TensorRT engine with dynamic H/W and no vitfast sidecar")
+    p.add_argument("--img-size", type=positive_int, metavar="N", help="input resolution of an ONNX graph or TensorRT engine with dynamic H/W and no vitfast sidecar")
     p.add_argument("--output", metavar="NAME", help="which output of an ONNX graph or another tool's TensorRT engine to run, by name (e.g. last_hidden_state beside "
                    "pooler_output; default: logits, else pooled features, else every token)")  # fmt: skip
     p.add_argument("--threads", type=positive_int, help="CPU threads for ONNX Runtime, OpenVINO or PyTorch (default: their own)")
@@ -389,8 +421,11 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--image-sizes", metavar="MIN:OPT:MAX",
                    help="with --dynamic-img-size: the image sizes the TensorRT engine takes, each N or HxW in whole patches "
                         "(default: half to twice --img-size, optimised for it)")  # fmt: skip
-    p.add_argument("--out", required=True, help="output file (.onnx; .engine/.plan for trt) or folder (triton-repo)")
-    p.add_argument("--force", action="store_true", help="overwrite an existing output")
+    p.add_argument("--out", required=True,
+                   help="output file (.onnx; .engine / .plan / .trt for trt: only the engine is kept, its ONNX is built in the "
+                        "staging folder; without TensorRT the ONNX is written beside it, NAME.onnx, for trtexec) or folder (triton-repo)")  # fmt: skip
+    p.add_argument("--force", action="store_true",
+                   help="overwrite an existing --out (only --out: never the checkpoint or graph exported, nor any other file)")  # fmt: skip
     add_quiet(p, "nothing but errors (no progress, no summary line)")
     add_config_args(p)
     p.set_defaults(func=cmd_export)
@@ -400,8 +435,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     ref = p.add_mutually_exclusive_group()
     ref.add_argument("--checkpoint", help="fp32 weights to compare with (default: the artifact's recorded source)")
     ref.add_argument("--against", metavar="OTHER", help="compare with any other artifact on the same images")
-    p.add_argument("--atol", type=float, help="absolute tolerance on the logits (default 0)")
-    p.add_argument("--rtol", type=float, help="tolerance relative to max |reference logit| (default: per precision)")
+    p.add_argument("--atol", type=non_negative_float, help="absolute tolerance on the logits (default 0)")
+    p.add_argument("--rtol", type=non_negative_float, help="tolerance relative to max |reference logit| (default: per precision)")
     p.add_argument("--mark-all", action="store_true",
                    help="ONNX vs ONNX: compare every intermediate tensor and name the first layer out of tolerance")  # fmt: skip
     p.add_argument("--data", help="image folder to draw inputs from (default: seeded random images)")

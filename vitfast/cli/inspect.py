@@ -10,7 +10,7 @@ from pathlib import Path
 from vitfast import inspect
 from vitfast.checkpoint import load_checkpoint
 from vitfast.preprocessing import preprocess
-from vitfast.registry import create_model
+from vitfast.sources import RANDOM_SEED, random_model
 
 from .config_args import add_config_args, config_overrides
 
@@ -20,7 +20,8 @@ HEADS_PER_LINE = 8  # 8 distances after the layer's prefix fit an 80-column line
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     image = inspect.load_image(args.image)  # first: a bad image fails before any model is built
-    model = create_model(args.model) if args.model else load_checkpoint(args.checkpoint, overrides=config_overrides(args))
+    overrides = config_overrides(args)
+    model = random_model(args.model, overrides) if args.model else load_checkpoint(args.checkpoint, overrides=overrides)
     out_dir = Path(args.out) if args.out else Path(f"inspect-{Path(args.image).stem}")
     result = inspect.inspect_model(model, preprocess(image, model.config))
     paths = inspect.save_figures(result, out_dir, overwrite=args.force)
@@ -36,7 +37,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         for p in paths.values():
             print(f"wrote {p}")
     if args.model:  # stderr, so --json output stays one object
-        print(f"vitfast: note: --model {args.model} has random weights; pass --checkpoint for a trained model", file=sys.stderr)
+        print(f"vitfast: note: --model {args.model} has random weights (seed {RANDOM_SEED}, as export's); pass --checkpoint for a "
+              "trained model", file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -45,7 +47,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
         "inspect", parents=[common], help="attention rollout, per-head attention, position-embedding similarity, attention distance (PNGs)"
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", metavar="NAME", help="registered variant (random weights)")
+    src.add_argument("--model", metavar="NAME", help="registered variant (random weights, seed 0, as export --model)")
     src.add_argument("--checkpoint", metavar="PATH", help="vitfast, timm or Hugging Face checkpoint")
     p.add_argument("--image", metavar="IMG", required=True, help="an image file Pillow can read")
     p.add_argument("--out", metavar="DIR", help="folder for the PNGs (default: ./inspect-<image stem>/)")

@@ -1,0 +1,207 @@
+"""Guards found in review: --out named for its format and never an input, --force covering --out only, a changed
+source checkpoint, every --samples image compared, ambiguous class folders, --config's guesses, seeded inspect,
+tolerance flags, and sidecars that name no deleted temporary."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitfast
+from conftest import randomize, tiny_config
+from vitfast.cli import export as cli_export
+from vitfast.cli import main
+from vitfast.export import read_sidecar
+from vitfast.export.artifacts import write_sidecar
+
+
+def _checkpoint(path, seed, **fields):
+    torch.manual_seed(seed)
+    return vitfast.save_checkpoint(randomize(vitfast.create_model(tiny_config(**fields))), path)
+
+
+def _images(folder, n, seed):
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 256, (40, 36, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return folder
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("vitfast: error:") == 1 and "Traceback" not in err
+    return err
+
+
+# ---------------------------------------------------------------------------- 1, 2: --out
+@pytest.mark.parametrize("fmt, out", [("onnx", "y.engine"), ("onnx", "y.plan"), ("trt", "x.onnx"), ("trt", "x.safetensors")])
+def test_export_refuses_an_out_that_does_not_fit_the_format(tmp_path, capsys, fmt, out):
+    ckpt = _checkpoint(tmp_path / "m.safetensors", 0)
+    before = set(tmp_path.rglob("*"))
+    assert main(["export", "--checkpoint", str(ckpt), "--format", fmt, "--out", str(tmp_path / out), "--force"]) == 2
+    err = _one_error_line(capsys)
+    assert f"does not fit --format {fmt}: name an ONNX export .onnx and a TensorRT engine .engine / .plan / .trt" in err
+    assert set(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("link", ["same", "symlink", "hardlink"])
+def test_export_force_never_replaces_the_checkpoint_it_exports(tmp_path, capsys, link):
+    ckpt = _checkpoint(tmp_path / "w.onnx", 1)  # named so that the suffix check passes: the path itself is refused
+    out = {"same": ckpt, "symlink": tmp_path / "link.onnx", "hardlink": tmp_path / "hard.onnx"}[link]
+    if link == "symlink":
+        out.symlink_to(ckpt)
+    elif link == "hardlink":
+        os.link(ckpt, out)
+    data = ckpt.read_bytes()
+    assert main(["export", "--checkpoint", str(ckpt), "--format", "onnx", "--out", str(out), "--force"]) == 2
+    assert "is the --checkpoint being exported (--force replaces only an earlier output)" in _one_error_line(capsys)
+    assert ckpt.read_bytes() == data and not (tmp_path / "w.onnx.json").exists()
+
+
+def test_trt_export_without_tensorrt_never_replaces_the_onnx_beside_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli_export, "require_tensorrt", _no_tensorrt)
+    theirs = tmp_path / "vit.onnx"
+    theirs.write_bytes(os.urandom(64))  # someone else's file where the ONNX for trtexec would go
+    data = theirs.read_bytes()
+    assert main(["export", "--model", "vit_cifar_patch4_32", "--format", "trt", "--out", str(tmp_path / "vit.engine"), "--force"]) == 2
+    err = _one_error_line(capsys)
+    assert f"writes the ONNX for trtexec to {theirs}, and {theirs} exists (--force replaces only --out)" in err
+    assert theirs.read_bytes() == data and sorted(p.name for p in tmp_path.iterdir()) == ["vit.onnx"]
+
+
+def _no_tensorrt():
+    raise vitfast.errors.BackendUnavailable("TensorRT is not installed: pip install tensorrt")
+
+
+def test_trt_export_builds_from_an_onnx_in_staging_and_leaves_only_the_engine(tmp_path, monkeypatch):
+    """With TensorRT, the engine's ONNX is an intermediate: built in the staging folder, recorded by hash, never beside --out."""
+    theirs = tmp_path / "vit.onnx"
+    theirs.write_bytes(os.urandom(64))
+    data = theirs.read_bytes()
+    built = {}
+
+    def build_engine(onnx_path, out_path, *, intermediate, **_):  # stands in for TensorRT: what it was given
+        built.update(onnx=onnx_path, sidecar=read_sidecar(onnx_path), intermediate=intermediate)
+        out_path.write_bytes(b"engine")
+        write_sidecar(out_path, {"precision": "fp32"})
+
+    monkeypatch.setattr(cli_export, "require_tensorrt", lambda: None)
+    monkeypatch.setattr(cli_export, "build_engine", build_engine)
+    monkeypatch.setattr(cli_export.pipeline, "record_engine_parity", lambda *a: None)
+    ckpt = _checkpoint(tmp_path / "m.safetensors", 2)
+    assert main(["export", "--checkpoint", str(ckpt), "--format", "trt", "--out", str(tmp_path / "vit.engine"), "--force", "--quiet"]) == 0
+    assert built["intermediate"] and ".vitfast-staging" in built["onnx"].parts and not built["onnx"].exists()
+    assert built["sidecar"]["source"]["checkpoint"] == str(ckpt.resolve())
+    assert theirs.read_bytes() == data
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors", "vit.engine", "vit.engine.json", "vit.onnx"]
+
+
+def test_an_intermediate_onnx_is_recorded_by_hash_alone(tmp_path):
+    from vitfast.export.artifacts import made_from
+
+    onnx = tmp_path / "m.onnx"
+    onnx.write_bytes(os.urandom(100))
+    kept, scratch = made_from(onnx), made_from(onnx, intermediate=True)
+    assert kept == {"path": str(onnx), "sha256": kept["sha256"]} and len(kept["sha256"]) == 64
+    assert scratch == {"path": None, "sha256": kept["sha256"], "kept": False}
+
+
+# ---------------------------------------------------------------------------- 9: sidecars of int8 and triton-repo
+def test_int8_and_triton_repo_sidecars_name_no_deleted_temporary(tmp_path):
+    ckpt = _checkpoint(tmp_path / "m.safetensors", 3)
+    calib = _images(tmp_path / "calib", 6, seed=3)
+    assert main(["export", "--checkpoint", str(ckpt), "--format", "onnx", "--precision", "int8", "--calib-dir", str(calib),
+                 "--calib-samples", "5", "--out", str(tmp_path / "q.onnx"), "--quiet"]) == 0  # fmt: skip
+    quantized_from = read_sidecar(tmp_path / "q.onnx")["quantized_from"]
+    assert quantized_from["path"] is None and not quantized_from["kept"] and len(quantized_from["sha256"]) == 64
+    assert main(["export", "--checkpoint", str(ckpt), "--format", "triton-repo", "--out", str(tmp_path / "repo"), "--quiet"]) == 0
+    assert json.loads((tmp_path / "repo.json").read_text())["artifact"] is None  # the ONNX it copied in was a temporary
+
+
+# ---------------------------------------------------------------------------- 3: a changed checkpoint
+def test_check_refuses_a_checkpoint_changed_since_export_and_names_the_fix(tmp_path, capsys):
+    ckpt = _checkpoint(tmp_path / "m.safetensors", 4)
+    assert main(["export", "--checkpoint", str(ckpt), "--format", "onnx", "--out", str(tmp_path / "m.onnx"), "--quiet"]) == 0
+    _checkpoint(ckpt, 5)  # other weights under the same name
+    assert main(["check", str(tmp_path / "m.onnx"), "--json"]) == 2
+    err = _one_error_line(capsys)
+    assert f"{ckpt.resolve()} has changed since the artifact was exported from it" in err and f"pass --checkpoint {ckpt.resolve()}" in err
+    assert main(["check", str(tmp_path / "m.onnx"), "--checkpoint", str(ckpt), "--json"]) == 1  # compared as asked: other weights
+    assert not json.loads(capsys.readouterr().out)["passed"]
+    ckpt.unlink()
+    assert main(["check", str(tmp_path / "m.onnx")]) == 2
+    assert f"exported from {ckpt.resolve()}, which is gone; pass --checkpoint PATH" in _one_error_line(capsys)
+
+
+# ---------------------------------------------------------------------------- 4: --samples N compares N
+def test_check_compares_every_sample_in_chunks_the_profile_takes(tmp_path, capsys):
+    ckpt = _checkpoint(tmp_path / "m.safetensors", 6)
+    for name in ("a", "b"):
+        assert main(["export", "--checkpoint", str(ckpt), "--format", "onnx", "--batch", "1:1:2", "--out", str(tmp_path / f"{name}.onnx"),
+                     "--quiet"]) == 0  # fmt: skip
+    assert main(["check", str(tmp_path / "a.onnx"), "--samples", "7", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 7
+    assert main(["check", str(tmp_path / "a.onnx"), "--against", str(tmp_path / "b.onnx"), "--samples", "5", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 5
+    data = _images(tmp_path / "data", 5, seed=6)
+    assert main(["check", str(tmp_path / "a.onnx"), "--data", str(data), "--samples", "64", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 5  # all the folder has
+
+
+# ---------------------------------------------------------------------------- 5: ambiguous class folders
+def test_eval_refuses_folders_named_after_a_label_the_model_has_twice(tmp_path, capsys):
+    labels = ("crane", "bee", "cat", "dog", "crane", "fox", "gnu")  # as ImageNet's 134 and 517
+    ckpt = _checkpoint(tmp_path / "m.safetensors", 7, labels=labels)
+    for name in ("crane", "bee"):
+        _images(tmp_path / "data" / name, 2, seed=len(name))
+    assert main(["eval", str(ckpt), "--data", str(tmp_path / "data")]) == 2
+    err = _one_error_line(capsys)
+    assert "name labels the model has more than once: crane (0, 4)" in err and "pass --labels FILE with one distinct name" in err
+    (tmp_path / "labels.txt").write_text("\n".join(("crane bird", "bee", "cat", "dog", "crane", "fox", "gnu")))
+    assert main(["eval", str(ckpt), "--data", str(tmp_path / "data"), "--labels", str(tmp_path / "labels.txt"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 4
+
+
+# ---------------------------------------------------------------------------- 6: --config's guesses
+def test_config_file_guesses_are_printed_and_recorded(tmp_path, capsys):
+    ckpt = _checkpoint(tmp_path / "m.safetensors", 8)
+    mean = np.random.default_rng(8).uniform(0.3, 0.6, 3).round(3).tolist()
+    (tmp_path / "pre.json").write_text(json.dumps({"image_processor_type": "ViTImageProcessor", "resample": 1,  # LANCZOS
+                                                   "size": {"height": 32, "width": 32}, "image_mean": mean, "image_std": [0.25] * 3}))  # fmt: skip
+    base = ["export", "--checkpoint", str(ckpt), "--config", str(tmp_path / "pre.json"), "--format", "onnx", "--quiet"]
+    assert main([*base, "--out", str(tmp_path / "a.onnx")]) == 0
+    said = "guessed interpolation: the processor's resample 1 is not supported"
+    assert said in capsys.readouterr().err
+    source = read_sidecar(tmp_path / "a.onnx")["source"]
+    assert "resample 1 is not supported" in source["guessed"]["interpolation"] and source["overrides"]["mean"] == pytest.approx(mean)
+    _images(tmp_path / "img", 1, seed=8)
+    assert main(["predict", str(ckpt), str(tmp_path / "img"), "--config", str(tmp_path / "pre.json"), "--json"]) == 0
+    assert said in capsys.readouterr().err
+    assert main([*base, "--interpolation", "bilinear", "--out", str(tmp_path / "b.onnx")]) == 0  # stated by a flag: no guess
+    assert said not in capsys.readouterr().err and read_sidecar(tmp_path / "b.onnx")["source"]["guessed"] == {}
+
+
+# ---------------------------------------------------------------------------- 7: inspect --model
+def test_inspect_model_applies_the_flags_and_the_exports_seed(tmp_path, capsys):
+    _images(tmp_path / "img", 1, seed=9)
+    runs = []
+    for i in range(2):
+        assert main(["inspect", "--model", "vit_cifar_patch4_32", "--num-heads", "2", "--image", str(tmp_path / "img" / "0.png"),
+                     "--out", str(tmp_path / f"figs{i}"), "--json"]) == 0  # fmt: skip
+        runs.append(json.loads(capsys.readouterr().out))
+    assert len(runs[0]["head_attention"]) == 2  # the flag's, not the registered model's 4
+    assert runs[0]["rollout"] == runs[1]["rollout"] and runs[0]["head_attention"] == runs[1]["head_attention"]
+
+
+# ---------------------------------------------------------------------------- 8: numeric flags
+@pytest.mark.parametrize("flag, value", [("--atol", "-1"), ("--rtol", "nan"), ("--atol", "inf"), ("--img-size", "0")])
+def test_check_refuses_negative_or_non_finite_tolerances_and_a_zero_image_size(tmp_path, capsys, flag, value):
+    with pytest.raises(SystemExit) as exited:
+        main(["check", str(tmp_path / "m.onnx"), flag, value])
+    assert exited.value.code == 2 and f"argument {flag}: must be" in capsys.readouterr().err
