@@ -71,8 +71,15 @@ def test_trt_export_without_tensorrt_never_replaces_the_onnx_beside_it(tmp_path,
     data = theirs.read_bytes()
     assert main(["export", "--model", "vit_cifar_patch4_32", "--format", "trt", "--out", str(tmp_path / "vit.engine"), "--force"]) == 2
     err = _one_error_line(capsys)
-    assert f"writes the ONNX for trtexec to {theirs}, and {theirs} exists (--force replaces only --out)" in err
+    assert f"writes the ONNX for trtexec to {theirs}, and {theirs} exists (--force replaces it only when it is a vitfast export" in err
     assert theirs.read_bytes() == data and sorted(p.name for p in tmp_path.iterdir()) == ["vit.onnx"]
+    # a vitfast export there (make demo's model.onnx) is made again with --force, refused without it
+    theirs.unlink()
+    assert main(["export", "--model", "vit_cifar_patch4_32", "--format", "onnx", "--out", str(theirs)]) == 0
+    trt = ["export", "--model", "vit_cifar_patch4_32", "--format", "trt", "--out", str(tmp_path / "vit.engine")]
+    assert main(trt) == 2 and "exists" in _one_error_line(capsys)
+    assert main([*trt, "--force"]) == 2 and "trtexec --onnx=" in capsys.readouterr().err
+    assert read_sidecar(theirs)["precision"] == "fp32"
 
 
 def _no_tensorrt():

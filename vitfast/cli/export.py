@@ -13,7 +13,7 @@ from rich.table import Table
 
 from vitfast import pipeline
 from vitfast.data import find_images
-from vitfast.errors import BackendUnavailable, InputError, OutputError
+from vitfast.errors import ArtifactError, BackendUnavailable, InputError, OutputError
 from vitfast.foreign import FOREIGN_FIELDS, is_onnx_artifact, report_choice, report_settings
 from vitfast.flags import int_in, non_negative_float, ov_streams, positive_float, positive_int
 from vitfast.atomic import check_output_free, reserve_output
@@ -59,7 +59,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                          "--dynamic-img-size takes any size)")  # fmt: skip
     if args.calib_dir:
         find_images(args.calib_dir)  # fail early on an empty or missing folder
-    no_tensorrt = _tensorrt_missing(out, args.quiet) if args.format == "trt" else None
+    no_tensorrt = _tensorrt_missing(out, args.force, args.quiet) if args.format == "trt" else None
     # held from here to the end: a second export to the same path fails now, not after minutes of work
     with reserve_output(out, args.force, directory=args.format == "triton-repo") as scratch, reporter("export", args.quiet) as progress:
         return _export(args, out, batch, scratch, no_tensorrt, progress)
@@ -121,6 +121,15 @@ def _check_out_name(args: argparse.Namespace) -> None:
                              "write the export to another path")  # fmt: skip
 
 
+def _vitfast_export(path: Path) -> bool:
+    """Whether `path` is an ONNX file vitfast exported, its sidecar still bound to it."""
+    try:
+        read_sidecar(path)
+    except ArtifactError:
+        return False
+    return True
+
+
 def _report_graph(path: Path, quiet: bool) -> None:
     """What an engine built from another tool's graph read from it, and what it assumed (as `load_engine` reports it)."""
     meta = read_sidecar(path)
@@ -130,18 +139,20 @@ def _report_graph(path: Path, quiet: bool) -> None:
     report_settings(path, meta)
 
 
-def _tensorrt_missing(out: Path, quiet: bool) -> BackendUnavailable | None:
+def _tensorrt_missing(out: Path, force: bool, quiet: bool) -> BackendUnavailable | None:
     """Checked before the ONNX export (a minute on ViT-B): without TensorRT only the ONNX is written, beside `out` for
     trtexec, and a terminal is told so up front (a pipe or log gets the one error line at the end, with the trtexec
-    command). That ONNX is not what --out names, so --force does not cover it: one already there is refused."""
+    command). That ONNX is not what --out names, so --force covers it only where it is a vitfast export (its sidecar
+    vouches for it: made again from the model); any other file there is refused."""
     try:
         require_tensorrt()
     except BackendUnavailable as exc:
         onnx = out.with_suffix(".onnx")
         taken = [p for p in (onnx, sidecar_path(onnx), Path(f"{onnx}.data")) if p.exists()]
-        if taken:
+        if taken and not (force and _vitfast_export(onnx)):
             raise OutputError(f"{str(exc).rstrip('.')}; without it --format trt writes the ONNX for trtexec to {onnx}, and "
-                              f"{taken[0]} exists (--force replaces only --out): move it away or choose another --out") from None  # fmt: skip
+                              f"{taken[0]} exists (--force replaces it only when it is a vitfast export with its sidecar): "
+                              "move it away or choose another --out") from None  # fmt: skip
         if sys.stderr.isatty() and not quiet:
             print(f"{str(exc).rstrip('.')}; writing only the ONNX, then the trtexec command that builds it", file=sys.stderr)
         return exc
@@ -172,8 +183,7 @@ def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], sc
     # TensorRT takes an fp32 ONNX and lowers it to fp16 itself; int8 needs the Q/DQ ONNX in every case
     onnx_precision = args.precision if args.format == "onnx" or args.precision == "int8" else "fp32"
     pipeline.export_onnx(model, onnx_out, precision=onnx_precision, batch=batch, source=source, opset=args.opset,
-                         calibration=calibration, force=args.force and onnx_out == out,  # --force covers --out only
-                         scratch=scratch, progress=progress)  # fmt: skip
+                         calibration=calibration, force=args.force, scratch=scratch, progress=progress)  # fmt: skip
     if args.format == "onnx":
         _report(onnx_out, args.quiet)
         return 0
