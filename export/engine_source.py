@@ -68,7 +68,7 @@ def engine_source(onnx_path: str | Path, overrides: dict[str, Any] | None, image
 
 def _other_tools(path: Path, overrides: dict[str, Any] | None, image_sizes, picked: str | None) -> EngineSource:
     io = read_graph_io(path)
-    config, missing, assumed = foreign_config(path, io, overrides)
+    config, missing, assumed, guessed = foreign_config(path, io, overrides)
     if missing:
         raise ConfigError(f"{path} has no vitfast sidecar and no {'/'.join(missing)}: the engine's sidecar records how raw images "
                           "are preprocessed, so give it: --mean M M M --std S S S, or --config preprocessor_config.json / "
@@ -90,7 +90,8 @@ def _other_tools(path: Path, overrides: dict[str, Any] | None, image_sizes, pick
         raise ArtifactError(f"{path}: output {io.output_name!r} is not a float tensor; vitfast engines return scores or features")
     sizes = (config.img_hw,) * 3 if None in io.hw else None
     # the engine's sidecar records the ONNX file and its sha256 (`built_from`); "source" says who made it
-    meta = {"config": config.to_dict(), "precision": io.precision, "source": {"onnx": str(path.resolve()), "made_by": "another tool"}}
+    meta = {"config": config.to_dict(), "precision": io.precision,
+            "source": {"onnx": str(path.resolve()), "made_by": "another tool", "guessed": guessed}}  # fmt: skip
     return EngineSource(path, meta, sizes, io, tuple(assumed), picked, tuple(config_files(path)))
 
 

@@ -120,6 +120,9 @@ def test_tensorrt_engine_is_matched_by_config_and_precision(tmp_path):
     assert skip_reason("tensorrt", "fp16", gpu, opts, cfg) is None
     assert "tiny.engine: tiny fp16" in skip_reason("tensorrt", "int8", gpu, opts, cfg)
     assert "no --engine" in skip_reason("tensorrt", "fp16", gpu, opts, tiny_config(depth=3))
+    older = {k: v for k, v in cfg.to_dict().items() if k != "dist_head"}  # a sidecar from before a config field existed
+    (tmp_path / "tiny.engine.json").write_text(json.dumps({"precision": "fp16", "config": older}))
+    assert skip_reason("tensorrt", "fp16", gpu, opts, cfg) is None
 
 
 # ---------------------------------------------------------------------------- sweep + schema

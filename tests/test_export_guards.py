@@ -212,3 +212,31 @@ def test_check_refuses_negative_or_non_finite_tolerances_and_a_zero_image_size(t
     with pytest.raises(SystemExit) as exited:
         main(["check", str(tmp_path / "m.onnx"), flag, value])
     assert exited.value.code == 2 and f"argument {flag}: must be" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- a training checkpoint's two sets of weights
+def test_export_no_ema_takes_the_trained_weights_and_check_rebuilds_the_same(tmp_path, capsys):
+    """timm's train.py checkpoint: the EMA by default, as timm loads it, said once; `--no-ema` the trained weights,
+    recorded in the sidecar so that `check` compares with the same ones (it would fail against the EMA)."""
+    cfg = tiny_config()
+    torch.manual_seed(0)
+    trained, ema = (randomize(vitfast.create_model(cfg)).state_dict() for _ in range(2))
+    ckpt = tmp_path / "checkpoint-3.pth.tar"
+    torch.save({"epoch": 3, "state_dict": trained, "state_dict_ema": ema}, ckpt)
+    heads = ["--num-heads", str(cfg.num_heads)]
+    for flag, weights in (([], ema), (["--no-ema"], trained)):
+        out = tmp_path / f"m{len(flag)}.onnx"
+        assert main(["export", "--checkpoint", str(ckpt), *heads, "--format", "onnx", "--out", str(out), *flag, "--quiet"]) == 0
+        err = capsys.readouterr().err
+        assert ("the EMA loaded" in err) != bool(flag)
+        assert read_sidecar(out)["source"]["use_ema"] is not bool(flag)
+        assert main(["check", str(out), "--json"]) == 0
+        assert ("the EMA loaded" in capsys.readouterr().err) != bool(flag)  # check rebuilt the same weights, said the same
+        reference = vitfast.load_checkpoint(ckpt, config=cfg, use_ema=not flag)
+        assert all(torch.equal(reference.state_dict()[k], v) for k, v in weights.items())
+        capsys.readouterr()  # that load's own note
+    note = vitfast.checkpoint.describe_guesses(ckpt, cfg, {"weights": "the EMA loaded"})  # alone: no config flags offered
+    assert note == f"{ckpt}: weights (the EMA loaded)"
+    capsys.readouterr()
+    assert main(["export", "--model", "vit_cifar_patch4_32", "--no-ema", "--format", "onnx", "--out", str(tmp_path / "r.onnx")]) == 2
+    assert "--no-ema picks a training checkpoint's weights: it goes with --checkpoint" in _one_error_line(capsys)

@@ -169,6 +169,23 @@ def test_optimum_folder_is_one_artifact_with_its_processor(foreign):
     processor = transformers.ViTImageProcessor.from_pretrained(foreign["optimum"])
     x = processor(images=list(images), return_tensors="pt")["pixel_values"]
     assert torch.allclose(engine(images), hf_logits(foreign["model"], x), atol=1e-4)
+    assert engine.metadata["warnings"] == []  # nothing in its processor had to be guessed
+
+
+def test_an_optimum_folders_guesses_are_warnings(foreign, tmp_path, capsys):
+    """A processor setting vitfast cannot follow (LANCZOS resampling) is said for a foreign graph as for a checkpoint,
+    and recorded in an engine's sidecar; --interpolation settles it."""
+    import shutil
+
+    folder = shutil.copytree(foreign["optimum"], tmp_path / "lanczos")
+    processor = json.loads((folder / "preprocessor_config.json").read_text())
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor | {"resample": 1}))  # PIL's LANCZOS
+    said = vitfast.load_engine(folder).metadata["warnings"]
+    assert len(said) == 1 and said[0].startswith("interpolation: preprocessor_config.json: ")
+    assert vitfast.load_engine(folder, overrides={"interpolation": "bicubic"}).metadata["warnings"] == []
+    from vitfast.export.engine_source import engine_source
+
+    assert list(engine_source(folder / "model.onnx", None, None).meta["source"]["guessed"]) == ["interpolation"]
 
 
 def test_graph_with_unclear_logits_is_refused(tmp_path):
@@ -524,5 +541,6 @@ def test_an_optimum_folders_processor_sets_the_size_not_config_json(tmp_path):
     (tmp_path / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "BitImageProcessor", "do_resize": True, "size": {"shortest_edge": 256}, "do_center_crop": True,
         "crop_size": {"height": 224, "width": 224}, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}))  # fmt: skip
-    fields = optimum_folder_fields(tmp_path)
+    fields, guessed = optimum_folder_fields(tmp_path)
     assert fields["img_size"] == 224 and fields["crop_mode"] == "center" and fields["crop_pct"] == pytest.approx(224 / 256)
+    assert guessed == {}

@@ -167,6 +167,8 @@ def describe_guesses(path: str | os.PathLike, cfg: ViTConfig, guesses: Guesses) 
         value = getattr(cfg, key, None)
         by_reason.setdefault(reason, []).append(key if key == WEIGHTS else f"{key}={list(value) if isinstance(value, tuple) else value!r}")
     parts = "; ".join(f"{', '.join(keys)} ({reason})" for reason, keys in by_reason.items())
+    if set(guesses) == {WEIGHTS}:  # no config field guessed: the note says how to take the other weights
+        return f"{path}: {parts}"
     return (
         f"{path}: guessed {parts}. If a value is wrong, pass --config FILE.json or the field's flag "
         "(--num-heads, --act-layer, --norm-eps, --mean, --std, --crop-pct, --crop-mode, --interpolation, --num-classes); "
@@ -359,7 +361,9 @@ def _unwrap(obj: dict[str, Any], use_ema: bool = True) -> tuple[StateDict, str |
     note = None
     if key == ema and nested:  # a choice between two sets of weights, made for the caller
         note = (f"this training checkpoint holds '{nested[0]}' and its EMA '{ema}'; the EMA loaded, as timm's "
-                f"load_checkpoint(use_ema=True) does: pass use_ema=False to load_checkpoint for '{nested[0]}'")  # fmt: skip
+                f"load_checkpoint(use_ema=True) does: `export --no-ema` or load_checkpoint(use_ema=False) takes '{nested[0]}'")  # fmt: skip
+    elif key == ema and not use_ema:
+        note = f"use_ema=False, but this training checkpoint holds only its EMA weights '{ema}': those loaded"
     sd = {k: v for k, v in (obj[key] if key else obj).items() if isinstance(v, torch.Tensor)}
     if sd and all(k.startswith("module.") for k in sd):
         sd = {k[len("module.") :]: v for k, v in sd.items()}

@@ -315,7 +315,7 @@ def _tensorrt_quantization_problem(graph, constants: dict[str, Any]) -> str | No
 
 
 # ---------------------------------------------------------------------------- preprocessing
-def config_file_fields(data: dict[str, Any], img_size: int | None = None) -> tuple[dict[str, Any], Guesses] | None:
+def config_file_fields(data: dict[str, Any]) -> tuple[dict[str, Any], Guesses] | None:
     """ViTConfig fields from another tool's JSON: an HF `preprocessor_config.json` or `config.json`,
     a timm Hub `config.json` (`pretrained_cfg`), or a vitfast sidecar, with what reading them had to guess
     ({field: reason}: an HF `resample` vitfast has no filter for, ...); None for anything else."""
@@ -328,9 +328,6 @@ def config_file_fields(data: dict[str, Any], img_size: int | None = None) -> tup
         return fields | ({"num_classes": int(data["num_classes"])} if "num_classes" in data else {}), {}
     if any(k in data for k in ("image_mean", "image_processor_type", "feature_extractor_type")):  # HF preprocessor_config.json
         chans = len(data["image_mean"]) if isinstance(data.get("image_mean"), list) else 3
-        if img_size:
-            fields, guesses = hf_preprocessing(data, chans, img_size)
-            return fields | {"img_size": img_size}, guesses
         # the processor's own output size ({height, width} or the crop's, both sides), the shortest edge's without a crop
         size = data.get("size")
         size = size.get("height") or size.get("shortest_edge") if isinstance(size, dict) else size
@@ -348,10 +345,12 @@ OPTIMUM_FILES = ("config.json", "preprocessor_config.json")
 PYTORCH_WEIGHTS = ("*.safetensors", "*.bin", "*.pth", "*.pt")
 
 
-def optimum_folder_fields(folder: Path) -> dict[str, Any]:
+def optimum_folder_fields(folder: Path) -> tuple[dict[str, Any], Guesses]:
     """Fields from the `config.json` / `preprocessor_config.json` Optimum writes beside `model.onnx`: the input size and
-    preprocessing, and a classifier's class names (`id2label` of a `*ForImageClassification`)."""
+    preprocessing, and a classifier's class names (`id2label` of a `*ForImageClassification`); and what reading the
+    processor had to guess ({field: reason})."""
     fields: dict[str, Any] = {}
+    guesses: Guesses = {}
     for name in OPTIMUM_FILES:
         if (folder / name).is_file():
             try:
@@ -359,11 +358,13 @@ def optimum_folder_fields(folder: Path) -> dict[str, Any]:
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise ConfigError(f"{folder / name} is not readable JSON: {exc}") from None
             if isinstance(data, dict):  # preprocessor_config.json last: the size its processor feeds the graph wins
-                fields |= (config_file_fields(data) or ({}, {}))[0]
+                read, guessed = config_file_fields(data) or ({}, {})
+                fields |= read
+                guesses |= {k: f"{name}: {reason}" for k, reason in guessed.items()}
                 classifier = any(str(a).endswith("ForImageClassification") for a in data.get("architectures") or ())
                 if name == "config.json" and classifier and (labels := hf_labels(data)):
                     fields["labels"] = labels
-    return fields
+    return fields, guesses
 
 
 def folder_graphs(folder: Path) -> list[Path]:
@@ -421,16 +422,19 @@ def config_folder(path: Path) -> Path | None:
 
 
 def foreign_config(path: Path, io: GraphIO, overrides: dict[str, Any] | None,
-                   probe: Callable[[int, int], tuple[int, ...]] | None = None) -> tuple[ViTConfig, list[str], list[str]]:  # fmt: skip
-    """The `ViTConfig` an engine needs for a foreign graph -> (config, what is missing, what was assumed).
+                   probe: Callable[[int, int], tuple[int, ...]] | None = None) -> tuple[ViTConfig, list[str], list[str], Guesses]:  # fmt: skip
+    """The `ViTConfig` an engine needs for a foreign graph -> (config, what is missing, what was assumed, what reading
+    the Optimum files beside it had to guess: {field: reason}, which no flag or --config settled).
 
     Precedence: the graph's own shapes, then `overrides` (--config and the flags), then the Optimum
     files beside the ONNX. Missing mean/std only matter for raw images; a missing resize/crop rule
     takes timm's defaults, which the caller reports. `probe(h, w)`: the output's dims after the batch in a
     run at that size, for the ones the graph leaves dynamic (a fully dynamic export leaves even the classes)."""
     folder = config_folder(path)
-    fields = optimum_folder_fields(folder) if folder else {}
-    fields |= {k: v for k, v in (overrides or {}).items() if v is not None}
+    fields, guessed = optimum_folder_fields(folder) if folder else ({}, {})
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    guessed = {k: reason for k, reason in guessed.items() if k not in given}  # a flag or --config settles it
+    fields |= given
     fields = {k: v for k, v in fields.items() if k in FOREIGN_FIELDS}
     h, w = io.hw
     if h and w:
@@ -458,7 +462,7 @@ def foreign_config(path: Path, io: GraphIO, overrides: dict[str, Any] | None,
     # patch_size 1 unless the output is tokens: the graph's architecture is unknown; this config only describes its input and output
     config = ViTConfig(**({"patch_size": 1} | fields), in_chans=io.in_chans, name=path.stem)
     assumed = [f"{k} {getattr(config, k)}" for k in ("crop_pct", "crop_mode", "interpolation") if k not in fields]
-    return config, missing, assumed
+    return config, missing, assumed, guessed
 
 
 def _feature_fields(path: Path, io: GraphIO, dims: tuple[int, ...], h: int, w: int) -> dict[str, Any]:

@@ -22,16 +22,19 @@ RANDOM_SEED = 0  # --model NAME exports random weights; the seed lets `check` re
 
 
 def source_model(*, model: str | None = None, checkpoint: str | os.PathLike | None = None, img_size: int | None = None,
-                 overrides: dict[str, Any] | None = None, guessed: dict[str, str] | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:  # fmt: skip
-    """The reference model named by `model` or `checkpoint` (at `img_size`, with ViTConfig `overrides`),
-    and how to rebuild it: the overrides and what was still guessed go in the sidecar. `guessed`: what the
-    overrides themselves guessed ({field: reason}; e.g. read from an HF preprocessor_config.json), recorded with the rest."""
+                 overrides: dict[str, Any] | None = None, guessed: dict[str, str] | None = None,
+                 use_ema: bool = True) -> tuple[torch.nn.Module, dict[str, Any]]:  # fmt: skip
+    """The reference model named by `model` or `checkpoint` (at `img_size`, with ViTConfig `overrides`; `use_ema`: a
+    training checkpoint's EMA weights, see `load_checkpoint`), and how to rebuild it: the overrides, the weights taken
+    and what was still guessed go in the sidecar. `guessed`: what the overrides themselves guessed ({field: reason};
+    e.g. read from an HF preprocessor_config.json), recorded with the rest."""
     overrides, guessed = overrides or {}, guessed or {}
     if checkpoint:
-        reference = load_checkpoint(checkpoint, img_size=img_size, overrides=overrides)
+        reference = load_checkpoint(checkpoint, img_size=img_size, overrides=overrides, use_ema=use_ema)
         ckpt = Path(checkpoint)
         return reference, {"checkpoint": str(ckpt.resolve()), "sha256": sha256_file(ckpt) if ckpt.is_file() else None,
-                           "img_size": img_size, "overrides": overrides, "guessed": reference.config_guesses | guessed}  # fmt: skip
+                           "img_size": img_size, "overrides": overrides, "use_ema": use_ema,
+                           "guessed": reference.config_guesses | guessed}  # fmt: skip
     reference = random_model(model, overrides, img_size)
     return reference, {"model": model, "weights": f"random init, torch.manual_seed({RANDOM_SEED})", "img_size": img_size,
                        "overrides": overrides, "guessed": guessed}  # fmt: skip
@@ -46,10 +49,12 @@ def random_model(name: str, overrides: dict[str, Any] | None = None, img_size: i
 
 def rebuild_reference(source: dict[str, Any] | None, checkpoint: str | os.PathLike | None, config: ViTConfig,
                       overrides: dict[str, Any] | None = None) -> torch.nn.Module:  # fmt: skip
-    """The fp32 reference for `check`: `checkpoint` (with `overrides`), else what the artifact's sidecar records as its source."""
-    if checkpoint:
-        return load_checkpoint(checkpoint, img_size=config.img_size, overrides=overrides)
+    """The fp32 reference for `check`: `checkpoint` (with `overrides`), else what the artifact's sidecar records as its
+    source; a training checkpoint's weights (its EMA or not) as the export took them."""
     source = source or {}
+    use_ema = source.get("use_ema", True)
+    if checkpoint:
+        return load_checkpoint(checkpoint, img_size=config.img_size, overrides=overrides, use_ema=use_ema)
     recorded = source.get("overrides") or {}
     if source.get("checkpoint"):
         ckpt = Path(source["checkpoint"])
@@ -60,7 +65,7 @@ def rebuild_reference(source: dict[str, Any] | None, checkpoint: str | os.PathLi
         if source.get("sha256") and ckpt.is_file() and sha256_file(ckpt) != source["sha256"]:
             raise ArtifactError(f"{ckpt} has changed since the artifact was exported from it (its sha256 differs from the sidecar's); "
                                 f"to compare with the weights as they are now, pass --checkpoint {ckpt}, or export again")  # fmt: skip
-        return load_checkpoint(ckpt, img_size=source.get("img_size"), overrides=recorded)
+        return load_checkpoint(ckpt, img_size=source.get("img_size"), overrides=recorded, use_ema=use_ema)
     if source.get("model"):
         return random_model(source["model"], recorded, source.get("img_size"))
     raise ArtifactError("cannot tell which model this artifact came from; pass --checkpoint PATH with the fp32 weights "

@@ -204,7 +204,8 @@ def match_engine(paths: list[str], config: ViTConfig, precision: str) -> tuple[P
             seen.append(f"{exc}; an engine without a vitfast sidecar is measured with --artifact {path}")
             continue
         seen.append(f"{path.name}: {meta.get('config', {}).get('name')} {meta.get('precision')}")
-        if meta.get("precision") == precision and _arch(meta.get("config", {})) == wanted:
+        # the sidecar's config through ViTConfig (read_sidecar checked it): fields added since its export take their defaults
+        if meta.get("precision") == precision and _arch(ViTConfig.from_dict(meta["config"]).to_dict()) == wanted:
             return path, None
     return None, f"no --engine is {config.name or 'this model'} at {config.img_hw[0]}px in {precision} (given: {'; '.join(seen)})"
 

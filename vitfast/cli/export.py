@@ -37,6 +37,8 @@ from .progress import add_quiet, paused, reporter
 # ---------------------------------------------------------------------------- export
 def cmd_export(args: argparse.Namespace) -> int:
     batch = parse_batch(args.batch)
+    if args.no_ema and not args.checkpoint:
+        raise InputError("--no-ema picks a training checkpoint's weights: it goes with --checkpoint")
     if args.onnx:
         return _engine_from_onnx(args, batch)
     if args.precision == "fp8":
@@ -165,7 +167,7 @@ def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], sc
                                        target=args.int8_target, exclude=args.exclude or (), keep_float=args.int8_keep_float) if args.calib_dir else None  # fmt: skip
     overrides, guessed = config_overrides_and_guesses(args)
     model, source = source_model(model=args.model, checkpoint=args.checkpoint, img_size=args.img_size, overrides=overrides,
-                                 guessed=guessed)  # fmt: skip
+                                 guessed=guessed, use_ema=not args.no_ema)  # fmt: skip
     if args.format == "triton-repo":
         pipeline.export_triton_repo(model, out, precision=args.precision, batch=batch, source=source, opset=args.opset,
                                     calibration=calibration, force=args.force, scratch=scratch, progress=progress)  # fmt: skip
@@ -178,8 +180,8 @@ def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], sc
         onnx_out = out
     elif no_tensorrt:  # the ONNX is what this run leaves, for trtexec: beside --out (refused up front if a file is there)
         onnx_out = out.with_suffix(".onnx")
-    else:  # the engine's intermediate: built in the staging folder, removed with it
-        onnx_out = scratch / out.with_suffix(".onnx").name
+    else:  # the engine's intermediate: built in the staging folder, removed with it (a name int8's fp32.onnx there cannot take)
+        onnx_out = scratch / f"{out.stem}.engine-input.onnx"
     # TensorRT takes an fp32 ONNX and lowers it to fp16 itself; int8 needs the Q/DQ ONNX in every case
     onnx_precision = args.precision if args.format == "onnx" or args.precision == "int8" else "fp32"
     pipeline.export_onnx(model, onnx_out, precision=onnx_precision, batch=batch, source=source, opset=args.opset,
@@ -405,6 +407,9 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="registered model name (random weights, seed 0)")
     src.add_argument("--checkpoint", help="vitfast / timm / Hugging Face checkpoint")
+    p.add_argument("--no-ema", action="store_true",
+                   help="a training checkpoint holding EMA weights beside the trained ones (timm's train.py): export the "
+                        "trained ones (default: the EMA, as timm loads it; check rebuilds the same)")  # fmt: skip
     src.add_argument("--onnx", metavar="GRAPH",
                      help="with --format trt: build the engine from this ONNX file or Optimum folder as it is, vitfast's or another "
                           "tool's (e.g. ModelOpt's int8 / fp8 Q/DQ graph; its preprocessing from --config or --mean/--std)")  # fmt: skip
@@ -435,7 +440,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
                    help="output file (.onnx; .engine / .plan / .trt for trt: only the engine is kept, its ONNX is built in the "
                         "staging folder; without TensorRT the ONNX is written beside it, NAME.onnx, for trtexec) or folder (triton-repo)")  # fmt: skip
     p.add_argument("--force", action="store_true",
-                   help="overwrite an existing --out (only --out: never the checkpoint or graph exported, nor any other file)")  # fmt: skip
+                   help="overwrite an existing --out (only --out: never the checkpoint or graph exported, nor another file; "
+                        "without TensorRT, --format trt also makes again a vitfast export at NAME.onnx)")  # fmt: skip
     add_quiet(p, "nothing but errors (no progress, no summary line)")
     add_config_args(p)
     p.set_defaults(func=cmd_export)

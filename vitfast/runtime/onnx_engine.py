@@ -47,9 +47,10 @@ class OnnxEngine(Engine):
             batch = meta.get("input", {}).get("batch")
             check_graph_matches(path, meta, *([(t.name, t.shape) for t in ts] for ts in (self.session.get_inputs(), self.session.get_outputs())))
         else:
-            config, missing, assumed = foreign.foreign_config(path, self.io, overrides, probe=lambda h, w: self._probe(path, h, w))
+            config, missing, assumed, guessed = foreign.foreign_config(path, self.io, overrides, probe=lambda h, w: self._probe(path, h, w))
             batch = (self.io.batch,) * 3 if self.io.batch else None
             meta = {"foreign": True, "graph": self.io.describe(), "precision": self.io.precision, "assumed": assumed,
+                    "warnings": [f"{k}: {reason}" for k, reason in guessed.items()],
                     "config_files": foreign.config_files(path)}
         super().__init__(config, precision=meta.get("precision", "fp32"),
                          batch=tuple(batch) if batch else None, metadata=meta, path=path)  # fmt: skip

@@ -180,11 +180,12 @@ class TensorRTEngine(Engine):
         self.io, self.profile = engine_io(trt, self.engine, path, output)
         self.input_name, self.output_name, self.layout = self.io.input_name, self.io.output_name, self.io.layout
         self._check_output_shapes(trt, path)
-        config, missing, assumed = foreign.foreign_config(path, self.io, overrides, probe=lambda h, w: self._output_dims(path, h, w))
+        config, missing, assumed, guessed = foreign.foreign_config(path, self.io, overrides, probe=lambda h, w: self._output_dims(path, h, w))
         check_profile_size(path, self.io, self.profile, config.img_hw)
         self.missing_preprocessing = foreign.missing_preprocessing_message(path, missing) if missing else None
         self.context.set_input_shape(self.input_name, self.profile[1])  # the inspector reports formats at a set shape
         precision, label, warnings = judge_precision(built_precision(trt, self.engine, self.context))
+        warnings += [f"{k}: {reason}" for k, reason in guessed.items()]
         self.io = dataclasses.replace(self.io, precision=label)
         if self.engine.num_optimization_profiles > 1:
             warnings.append(f"the engine has {self.engine.num_optimization_profiles} optimization profiles; vitfast runs the first")
