@@ -49,6 +49,7 @@ def seen_by_torch(x: torch.Tensor) -> bool:
 # Read once, like triton itself: TRITON_INTERPRET must be set before triton is imported.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 INT32_MAX = 2**31 - 1
+BLOCK_RESERVED_SHARED = 1024  # shared memory the system reserves for each resident block (sm_80 on), beside the kernel's own
 
 # (config, launch arguments by name: tensors, ints and constexprs, compute capability as 80/89/90)
 # -> bytes of shared memory

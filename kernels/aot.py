@@ -57,10 +57,9 @@ DOT_KERNELS = ("_attention_fwd_kernel", "_linear_epilogue_kernel", "_linear_epil
 RESULT_VERSION = "v3"  # bump when compile_one's cached fields change (v2: "mma", v3: "f64_ops")
 # target -> (compute capability, bytes of shared memory per block: the opt-in maximum)
 TARGETS = {"sm_80": (80, 166912), "sm_89": (89, 101376), "sm_90a": (90, 232448)}
-# target -> shared memory per SM, of which each resident block also takes 1 KB the system reserves; and the
+# target -> shared memory per SM, of which each resident block also takes _common.BLOCK_RESERVED_SHARED; and the
 # register file (64K 32-bit registers per SM on all three): what PER_SM programs of one config must share
 SM_SHARED = {"sm_80": 167936, "sm_89": 102400, "sm_90a": 233472}
-BLOCK_RESERVED_SHARED = 1024
 SM_REGISTERS = 65536
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -391,7 +390,7 @@ def fits_per_sm(row: dict) -> bool:
     once: their shared memory (plus the 1 KB reserved per block) and their registers (allocated per
     thread in multiples of 8; unknown counts as fitting)."""
     n = row["per_sm"]
-    shared_ok = n * (row["shared"] + BLOCK_RESERVED_SHARED) <= SM_SHARED[row["target"]]
+    shared_ok = n * (row["shared"] + _common.BLOCK_RESERVED_SHARED) <= SM_SHARED[row["target"]]
     regs = row.get("regs")
     return shared_ok and (regs is None or n * -(-regs // 8) * 8 * 32 * row["warps"] <= SM_REGISTERS)
 

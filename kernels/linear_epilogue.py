@@ -46,7 +46,7 @@ import triton.language as tl
 
 from vitfast.errors import InputError
 
-from ._common import (INT32_MAX, INTERPRET, autotune, check_device, next_pow2, require_fitting_config,
+from ._common import (BLOCK_RESERVED_SHARED, INT32_MAX, INTERPRET, autotune, check_device, next_pow2, require_fitting_config,
                       runs_reference, shared_memory_budget, span, tracing, vitfast_op, wrap_triton)  # fmt: skip
 from .bias_gelu import GELU_FORMS, gelu_reference
 from .bias_gelu import gelu as gelu_tile
@@ -54,8 +54,7 @@ from .bias_gelu import gelu as gelu_tile
 ACTIVATIONS = {None: 0} | {form: 1 + code for form, code in GELU_FORMS.items()}  # ACTIVATION: no GELU, or 1 + FORM
 KERNELS = ("auto", "tma", "pointer")  # linear_epilogue_launch's `kernel`
 INTERPRETED_PROGRAMS = 3  # the TMA kernel's persistent grid under the interpreter: several tiles per program
-HOPPER_SM_SHARED = 233472  # shared memory per SM on sm_90 (228 KB), which PER_SM programs share
-BLOCK_RESERVED_SHARED = 1024  # what each resident program's block also takes of it (the system's reservation)
+HOPPER_SM_SHARED = 233472  # shared memory per SM on sm_90 (228 KB), which PER_SM programs share (with BLOCK_RESERVED_SHARED each)
 TMA_ALIGN = 16  # TMA's rule for a tensor it reads or writes: 16-byte aligned base and row stride (and unit column stride)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Callable
 
 MAX_BATCH = 65536  # the largest batch axis vitfast exports (torch.export's Dim bound in to_onnx)
@@ -25,25 +26,25 @@ def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-def positive_float(text: str) -> float:
+def _finite_float(text: str, zero_ok: bool) -> float:
+    """A finite number > 0, or >= 0 with `zero_ok` (NaN fails both: it would pass or fail every comparison)."""
+    bound = ">= 0" if zero_ok else "> 0"
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number {bound}, got {text!r}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text!r}")
     return value
+
+
+def positive_float(text: str) -> float:
+    return _finite_float(text, zero_ok=False)
 
 
 def non_negative_float(text: str) -> float:
-    """A tolerance: a finite number >= 0 (NaN would pass or fail every comparison)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
+    """A tolerance: a finite number >= 0."""
+    return _finite_float(text, zero_ok=True)
 
 
 positive_int = int_in(1)

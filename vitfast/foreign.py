@@ -331,8 +331,9 @@ def config_file_fields(data: dict[str, Any]) -> tuple[dict[str, Any], Guesses] |
         # the processor's own output size ({height, width} or the crop's, both sides), the shortest edge's without a crop
         size = data.get("size")
         size = size.get("height") or size.get("shortest_edge") if isinstance(size, dict) else size
-        fields, guesses = hf_preprocessing(data, chans, int(size) if size else 224, follow_size=True)
-        return {"img_size": int(size) if size else 224} | fields, guesses
+        img_size = int(size) if size else 224
+        fields, guesses = hf_preprocessing(data, chans, img_size, follow_size=True)
+        return {"img_size": img_size} | fields, guesses
     if "model_type" in data:  # HF config.json: the input size, and what a classifier's logits mean
         model = data.get("vision_config") or data  # CLIPConfig nests the image tower's
         return {k: v for k, v in (("img_size", model.get("image_size")), ("problem_type", hf_problem_type(data))) if v is not None}, {}
