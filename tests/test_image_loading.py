@@ -119,3 +119,52 @@ def test_eval_against_decodes_each_image_once_when_both_preprocess_alike(tmp_pat
     alone_tops = [pipeline.predict_topk([e], data.find_images(tmp_path), 5, workers=1)[0] for e in (ours, ref)]
     assert all(torch.equal(a, b) for a, b in zip(tops, alone_tops))
     assert both["against"]["top1_agreement"] == int((tops[0][:, 0] == tops[1][:, 0]).sum()) / 12
+
+
+# EXIF Orientation -> the transpose that turns the stored pixels upright (the EXIF 2.3 table, written out here)
+ORIENTATIONS = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+                5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+                8: Image.Transpose.ROTATE_90}  # fmt: skip
+
+
+def save_with_orientation(path: Path, pixels: np.ndarray, orientation: int, mode: str = "RGB") -> None:
+    exif = Image.Exif()
+    exif[0x0112] = orientation  # the Orientation tag
+    Image.fromarray(pixels).convert(mode).save(path, exif=exif)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_files_are_read_upright_as_their_exif_orientation_says(tmp_path, orientation):
+    pixels = np.random.default_rng(orientation).integers(0, 256, size=(23, 41, 3), dtype=np.uint8)  # not square
+    stored = tmp_path / "photo.png"  # lossless, so the comparison is exact
+    save_with_orientation(stored, pixels, orientation)
+    expected = Image.fromarray(pixels)
+    expected = expected.transpose(ORIENTATIONS[orientation]) if orientation in ORIENTATIONS else expected
+    got = open_image(stored)
+    assert got.mode == "RGB" and np.array_equal(np.asarray(got), np.asarray(expected))
+    transformers = pytest.importorskip("transformers")  # its pipelines' loader, an independent reference
+    assert np.array_equal(np.asarray(got), np.asarray(transformers.image_utils.load_image(str(stored))))
+    from vitfast.inspect import load_image  # the figures of `vitfast inspect` lie on the same upright pixels
+
+    assert np.array_equal(np.asarray(load_image(stored).convert("RGB")), np.asarray(expected))
+
+
+def test_a_turned_transparent_image_keeps_its_alpha(tmp_path):
+    pixels = np.random.default_rng(0).integers(0, 256, size=(9, 17, 4), dtype=np.uint8)
+    stored = tmp_path / "logo.png"
+    save_with_orientation(stored, pixels, 6, mode="RGBA")
+    got = open_image(stored)
+    assert got.mode == "RGBA" and np.array_equal(np.asarray(got), np.asarray(Image.fromarray(pixels).transpose(ORIENTATIONS[6])))
+
+
+def test_predictions_of_a_sideways_stored_photo_are_those_of_the_upright_one(tmp_path):
+    model = vitfast.create_model("vit_tiny_patch16_224", img_size=48, patch_size=16, num_classes=5).eval()
+    upright_pixels = np.random.default_rng(3).integers(0, 256, size=(60, 37, 3), dtype=np.uint8)
+    save_with_orientation(tmp_path / "upright.png", upright_pixels, 1)
+    # a camera held sideways stores the pixels turned and tags 6: "turn 90 degrees clockwise to show"
+    stored = np.asarray(Image.fromarray(upright_pixels).transpose(Image.Transpose.ROTATE_90))
+    save_with_orientation(tmp_path / "sideways.png", stored, 6)
+    a, b = (torch.cat(list(batches([tmp_path / n], model.config, 1, workers=1))) for n in ("upright.png", "sideways.png"))
+    assert torch.equal(a, b)
+    with torch.no_grad():
+        assert torch.equal(model(a), model(b))

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from .config import PREPROCESSING_FIELDS, ViTConfig
 from .errors import InputError
@@ -41,8 +41,17 @@ def labeled_images(root: str | Path) -> tuple[list[Path], list[int], list[str]]:
     return files, [index[p.relative_to(root).parts[0]] for p in files], classes
 
 
+def upright(img: Image.Image) -> Image.Image:
+    """`img` turned as its EXIF Orientation tag says (a phone photo taken sideways is stored sideways with tag 6 or 8), as
+    transformers' `load_image` (its pipelines) and torchvision's `decode_image(apply_exif_orientation=True)` read files;
+    `img` itself where the tag is absent or 1. timm's folder reader and a bare `Image.open` do not turn them."""
+    orientation = img.getexif().get(ExifTags.Base.Orientation, 1)
+    return ImageOps.exif_transpose(img) if orientation != 1 else img
+
+
 def open_image(path: Path) -> Image.Image:
-    """The image at `path` as RGB, or RGBA where it has transparency (`preprocess` decides, as the model's
+    """The image at `path`, upright (`upright`: its EXIF orientation applied), as RGB, or RGBA where it has
+    transparency (`preprocess` decides, as the model's
     `alpha_on_white` says, what transparent pixels become); unreadable files and decompression bombs (more pixels than
     Pillow's `Image.MAX_IMAGE_PIXELS`, decoded to gigabytes) are one `InputError` naming the file.
     Safe in threads: the pixel count is checked here, from the header, not by a process-wide warnings filter."""
@@ -50,7 +59,7 @@ def open_image(path: Path) -> Image.Image:
         with Image.open(path) as img:  # reads the header only; Pillow itself refuses twice the limit
             pixels = img.width * img.height
             if not Image.MAX_IMAGE_PIXELS or pixels <= Image.MAX_IMAGE_PIXELS:
-                return img.convert("RGBA" if has_alpha(img) else "RGB")
+                return upright(img).convert("RGBA" if has_alpha(img) else "RGB")
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:  # the warning: under an "error" filter
         raise InputError(f"{path} is too large to decode safely ({exc}); remove it or resize it") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
