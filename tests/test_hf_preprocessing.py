@@ -293,3 +293,25 @@ def test_non_square_processor_size_a_model_cannot_take_is_a_loud_guess(tmp_path,
     with pytest.warns(vitfast.GuessedConfigWarning, match=why):
         model = vitfast.load_checkpoint(tmp_path)
     assert model.config.img_hw == (32, 32)
+
+
+@pytest.mark.parametrize("family", ["vit", "deit"])  # transformers' DINOv2 and CLIP towers take square sizes only
+def test_non_square_image_size_without_a_processor_file_loads(tmp_path, family):
+    """config.json's image_size [h, w] and no preprocessor_config.json: the processor's defaults are sized for both sides
+    (reported as guesses), and the model runs the checkpoint's h x w input as transformers does."""
+    common = dict(image_size=[32, 48], patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    hf = {
+        "vit": lambda: transformers.ViTForImageClassification(transformers.ViTConfig(**common, num_labels=3)),
+        "deit": lambda: transformers.DeiTForImageClassification(transformers.DeiTConfig(**common, num_labels=3)),
+    }[family]().eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    hf.save_pretrained(tmp_path)
+    with pytest.warns(vitfast.GuessedConfigWarning, match="no preprocessor_config.json"):
+        model = vitfast.load_checkpoint(tmp_path)
+    assert model.config.img_hw == (32, 48)
+    x = torch.randn(2, 3, 32, 48)
+    with torch.no_grad():
+        out = hf(pixel_values=x)
+        torch.testing.assert_close(model(x), out.logits, atol=1e-5, rtol=0)

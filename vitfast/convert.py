@@ -20,7 +20,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import re
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -519,22 +519,22 @@ def _dinov2_pool(head: torch.Tensor | None, dim: int) -> str:
                           f"{2 * dim} (Dinov2ForImageClassification: class token and mean patch token)")  # fmt: skip
 
 
-def _default_preprocessor(model_type: str, img_size: int) -> dict[str, Any]:
+def _default_preprocessor(model_type: str, img_size: int | Sequence[int]) -> dict[str, Any]:
     """A preprocessor_config.json for the processor transformers pairs with `model_type`, sized for
-    the model (DeiT: resize to 256/224 of it, then centre crop; CLIP and AIMv2: shortest edge to it, then
-    centre crop; DINOv2: shortest edge to 256/224 of it, then centre crop, ImageNet's mean/std as
-    facebook/dinov2-* state; ViT and SigLIP: resize to it). Everything else is the class's default
-    (`PROCESSOR_DEFAULTS`)."""
-    kind, square = MODEL_PROCESSORS[model_type], {"height": img_size, "width": img_size}
+    the model's (h, w) (DeiT: resize to 256/224 of it, then centre crop; CLIP and AIMv2: shortest edge to its
+    shorter side, then centre crop; DINOv2: shortest edge to 256/224 of that, then centre crop, ImageNet's
+    mean/std as facebook/dinov2-* state; ViT and SigLIP: resize to it). Everything else is the class's default
+    (`PROCESSOR_DEFAULTS`). config.json's `image_size` may be one int or [h, w]."""
+    h, w = (img_size, img_size) if isinstance(img_size, int) else (int(img_size[0]), int(img_size[1]))
+    kind, crop = MODEL_PROCESSORS[model_type], {"height": h, "width": w}
     if kind == "CLIPImageProcessor":
-        return {"image_processor_type": kind, "size": {"shortest_edge": img_size}, "crop_size": square}
+        return {"image_processor_type": kind, "size": {"shortest_edge": min(h, w)}, "crop_size": crop}
     if model_type in DINOV2_MODEL_TYPES:
-        return {"image_processor_type": kind, "size": {"shortest_edge": img_size * 256 // 224}, "crop_size": square,
+        return {"image_processor_type": kind, "size": {"shortest_edge": min(h, w) * 256 // 224}, "crop_size": crop,
                 "image_mean": list(IMAGENET_MEAN), "image_std": list(IMAGENET_STD)}  # fmt: skip
     if model_type == "deit":
-        resized = img_size * 256 // 224
-        return {"image_processor_type": kind, "size": {"height": resized, "width": resized}, "crop_size": square}
-    return {"image_processor_type": kind, "size": square}
+        return {"image_processor_type": kind, "size": {"height": h * 256 // 224, "width": w * 256 // 224}, "crop_size": crop}
+    return {"image_processor_type": kind, "size": crop}
 
 
 def hf_labels(cfg: dict, num_classes: int | None = None) -> tuple[str, ...] | None:
