@@ -134,11 +134,12 @@ def runs_reference(t: torch.Tensor) -> bool:
     """Whether an op takes its plain-PyTorch reference instead of its Triton kernel.
 
     CUDA tensors always run the kernel. CPU tensors run it through the interpreter only when they
-    are real and TRITON_INTERPRET=1; traced ones (fake tensors under torch.compile / torch.export,
-    which the interpreter cannot read) and any CPU tensor without the interpreter take the
-    reference math, so an optimized model traces and runs on CPU as well.
+    are real, not bf16 and TRITON_INTERPRET=1; traced ones (fake tensors under torch.compile / torch.export,
+    which the interpreter cannot read), bf16 ones (the interpreter computes bf16 tl.dot wrongly and truncates
+    fp32 -> bf16 casts: a bf16 model's logits came out wrong by more than their own size) and any CPU tensor
+    without the interpreter take the reference math, so an optimized model traces and runs on CPU as well.
     """
-    return t.device.type == "cpu" and (not INTERPRET or is_fake(t))
+    return t.device.type == "cpu" and (not INTERPRET or is_fake(t) or t.dtype == torch.bfloat16)
 
 
 def elementwise_tiles(M: int, width: int) -> tuple[int, int, tuple[int, int]]:

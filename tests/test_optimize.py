@@ -13,6 +13,7 @@ pytest.importorskip("triton", reason="Triton is not installed (pip install 'vitf
 
 import vitfast  # noqa: E402
 from conftest import AIMV2, DINOV3, EVA02, randomize, tiny_config, traced_vitfast_ops  # noqa: E402
+from vitfast.errors import VitfastWarning  # noqa: E402
 from vitfast.fused import FusedBlock  # noqa: E402
 
 VARIANTS = {
@@ -292,21 +293,23 @@ class LaunchCounter(TorchDispatchMode):
 
 
 def launches_per_block(model, x) -> list[list[str]]:
-    """The launching ops of each block in one forward (a forward hook per block opens a counter)."""
-    per_block, handles = [], []
+    """The launching ops of each block in one forward (each block's forward wrapped in a counter; not hooks, which
+    would make a fused block hand on x alone)."""
+    per_block = []
     for block in model.blocks:
-        def pre(module, args):
-            module._counter = LaunchCounter().__enter__()
+        def counted(*args, _forward=block.forward, **kwargs):
+            with LaunchCounter() as counter:
+                out = _forward(*args, **kwargs)
+            per_block.append(counter.ops)
+            return out
 
-        def post(module, args, out):
-            module._counter.__exit__(None, None, None)
-            per_block.append(module._counter.ops)
-
-        handles += [block.register_forward_pre_hook(pre), block.register_forward_hook(post)]
-    with torch.no_grad():
-        model(x)
-    for h in handles:
-        h.remove()
+        block.forward = counted  # an instance attribute: nn.Module.__call__ runs it
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for block in model.blocks:
+            del block.forward
     return per_block
 
 
@@ -722,3 +725,115 @@ def test_gpu_tma_gemm_in_cuda_graphs(device):
         vitfast.optimize(model, mlp="epilogue", cuda_graphs=True)
         torch.testing.assert_close(model(x), eager, atol=1e-3, rtol=1e-3)  # first call captures
         torch.testing.assert_close(model(2 * x), eager2, atol=1e-3, rtol=1e-3)  # replay with new data
+
+
+# ---------------------------------------------------------------------------- calls the kernels cannot serve
+def kernel_launches(model, x) -> int:
+    """The vitfast ops one forward of `model` runs (0 when every block took the reference math)."""
+    with LaunchCounter() as counter, torch.no_grad():
+        model(x)
+    return sum(op.startswith("vitfast.") for op in counter.ops)  # str() of torch.ops.vitfast.<name>.default
+
+
+def test_autograd_through_an_optimized_model_gives_the_reference_gradients(device):
+    """The kernels have no backward: with autograd on, an optimized model in eval mode runs the reference math (and
+    says so once), so every parameter and the input get the gradients of the unoptimized model."""
+    cfg = tiny_config(init_values=0.1, reg_tokens=1)
+    reference = randomize(vitfast.create_model(cfg)).to(device).eval()
+    model = vitfast.optimize(copy.deepcopy(reference), mlp="cublas")
+    x = torch.randn(2, 3, *cfg.img_hw, device=device)
+    grads = []
+    for m in (reference, model):
+        xg = x.clone().requires_grad_(True)
+        m.zero_grad(set_to_none=True)
+        m(xg).square().sum().backward()
+        grads.append({"input": xg.grad, **{k: p.grad for k, p in m.named_parameters()}})
+    with pytest.warns(VitfastWarning, match="autograd on"):
+        model(x)
+    assert all(g is not None for g in grads[1].values()), [k for k, g in grads[1].items() if g is None]
+    for k, g in grads[0].items():
+        torch.testing.assert_close(grads[1][k], g, atol=1e-5, rtol=1e-4, msg=k)
+    assert kernel_launches(model, x) > 0  # under no_grad the kernels run again
+
+
+def test_hooks_on_an_optimized_blocks_layers_fire_and_block_hooks_see_tensors(device):
+    """A forward hook on a layer inside a fused block (attention rollout, activation statistics) fires as in the
+    reference model, with the same values; a hook on a block gets a tensor, never the (x, next norm1(x)) pair."""
+    cfg = tiny_config(depth=3)
+    reference = randomize(vitfast.create_model(cfg)).to(device).eval()
+    model = vitfast.optimize(copy.deepcopy(reference), mlp="cublas")
+    x = torch.randn(2, 3, *cfg.img_hw, device=device)
+    seen = {}
+    for tag, m in (("ref", reference), ("opt", model)):
+        m.blocks[1].mlp.fc1.register_forward_hook(lambda mod, args, out, tag=tag: seen.setdefault((tag, "fc1"), out))
+        m.blocks[0].register_forward_hook(lambda mod, args, out, tag=tag: seen.setdefault((tag, "block0"), out))
+        with torch.no_grad():
+            seen[(tag, "logits")] = m(x)
+    assert isinstance(seen[("opt", "block0")], torch.Tensor)
+    for what in ("fc1", "block0", "logits"):
+        torch.testing.assert_close(seen[("opt", what)], seen[("ref", what)], atol=1e-4, rtol=1e-4, msg=what)
+
+
+class LoRALinear(torch.nn.Linear):
+    """An nn.Linear subclass with a low-rank adapter added to its output, as PEFT and loralib insert them."""
+
+    def __init__(self, linear: torch.nn.Linear, rank: int = 2):
+        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None)
+        self.load_state_dict(linear.state_dict())
+        self.down = torch.nn.Parameter(torch.randn(rank, linear.in_features) * 0.3)
+        self.up = torch.nn.Parameter(torch.randn(linear.out_features, rank) * 0.3)
+
+    def forward(self, x):
+        return super().forward(x) + x @ self.down.t() @ self.up.t()
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("change", ["lora-qkv", "lora-fc1", "relu-mlp", "gelu-swiglu"])
+def test_layers_the_kernels_do_not_compute_are_never_read_past(device, change, when):
+    """A layer the fused forward would read the weights of instead of calling (an adapter on a Linear, another
+    activation) keeps the block on the reference math, whether it was there before optimize() or put in after;
+    restore() keeps the layer."""
+    cfg = tiny_config(depth=2, **(dict(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=3) if change == "gelu-swiglu" else {}))
+    model = randomize(vitfast.create_model(cfg)).to(device).eval()
+    x = torch.randn(2, 3, *cfg.img_hw, device=device)
+
+    def apply(m):
+        block = m.blocks[0]
+        if change.startswith("lora"):
+            owner, name = (block.attn, "qkv") if change == "lora-qkv" else (block.mlp, "fc1")
+            setattr(owner, name, LoRALinear(getattr(owner, name)).to(device))
+        else:
+            block.mlp.act = torch.nn.ReLU() if change == "relu-mlp" else torch.nn.GELU()
+
+    if when == "before":
+        apply(model)
+    with torch.no_grad():
+        if when == "before":
+            expected = model(x)
+        vitfast.optimize(model, mlp="epilogue")
+        if when == "after":
+            apply(model)
+            expected = vitfast.restore(copy.deepcopy(model))(x)
+        torch.testing.assert_close(model(x), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_float64_runs_the_reference_math_and_says_so(device):
+    cfg = tiny_config()
+    model = randomize(vitfast.create_model(cfg)).to(device).eval().double()
+    x = torch.randn(2, 3, *cfg.img_hw, device=device, dtype=torch.float64)
+    with torch.no_grad():
+        expected = model(x)
+        vitfast.optimize(model)
+        with pytest.warns(VitfastWarning, match="float64"):
+            torch.testing.assert_close(model(x), expected, atol=0, rtol=0)
+
+
+def test_bf16_on_cpu_under_the_interpreter_matches_the_bf16_model():
+    """The Triton interpreter gets bf16 wrong (tl.dot, casts): a bf16 model on CPU takes the ops' reference math."""
+    cfg = tiny_config(init_values=0.1)
+    model = randomize(vitfast.create_model(cfg)).eval().to(torch.bfloat16)
+    x = torch.randn(2, 3, *cfg.img_hw, dtype=torch.bfloat16)
+    with torch.no_grad():
+        expected = model(x).float()
+        got = vitfast.optimize(model)(x).float()
+    torch.testing.assert_close(got, expected, atol=0.05, rtol=0.05)

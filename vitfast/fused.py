@@ -61,13 +61,16 @@ import importlib.resources
 import json
 import math
 import types
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vitfast.kernels._common import EAGER_OPS, next_pow2, seen_by_torch  # triton-free: the launchers' bucketing, the ops' eager entries
-from .layers import Attention, Block, LayerScale, Mlp, PatchEmbed, Rope, SwiGLU, SwiGLUPacked, check_image_shape
+
+from .errors import VitfastWarning
+from .layers import Attention, Block, LayerScale, Mlp, PatchEmbed, QuickGELU, Rope, SwiGLU, SwiGLUPacked, check_image_shape
 
 MLP_PATHS = ("auto", "cublas", "epilogue")
 ATTENTION_PATHS = ("auto", "vitfast", "sdpa")
@@ -195,15 +198,33 @@ def nearest_attention_path(choices: tuple[tuple[int, int, str], ...], N: int, bh
 # ---------------------------------------------------------------------------- the block
 def can_fuse(block: nn.Module) -> bool:
     """Only the reference classes are fused; injected custom layers keep their own forward."""
+    return type(block) is Block and _fusable_layers(block)
+
+
+def _fusable_layers(block: nn.Module) -> bool:
+    """Whether every layer the fused forward reads past (it takes their weights, not their forward) is the reference
+    class it computes: an nn.Linear subclass (a LoRA adapter) or another activation would be dropped silently."""
+    attn, mlp = block.attn, block.mlp
+    if type(attn) is not Attention or type(mlp) not in (Mlp, SwiGLUPacked, SwiGLU):
+        return False
+    linears = (attn.qkv, attn.proj, mlp.fc2, *((mlp.fc1_g, mlp.fc1_x) if type(mlp) is SwiGLU else (mlp.fc1,)))
     return (
-        type(block) is Block
-        and type(block.attn) is Attention
-        and type(block.mlp) in (Mlp, SwiGLUPacked, SwiGLU)
+        all(type(linear) is nn.Linear for linear in linears)
+        and type(mlp.act) in ((nn.GELU, QuickGELU) if type(mlp) is Mlp else (nn.SiLU,))  # the forms the kernels apply
         and all(_fusable_norm(norm) for norm in (block.norm1, block.norm2))
-        and all(type(norm) is nn.Identity or _fusable_norm(norm) for norm in (block.attn.norm, block.mlp.norm))  # inside the branches
+        and all(type(norm) is nn.Identity or _fusable_norm(norm) for norm in (attn.norm, mlp.norm))  # inside the branches
         and type(block.ls1) in (nn.Identity, LayerScale)  # what the branch-end epilogues compute
         and type(block.ls2) in (nn.Identity, LayerScale)
     )
+
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _hooked(module: nn.Module) -> bool:
+    """Whether `module` has forward hooks of its own. Global ones (`register_module_forward_hook`: FlopCounterMode's
+    module tracker, for one) are left out: they see a fused block as one module call."""
+    return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
 def _fusable_norm(norm: nn.Module) -> bool:
@@ -225,12 +246,15 @@ class FusedBlock(nn.Module):
     `state_dict()` is unchanged; only the forward differs.
 
     forward takes x [B, N, C] or the previous fused block's `(x, norm1(x))` and returns
-    `(x, next_norm(x))` when `next_norm` (the next block's norm1, set by `optimize`) is given,
+    `(x, next_block.norm1(x))` when `next_block` (the next fused block, set by `optimize`) is given,
     else x. `mlp_path` is "auto", "cublas" or "epilogue" and `attention_path` "auto", "vitfast" or
     "sdpa" (see the module docstring);
-    `approximate_gelu` runs an erf-GELU MLP in GELU's tanh form (`gelu_form`). Attention
-    maps (`return_attention=True`) and training mode (dropout, drop-path) run the reference
-    block's math path on the same parameters.
+    `approximate_gelu` runs an erf-GELU MLP in GELU's tanh form (`gelu_form`). The reference `Block`'s
+    forward runs over the same submodules instead of the kernels for: attention maps (`return_attention=True`),
+    training mode (dropout, drop-path), autograd (the kernels have no backward: a call with grad enabled and a
+    parameter or the input requiring grad, which warns once), a dtype the kernels do not take (float64, which
+    warns), forward hooks on the block's layers (so they fire), and a layer replaced since (`_fusable_layers`).
+    A block with forward hooks of its own, or followed by one, hands on x alone, so hooks see tensors.
     """
 
     def __init__(self, block: Block, mlp: str = "auto", approximate_gelu: bool = False, attention: str = "auto"):
@@ -244,7 +268,7 @@ class FusedBlock(nn.Module):
             self.add_module(name, child)
         # kept for restore() / the next block's LayerNorm; not submodules (no duplicate state_dict keys)
         object.__setattr__(self, "reference", block)
-        object.__setattr__(self, "next_norm", None)
+        object.__setattr__(self, "next_block", None)
         self.mlp_path = mlp
         self.approximate_gelu = approximate_gelu
         self.attention_path = attention
@@ -253,8 +277,22 @@ class FusedBlock(nn.Module):
         self.measured_attention = measured_attention(fc1.weight.device, block.attn.head_dim)
         self.train(block.training)
 
+    def _takes_kernels(self, x: torch.Tensor) -> bool:
+        """Whether this forward may run the kernels rather than the reference math (see the class docstring)."""
+        if x.dtype not in KERNEL_DTYPES:
+            warnings.warn(f"an optimized block got {x.dtype} input, which the Triton kernels do not take: it runs the reference "
+                          "math (fp16, bf16 or fp32 inputs take the kernels)", VitfastWarning, stacklevel=3)  # fmt: skip
+            return False
+        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
+            warnings.warn("an optimized model was called with autograd on: its Triton kernels have no backward, so it runs the "
+                          "reference math to give correct gradients; for inference call it under torch.inference_mode() (or "
+                          "torch.no_grad()), or model.requires_grad_(False)", VitfastWarning, stacklevel=3)  # fmt: skip
+            return False
+        layers = (*self.children(), *self.attn.children(), *self.mlp.children())
+        return _fusable_layers(self) and not any(_hooked(m) for m in layers)
+
     def train(self, mode: bool = True) -> "FusedBlock":
-        self.reference.training = mode  # the fallback path must see the same mode
+        self.reference.training = mode  # restore() hands it back in the mode the model is in
         return super().train(mode)
 
     @property
@@ -285,10 +323,11 @@ class FusedBlock(nn.Module):
         the first `rows` tokens' outputs [B, rows, C] (their queries over every key), for a last block whose
         model reads no other (`VisionTransformer._head_rows_features`)."""
         x, h = x if isinstance(x, tuple) else (x, None)
-        if return_attention or self.training:
-            return self.reference(x, return_attention=return_attention, **({} if rope is None else {"rope": rope}))
+        if return_attention or self.training or not self._takes_kernels(x):
+            return Block.forward(self, x, return_attention=return_attention, rope=rope)
         ops = kernel_ops(x)
-        attn, mlp, nxt = self.attn, self.mlp, self.next_norm
+        attn, mlp, nxt = self.attn, self.mlp, self.next_block
+        nxt = None if nxt is None or _hooked(self) or _hooked(nxt) else nxt.norm1
         B, N, C = x.shape
         if h is None:
             h = _norm(ops, x, self.norm1)

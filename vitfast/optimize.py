@@ -103,7 +103,7 @@ def optimize(model: nn.Module, *, cuda_graphs: bool | Sequence[int] = False, mlp
                 graphed.reset()  # captured with the old path: capture again
     for block, following in zip(blocks, list(blocks)[1:] + [None]):
         if isinstance(block, FusedBlock):  # hand the next fused block its norm1 output too
-            object.__setattr__(block, "next_norm", following.norm1 if isinstance(following, FusedBlock) else None)
+            object.__setattr__(block, "next_block", following if isinstance(following, FusedBlock) else None)
     _set_head_only(model, head_only, graphed)
     if cuda_graphs and graphed is None:
         graphed = CudaGraphForward(model.forward, graph_sizes)
@@ -123,6 +123,8 @@ def restore(model: nn.Module) -> nn.Module:
     if isinstance(blocks, nn.Sequential):
         for i, block in enumerate(blocks):
             if isinstance(block, FusedBlock):
+                for name, child in block.named_children():  # a layer replaced on the optimized block since stays replaced
+                    setattr(block.reference, name, child)
                 blocks[i] = block.reference
     if hasattr(model, _GRAPHED):
         del model.forward
