@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 
 import pytest
 import torch
@@ -249,6 +250,15 @@ def test_mismatch_lists_missing_unexpected_and_shapes(tmp_path):
     assert "1 missing: blocks.1.norm2.bias" in msg
     assert "1 unexpected: blocks.0.attn.extra.weight" in msg
     assert "head.weight (checkpoint [7, 64] vs model [5, 64])" in msg
+
+
+@pytest.mark.parametrize("drop", ["blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc2.weight"])
+def test_a_truncated_mlp_is_named_not_a_key_error(tmp_path, drop):
+    """The MLP's kind and width are read off block 0's Linears: without one of them, the key is named."""
+    sd = vitfast.create_model(tiny_config()).state_dict()
+    torch.save({k: v for k, v in sd.items() if k != drop}, tmp_path / "m.pth")
+    with pytest.raises(CheckpointError, match=rf"lacks {re.escape(drop)}, so its MLP cannot be read: .*truncated"):
+        vitfast.load_checkpoint(tmp_path / "m.pth")
 
 
 def test_hf_directory_problems(tmp_path):

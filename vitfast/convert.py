@@ -939,6 +939,9 @@ def _timm_mlp(sd: StateDict, dim: int) -> dict[str, Any]:
     fc1 twice as wide as fc2's input (a GELU MLP's are equal)."""
     if "blocks.0.mlp.fc1_g.weight" in sd:
         return dict(mlp_layer="swiglu", act_layer="silu", mlp_ratio=sd["blocks.0.mlp.fc1_g.weight"].shape[0] / dim)
+    if missing := [k for k in ("blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc2.weight") if k not in sd]:
+        raise CheckpointError(f"this timm state dict lacks {' and '.join(missing)}, so its MLP cannot be read: the file may be "
+                              "truncated or partial (re-download or re-save it)")  # fmt: skip
     fc1, fc2 = sd["blocks.0.mlp.fc1.weight"], sd["blocks.0.mlp.fc2.weight"]
     packed = dict(mlp_layer="swiglu_packed", act_layer="silu") if fc1.shape[0] == 2 * fc2.shape[1] else {}
     return dict(mlp_ratio=fc1.shape[0] / dim, **packed)
