@@ -250,6 +250,7 @@ def test_mismatch_lists_missing_unexpected_and_shapes(tmp_path):
     assert "1 missing: blocks.1.norm2.bias" in msg
     assert "1 unexpected: blocks.0.attn.extra.weight" in msg
     assert "head.weight (checkpoint [7, 64] vs model [5, 64])" in msg
+    assert "If the config given is not this checkpoint's, pass its own, or none" in msg
 
 
 @pytest.mark.parametrize("drop", ["blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc2.weight"])
@@ -259,6 +260,21 @@ def test_a_truncated_mlp_is_named_not_a_key_error(tmp_path, drop):
     torch.save({k: v for k, v in sd.items() if k != drop}, tmp_path / "m.pth")
     with pytest.raises(CheckpointError, match=rf"lacks {re.escape(drop)}, so its MLP cannot be read: .*truncated"):
         vitfast.load_checkpoint(tmp_path / "m.pth")
+
+
+@pytest.mark.parametrize("overrides", [None, {"num_heads": 4}])
+def test_a_mismatch_of_a_config_read_from_the_checkpoint_says_what_would_help(tmp_path, overrides):
+    """A config read from the checkpoint (overrides that do not reshape the model included) fits the keys it was
+    read from; what is missing or extra is the file's, so no config is suggested."""
+    sd = vitfast.create_model(tiny_config()).state_dict()
+    del sd["blocks.1.norm2.bias"]
+    torch.save(sd | {"decoder_pred.weight": torch.ones(4)}, tmp_path / "m.pth")
+    with pytest.raises(CheckpointError) as err:
+        vitfast.load_checkpoint(tmp_path / "m.pth", overrides=overrides)
+    msg = str(err.value)
+    assert "1 missing: blocks.1.norm2.bias; 1 unexpected: decoder_pred.weight." in msg
+    assert "truncated or partial: re-download or re-save it" in msg and "save the state dict without them" in msg
+    assert "config" not in msg.split("decoder_pred.weight.")[1]
 
 
 def test_hf_directory_problems(tmp_path):

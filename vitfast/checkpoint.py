@@ -68,7 +68,8 @@ def load_checkpoint(
         config given or inferred from tensor shapes; or a timm Hub folder (`config.json` with
         `architecture` and `pretrained_cfg`, beside `model.safetensors` / `pytorch_model.bin`);
         timm's eva.py DINOv3 (`vit_*_patch16_dinov3*`) included;
-      - Meta's original DINOv3 `.pth` (facebookresearch/dinov3: `storage_tokens`, `rope_embed.periods`);
+      - Meta's original DINOv3 `.pth` (facebookresearch/dinov3: `storage_tokens`, `rope_embed.periods`) and DINOv2
+        `.pth` (facebookresearch/dinov2: timm's names beside `mask_token`, `register_tokens`, the giant's `mlp.w12`);
       - Hugging Face: a `ViTForImageClassification`/`ViTModel`/DeiT/DINOv2/CLIP/SigLIP/AIMv2 directory (`config.json`,
         `preprocessor_config.json`, `model.safetensors` or `pytorch_model.bin`, sharded or not)
         or such a state dict alone.
@@ -92,8 +93,10 @@ def load_checkpoint(
         cfg, guesses = config, {k: v for k, v in guesses.items() if k == WEIGHTS}
     else:
         cfg = source_cfg
+    given = config is not None  # the caller's config, or overrides that reshape the model, may be what does not fit
     if overrides:
         before, cfg = cfg, cfg.replace(**_head_overrides(cfg, overrides))
+        given = given or _shapes(before) != _shapes(cfg)
         sd = _reset_classifier(sd, before, cfg, path)
         guesses = {k: v for k, v in guesses.items() if k not in overrides}
     if img_size is not None:
@@ -107,7 +110,7 @@ def load_checkpoint(
         sd["pos_embed"] = _fit_pos_embed(sd["pos_embed"], source_cfg, cfg, antialias=antialias)
     model = VisionTransformer(cfg)
     sd = _drop_pruned(sd, cfg)
-    _check_keys(sd, model.state_dict(), path, cfg)
+    _check_keys(sd, model.state_dict(), path, cfg, given=given)
     model.load_state_dict(sd, strict=True)
     model.config_guesses = guesses
     if guesses:
@@ -147,6 +150,12 @@ def _reset_classifier(sd: StateDict, before: ViTConfig, after: ViTConfig, path: 
     dropped += ("attn_pool.",) if before.global_pool == "map" and after.global_pool != "map" else ()
     dropped += ("pre_logits.",) if before.representation_size and not after.representation_size else ()
     return {k: v for k, v in sd.items() if not k.startswith(dropped)} if dropped else sd
+
+
+def _shapes(cfg: ViTConfig) -> dict[str, torch.Size]:
+    """The parameters and buffers of `cfg`'s model, by name, and their shapes (nothing allocated)."""
+    with torch.device("meta"):
+        return {k: v.shape for k, v in VisionTransformer(cfg).state_dict().items()}
 
 
 def _drop_pruned(sd: StateDict, cfg: ViTConfig) -> StateDict:
@@ -400,7 +409,10 @@ def _keep_hf_pos_embed(cfg: ViTConfig, pos: torch.Tensor, src: ViTConfig, antial
     return cfg.replace(**{k: v for k, v in keep.items() if k not in stated})
 
 
-def _check_keys(sd: StateDict, expected: StateDict, path: Path, cfg: ViTConfig) -> None:
+def _check_keys(sd: StateDict, expected: StateDict, path: Path, cfg: ViTConfig, *, given: bool) -> None:
+    """Refuse weights that do not fit the model, listing every key that does not, and saying what would help: another
+    config only where the caller `given` one (config=, or overrides= that reshape the model), or where the shapes
+    contradict the checkpoint's own."""
     missing = [k for k in expected if k not in sd]
     unexpected = [k for k in sd if k not in expected]
     mismatched = [
@@ -415,8 +427,12 @@ def _check_keys(sd: StateDict, expected: StateDict, path: Path, cfg: ViTConfig) 
         if keys:
             shown = ", ".join(keys[:MAX_LISTED]) + (f", ... ({len(keys) - MAX_LISTED} more)" if len(keys) > MAX_LISTED else "")
             parts.append(f"{len(keys)} {label}: {shown}")
+    # a config given may be the wrong one; the file's own gaps and extras no config fixes
+    advice = ["if the config given is not this checkpoint's, pass its own, or none to have vitfast read it from the checkpoint"] if given else []
+    advice += ["a checkpoint without the missing weights is truncated or partial: re-download or re-save it"] if missing else []
+    advice += ["the unexpected weights have no place in vitfast's ViT (a part it does not implement, or another model's beside the "
+               "ViT's): save the state dict without them if they are not used at inference"] if unexpected else []
+    advice += ["its shapes contradict the config it states: pass the right one with config= (--config FILE.json)"] if mismatched and not given else []
     name = cfg.name or f"embed_dim={cfg.embed_dim}, depth={cfg.depth}, num_classes={cfg.num_classes}"
-    raise CheckpointError(
-        f"{path} does not fit the model ({name}): " + "; ".join(parts)
-        + ". Pass the matching config= (or let vitfast infer it by passing none)"
-    )
+    raise CheckpointError(f"{path} does not fit the model ({name}): " + "; ".join(parts) + ". "
+                          + " ".join(f"{a[0].upper()}{a[1:]}." for a in advice))

@@ -9,7 +9,7 @@
   The number of heads cannot be read from weights: it is taken from the registry variant with
   the same width/depth/tokens, else head_dim 64. Preprocessing is not stored either.
 - DINOv3 in Hugging Face's, timm eva.py's and Meta's layouts: see dinov3.py; timm's eva.py layout
-  (DINOv3, EVA-02): see eva.py.
+  (DINOv3, EVA-02): see eva.py. Meta's original DINOv2: timm's names but for a few (`meta_dinov2_to_timm`).
 
 Whatever had to be guessed is returned as `{field: reason}` (a `Guesses` dict) so the loader can
 say so loudly and record it.
@@ -30,7 +30,7 @@ from .config import (
 )  # fmt: skip
 from . import dinov3, eva
 from .errors import CheckpointError, ConfigError
-from .registry import _AIMV2, _EVA02, _PE_CORE, _PE_SPATIAL, _REGISTRY, _ROPE_VIT, _SBB_ROPE, get_config, unsupported_reason
+from .registry import _AIMV2, _DINOV2, _EVA02, _PE_CORE, _PE_SPATIAL, _REGISTRY, _ROPE_VIT, _SBB_ROPE, get_config, unsupported_reason
 
 StateDict = dict[str, torch.Tensor]
 Guesses = dict[str, str]  # ViTConfig field -> why its value is a guess
@@ -164,7 +164,12 @@ def timm_layout(sd: StateDict, where: object, *, rope: str | None = None) -> tup
     config has rotary positions (`rope`: a given config's, an override's, a Hub folder's registered architecture's);
     never otherwise, since eva.py's other rotary ViTs would load and compute something else. Weights in vitfast's
     names without position embeddings are a DINOv3's only when `rope` says so. Block structures vitfast does
-    not implement are refused (`check_structure`)."""
+    not implement are refused (`check_structure`). Meta's original DINOv2 files are renamed as timm converts them
+    (`meta_dinov2_to_timm`) and read as the "dinov2" family."""
+    if is_meta_dinov2(sd):
+        sd = meta_dinov2_to_timm(sd)
+        check_structure(sd, where)
+        return sd, "dinov2"
     eva_layout = eva.is_eva(sd)
     family = (eva.eva_family(sd) if eva_layout else None) or pe_family(sd)
     if eva_layout and (family or rope is not None):
@@ -177,6 +182,39 @@ def timm_layout(sd: StateDict, where: object, *, rope: str | None = None) -> tup
     return sd, family
 
 
+# Meta's original DINOv2 (facebookresearch/dinov2's torch.hub `.pth`): timm's names but for its masked-image-modelling
+# token, its registers and the giant's SwiGLUFFNFused (w12: the gate and value halves packed, as timm's fc1; w3: fc2)
+_META_DINOV2_MLP = re.compile(r"(blocks\.\d+\.mlp\.)(w12|w3)(\.(?:weight|bias))")
+
+
+def is_meta_dinov2(sd: StateDict) -> bool:
+    """Meta's DINOv2 layout: a `mask_token` of shape [1, C] beside a class token of width C (the key timm's
+    checkpoint_filter_fn converts on). Meta's DINOv3, whose mask_token has that shape too, has storage_tokens /
+    rope_embed beside it; MAE's and BEiT's mask tokens are [1, 1, C]."""
+    mask, cls = sd.get("mask_token"), sd.get("cls_token")
+    return mask is not None and cls is not None and tuple(mask.shape) == (1, cls.shape[-1]) and not dinov3.is_meta(sd)
+
+
+def meta_dinov2_to_timm(sd: StateDict) -> StateDict:
+    """timm's `_convert_dinov2`: the mask token dropped (masked-image-modelling only); SwiGLUFFNFused's w12 / w3 ->
+    fc1 / fc2; `register_tokens` -> reg_token, with the class token's position embedding folded into it and the
+    position embeddings kept for the patches only, since Meta adds pos_embed before inserting the registers
+    (timm's *_reg4_dinov2 models are no_embed_class)."""
+    out = {_META_DINOV2_MLP.sub(lambda m: f"{m.group(1)}{'fc1' if m.group(2) == 'w12' else 'fc2'}{m.group(3)}", k): v
+           for k, v in sd.items() if k != "mask_token"}  # fmt: skip
+    if "register_tokens" in out:
+        pos = out.get("pos_embed")
+        n = pos.shape[1] - 1 if pos is not None and pos.ndim == 3 else 0
+        if not _is_square(n):
+            found = f"pos_embed of shape {list(pos.shape)}" if pos is not None else "no pos_embed"
+            raise CheckpointError(f"this Meta DINOv2 checkpoint (mask_token, register_tokens) has {found}; Meta's hold one row for "
+                                  "the class token and one per patch of a square grid (1 + 37 x 37 at 518 px): re-download it")  # fmt: skip
+        out["reg_token"] = out.pop("register_tokens")
+        out["cls_token"] = out["cls_token"] + pos[:, :1]
+        out["pos_embed"] = pos[:, 1:]
+    return out
+
+
 # eva.py's families with axial rotary positions (`eva.eva_family`, `pe_family`), which their weights do not hold: (the
 # registered names of the family, timm's defaults for one of other shapes, what to call it)
 AXIAL_FAMILIES = {"eva02": ("eva02_*", _EVA02, "EVA-02"), "sbb_rope": ("vit_*_rope_reg*_gap_*", _SBB_ROPE, "sbb RoPE ViT"),
@@ -184,24 +222,27 @@ AXIAL_FAMILIES = {"eva02": ("eva02_*", _EVA02, "EVA-02"), "sbb_rope": ("vit_*_ro
                   "pe_core": ("vit_pe_core_*", _PE_CORE, "Perception Encoder core"),
                   "pe_spatial": ("vit_pe_spatial_*", _PE_SPATIAL, "Perception Encoder spatial")}  # fmt: skip
 _PE_FAMILIES = ("pe_core", "pe_spatial")
+_DINOV2_FAMILY = ("vit_*_patch14*_dinov2", _DINOV2, "DINOv2")  # Meta's DINOv2 files' (`is_meta_dinov2`), as in AXIAL_FAMILIES
 _AXIAL_FIELDS = ("rope", *ROPE_SETTINGS)
 _POOL_FIELDS = ("pool_include_prefix", "attn_pool_num_heads")  # an attention pool's, not in its weights either
 
 
 def timm_config(sd: StateDict, family: str | None, num_heads: int | None = None) -> tuple[ViTConfig, Guesses]:
-    """The config of a bare timm state dict in vitfast's names, read as `family` ("dinov3", one of AXIAL_FAMILIES, None:
-    a vision_transformer.py ViT) says; what the weights do not state comes back as guesses."""
+    """The config of a bare timm state dict in vitfast's names, read as `family` ("dinov3", "dinov2", one of
+    AXIAL_FAMILIES, None: a vision_transformer.py ViT) says; what the weights do not state comes back as guesses."""
     if family == "dinov3":
         return dinov3.eva_config(sd, num_heads)
     cfg, guesses = infer_timm_config(sd, num_heads=num_heads, family=family)
-    if family not in AXIAL_FAMILIES:
+    if family not in AXIAL_FAMILIES and family != "dinov2":
         return cfg, guesses
-    # the rotary positions and preprocessing are not in the weights: timm's, from its model of the family and these shapes
-    pattern, defaults, label = AXIAL_FAMILIES[family]
+    # the preprocessing (and rotary positions) are not in the weights: timm's, from its model of the family and these shapes
+    pattern, defaults, label = AXIAL_FAMILIES.get(family) or _DINOV2_FAMILY
     name, like = next(((n, r) for n, r in _registered_like(cfg.to_dict(), family) if fnmatch.fnmatch(n, pattern)), (None, defaults))
     source = f"{name}'s" if name else f"timm's {label} defaults"
     preprocessing = {k: like.get(k, getattr(cfg, k)) for k in ("mean", "std", "crop_pct", "interpolation", "crop_mode")}
     guesses |= dict.fromkeys(preprocessing, f"preprocessing is not stored in a state dict; {source} assumed")
+    if family == "dinov2":  # `meta_dinov2_to_timm` left any registers' position embeddings for the patches only: a fact
+        return cfg.replace(**preprocessing), {k: v for k, v in guesses.items() if k != "no_embed_class"}
     field = ViTConfig.__dataclass_fields__
     rotary = {k: like.get(k, field[k].default) for k in _AXIAL_FIELDS}
     if family in _PE_FAMILIES and name is None:  # Meta's PE: reference grid = the one its learned positions have; index + 1 beside a class token
