@@ -52,6 +52,22 @@ def test_timm_hub_folder_loads_with_its_preprocessing_and_labels(tmp_path, weigh
         torch.testing.assert_close(model(x), source(x), rtol=0, atol=0)
 
 
+def test_model_args_img_size_wins_over_pretrained_cfg_input_size_and_the_difference_is_said(tmp_path):
+    """push_to_hf_hub(model_args=dict(img_size=...)) of a model fine-tuned at another size keeps the registered
+    input_size: timm's create_model builds the model at model_args' size (input_size only fills in an unset img_size),
+    the checkpoint's 6 x 6 position table as it is. That timm's transforms would feed it input_size is said."""
+    source = _hub_folder(tmp_path, pretrained_cfg=PRETRAINED_CFG | {"input_size": [3, 32, 32]})
+    with pytest.warns(vitfast.GuessedConfigWarning, match=r"img_size=48 \(model_args build the model at 48x48 px.*input_size is 32x32"):
+        model = vitfast.load_checkpoint(tmp_path)
+    assert model.config.img_size == 48 and set(model.config_guesses) == {"img_size"}
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), source(x), rtol=0, atol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", vitfast.GuessedConfigWarning)  # the size asked for is no guess
+        assert vitfast.load_checkpoint(tmp_path, img_size=32).config.img_size == 32
+
+
 def test_label_names_as_an_index_map(tmp_path):
     _hub_folder(tmp_path, label_names={"0": "a", "1": "b", "2": "c"})
     assert vitfast.load_checkpoint(tmp_path).config.labels == ("a", "b", "c")

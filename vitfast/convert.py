@@ -1026,7 +1026,8 @@ def read_timm_hub(cfg: dict[str, Any], sd: StateDict, where: object) -> tuple[St
 def timm_hub_config(cfg: dict[str, Any], sd: StateDict, *, family: str | None = None) -> tuple[ViTConfig, Guesses]:
     """A `ViTConfig` from a timm Hub folder's config.json (as timm's `save_for_hf` writes it):
     the architecture from `architecture` (+ `model_args`), `num_classes`, preprocessing from
-    `pretrained_cfg`, class names from `label_names`. An architecture vitfast has not registered
+    `pretrained_cfg` (its input_size the image size unless model_args state one, as in timm's create_model; a
+    disagreement is a guess), class names from `label_names`. An architecture vitfast has not registered
     is read off the weights' shapes instead (its head count then being a guess), as `family` says
     (see `timm_layout`, `timm_config`)."""
     arch = str(cfg["architecture"])
@@ -1045,7 +1046,14 @@ def timm_hub_config(cfg: dict[str, Any], sd: StateDict, *, family: str | None = 
         fields["num_classes"] = int(cfg["num_classes"])
     if isinstance(pc.get("input_size"), (list, tuple)) and len(pc["input_size"]) == 3:
         _, h, w = (int(v) for v in pc["input_size"])
-        fields["img_size"] = h if h == w else (h, w)
+        if "img_size" not in model_args:  # timm's create_model: model_args first, input_size only fills in an unset img_size
+            fields["img_size"] = h if h == w else (h, w)
+        elif base.img_hw != (h, w):  # timm's resolve_data_config preprocesses to input_size, which this model does not take
+            other = f"--img-size {h} (img_size={h} in Python)" if h == w else f"img_size=({h}, {w}) in Python"
+            guesses["img_size"] = (f"model_args build the model at {base.img_hw[0]}x{base.img_hw[1]} px, as timm's create_model does, "
+                                   f"but pretrained_cfg's input_size is {h}x{w} px, the size timm's default transforms would feed it; "
+                                   f"images are preprocessed to the model's size here. To run at the input_size (the position embeddings "
+                                   f"resized), pass {other}")  # fmt: skip
     for key in ("mean", "std", "crop_pct"):
         if pc.get(key) is not None:
             fields[key] = pc[key]
