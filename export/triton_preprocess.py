@@ -6,7 +6,8 @@ vitfast, torch and Pillow may not be installed. It reproduces `vitfast.preproces
 same resize (crop_mode "center", "squash" or "border" with its padding), centre crop (offset rounded or floored) and mean/std, with
 Pillow's resampling re-done in numpy, including Pillow's 8-bit fixed-point arithmetic, its
 rounding of the intermediate image between the two passes and (Pillow >= 13) its choice of which
-pass runs first, so the server and `engine(uint8_images)` see bit-identical inputs.
+pass runs first, so the server and `engine(uint8_images)` see bit-identical inputs. Any number of
+channels: each is resized on its own, as Pillow resizes "L" and "RGB" images (and `vitfast.preprocess` the others).
 """
 
 import json
@@ -48,8 +49,6 @@ class PreprocessSpec:
         self.interpolation = str(interpolation)
         self.crop_mode = str(crop_mode)
         self.crop_rounding = str(crop_rounding)
-        if self.in_chans not in (1, 3):
-            raise ValueError(f"server-side preprocessing handles 1 or 3 channels, not {self.in_chans}")
         if self.interpolation not in ("bicubic", "bilinear", "nearest"):
             raise ValueError(f"unknown interpolation {self.interpolation!r}")
         if self.crop_mode not in ("center", "squash", "border") or self.crop_rounding not in ("round", "floor"):

@@ -88,6 +88,34 @@ def test_preprocess_batches_pil_arrays_and_tensors_alike():
         assert model(from_array).shape == (2, 10)
 
 
+@pytest.mark.parametrize("crop_mode", ["center", "border"])
+@pytest.mark.parametrize("channels", [2, 4])
+def test_preprocess_resizes_each_channel_of_a_2_or_4_channel_array_on_its_own(channels, crop_mode):
+    """A 2- or 4-channel array is not LA / RGBA: Pillow's resize of those premultiplies by the last channel (alpha)."""
+    cfg = vitfast.ViTConfig(img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=1, num_classes=2, in_chans=channels,
+                            mean=(0.25,) * channels, std=(0.5,) * channels, crop_pct=0.8, crop_mode=crop_mode)  # fmt: skip
+    img = np.random.default_rng(0).integers(0, 256, (45, 61, channels), dtype=np.uint8)
+    img[..., -1] = np.arange(61) % 2 * 255  # a half-transparent "alpha" is where premultiplying shows most
+    size = vitfast.preprocessing.resize_size(45, 61, cfg)
+    planes = []
+    for c in range(channels):  # the reference: each channel as its own "L" image, padded and cropped as usual
+        plane = Image.new("L", (max(size[0], 32), max(size[1], 32)), round(255 * 0.25))
+        plane.paste(Image.fromarray(img[..., c].copy()).resize(size, Image.Resampling.BICUBIC),
+                    ((plane.size[0] - size[0]) // 2, (plane.size[1] - size[1]) // 2))  # fmt: skip
+        left, top = round((plane.size[0] - 32) / 2), round((plane.size[1] - 32) / 2)
+        planes.append(np.asarray(plane.crop((left, top, left + 32, top + 32)), dtype=np.float32))
+    expected = (np.stack(planes) / 255 - np.float32(0.25)) / np.float32(0.5)
+    np.testing.assert_array_equal(vitfast.preprocess(img, cfg)[0].numpy(), expected)
+
+
+def test_preprocess_keeps_a_3_channel_model_s_rgba_photo_as_pillow_converts_it():
+    """An RGBA photo for an RGB model is still Pillow's convert("RGB") (not split per channel)."""
+    cfg = vitfast.get_config("vit_cifar_patch4_32")
+    rgba = np.random.default_rng(1).integers(0, 256, (40, 40, 4), dtype=np.uint8)
+    out = vitfast.preprocess(Image.fromarray(rgba), cfg)
+    assert torch.equal(out, vitfast.preprocess(Image.fromarray(rgba).convert("RGB"), cfg))
+
+
 @pytest.mark.parametrize(
     "bad, message",
     [

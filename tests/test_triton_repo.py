@@ -115,8 +115,22 @@ def test_preprocess_spec_survives_config_parameters():
     spec = PreprocessSpec.from_parameters(spec_for(config).to_parameters())
     assert (spec.img_size, spec.in_chans, spec.crop_pct, spec.interpolation) == (config.img_hw, 3, 1.0, "bicubic")
     assert spec.mean == tuple(config.mean) and spec.std == tuple(config.std)  # floats written with full precision
-    with pytest.raises(ValueError, match="1 or 3 channels"):
-        PreprocessSpec((32, 32), 2, (0.5,) * 2, (0.5,) * 2, 1.0, "bicubic")
+
+
+@pytest.mark.skipif(PILLOW < (13, 0), reason="the numpy port follows Pillow >= 13 (which pass runs first changed in 13.0)")
+@pytest.mark.parametrize("crop_mode", ["center", "border"])
+def test_numpy_preprocessing_of_2_and_4_channels_equals_vitfast_preprocess(crop_mode, tmp_path):
+    """Models of any channel count get a repository whose preprocessing is `vitfast.preprocess`'s, bit for bit."""
+    rng = np.random.default_rng(2)
+    for channels in (2, 4):
+        config = vitfast.ViTConfig(img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=1, num_classes=2, in_chans=channels,
+                                   mean=(0.25,) * channels, std=(0.5,) * channels, crop_pct=0.875, crop_mode=crop_mode)  # fmt: skip
+        for h, w in [(45, 61), (300, 17), (3, 5)]:
+            images = rng.integers(0, 256, (2, h, w, channels), dtype=np.uint8)
+            np.testing.assert_array_equal(preprocess_batch(images, spec_for(config)), vitfast.preprocess(images, config).numpy(),
+                                          err_msg=f"{h}x{w}x{channels}")  # fmt: skip
+    repo = triton_repository(to_onnx(vitfast.create_model(config), tmp_path / "c4.onnx", batch=(1, 2, 4)), tmp_path / "repo")
+    assert model_config((repo / "vit_uint8/config.pbtxt").read_text()).input[0].dims == [-1, -1, 4]
 
 
 # ---------------------------------------------------------------------------- repository

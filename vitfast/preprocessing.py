@@ -35,10 +35,10 @@ _PIL_FILTERS = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resamplin
 
 def preprocess(images: ImageLike | Iterable[ImageLike], config: ViTConfig) -> torch.Tensor:
     """PIL image(s) or uint8 arrays [H, W, C] / [B, H, W, C] -> float32 [B, C, img_h, img_w]."""
-    batch = [_to_pil(img, config) for img in _as_list(images)]
+    batch = [_to_planes(img, config) for img in _as_list(images)]
     if not batch:
         raise InputError("preprocess got an empty batch of images")
-    out = np.stack([_transform(img, config) for img in batch])  # [B, H, W, C] float32 in [0, 1]
+    out = np.stack([_transform(planes, config) for planes in batch])  # [B, H, W, C] float32 in [0, 1]
     mean = np.asarray(config.mean, dtype=np.float32)
     std = np.asarray(config.std, dtype=np.float32)
     return torch.from_numpy((out - mean) / std).permute(0, 3, 1, 2).contiguous()
@@ -57,12 +57,15 @@ def _as_list(images) -> list:
     return list(images)
 
 
-def _to_pil(img: ImageLike, config: ViTConfig) -> Image.Image:
+def _to_planes(img: ImageLike, config: ViTConfig) -> list[Image.Image]:
+    """The image as the Pillow images to resize: one "RGB" or "L" image, or for a uint8 array of another channel count
+    one "L" image per channel. Pillow would take a 2- or 4-channel array for LA / RGBA, and its resize premultiplies
+    the other channels by the last one as alpha; a model's channels are independent."""
     in_chans = config.in_chans
     if isinstance(img, Image.Image):
         if config.alpha_on_white and has_alpha(img):  # transformers' convert_to_rgb
             img = Image.alpha_composite(Image.new("RGBA", img.size, (255, 255, 255, 255)), img.convert("RGBA"))
-        return img.convert("RGB" if in_chans == 3 else "L")
+        return [img.convert("RGB" if in_chans == 3 else "L")]
     arr = img.detach().cpu().numpy() if isinstance(img, torch.Tensor) else np.asarray(img)
     if arr.dtype != np.uint8:
         raise InputError(
@@ -71,7 +74,9 @@ def _to_pil(img: ImageLike, config: ViTConfig) -> Image.Image:
         )
     if arr.ndim != 3 or arr.shape[-1] != in_chans:
         raise InputError(f"expected a uint8 image [H, W, {in_chans}] (channels last), got shape {tuple(arr.shape)}")
-    return Image.fromarray(arr[..., 0] if in_chans == 1 else arr)
+    if in_chans == 3:
+        return [Image.fromarray(arr)]
+    return [Image.fromarray(np.ascontiguousarray(arr[..., c])) for c in range(in_chans)]
 
 
 def has_alpha(img: Image.Image) -> bool:
@@ -108,14 +113,24 @@ def _pad_to(img: Image.Image, width: int, height: int, mean: tuple[float, ...]) 
     return canvas
 
 
-def _transform(img: Image.Image, config: ViTConfig) -> np.ndarray:
+def _transform(planes: list[Image.Image], config: ViTConfig) -> np.ndarray:
+    """Each plane resized, padded and cropped; their channels together as float32 [img_h, img_w, C] in [0, 1]."""
+    out, first = [], 0
+    for img in planes:
+        chans = len(img.getbands())
+        out.append(_transform_plane(img, config, config.mean[first : first + chans]))
+        first += chans
+    return np.concatenate(out, axis=-1)
+
+
+def _transform_plane(img: Image.Image, config: ViTConfig, mean: tuple[float, ...]) -> np.ndarray:
     if 0 in img.size:
         raise InputError(f"empty image: {img.size[0]}x{img.size[1]} pixels; give images at least 1x1 (they are resized to {config.img_hw})")
     h, w = config.img_hw
     size = resize_size(img.size[1], img.size[0], config)
     img = img.resize(size, _PIL_FILTERS[config.interpolation])
     if config.crop_mode == "border" and (size[0] < w or size[1] < h):
-        img = _pad_to(img, w, h, config.mean)
+        img = _pad_to(img, w, h, mean)
         size = img.size
     left, top = crop_offset(size[0], w, config.crop_rounding), crop_offset(size[1], h, config.crop_rounding)
     img = img.crop((left, top, left + w, top + h))
