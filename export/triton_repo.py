@@ -82,7 +82,8 @@ def triton_repository(
     meta = read_sidecar(artifact)
     config = ViTConfig.from_dict(meta["config"])
     max_batch = _max_batch(meta, platform, max_batch_size)
-    _check_native_size(meta, artifact)
+    check_native_size(meta["input"].get("image_sizes"), meta["preprocessing"]["img_size"], artifact,
+                      "a Triton repository's warm-up and uint8 preprocessing send")  # fmt: skip
     if instance_count < 1 or max_queue_delay_us < 0:
         raise ArtifactError("instance_count must be >= 1 and max_queue_delay_us >= 0")
     spec = PreprocessSpec.from_config(config)
@@ -110,15 +111,15 @@ def triton_repository(
     return out
 
 
-def _check_native_size(meta: dict[str, Any], artifact: Path) -> None:
-    """A dynamic-size engine must take the model's own image size: the repository's warm-up sends it and its uint8
-    preprocessing resizes every image to it, and Triton refuses a model whose warm-up shape the engine rejects."""
-    sizes = meta["input"].get("image_sizes")
-    h, w = meta["preprocessing"]["img_size"]
+def check_native_size(sizes, img_hw, artifact: Any, sent_by: str) -> None:
+    """A dynamic-size engine's `sizes` (min, opt, max) must take the model's own `img_hw`: uint8 preprocessing resizes
+    every image to it (in a repository and in `vitfast serve`), and Triton refuses a model whose warm-up shape the engine
+    rejects. `sent_by` ends the message's "which ..." clause: what sends that size."""
+    h, w = img_hw
     if sizes and not all(lo <= d <= hi for lo, d, hi in zip(sizes[0], (h, w), sizes[2])):
         (h0, w0), (h1, w1) = sizes[0], sizes[2]
-        raise ArtifactError(f"{artifact} takes images of {h0}x{w0} to {h1}x{w1}, not the model's own {h}x{w}, which a Triton "
-                            f"repository's warm-up and preprocessing send; rebuild it with --image-sizes covering {h}x{w}")  # fmt: skip
+        raise ArtifactError(f"{artifact} takes images of {h0}x{w0} to {h1}x{w1}, not the model's own {h}x{w}, which {sent_by}; "
+                            f"rebuild it with --image-sizes covering {h}x{w}")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- configs

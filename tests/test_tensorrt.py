@@ -927,6 +927,20 @@ def test_a_triton_repository_refuses_an_engine_without_the_models_own_size(dynam
     assert (triton_repository(covering, tmp_path / "repo") / "vit" / "config.pbtxt").exists()
 
 
+def test_serve_refuses_an_engine_without_the_models_own_size(dynamic_onnx, rec, gpu, tmp_path):
+    """`serve`'s uint8 model resizes every image to the model's own size, so such an engine is refused at start, by
+    name and with the fix, the rule a repository follows; not bound to answer every uint8 request with an error."""
+    pytest.importorskip("pytriton", reason="serving needs PyTriton: pip install 'vitfast[serve]'")
+    from serve_helpers import free_ports
+    from vitfast.serve import start
+
+    path = build(dynamic_onnx[1], tmp_path / "large.engine", batch=(1, 2, 4), image_sizes="48:64:96")
+    http, grpc, metrics = free_ports()
+    with pytest.raises(ArtifactError, match="takes images of 48x48 to 96x96, not the model's own 32x32, which the vit_uint8 "
+                                            "model resizes every image to; rebuild it with --image-sizes covering 32x32"):  # fmt: skip
+        start(path, port=http, grpc_port=grpc, metrics_port=metrics)
+
+
 def test_a_dynamic_size_onnx_builds_an_engine_for_a_range_of_sizes(dynamic_onnx, rec, gpu, tmp_path):
     """The profile spans the image sizes (default half to twice img_size, optimised for it; or as stated), the sidecar
     records them, and the engine refuses a size outside them, by name, before TensorRT sees it."""

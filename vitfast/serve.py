@@ -52,7 +52,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from vitfast.export.triton_repo import check_model_name
+from vitfast.export.triton_repo import check_model_name, check_native_size
 
 from .errors import BackendUnavailable, InputError, VitfastError, first_line
 from .pytriton_adapter import rewrite_model_files
@@ -236,6 +236,7 @@ def start(
     labels = tuple(labels) if labels is not None else engine.config.labels
     if labels is not None and len(labels) != engine.config.num_classes:
         raise InputError(f"{len(labels)} labels for a model with {engine.config.num_classes} classes; give one name per class")
+    check_native_size(engine.image_sizes, engine.config.img_hw, engine.path or repr(engine), f"the {name}_uint8 model resizes every image to")
     engine.allow_nonfinite = allow_nonfinite or engine.allow_nonfinite
     max_batch = _max_batch(engine, max_batch_size)
     if top_k < 1 or max_queue_delay_us < 0:
