@@ -9,10 +9,13 @@
       <name>_uint8/config.pbtxt        ensemble: <name>_preprocess -> <name>, so clients send raw uint8
       <name>_uint8/labels.txt          the same class names, for the ensemble's `logits`
       <name>_uint8/1/                  (empty: Triton wants a version folder for ensembles too)
-    OUT.json                           sidecar: the source artifact's metadata and the model names
+    OUT.json                           sidecar: the source artifact's metadata, the model names and the sha256
+                                       of every file written (`contents`: what `--force` may replace)
 
-The model names and tensors are the ones `vitfast serve` uses, so a client works with both. With
-labels, Triton's classification extension answers `class_count` requests as "score:index:label".
+`<name>` and `<name>_uint8` have the names, input `images` and output `logits` of `vitfast serve`'s two models, so a
+client that asks for `logits` alone works with both; `serve`'s `topk_indices`, `topk_scores` and `topk_labels` are not
+here: with labels, Triton's classification extension answers `class_count` requests on `logits` as "score:index:label".
+(`<name>_preprocess` is the repository's own.)
 The network gets a `model_warmup` (random inputs at batch 1 and at the maximum batch) so the first
 client request does not pay for ONNX Runtime / TensorRT initialisation.
 `config.pbtxt` is protobuf text format for Triton's `ModelConfig` (model_config.proto).
@@ -27,12 +30,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from vitfast.atomic import check_output_free, claim_output
+from vitfast.atomic import STAGING, check_output_free, claim_output, is_empty_folder
 from vitfast.config import ViTConfig
 from vitfast.errors import ArtifactError, OutputError
 from vitfast.runtime import ENGINE_SUFFIXES
 
-from .artifacts import read_sidecar, sidecar_path, write_sidecar
+from .artifacts import cached_sha256, read_sidecar, sidecar_path, write_sidecar
 from .triton_preprocess import PreprocessSpec
 
 DEFAULT_NAME = "vit"
@@ -73,7 +76,8 @@ def triton_repository(
 
     `max_batch_size` defaults to the artifact's batch profile maximum; `instance_count` is the
     number of execution instances of the network (and of the preprocessing model). Written to a
-    temporary folder and renamed into place; an existing `out_dir` needs `force=True`. `intermediate`: `artifact` is the
+    temporary folder and renamed into place; an existing empty `out_dir` (a volume's mount point) is filled in place, and
+    a repository vitfast wrote there is replaced with `force=True` (`check_repository_free`). `intermediate`: `artifact` is the
     caller's temporary, copied in and not kept, so the sidecar's `artifact` is None rather than a path that names nothing.
     """
     artifact = Path(artifact)
@@ -87,7 +91,7 @@ def triton_repository(
     if instance_count < 1 or max_queue_delay_us < 0:
         raise ArtifactError("instance_count must be >= 1 and max_queue_delay_us >= 0")
     spec = PreprocessSpec.from_config(config)
-    out = Path(out_dir)
+    out = check_repository_free(out_dir, force)
     names = model_names(name)
     labels = config.labels if config.classifies else None  # Triton's classification reads one score per class and image
     configs = {
@@ -106,7 +110,7 @@ def triton_repository(
         _copy_artifact(artifact, tmp / names["model"] / "1" / ("model.onnx" if platform == "onnxruntime_onnx" else "model.plan"))
         shutil.copyfile(PREPROCESS_SOURCE, tmp / names["preprocess"] / "1" / "model.py")
         sidecar = {**meta, "kind": "triton-repository", "artifact": None if intermediate else str(artifact.resolve()), "platform": platform,
-                   "models": names, "max_batch_size": max_batch}  # fmt: skip
+                   "models": names, "max_batch_size": max_batch, "contents": repository_contents(tmp)}  # fmt: skip
         write_sidecar(tmp, sidecar)
     return out
 
@@ -266,26 +270,52 @@ def _copy_artifact(artifact: Path, target: Path) -> None:
 
 
 def check_repository_free(path: str | os.PathLike, force: bool) -> Path:
-    """The repository path, if it may be written: absent, or with `force` a repository vitfast wrote.
+    """The repository path, if it may be written: absent, an empty folder, or with `force` a repository vitfast wrote.
 
-    `force` never deletes a folder vitfast did not make: the folder must have the `OUT.json`
-    sidecar of a repository and hold nothing but the models that sidecar names."""
+    `force` never deletes what vitfast did not write: the `OUT.json` sidecar records the sha256 of every file in the
+    repository, and a folder holding anything else, or a file changed since, is refused by name."""
+    path = Path(path)
+    if path.is_dir() and not is_empty_folder(path):
+        problem = _not_ours(path)
+        if problem:  # before the --force check: never advise --force where it would be refused
+            raise OutputError(f"{path} {problem}, so --force will not replace it; move it away or choose another --out")
     path = check_output_free(path, force, directory=True)
     if sidecar_path(path).exists() and not force:
         raise OutputError(f"{sidecar_path(path)} already exists; pass --force to overwrite the repository, or choose another --out")
-    if path.exists() and not is_vitfast_repository(path):
-        raise OutputError(
-            f"{path} is not a model repository vitfast wrote (no {sidecar_path(path).name} naming its models, or other "
-            "files inside), so --force will not delete it; move it away or choose another --out"
-        )
     return path
 
 
-def is_vitfast_repository(path: Path) -> bool:
-    """True for a folder `triton_repository` wrote: its sidecar says so and names every entry in it."""
+def _not_ours(path: Path) -> str | None:
+    """Why the folder `path` is not a repository vitfast wrote and nobody changed since; None if it is."""
+    side = sidecar_path(path)
     try:
-        meta = json.loads(sidecar_path(path).read_text())
-        models = set(meta["models"].values()) if meta.get("kind") == "triton-repository" else set()
-        return not path.is_symlink() and bool(models) and set(os.listdir(path)) <= models
-    except (OSError, ValueError, AttributeError, KeyError, TypeError):
-        return False
+        meta = json.loads(side.read_text())
+    except (OSError, ValueError):
+        meta = None
+    if path.is_symlink() or not isinstance(meta, dict) or meta.get("kind") != "triton-repository":
+        return f"is not a model repository vitfast wrote (no {side.name} of one beside it)"
+    recorded = meta.get("contents")
+    if not isinstance(recorded, dict):  # vitfast < this change recorded names only: a user's edit looks like its own file
+        return (f"is a model repository an older vitfast wrote, whose {side.name} records no sha256 of its files, so changes "
+                "made to it since cannot be told apart")  # fmt: skip
+    found = repository_contents(path)
+    extra = [name for name in found if name not in recorded]
+    changed = [name for name in found if name in recorded and found[name] != recorded[name]]
+    if extra or changed:
+        return "holds " + " and ".join(
+            f"{what} ({', '.join(names[:5])}{f' and {len(names) - 5} more' if len(names) > 5 else ''})"
+            for what, names in (("files vitfast did not write", extra), ("files changed since vitfast wrote them", changed)) if names
+        )  # fmt: skip
+    return None
+
+
+def repository_contents(root: Path) -> dict[str, str | None]:
+    """Every entry under `root` (but vitfast's staging folder) by relative path: a file's sha256, None for a folder,
+    "link" or "other" for what vitfast never writes (a symbolic link is not followed)."""
+    contents: dict[str, str | None] = {}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not (folder == str(root) and d == STAGING)]
+        for entry in (Path(folder, name) for name in dirs + files):
+            kind = "link" if entry.is_symlink() else None if entry.is_dir() else cached_sha256(entry) if entry.is_file() else "other"
+            contents[entry.relative_to(root).as_posix() + ("/" if kind is None else "")] = kind
+    return dict(sorted(contents.items()))

@@ -249,9 +249,10 @@ def test_triton_repo_force_never_deletes_a_folder_vitfast_did_not_make(assets, t
     notes.mkdir()
     (notes / "todo.txt").write_text("my notes")
     before = tree(tmp_path)
-    result = run_cli("export", "--model", MODEL, "--format", "triton-repo", "--force", "--out", notes)
-    assert result[0] == 2 and "not a model repository vitfast wrote" in result[2]
-    assert tree(tmp_path) == before
+    for force in (["--force"], []):  # without --force too: never told to pass the --force that is then refused
+        result = run_cli("export", "--model", MODEL, "--format", "triton-repo", *force, "--out", notes)
+        assert result[0] == 2 and "not a model repository vitfast wrote" in result[2] and "pass --force" not in result[2]
+        assert tree(tmp_path) == before
     for name in (".", "..", "..."):
         with pytest.raises(ArtifactError, match="not valid for Triton"):
             vitfast.export.triton_repository(assets / "m.onnx", tmp_path / "repo", name=name)

@@ -219,6 +219,54 @@ def test_existing_output_needs_force_and_failures_leave_nothing(onnx_model, tmp_
     assert not (tmp_path / "other").exists()
 
 
+def test_force_refuses_a_repository_with_files_vitfast_did_not_write_or_changed(onnx_model, tmp_path):
+    """The sidecar records every file's sha256: a version folder or an edit added since is named and kept, not deleted."""
+    out = triton_repository(onnx_model[1], tmp_path / "vr")
+    recorded = json.loads(Path(str(out) + ".json").read_text())["contents"]
+    assert recorded["vit/config.pbtxt"] == vitfast.export.artifacts.sha256_file(out / "vit/config.pbtxt") and recorded["vit_uint8/1/"] is None
+    (out / "vit/2").mkdir()
+    shutil.copyfile(out / "vit/1/model.onnx", out / "vit/2/model.onnx")
+    with open(out / "vit/config.pbtxt", "a") as config:
+        config.write("# tuned by ops\n")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(ArtifactError, match=r"vr holds files vitfast did not write \(vit/2/, vit/2/model.onnx\) and files changed since "
+                                            r"vitfast wrote them \(vit/config.pbtxt\), so --force will not replace it"):  # fmt: skip
+        triton_repository(onnx_model[1], out, force=True)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    shutil.rmtree(out / "vit/2")
+    (out / "vit/config.pbtxt").write_text(before[out / "vit/config.pbtxt"].decode().replace("# tuned by ops\n", ""))
+    triton_repository(onnx_model[1], out, force=True)  # as vitfast wrote it again: replaced
+    side = Path(str(out) + ".json")
+    side.write_text(json.dumps({k: v for k, v in json.loads(side.read_text()).items() if k != "contents"}))  # an older vitfast's
+    with pytest.raises(ArtifactError, match="an older vitfast wrote.*records no sha256 of its files"):
+        triton_repository(onnx_model[1], out, force=True)
+
+
+def test_an_empty_folder_is_filled_in_place_and_never_renamed(onnx_model, tmp_path, monkeypatch):
+    """An empty --out (a Docker / Kubernetes volume's mount point, which cannot be renamed: simulated) takes the
+    repository without --force, staged inside it; --force then replaces a repository there in place too."""
+    import os
+
+    out = tmp_path / "models"
+    out.mkdir()
+    inode = out.stat().st_ino
+    for name in ("rename", "replace"):
+        real = getattr(os, name)
+
+        def refuse_the_mount_point(src, dst, *args, real=real, **kwargs):
+            if out in (Path(src), Path(dst)):
+                raise OSError(16, "Device or resource busy", str(src))
+            assert out in Path(src).parents or out not in Path(dst).parents, (src, dst)  # staged on the folder's filesystem
+            return real(src, dst, *args, **kwargs)
+
+        monkeypatch.setattr(os, name, refuse_the_mount_point)
+    triton_repository(onnx_model[1], out)
+    triton_repository(onnx_model[1], out, name="b", force=True)
+    assert out.stat().st_ino == inode and sorted(p.name for p in out.iterdir()) == ["b", "b_preprocess", "b_uint8"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models", "models.json"]
+    assert read_sidecar(out / "b/1/model.onnx")["config"] == read_sidecar(onnx_model[1])["config"]
+
+
 def test_pbtxt_writer_escapes_strings_and_writes_enums_bare():
     message = {"name": 'a"b\\c', "input": [{"data_type": Enum("TYPE_FP32"), "dims": [-1, 3]}], "dynamic_batching": {"max_queue_delay_microseconds": 7}}
     text = to_pbtxt(message)

@@ -13,6 +13,10 @@
   removes every staging folder whose owner is gone (its lock is free), and the empty staging folder.
   Testing a name lock takes it, so a claim creates and locks its own under a shared flock on the staging
   folder and the clean-up tests under an exclusive one: a rival's test is never taken for a live writer.
+- Existing folders: a folder output may be an existing empty folder (or, with `force`, the caller's old output). It is
+  kept and refilled entry by entry, staged in `FOLDER/.vitfast-staging/`: it may be a mount point (a Docker or
+  Kubernetes volume), which cannot be renamed or replaced, and only staging on its own filesystem makes each rename
+  atomic. Each entry appears whole; the set of entries is swapped one rename at a time, not at once.
 - Pairs: files beside the output in `out.tmp`'s folder are published first, the sidecar last, and
   an old sidecar is removed before its artifact is replaced; the sidecar records each file's size
   and sha256 (`vitfast.export.artifacts`), so any interruption leaves either a valid pair or a pair
@@ -42,17 +46,22 @@ _held_guard = threading.Lock()
 
 
 def check_output_free(path: str | os.PathLike, force: bool, *, directory: bool = False) -> Path:
-    """`path` if it may be written: absent, or (with `force`) an existing output of the same kind."""
+    """`path` if it may be written: absent, an empty folder (`directory`), or (with `force`) an existing output of the same kind."""
     path = Path(path)
     if str(path) in ("", ".", "..") or path.name in ("", ".", ".."):
         raise OutputError(f"{str(path)!r} is not a file name; give an output path such as out/model.onnx")
     if path.exists() and path.is_dir() != directory:
         want = "a folder" if directory else "a file"
         raise OutputError(f"{path} exists and is not {want}; choose another output path")
-    if path.exists() and not force:
+    if path.exists() and not force and not (directory and is_empty_folder(path)):
         raise OutputError(f"{path} already exists; pass --force to overwrite it, or choose another output path")
     _check_parent(path.parent)
     return path
+
+
+def is_empty_folder(path: Path) -> bool:
+    """A real folder (not a link) holding nothing, or only vitfast's staging folder."""
+    return path.is_dir() and not path.is_symlink() and set(os.listdir(path)) <= {STAGING}
 
 
 def _check_parent(parent: Path) -> None:
@@ -66,10 +75,12 @@ def _check_parent(parent: Path) -> None:
 
 
 class Claim:
-    """A claimed output: `tmp` is where to write it, `scratch_dir` holds unpublished temporaries."""
+    """A claimed output: `tmp` is where to write it, `scratch_dir` holds unpublished temporaries. `inside`: a work
+    folder inside the existing folder `path`, which is refilled (see the module docstring); `work` is beside `path`."""
 
-    def __init__(self, path: Path, force: bool, work: Path):
-        self.path, self.force, self.work = path, force, work
+    def __init__(self, path: Path, force: bool, work: Path, inside: Path | None = None):
+        self.path, self.force, self.outside, self.inside = path, force, work, inside
+        work = self.work = inside or work
         (work / "out").mkdir()
         self.scratch_dir = work / "scratch"
         self.scratch_dir.mkdir()
@@ -88,9 +99,25 @@ class Claim:
         for item in sorted(staged.iterdir()):
             if item not in (self.tmp, sidecar):
                 os.replace(item, self.path.parent / item.name)
-        _place(self.tmp, self.path, exclusive=not self.force, trash=self.work / "replaced")
+        if self.inside:
+            _refill(self.tmp, self.path, trash=self.work / "replaced")
+        else:
+            _place(self.tmp, self.path, exclusive=not self.force, trash=self.work / "replaced")
         if sidecar.exists():
+            if self.inside:  # staged on the folder's filesystem; the parent, where it goes, may be another
+                sidecar = Path(shutil.copyfile(sidecar, self.outside / sidecar.name))
             os.replace(sidecar, self.path.parent / sidecar.name)
+
+
+def _refill(src: Path, dst: Path, *, trash: Path) -> None:
+    """Replace the entries of the folder `dst` by those of `src`, one rename each; `dst` itself stays (a mount point
+    cannot be renamed). Both on `dst`'s filesystem; the old entries go with the staging folder."""
+    trash.mkdir()
+    for name in sorted(os.listdir(dst)):
+        if name != STAGING:
+            os.replace(dst / name, trash / name)
+    for item in sorted(src.iterdir()):
+        os.rename(item, dst / item.name)
 
 
 def _place(src: Path, dst: Path, *, exclusive: bool, trash: Path) -> None:
@@ -141,12 +168,28 @@ def reserve_output(path: str | os.PathLike, force: bool = False, *, directory: b
 
 @contextlib.contextmanager
 def claim_output(path: str | os.PathLike, force: bool = False, *, directory: bool = False) -> Iterator[Claim]:
-    """Claim `path` exclusively, yield a `Claim`, publish on success; clean up on every exit."""
-    with reserve_output(path, force, directory=directory) as work:
-        claim = Claim(Path(path), force, work)
+    """Claim `path` exclusively, yield a `Claim`, publish on success; clean up on every exit. An existing folder
+    (`directory`) is refilled in place, staged inside it (see the module docstring)."""
+    with reserve_output(path, force, directory=directory) as work, contextlib.ExitStack() as stack:
+        inside = stack.enter_context(_work_in(Path(path) / STAGING, Path(path))) if directory and Path(path).is_dir() else None
+        claim = Claim(Path(path), force, work, inside)
         yield claim
         with output_errors(claim.path):
             claim.publish()
+
+
+@contextlib.contextmanager
+def _work_in(staging: Path, path: Path) -> Iterator[Path]:
+    """A work folder of this process in `staging`, removed on exit (with `staging` once empty); the caller holds `path`'s lock."""
+    with output_errors(path):
+        _make_staging(staging)
+        clean_stale(staging)
+        work = _new_work(staging, path.name)
+    try:
+        yield work
+    finally:
+        _remove_work(work)
+        _remove_if_empty(staging)
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None], *, force: bool = True) -> Path:
