@@ -10,7 +10,9 @@ Both answer `logits` FP32 [B, classes], `topk_indices` INT64 [B, k] and `topk_sc
 (best first; scored as transformers' pipeline scores the model: softmax probabilities, a sigmoid per class for a
 multi-label classifier or a single output, the logits for regression; `--scores` to choose), and `topk_labels` BYTES
 [B, k] (UTF-8 class names) when the model has labels (HF id2label, timm label_names, or `--labels FILE`). Triton's
-dynamic batcher groups requests up to the engine's maximum batch. The names match the repository `vitfast export --format triton-repo` writes.
+dynamic batcher groups requests up to the engine's maximum batch. The repository `vitfast export --format triton-repo`
+writes has the same two model names, input `images` and output `logits`, but no `topk_*` outputs (Triton's `class_count`
+classification on `logits` instead, with labels), so a client that asks for `logits` alone works with both.
 
 Bad requests get an error response of one line each, and the server goes on serving:
 - Triton checks dtype, shape, batch size and byte count against the model config before any
