@@ -168,3 +168,29 @@ def test_predictions_of_a_sideways_stored_photo_are_those_of_the_upright_one(tmp
     assert torch.equal(a, b)
     with torch.no_grad():
         assert torch.equal(model(a), model(b))
+
+
+@pytest.mark.parametrize("suffix", [".png", ".tif"])
+def test_16_bit_greyscale_files_keep_their_tones(tmp_path, suffix):
+    """A 16-bit greyscale file reads as its high byte (Pillow's own 16 -> 8 bits for colour files), not clipped to
+    255 by Pillow's RGB conversion (which left 99.6% of a photo white)."""
+    deep = np.random.default_rng(0).integers(0, 65536, size=(19, 27), dtype=np.uint16)
+    path = tmp_path / f"scan{suffix}"
+    Image.fromarray(deep).save(path)
+    got = np.asarray(open_image(path))
+    assert got.shape == (19, 27, 3) and all(np.array_equal(got[..., c], (deep >> 8).astype(np.uint8)) for c in range(3))
+    from vitfast.inspect import load_image
+
+    assert np.array_equal(np.asarray(load_image(path).convert("RGB")), got)
+
+
+@pytest.mark.parametrize("pixels", [np.zeros((5, 6), np.float32), np.zeros((5, 6), np.int32)], ids=["float", "int32"])
+def test_pixels_of_unknown_range_are_refused_by_name(tmp_path, pixels):
+    path = tmp_path / "depth.tif"
+    Image.fromarray(pixels).save(path)
+    with pytest.raises(InputError, match="depth.tif holds .* pixels .* save it as an 8- or 16-bit image"):
+        open_image(path)
+    from vitfast.inspect import load_image
+
+    with pytest.raises(InputError, match="save it as an 8- or 16-bit image"):
+        load_image(path)

@@ -8,6 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import torch
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
@@ -49,9 +50,23 @@ def upright(img: Image.Image) -> Image.Image:
     return ImageOps.exif_transpose(img) if orientation != 1 else img
 
 
+def eight_bit(img: Image.Image, path: Path) -> Image.Image:
+    """16-bit greyscale (Pillow's I;16 modes: PNG, TIFF) as 8-bit greyscale by the high byte of each pixel, as Pillow
+    itself reads 16-bit colour files; Pillow's RGB conversion would clip it to 0..255, making nearly every pixel white
+    (transformers' `load_image` and timm's folder reader do that). 32-bit integer and float pixels (modes I, F) are
+    refused: their range is not in the file."""
+    if img.mode.startswith("I;16"):
+        return Image.fromarray((np.asarray(img) >> 8).astype(np.uint8), "L")
+    if img.mode in ("I", "F"):
+        kind = "32-bit integer" if img.mode == "I" else "floating-point"
+        raise InputError(f"{path} holds {kind} pixels (Pillow mode {img.mode}), whose range the file does not give; "
+                         "save it as an 8- or 16-bit image")  # fmt: skip
+    return img
+
+
 def open_image(path: Path) -> Image.Image:
-    """The image at `path`, upright (`upright`: its EXIF orientation applied), as RGB, or RGBA where it has
-    transparency (`preprocess` decides, as the model's
+    """The image at `path`, upright (`upright`: its EXIF orientation applied), 16-bit greyscale taken to 8 bits
+    (`eight_bit`), as RGB, or RGBA where it has transparency (`preprocess` decides, as the model's
     `alpha_on_white` says, what transparent pixels become); unreadable files and decompression bombs (more pixels than
     Pillow's `Image.MAX_IMAGE_PIXELS`, decoded to gigabytes) are one `InputError` naming the file.
     Safe in threads: the pixel count is checked here, from the header, not by a process-wide warnings filter."""
@@ -59,7 +74,9 @@ def open_image(path: Path) -> Image.Image:
         with Image.open(path) as img:  # reads the header only; Pillow itself refuses twice the limit
             pixels = img.width * img.height
             if not Image.MAX_IMAGE_PIXELS or pixels <= Image.MAX_IMAGE_PIXELS:
-                return upright(img).convert("RGBA" if has_alpha(img) else "RGB")
+                return eight_bit(upright(img), path).convert("RGBA" if has_alpha(img) else "RGB")
+    except InputError:
+        raise
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:  # the warning: under an "error" filter
         raise InputError(f"{path} is too large to decode safely ({exc}); remove it or resize it") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:

@@ -24,7 +24,7 @@ from PIL import Image, UnidentifiedImageError
 
 from .atomic import claim_output
 from .config import ViTConfig
-from .data import upright
+from .data import eight_bit, upright
 from .errors import BackendUnavailable, InputError, VitfastError, first_line
 
 DPI = 100
@@ -239,7 +239,8 @@ def inspect_model(model: torch.nn.Module, images: torch.Tensor) -> Inspection:
 
 
 def load_image(path: str | os.PathLike) -> Image.Image:
-    """Open an image file with Pillow, upright (`vitfast.data.upright`), or raise `InputError` saying why it cannot be used."""
+    """Open an image file with Pillow, upright and 16-bit greyscale in 8 bits (`vitfast.data.upright`, `eight_bit`), or
+    raise `InputError` saying why it cannot be used."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"image not found: {path}")
@@ -248,8 +249,10 @@ def load_image(path: str | os.PathLike) -> Image.Image:
             warnings.simplefilter("error", Image.DecompressionBombWarning)  # gigabytes of pixels: refuse, as vitfast.data does
             with Image.open(path) as img:
                 img.load()  # decode now, so a truncated file fails here and not halfway through
-                turned = upright(img)
+                turned = eight_bit(upright(img), path)
                 return turned if turned is not img else img.copy()
+    except InputError:
+        raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise InputError(f"{path} is not an image Pillow can read ({first_line(exc)})") from None
 
