@@ -837,3 +837,18 @@ def test_bf16_on_cpu_under_the_interpreter_matches_the_bf16_model():
         expected = model(x).float()
         got = vitfast.optimize(model)(x).float()
     torch.testing.assert_close(got, expected, atol=0.05, rtol=0.05)
+
+
+def test_a_fullgraph_compile_with_autograd_on_traces_the_reference_math(device):
+    """torch.compile(optimize(m), fullgraph=True) called with grad enabled compiles the reference math (no warning
+    inside the trace, which would break the graph) and gives the reference model's gradients."""
+    cfg = tiny_config()
+    reference = randomize(vitfast.create_model(cfg)).to(device).eval()
+    model = vitfast.optimize(copy.deepcopy(reference))
+    x = torch.randn(2, 3, *cfg.img_hw, device=device)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    compiled(x).sum().backward()
+    reference(x).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
