@@ -275,6 +275,7 @@ class FusedBlock(nn.Module):
         fc1 = block.mlp.fc1_g if isinstance(block.mlp, SwiGLU) else block.mlp.fc1
         self.measured = measured_choices(fc1.weight.device, fc1.in_features, fc1.out_features)
         self.measured_attention = measured_attention(fc1.weight.device, block.attn.head_dim)
+        self._read_layers()
         self.train(block.training)
 
     def _takes_kernels(self, x: torch.Tensor) -> bool:
@@ -292,8 +293,23 @@ class FusedBlock(nn.Module):
                               "the reference math to give correct gradients; for inference call it under torch.inference_mode() "
                               "(or torch.no_grad()), or model.requires_grad_(False)", VitfastWarning, stacklevel=3)  # fmt: skip
             return False
-        layers = (*self.children(), *self.attn.children(), *self.mlp.children())
-        return _fusable_layers(self) and not any(_hooked(m) for m in layers)
+        if not say:  # traced once per structure (Dynamo guards on the modules), so read it afresh
+            layers = (*self.children(), *self.attn.children(), *self.mlp.children())
+            return _fusable_layers(self) and not any(_hooked(m) for m in layers)
+        if any(tuple(modules.values()) != layers for modules, layers in self._layers):  # a layer replaced since
+            self._read_layers()
+        return self._fusable and not any(self._hooks)
+
+    def _read_layers(self) -> None:
+        """Note the layers below the block and below its attention and MLP (each parent's `_modules` and what it held),
+        their hook dicts, and whether the kernels compute them (`_fusable_layers`). Per eager call only these are
+        compared, about a microsecond, where reading the layers through nn.Module's attribute lookup cost 30-70 us
+        a block on CPU (and host time sets the batch-1 latency)."""
+        parents = (self, self.attn, self.mlp)
+        object.__setattr__(self, "_layers", tuple((p._modules, tuple(p._modules.values())) for p in parents))
+        hooks = [(m._forward_hooks, m._forward_pre_hooks) for p in parents for m in p._modules.values()]
+        object.__setattr__(self, "_hooks", tuple(d for pair in hooks for d in pair))  # registering a hook fills these in place
+        object.__setattr__(self, "_fusable", _fusable_layers(self))
 
     def train(self, mode: bool = True) -> "FusedBlock":
         self.reference.training = mode  # restore() hands it back in the mode the model is in
