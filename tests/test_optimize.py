@@ -757,8 +757,9 @@ def test_autograd_through_an_optimized_model_gives_the_reference_gradients(devic
 
 
 def test_hooks_on_an_optimized_blocks_layers_fire_and_block_hooks_see_tensors(device):
-    """A forward hook on a layer inside a fused block (attention rollout, activation statistics) fires as in the
-    reference model, with the same values; a hook on a block gets a tensor, never the (x, next norm1(x)) pair."""
+    """A forward hook on a layer inside a fused block (attention rollout, activation statistics) or on the patch
+    convolution fires as in the reference model, with the same values; a hook on a block gets a tensor, never the
+    (x, next norm1(x)) pair."""
     cfg = tiny_config(depth=3)
     reference = randomize(vitfast.create_model(cfg)).to(device).eval()
     model = vitfast.optimize(copy.deepcopy(reference), mlp="cublas")
@@ -767,10 +768,11 @@ def test_hooks_on_an_optimized_blocks_layers_fire_and_block_hooks_see_tensors(de
     for tag, m in (("ref", reference), ("opt", model)):
         m.blocks[1].mlp.fc1.register_forward_hook(lambda mod, args, out, tag=tag: seen.setdefault((tag, "fc1"), out))
         m.blocks[0].register_forward_hook(lambda mod, args, out, tag=tag: seen.setdefault((tag, "block0"), out))
+        m.patch_embed.proj.register_forward_hook(lambda mod, args, out, tag=tag: seen.setdefault((tag, "patches"), out))
         with torch.no_grad():
             seen[(tag, "logits")] = m(x)
     assert isinstance(seen[("opt", "block0")], torch.Tensor)
-    for what in ("fc1", "block0", "logits"):
+    for what in ("fc1", "block0", "patches", "logits"):
         torch.testing.assert_close(seen[("opt", what)], seen[("ref", what)], atol=1e-4, rtol=1e-4, msg=what)
 
 

@@ -347,7 +347,9 @@ class FusedBlock(nn.Module):
             return Block.forward(self, x, return_attention=return_attention, rope=rope)
         ops = kernel_ops(x)
         attn, mlp, nxt = self.attn, self.mlp, self.next_block
-        nxt = None if nxt is None or _hooked(self) or _hooked(nxt) else nxt.norm1
+        # the next block's norm1 output comes along unless a hook must see tensors, or that norm is no longer one the
+        # kernels compute (the next block then takes the reference math, which ignores it anyway)
+        nxt = None if nxt is None or _hooked(self) or _hooked(nxt) or not _fusable_norm(nxt.norm1) else nxt.norm1
         B, N, C = x.shape
         if h is None:
             h = _norm(ops, x, self.norm1)
@@ -448,6 +450,8 @@ class GemmPatchEmbed(nn.Module):
         """x [B, in_chans, H, W] -> [B, (H/p)*(W/p), C]."""
         ref = self.reference
         check_image_shape(x, ref.in_chans, ref.img_size, ref.dynamic_patch)
+        if type(self.proj) is not nn.Conv2d or _hooked(self.proj):  # replaced or hooked since: call it, as the reference does
+            return self.norm(self.proj(x).flatten(2).transpose(1, 2))
         B, c, H, W = x.shape
         p = self.proj.kernel_size[0]
         patches = x.view(B, c, H // p, p, W // p, p).permute(0, 2, 4, 1, 3, 5).reshape(B, (H // p) * (W // p), c * p * p)

@@ -119,18 +119,23 @@ def restore(model: nn.Module) -> nn.Module:
     """Put the reference blocks and patch embedding (same parameters) back and drop any captured CUDA graphs."""
     blocks = getattr(model, "blocks", None)
     if isinstance(getattr(model, "patch_embed", None), GemmPatchEmbed):
-        model.patch_embed = model.patch_embed.reference
+        model.patch_embed = _with_children_of(model.patch_embed)
     if isinstance(blocks, nn.Sequential):
         for i, block in enumerate(blocks):
             if isinstance(block, FusedBlock):
-                for name, child in block.named_children():  # a layer replaced on the optimized block since stays replaced
-                    setattr(block.reference, name, child)
-                blocks[i] = block.reference
+                blocks[i] = _with_children_of(block)
     if hasattr(model, _GRAPHED):
         del model.forward
         delattr(model, _GRAPHED)
     vars(model).pop(HEAD_ROWS, None)
     return model
+
+
+def _with_children_of(wrapper: nn.Module) -> nn.Module:
+    """The reference module a FusedBlock / GemmPatchEmbed wraps, holding the wrapper's layers (one replaced since stays)."""
+    for name, child in wrapper.named_children():
+        setattr(wrapper.reference, name, child)
+    return wrapper.reference
 
 
 def head_rows(model: nn.Module) -> int | None:
