@@ -89,3 +89,62 @@ def test_against_reports_the_accuracy_difference(ckpt, tmp_path, capsys):
     assert against["top1_diff"] == pytest.approx(result["top1"] - top1) and 0.8 <= against["top1_agreement"] <= 1
     assert main(["eval", str(tmp_path / "m.onnx"), "--data", str(data), "--against", str(ckpt)]) == 0
     assert "points)" in capsys.readouterr().out
+
+
+def test_numbered_class_folders_are_classes_in_numeric_order(tmp_path, capsys):
+    """Folders 0..11 of a model without labels are classes 0..11 (timm's natural order), not "0, 1, 10, 11, 2": each image
+    is scored against the class its folder's number names, checked against the model's own logits."""
+    torch.manual_seed(5)
+    model = vitfast.create_model("vit_cifar_patch4_32", num_classes=12, crop_pct=1.0)
+    ckpt = vitfast.save_checkpoint(model, tmp_path / "m.safetensors")
+    data = _folder(tmp_path / "data", [str(i) for i in range(12)], per_class=2)
+    assert main(["eval", str(ckpt), "--data", str(data), "--json"]) == 0
+    top1, top5, n = _expected(ckpt, data, {str(i): i for i in range(12)})
+    result = json.loads(capsys.readouterr().out)
+    assert (result["top1"], result["top5"], result["n"]) == (pytest.approx(top1), pytest.approx(top5), n)
+
+
+def test_folders_partly_named_after_labels_are_refused(ckpt, tmp_path, capsys):
+    """Folders "ant", "bee", "cats": sorted order would score the ants as class 0 but the bees as class 1 and "cats" as
+    class 2 only by luck of spelling; a folder set where some names are labels and some are not is refused by name."""
+    data = _folder(tmp_path / "data", ["ant", "bee", "cats", "dog", "eel", "fox", "gnu"])
+    assert main(["eval", str(ckpt), "--data", str(data)]) == 2
+    assert "are not: cats; rename those" in capsys.readouterr().err
+
+
+def test_tied_logits_rank_by_class_index_as_predict_does(tmp_path, capsys):
+    """A head of zeros ties every class: eval counts class 0 as the top-1, the class `vitfast predict` prints first."""
+    model = vitfast.create_model("vit_cifar_patch4_32", num_classes=10, crop_pct=1.0)
+    torch.nn.init.zeros_(model.head.weight), torch.nn.init.zeros_(model.head.bias)
+    ckpt = vitfast.save_checkpoint(model, tmp_path / "zero.safetensors")
+    data = _folder(tmp_path / "data", [f"c{i}" for i in range(10)], per_class=1)
+    assert main(["eval", str(ckpt), "--data", str(data), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["top1"], result["top5"]) == (pytest.approx(0.1), pytest.approx(0.5))  # c0 hits top-1; c0..c4 top-5
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_logits_are_an_error_naming_the_image_not_a_ranking(tmp_path, capsys, bad):
+    model = vitfast.create_model("vit_cifar_patch4_32", num_classes=4, crop_pct=1.0)
+    with torch.no_grad():
+        model.head.bias[2] = bad
+    ckpt = vitfast.save_checkpoint(model, tmp_path / "broken.safetensors")
+    data = _folder(tmp_path / "data", ["a", "b", "c", "d"], per_class=1)
+    assert main(["eval", str(ckpt), "--data", str(data)]) == 2
+    assert "gave NaN or inf outputs for 4 of 4 images" in capsys.readouterr().err
+    assert main(["predict", str(ckpt), str(data), "--out", str(tmp_path / "p.csv")]) == 2
+    assert "gave NaN or inf outputs" in capsys.readouterr().err and not (tmp_path / "p.csv").exists()
+    assert main(["check", str(ckpt), "--json"]) == 1  # a check that fails prints strict JSON: null, not NaN
+    result = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"bare {c} in --json"))
+    assert result["passed"] is False
+
+
+def test_check_passes_a_model_whose_outputs_are_all_zero(tmp_path, capsys):
+    """Identical all-zero outputs agree (their cosine would be 0/0, read as 0 before)."""
+    model = vitfast.create_model("vit_cifar_patch4_32", num_classes=10)
+    torch.nn.init.zeros_(model.head.weight), torch.nn.init.zeros_(model.head.bias)
+    ckpt = vitfast.save_checkpoint(model, tmp_path / "zero.safetensors")
+    onnx = tmp_path / "zero.onnx"
+    assert main(["export", "--checkpoint", str(ckpt), "--format", "onnx", "--out", str(onnx), "--quiet"]) == 0
+    assert main(["check", str(onnx), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["passed"]

@@ -215,3 +215,25 @@ def test_top_classes_scores():
     assert idx.tolist() == [[0, 1]] and val.tolist() == [[0, 0]]
     with pytest.raises(InputError, match="scores must be one of"):
         top_classes(logits, 3, "probits")
+
+
+def test_top_k_and_scores_are_refused_for_features(hf, tmp_path):
+    folder, _, _, images = hf
+    refused = run("predict", folder, images, "--num-classes", "0", "--out", tmp_path / "f.jsonl", "--top-k", 3)
+    assert refused.returncode == 2 and "--top-k / --scores do not apply" in refused.stderr
+    assert not (tmp_path / "f.jsonl").exists()
+
+
+def test_file_names_that_are_not_utf8_are_written_as_their_bytes(hf, tmp_path):
+    """A file name in latin-1 (a lone surrogate in Python) goes into the CSV as the bytes it has on disk, not a traceback."""
+    import os
+
+    folder, _, _, images = hf
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    name = os.fsdecode(b"caf\xe9.png")
+    Image.open(next((images / "a").iterdir())).save(odd / name)
+    done = run("predict", folder, odd, "--out", tmp_path / "p.csv")
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.reader((tmp_path / "p.csv").open(encoding="utf-8", errors="surrogateescape")))
+    assert rows[1][0] == str(odd / name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -30,11 +31,17 @@ def find_images(root: str | Path) -> list[Path]:
     return files
 
 
+def natural_key(name: str) -> list:
+    """Sort key of timm's ImageDataset for class folders: case-folded, digit runs compared as numbers ("2" before "10")."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name.lower())]
+
+
 def labeled_images(root: str | Path) -> tuple[list[Path], list[int], list[str]]:
-    """(files, labels, class names) for DIR/<class>/...; a class's label is its index in sorted order."""
+    """(files, labels, class names) for DIR/<class>/...; a class's label is its index in natural order (`natural_key`:
+    folders 0..11 are classes 0..11, where plain string order would make "10" class 2)."""
     root = Path(root)
     files = find_images(root)
-    classes = sorted({p.relative_to(root).parts[0] for p in files if len(p.relative_to(root).parts) > 1})
+    classes = sorted({p.relative_to(root).parts[0] for p in files if len(p.relative_to(root).parts) > 1}, key=natural_key)
     if not classes:
         raise InputError(f"{root} has images but no class subfolders; expected {root}/<class>/<image>")
     index = {c: i for i, c in enumerate(classes)}

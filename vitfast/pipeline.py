@@ -305,7 +305,8 @@ def evaluate(engine: Engine, data: str | os.PathLike, *, labels: Sequence[str] |
 def class_indices(num_classes: int, labels: Sequence[str] | None, classes: list[str], folder_targets: list[int],
                   data: str | os.PathLike) -> list[int]:  # fmt: skip
     """The model's class index for each image: by name when every folder is one of the model's labels
-    (an ImageNet subset named by class works), else by sorted folder order, which needs one folder per class."""
+    (an ImageNet subset named by class works), else by the folders' natural order (`labeled_images`), which needs one
+    folder per class and none named after a label."""
     if num_classes == 0:
         raise ArtifactError("this model has no classifier head (num_classes 0); eval needs one")
     if labels is not None and len(labels) != num_classes:
@@ -320,6 +321,12 @@ def class_indices(num_classes: int, labels: Sequence[str] | None, classes: list[
                              "those")  # fmt: skip
         index = {name: i for i, name in enumerate(labels)}
         return [index[classes[t]] for t in folder_targets]
+    named = [c for c in classes if labels and c in labels]
+    if named:  # some folders are labels, some not (a typo, a plural): sorted order would score them against other classes
+        others = [c for c in classes if c not in named]
+        raise InputError(f"{len(named)} class folders of {data} are the model's labels ({', '.join(named[:3])}"
+                         f"{', ...' if len(named) > 3 else ''}) but {len(others)} are not: {', '.join(others[:5])}"
+                         f"{', ...' if len(others) > 5 else ''}; rename those after the model's labels (or pass --labels FILE)")  # fmt: skip
     if len(classes) != num_classes:
         shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
         raise InputError(
@@ -328,7 +335,8 @@ def class_indices(num_classes: int, labels: Sequence[str] | None, classes: list[
             "(its own, or --labels FILE)"
         )
     if labels and classes != list(labels):
-        warnings.warn(VitfastWarning(f"the folders of {data} are not the model's labels; folder i (sorted) is taken as class i"), stacklevel=2)
+        warnings.warn(VitfastWarning(f"the folders of {data} are not the model's labels; folder i in natural order (2 before 10, as "
+                                     "timm's ImageDataset sorts them) is taken as class i"), stacklevel=2)  # fmt: skip
     return folder_targets
 
 
@@ -346,11 +354,25 @@ def predict_topk(engines: Sequence[Engine], files: list[Path], batch_size: int, 
             passes.append([i])
     tops: list[list[torch.Tensor]] = [[] for _ in engines]
     for group in passes:
-        _, batch_iter = _tracked_batches([engines[i] for i in group], files, batch_size, workers, progress, "evaluating")
-        for x in batch_iter:
+        size, batch_iter = _tracked_batches([engines[i] for i in group], files, batch_size, workers, progress, "evaluating")
+        for start, x in zip(range(0, len(files), size), batch_iter):
             for i in group:
-                tops[i].append(_run(engines[i], x).topk(min(TOP_K, engines[i].config.num_classes), dim=-1).indices.cpu())
+                logits = _finite(engines[i], files[start : start + size], _run(engines[i], x).float().cpu())
+                # best first, ties by class index as predict ranks them (topk orders ties arbitrarily)
+                tops[i].append(torch.sort(-logits, dim=-1, stable=True).indices[:, : min(TOP_K, engines[i].config.num_classes)])
     return [torch.cat(t) for t in tops]
+
+
+def _finite(engine: Engine, files: list[Path], out: torch.Tensor) -> torch.Tensor:
+    """`out` (one row per file), or `ArtifactError` naming the images whose outputs hold NaN or inf: their scores and
+    ranks would mean nothing (softmax of a NaN row is NaN everywhere; NaN sorts last in one ranking and first in another)."""
+    bad = (~torch.isfinite(out.reshape(len(out), -1))).any(dim=1)
+    if bad.any():
+        first = files[int(bad.nonzero()[0])]
+        raise ArtifactError(f"{engine.path} ({engine.kind}, {engine.precision}) gave NaN or inf outputs for {int(bad.sum())} of {len(files)} "
+                            f"images in a batch, {first} the first: the model overflows or is broken there (an fp16 export "
+                            "overflowing: export fp32 or bf16); no results were kept")  # fmt: skip
+    return out
 
 
 def predict(engine: Engine, files: list[Path], *, batch_size: int = 32, workers: int | None = None,
@@ -359,7 +381,8 @@ def predict(engine: Engine, files: list[Path], *, batch_size: int = 32, workers:
     returns for each image file (logits, pooled features, every token or feature maps). `workers`: decoding threads."""
     size, batch_iter = _tracked_batches([engine], files, batch_size, workers, progress, "running")
     for start, x in zip(range(0, len(files), size), batch_iter):
-        yield files[start : start + size], _run(engine, x).float().cpu()
+        chunk = files[start : start + size]
+        yield chunk, _finite(engine, chunk, _run(engine, x).float().cpu())
 
 
 def _tracked_batches(engines: Sequence[Engine], files: list[Path], batch_size: int, workers: int | None,

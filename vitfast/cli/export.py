@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -30,7 +29,7 @@ from vitfast.runtime.openvino_engine import HINTS as OV_HINTS
 from vitfast.sources import source_model
 
 from .config_args import add_config_args, config_overrides, config_overrides_and_guesses, read_labels
-from .output import console
+from .output import console, to_json
 from .progress import add_quiet, paused, reporter
 
 
@@ -351,7 +350,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _print_check(result: dict, args: argparse.Namespace, title: str) -> int:
     if args.json:
-        print(json.dumps(result))
+        print(to_json(result))
         return 0 if result["passed"] else 1
     tol = result["tolerance"]
     verdict = "[green]PASSED[/green]" if result["passed"] else "[red]FAILED[/red]"
@@ -387,7 +386,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if against:
         result["against"]["artifact"] = str(args.against)
     if args.json:
-        print(json.dumps(result))
+        print(to_json(result))
         return 0
     k = result["k"]
     print(f"top-1 {100 * result['top1']:.2f}%  top-{k} {100 * result['top5']:.2f}% on {result['n']} images in "

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import sys
+from typing import Any
 
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
@@ -26,3 +29,15 @@ def fitting(out: Console, *layouts: RenderableType) -> RenderableType:
         if Measurement.get(out, out.options.update_width(10**6), layout).maximum <= out.width:
             return layout
     return layouts[-1]
+
+
+def to_json(value: Any) -> str:
+    """`json.dumps` of `value` with NaN and inf as null: strict JSON, which Python's bare NaN is not."""
+    def clean(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        return [clean(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    return json.dumps(clean(value), allow_nan=False)

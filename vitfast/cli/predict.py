@@ -113,6 +113,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     what = "logits" if classifier else f"outputs [{', '.join('?' if d is None else str(d) for d in engine.config.output_shape)}]"
     if not classifier and fmt not in (".npz", ".jsonl"):
         raise InputError(f"{args.artifact} returns {what} per image, not classes: give --out FILE.npz (or .jsonl) to write them")
+    if not classifier and (args.top_k or args.scores):
+        raise InputError(f"{args.artifact} returns {what} per image, not classes: --top-k / --scores do not apply; drop them")
     if classifier and fmt == ".npz" and (args.top_k or args.scores):
         raise InputError("--out FILE.npz holds the logits themselves: drop --top-k / --scores, or write .jsonl / .csv")
     top_k = classifier and fmt != ".npz"  # top-k rows rather than whole outputs
@@ -129,7 +131,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             with claim_output(args.out, args.force) as claim:
                 n = write_npz(results, claim.tmp, len(files))
         else:
-            with claim_output(args.out, args.force) as claim, claim.tmp.open("w", newline="") as stream:
+            with claim_output(args.out, args.force) as claim, claim.tmp.open("w", newline="", encoding="utf-8", errors="surrogateescape") as stream:  # undecodable file names as their bytes
                 n = write_rows(rows, fmt, stream)
     summary = {"artifact": str(args.artifact), "backend": engine.kind, "precision": engine.precision, "n": len(files)}
     summary |= {"k": k, "scores": scores} if top_k else {"output": what}
