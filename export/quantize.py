@@ -175,6 +175,8 @@ def quantize_int8(
     progress: Reporter | None = None,
 ) -> Path:
     """fp32 ONNX (with sidecar) -> INT8 QDQ ONNX (+ sidecar with calibration and parity numbers).
+    `method`: each activation's range from ONNX Runtime's calibrator: "minmax" the smallest and largest value over
+    all calibration images (whatever their batching or order).
     `exclude`: node-name patterns kept in float. `keep_float`: also keep the n quantized layers in float whose
     quantization costs the most (`int8_sensitivity.rank_layers` on calibration images; recorded in the sidecar).
     `intermediate`: `onnx_path` is the caller's temporary, not kept; the sidecar records it by its sha256 alone.
@@ -210,7 +212,6 @@ def quantize_int8(
         "ActivationSymmetric": symmetric_acts,
         "WeightSymmetric": True,
         "CalibPercentile": percentile,
-        "CalibMovingAverage": method == "minmax",
         "QuantizeBias": not symmetric_acts,  # TensorRT takes int8 Q/DQ only: biases stay float
         # Q/DQ on the inputs of the matrix products only: their outputs (and so Softmax, LayerNorm
         # and GELU) stay float, which is where TensorRT wants the boundaries.
