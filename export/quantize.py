@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import io
 import os
 import random
 import tempfile
@@ -43,6 +44,13 @@ TARGETS = ("tensorrt", "openvino", "cpu")
 QUANTIZED_OPS = ["Conv", "MatMul", "Gemm"]
 HELD_OUT = 64  # images the int8 parity is measured on, never calibrated on
 SENSITIVITY_IMAGES = 16  # calibration images keep_float ranks the layers on (one ONNX Runtime run per layer each)
+# ONNX Runtime's calibrator settings per method, recorded in the sidecar. quantize_static cannot pass the bin counts: its
+# entropy calibration histograms into 128 bins and quantizes to 128, so the KL search has one candidate, the full range.
+CALIBRATOR_OPTIONS = {
+    "minmax": {"moving_average": False},  # the min and max over all images, not a mean of per-batch extremes
+    "entropy": {"num_bins": 2048, "num_quantized_bins": 128},  # TensorRT's entropy calibration
+    "percentile": {"num_bins": 2048},  # what quantize_static gives it; `percentile` is added
+}
 
 
 def split_calibration(source, config, *, samples: int, batch_size: int = 16) -> tuple[list[np.ndarray], np.ndarray]:
@@ -104,6 +112,42 @@ def _calibration_array(item, config) -> np.ndarray:
     if not np.isfinite(arr).all():
         raise InputError("calibration data holds NaN or infinite values: the int8 scales would be meaningless; give finite images")
     return arr
+
+
+def _reader(batches: Iterable[np.ndarray]):
+    """ONNX Runtime's calibration data reader over `batches` of images."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter(batches)
+
+        def get_next(self):
+            batch = next(self.items, None)
+            return None if batch is None else {"images": batch}
+
+    return Reader()
+
+
+def calibrate(prepared: Path, data: list[np.ndarray], method: str, options: dict, workdir: Path, large: bool,
+              report) -> dict[str, list[dict]]:  # fmt: skip
+    """Each calibrated activation's range from ONNX Runtime's `method` calibrator with `options`, in the form of
+    quantize_static's TensorQuantOverrides. `report`: told the images calibrated so far."""
+    from onnxruntime.quantization import CalibrationMethod, create_calibrator
+
+    calibrator = create_calibrator(
+        prepared, QUANTIZED_OPS, augmented_model_path=str(workdir / "augmented.onnx"),
+        calibrate_method={"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+                          "percentile": CalibrationMethod.Percentile}[method],
+        use_external_data_format=large, extra_options=options,
+    )  # fmt: skip
+    n = sum(len(b) for b in data)
+    with contextlib.redirect_stdout(io.StringIO()):  # the histogram calibrators print every step; stdout stays clean for --json
+        for batch in report.track(data, f"calibrating int8 ({method}) on {n} images", total=n, size=len):
+            # one batch a call: ONNX Runtime merges the ranges / histograms, so memory holds one batch's activations
+            calibrator.collect_data(_reader([batch]))
+        ranges = calibrator.compute_data()
+    return {name: [{"rmin": td.range_value[0], "rmax": td.range_value[1]}] for name, td in ranges.data.items()}
 
 
 def nodes_to_exclude(model_path: Path, patterns: Iterable[str]) -> list[str]:
@@ -176,13 +220,15 @@ def quantize_int8(
 ) -> Path:
     """fp32 ONNX (with sidecar) -> INT8 QDQ ONNX (+ sidecar with calibration and parity numbers).
     `method`: each activation's range from ONNX Runtime's calibrator: "minmax" the smallest and largest value over
-    all calibration images (whatever their batching or order).
+    all calibration images (whatever their batching or order); "entropy" the threshold whose 128-level quantization
+    of a 2048-bin histogram loses least (KL divergence, TensorRT's calibration: outliers are clipped); "percentile"
+    the `percentile`th percentile of the absolute values (2048 bins). The sidecar's `int8.calibrator` says which ran.
     `exclude`: node-name patterns kept in float. `keep_float`: also keep the n quantized layers in float whose
     quantization costs the most (`int8_sensitivity.rank_layers` on calibration images; recorded in the sidecar).
     `intermediate`: `onnx_path` is the caller's temporary, not kept; the sidecar records it by its sha256 alone.
     `progress`: a `vitfast.progress.Reporter` told each phase and the images calibrated so far (default: silent)."""
     require_onnx()
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     if method not in METHODS:
         raise ArtifactError(f"calibration method must be one of {METHODS}, got {method!r}")
@@ -198,20 +244,11 @@ def quantize_int8(
     data, held_out = split_calibration(calibration, config, samples=samples)
     n_samples = sum(len(b) for b in data)
     report = reporting(progress)
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.items = iter(report.track(data, f"calibrating int8 ({method}) on {n_samples} images", total=n_samples, size=len))
-
-        def get_next(self):
-            batch = next(self.items, None)
-            return None if batch is None else {"images": batch}
-
+    calibrator_options = CALIBRATOR_OPTIONS[method] | ({"percentile": percentile} if method == "percentile" else {})
     symmetric_acts = target != "cpu"
     extra = {
         "ActivationSymmetric": symmetric_acts,
         "WeightSymmetric": True,
-        "CalibPercentile": percentile,
         "QuantizeBias": not symmetric_acts,  # TensorRT takes int8 Q/DQ only: biases stay float
         # Q/DQ on the inputs of the matrix products only: their outputs (and so Softmax, LayerNorm
         # and GELU) stay float, which is where TensorRT wants the boundaries.
@@ -226,19 +263,19 @@ def quantize_int8(
         report.phase("preparing the graph for quantization (shape inference)")
         large = stored_bytes(source) > EXTERNAL_DATA_BYTES
         shape_inference = _prepare_for_quantization(source, prepared, large)
+        extra["TensorQuantOverrides"] = calibrate(prepared, data, method, calibrator_options, out.scratch_dir, large, report)
 
         def quantize(excluded: list[str]) -> None:
             tmp.with_name(f"{tmp.name}.data").unlink(missing_ok=True)  # onnx appends external weights to an existing file
             quantize_static(
-                str(prepared), str(tmp), Reader(),
+                # quantize_static calibrates too (min/max by default; a batch will do): the overrides replace every range it finds
+                str(prepared), str(tmp), _reader(data[:1]),
                 quant_format=QuantFormat.QDQ,
                 activation_type=QuantType.QInt8 if symmetric_acts else QuantType.QUInt8,
                 weight_type=QuantType.QInt8,
                 per_channel=True,
                 op_types_to_quantize=QUANTIZED_OPS,
                 nodes_to_exclude=excluded,
-                calibrate_method={"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-                                  "percentile": CalibrationMethod.Percentile}[method],
                 extra_options=extra,
                 use_external_data_format=large,
             )  # fmt: skip
@@ -262,7 +299,8 @@ def quantize_int8(
         new_meta.update(
             kind="onnx", precision="int8",  # "source" stays the model the fp32 ONNX came from
             quantized_from=made_from(onnx_path, intermediate=intermediate),
-            int8={"target": target, "method": method, "samples": n_samples, "held_out": len(held_out), "per_channel_weights": True,
+            int8={"target": target, "method": method, "calibrator": calibrator_options, "samples": n_samples, "held_out": len(held_out),
+                  "per_channel_weights": True,
                   "symmetric_activations": symmetric_acts, "quantized_ops": QUANTIZED_OPS, "exclude": list(exclude),
                   "keep_float": kept,
                   "shape_inference": shape_inference,

@@ -17,7 +17,7 @@ from vitfast.export import quantize_int8, to_onnx  # noqa: E402
 @pytest.fixture(scope="module")
 def fp32(tmp_path_factory):
     torch.manual_seed(0)
-    model = randomize(vitfast.create_model("vit_cifar_patch4_32")).eval()
+    model = randomize(vitfast.create_model("vit_cifar_patch4_32", depth=1)).eval()  # few tensors: entropy's KL search takes ~1 s each
     return to_onnx(model, tmp_path_factory.mktemp("calib") / "fp32.onnx")
 
 
@@ -43,3 +43,22 @@ def test_minmax_is_the_min_and_max_over_all_calibration_images(fp32, tmp_path):
     backward = activation_scales(quantize_int8(fp32, tmp_path / "bwd.onnx", torch.cat([x[:64].flip(0), x[64:]]), samples=64, progress=False))
     assert forward["images"] == pytest.approx(np.abs(calib).max() / 127, rel=1e-6)
     assert forward == pytest.approx(backward, rel=1e-6)
+
+
+def test_entropy_clips_a_heavy_tailed_activation_and_keeps_parity(fp32, tmp_path):
+    """Entropy (KL) calibration on 2048 bins, TensorRT's setting, clips the rare outliers of a heavy-tailed input
+    that min/max must cover; the int8 model still matches fp32 on held-out images. quantize_static alone ran it on
+    128 bins with one candidate threshold, the full range: the same scale as min/max."""
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(80, 3, 32, 32, generator=gen)
+    outliers = torch.rand(x.shape, generator=gen) < 1e-4  # ~20 pixels of 245,760, 12-20x the spread
+    x[outliers] = torch.empty(int(outliers.sum())).uniform_(12, 20, generator=gen) * torch.randn(int(outliers.sum()), generator=gen).sign()
+    absmax = x[:64].abs().max().item()
+    scales, metas = {}, {}
+    for method in ("minmax", "entropy"):
+        out = quantize_int8(fp32, tmp_path / f"{method}.onnx", x, samples=64, method=method, progress=False)
+        scales[method], metas[method] = activation_scales(out), vitfast.export.read_sidecar(out)
+    assert scales["minmax"]["images"] == pytest.approx(absmax / 127, rel=1e-6)
+    assert scales["entropy"]["images"] < 0.5 * absmax / 127  # the outliers are clipped, not covered
+    assert metas["entropy"]["int8"]["calibrator"] == {"num_bins": 2048, "num_quantized_bins": 128}
+    assert metas["entropy"]["parity"]["passed"] and metas["entropy"]["parity"]["cosine"] > 0.99
