@@ -103,10 +103,18 @@ def _calibration_array(item, config) -> np.ndarray:
     """One calibration batch as float32 [b, C, H, W], or an InputError saying what is wrong with it."""
     h, w = config.img_hw
     expected = f"normalised float images [B, {config.in_chans}, {h}, {w}]"
+    if isinstance(item, torch.Tensor):
+        item = item.detach().cpu()
+        item = item.float() if item.is_floating_point() else item  # numpy has no bfloat16
     try:
-        arr = item.detach().cpu().float().numpy() if isinstance(item, torch.Tensor) else np.asarray(item, np.float32)
+        arr = np.asarray(item)
+        dtype = arr.dtype
+        arr = arr.astype(np.float32)
     except (TypeError, ValueError):
         raise InputError(f"calibration data must be {expected}, got a {type(item).__name__}") from None
+    if dtype.kind in "biu":  # raw pixels: calibrated (and their parity measured) on the wrong scale
+        raise InputError(f"calibration data must be {expected}, got {dtype} values; turn uint8 images [B, H, W, C] or "
+                         "PIL images into them with vitfast.preprocess(images, config), or give an image folder")  # fmt: skip
     if arr.ndim != 4 or arr.shape[1:] != (config.in_chans, h, w) or len(arr) == 0:
         raise InputError(f"calibration data must be {expected}, got shape {tuple(arr.shape)}")
     if not np.isfinite(arr).all():
@@ -219,6 +227,8 @@ def quantize_int8(
     progress: Reporter | None = None,
 ) -> Path:
     """fp32 ONNX (with sidecar) -> INT8 QDQ ONNX (+ sidecar with calibration and parity numbers).
+    `calibration`: an image folder, or float images as the model takes them ([B, C, H, W], normalised:
+    `vitfast.preprocess`'s output) in a tensor, an array or an iterable of batches; integer pixels are refused.
     `method`: each activation's range from ONNX Runtime's calibrator: "minmax" the smallest and largest value over
     all calibration images (whatever their batching or order); "entropy" the threshold whose 128-level quantization
     of a 2048-bin histogram loses least (KL divergence, TensorRT's calibration: outliers are clipped); "percentile"

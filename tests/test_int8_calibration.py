@@ -62,3 +62,17 @@ def test_entropy_clips_a_heavy_tailed_activation_and_keeps_parity(fp32, tmp_path
     assert scales["entropy"]["images"] < 0.5 * absmax / 127  # the outliers are clipped, not covered
     assert metas["entropy"]["int8"]["calibrator"] == {"num_bins": 2048, "num_quantized_bins": 128}
     assert metas["entropy"]["parity"]["passed"] and metas["entropy"]["parity"]["cosine"] > 0.99
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, np.uint8])
+def test_raw_pixel_calibration_data_is_refused(fp32, tmp_path, dtype):
+    """Un-normalised integer images calibrated the ranges on the wrong scale, and the held-out parity, measured on the
+    same wrong data, still passed: they are refused, pointing to vitfast.preprocess."""
+    gen = torch.Generator().manual_seed(3)
+    raw = torch.randint(0, 256, (40, 3, 32, 32), generator=gen)
+    raw = raw.numpy().astype(dtype) if isinstance(dtype, type) else raw.to(dtype)
+    with pytest.raises(vitfast.InputError, match=r"got (uint8|int64) values.*vitfast\.preprocess"):
+        quantize_int8(fp32, tmp_path / "raw.onnx", raw, samples=32, progress=False)
+    with pytest.raises(vitfast.InputError, match="vitfast.preprocess"):
+        quantize_int8(fp32, tmp_path / "raw.onnx", [raw[:20], raw[20:]], samples=32, progress=False)  # batches alike
+    assert not (tmp_path / "raw.onnx").exists()
