@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import io
+import numbers
 import os
 import random
 import tempfile
@@ -246,6 +247,9 @@ def quantize_int8(
         raise ArtifactError(f"int8 target must be one of {TARGETS}, got {target!r}")
     if type(keep_float) is not int or keep_float < 0:
         raise InputError(f"keep_float must be a whole number >= 0 (quantized layers kept in float), got {keep_float!r}")
+    if isinstance(percentile, bool) or not isinstance(percentile, numbers.Real) or not 0 < percentile <= 100:
+        raise InputError(f"percentile must be a number in (0, 100], the share of each activation's absolute values its int8 "
+                         f"range covers (default 99.999), got {percentile!r}")  # fmt: skip
     onnx_path = Path(onnx_path)
     meta = read_sidecar(onnx_path)
     if meta.get("precision") != "fp32":

@@ -76,3 +76,21 @@ def test_raw_pixel_calibration_data_is_refused(fp32, tmp_path, dtype):
     with pytest.raises(vitfast.InputError, match="vitfast.preprocess"):
         quantize_int8(fp32, tmp_path / "raw.onnx", [raw[:20], raw[20:]], samples=32, progress=False)  # batches alike
     assert not (tmp_path / "raw.onnx").exists()
+
+
+@pytest.mark.parametrize("percentile", [150, 0, -1, float("nan"), "99.9", True])
+def test_a_percentile_outside_0_to_100_is_refused_before_calibration(fp32, tmp_path, monkeypatch, percentile):
+    """percentile=150 failed after the calibration with ONNX Runtime's ValueError, and 0 was accepted."""
+    import vitfast.export.quantize as quantize
+
+    monkeypatch.setattr(quantize, "calibrate", lambda *a, **k: pytest.fail("calibrated before checking the percentile"))
+    with pytest.raises(vitfast.InputError, match=r"percentile must be a number in \(0, 100\]"):
+        quantize_int8(fp32, tmp_path / "p.onnx", torch.randn(20, 3, 32, 32), samples=16, method="percentile", percentile=percentile)
+    assert not (tmp_path / "p.onnx").exists()
+
+
+def test_percentile_100_is_the_absolute_max(fp32, tmp_path):
+    x = spread_images(seed=5)
+    out = quantize_int8(fp32, tmp_path / "p100.onnx", x, samples=64, method="percentile", percentile=100, progress=False)
+    assert activation_scales(out)["images"] == pytest.approx(x[:64].abs().max().item() / 127, rel=1e-6)
+    assert vitfast.export.read_sidecar(out)["int8"]["calibrator"] == {"num_bins": 2048, "percentile": 100}
