@@ -1,4 +1,5 @@
-"""INT8 calibration: what each --calib-method computes, checked against the calibration images themselves."""
+"""INT8 quantization: what each --calib-method computes, checked against the calibration images themselves, and the
+checks on its inputs."""
 
 from __future__ import annotations
 
@@ -94,3 +95,16 @@ def test_percentile_100_is_the_absolute_max(fp32, tmp_path):
     out = quantize_int8(fp32, tmp_path / "p100.onnx", x, samples=64, method="percentile", percentile=100, progress=False)
     assert activation_scales(out)["images"] == pytest.approx(x[:64].abs().max().item() / 127, rel=1e-6)
     assert vitfast.export.read_sidecar(out)["int8"]["calibrator"] == {"num_bins": 2048, "percentile": 100}
+
+
+def test_a_missing_onnx_file_is_not_found_not_missing_its_sidecar(fp32, tmp_path):
+    """quantize_int8 said "has no sidecar ...; re-export it" of a path that does not exist."""
+    missing = tmp_path / "nothere.onnx"
+    with pytest.raises(vitfast.ArtifactError, match=f"^no such artifact: {missing}$"):
+        quantize_int8(missing, tmp_path / "q.onnx", torch.randn(20, 3, 32, 32), samples=16, progress=False)
+    with pytest.raises(vitfast.ArtifactError, match="no such artifact"):
+        vitfast.export.read_sidecar(missing)
+    bare = tmp_path / "bare.onnx"
+    bare.write_bytes(fp32.read_bytes())  # a file that is there without its sidecar is still told so
+    with pytest.raises(vitfast.ArtifactError, match="has no sidecar bare.onnx.json"):
+        quantize_int8(bare, tmp_path / "q.onnx", torch.randn(20, 3, 32, 32), samples=16, progress=False)

@@ -47,6 +47,8 @@ def cached_sha256(path: Path) -> str:
 def read_sidecar(path: str | os.PathLike, *, verify: bool = True) -> dict[str, Any]:
     """The sidecar of `path`, type-checked; `verify`: also check that it belongs to this artifact."""
     side = sidecar_path(path)
+    if verify and not Path(path).exists():  # checked first: "no sidecar" would send a mistyped path to be re-exported
+        raise ArtifactError(f"no such artifact: {path}")
     if not side.exists():
         raise ArtifactError(f"{path} has no sidecar {side.name}; re-export it with `vitfast export`")
     try:
