@@ -2,8 +2,9 @@
 
 Three targets from one calibration:
 - "tensorrt" (default): explicit QDQ that TensorRT builds INT8 engines from: symmetric int8
-  activations and weights (zero point 0), per-channel weights, Q/DQ only on the inputs of the
-  patch-embedding Conv and the MatMul/Gemm layers; LayerNorm, Softmax and GELU stay float.
+  activations and weights (zero point 0), per-channel weights, Q/DQ only on the inputs of every
+  Conv (the patch embedding's; in hybrid models also each ResNet stem convolution) and MatMul/Gemm
+  layer; LayerNorm, Softmax, GELU (and a hybrid stem's norms) stay float.
 - "openvino": the same Q/DQ placement on a graph whose attention computes q, k and v with three
   MatMuls (`qkv_split.py`): the fastest int8 file for OpenVINO on CPU (benchmarks/cpu_runtimes.py),
   slower than "tensorrt" in ONNX Runtime.

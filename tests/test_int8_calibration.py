@@ -108,3 +108,23 @@ def test_a_missing_onnx_file_is_not_found_not_missing_its_sidecar(fp32, tmp_path
     bare.write_bytes(fp32.read_bytes())  # a file that is there without its sidecar is still told so
     with pytest.raises(vitfast.ArtifactError, match="has no sidecar bare.onnx.json"):
         quantize_int8(bare, tmp_path / "q.onnx", torch.randn(20, 3, 32, 32), samples=16, progress=False)
+
+
+def test_a_hybrid_quantizes_every_stem_conv_as_documented(tmp_path):
+    """Q/DQ goes on the inputs of every Conv, MatMul and Gemm: in a hybrid, each ResNet stem convolution as well as
+    the patch projection (the docs said "the patch Conv"), with per-channel weights; the stem's norms stay float."""
+    cfg = vitfast.get_config("vit_small_r26_s32_224", img_size=64, depth=1, embed_dim=64, num_heads=2, num_classes=5)
+    torch.manual_seed(0)
+    fp32 = to_onnx(randomize(vitfast.create_model(cfg)).eval(), tmp_path / "hybrid.onnx")
+    out = quantize_int8(fp32, tmp_path / "hybrid.int8.onnx", vitfast.data.random_images(cfg, 20, seed=1), samples=16, progress=False)
+    graph = onnx.load(str(out)).graph
+    produced_by = {o: n for n in graph.node for o in n.output}
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    convs = [n for n in graph.node if n.op_type == "Conv"]
+    assert len(convs) == len([n for n in onnx.load(str(fp32)).graph.node if n.op_type == "Conv"]) == 30  # stem 29 + patch 1
+    for conv in convs:
+        data, weight = (produced_by[i] for i in conv.input[:2])
+        assert data.op_type == weight.op_type == "DequantizeLinear", conv.name
+        assert inits[weight.input[1]].size > 1, f"{conv.name}: per-channel weight scales"
+    norms = [n for n in graph.node if n.op_type in ("InstanceNormalization", "BatchNormalization", "LayerNormalization")]
+    assert norms and all(n.input[0] not in produced_by or produced_by[n.input[0]].op_type != "DequantizeLinear" for n in norms)
