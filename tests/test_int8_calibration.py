@@ -91,9 +91,11 @@ def test_a_percentile_outside_0_to_100_is_refused_before_calibration(fp32, tmp_p
 
 
 def test_percentile_100_is_the_absolute_max(fp32, tmp_path):
+    """Also on 40 images, batches of 16, 16 and 8: ONNX Runtime's histogram calibrators, given every batch at once,
+    failed on the short one with numpy's "inhomogeneous shape" ValueError."""
     x = spread_images(seed=5)
-    out = quantize_int8(fp32, tmp_path / "p100.onnx", x, samples=64, method="percentile", percentile=100, progress=False)
-    assert activation_scales(out)["images"] == pytest.approx(x[:64].abs().max().item() / 127, rel=1e-6)
+    out = quantize_int8(fp32, tmp_path / "p100.onnx", x, samples=40, method="percentile", percentile=100, progress=False)
+    assert activation_scales(out)["images"] == pytest.approx(x[:40].abs().max().item() / 127, rel=1e-6)
     assert vitfast.export.read_sidecar(out)["int8"]["calibrator"] == {"num_bins": 2048, "percentile": 100}
 
 
