@@ -355,7 +355,7 @@ def predict_topk(engines: Sequence[Engine], files: list[Path], batch_size: int, 
     tops: list[list[torch.Tensor]] = [[] for _ in engines]
     for group in passes:
         size, batch_iter = _tracked_batches([engines[i] for i in group], files, batch_size, workers, progress, "evaluating")
-        for start, x in zip(range(0, len(files), size), batch_iter):
+        for x, start in zip(batch_iter, range(0, len(files), size)):  # batches first: the tracker counts the last one on resuming
             for i in group:
                 logits = _finite(engines[i], files[start : start + size], _run(engines[i], x).float().cpu())
                 # best first, ties by class index as predict ranks them (topk orders ties arbitrarily)
@@ -380,7 +380,7 @@ def predict(engine: Engine, files: list[Path], *, batch_size: int = 32, workers:
     """(files, outputs [b, *engine.config.output_shape] float32 on the CPU) batch by batch, in file order: what the engine
     returns for each image file (logits, pooled features, every token or feature maps). `workers`: decoding threads."""
     size, batch_iter = _tracked_batches([engine], files, batch_size, workers, progress, "running")
-    for start, x in zip(range(0, len(files), size), batch_iter):
+    for x, start in zip(batch_iter, range(0, len(files), size)):  # batches first: the tracker counts the last one on resuming
         chunk = files[start : start + size]
         yield chunk, _finite(engine, chunk, _run(engine, x).float().cpu())
 
