@@ -108,6 +108,17 @@ def test_preprocess_resizes_each_channel_of_a_2_or_4_channel_array_on_its_own(ch
     np.testing.assert_array_equal(vitfast.preprocess(img, cfg)[0].numpy(), expected)
 
 
+def test_a_4_channel_model_takes_a_pil_image_band_by_band_and_refuses_other_band_counts():
+    """An RGBA PIL image for a 4-channel model gives what its uint8 array gives (each band resized on its own); an RGB
+    one is refused rather than converted (which made every channel the grey image: mean/std broadcast over one band)."""
+    cfg = vitfast.ViTConfig(img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=1, num_classes=2, in_chans=4,
+                            mean=(0.25,) * 4, std=(0.5,) * 4)  # fmt: skip
+    arr = np.random.default_rng(2).integers(0, 256, (37, 51, 4), dtype=np.uint8)
+    assert torch.equal(vitfast.preprocess(Image.fromarray(arr), cfg), vitfast.preprocess(arr, cfg))
+    with pytest.raises(vitfast.InputError, match="a RGB image has 3 channels and this model takes 4"):
+        vitfast.preprocess(Image.fromarray(arr[..., :3]), cfg)
+
+
 def test_preprocess_keeps_a_3_channel_model_s_rgba_photo_as_pillow_converts_it():
     """An RGBA photo for an RGB model is still Pillow's convert("RGB") (not split per channel)."""
     cfg = vitfast.get_config("vit_cifar_patch4_32")

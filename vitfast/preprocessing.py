@@ -58,14 +58,20 @@ def _as_list(images) -> list:
 
 
 def _to_planes(img: ImageLike, config: ViTConfig) -> list[Image.Image]:
-    """The image as the Pillow images to resize: one "RGB" or "L" image, or for a uint8 array of another channel count
-    one "L" image per channel. Pillow would take a 2- or 4-channel array for LA / RGBA, and its resize premultiplies
-    the other channels by the last one as alpha; a model's channels are independent."""
+    """The image as the Pillow images to resize: one "RGB" or "L" image, or for another channel count one "L" image per
+    channel (of a uint8 array, or the bands of a PIL image with that many). Pillow would take a 2- or 4-channel array
+    for LA / RGBA, and its resize premultiplies the other channels by the last one as alpha; a model's channels are
+    independent."""
     in_chans = config.in_chans
     if isinstance(img, Image.Image):
         if config.alpha_on_white and has_alpha(img):  # transformers' convert_to_rgb
             img = Image.alpha_composite(Image.new("RGBA", img.size, (255, 255, 255, 255)), img.convert("RGBA"))
-        return [img.convert("RGB" if in_chans == 3 else "L")]
+        if in_chans in (1, 3):
+            return [img.convert("RGB" if in_chans == 3 else "L")]
+        if len(img.getbands()) != in_chans:  # converting would make up channels (or turn every one into grey)
+            raise InputError(f"a {img.mode} image has {len(img.getbands())} channels and this model takes {in_chans}: give images "
+                             f"with {in_chans} bands, or uint8 arrays [H, W, {in_chans}]")  # fmt: skip
+        return list(img.split())
     arr = img.detach().cpu().numpy() if isinstance(img, torch.Tensor) else np.asarray(img)
     if arr.dtype != np.uint8:
         raise InputError(
