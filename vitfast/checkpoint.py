@@ -93,10 +93,10 @@ def load_checkpoint(
         cfg, guesses = config, {k: v for k, v in guesses.items() if k == WEIGHTS}
     else:
         cfg = source_cfg
-    given = config is not None  # the caller's config, or overrides that reshape the model, may be what does not fit
+    overridden = None  # (config before, after) the overrides, which may be what does not fit
     if overrides:
         before, cfg = cfg, cfg.replace(**_head_overrides(cfg, overrides))
-        given = given or _shapes(before) != _shapes(cfg)
+        overridden = (before, cfg)
         sd = _reset_classifier(sd, before, cfg, path)
         guesses = {k: v for k, v in guesses.items() if k not in overrides}
     if img_size is not None:
@@ -110,7 +110,7 @@ def load_checkpoint(
         sd["pos_embed"] = _fit_pos_embed(sd["pos_embed"], source_cfg, cfg, antialias=antialias)
     model = VisionTransformer(cfg)
     sd = _drop_pruned(sd, cfg)
-    _check_keys(sd, model.state_dict(), path, cfg, given=given)
+    _check_keys(sd, model.state_dict(), path, cfg, given=config is not None, overridden=overridden)
     model.load_state_dict(sd, strict=True)
     model.config_guesses = guesses
     if guesses:
@@ -409,10 +409,11 @@ def _keep_hf_pos_embed(cfg: ViTConfig, pos: torch.Tensor, src: ViTConfig, antial
     return cfg.replace(**{k: v for k, v in keep.items() if k not in stated})
 
 
-def _check_keys(sd: StateDict, expected: StateDict, path: Path, cfg: ViTConfig, *, given: bool) -> None:
+def _check_keys(sd: StateDict, expected: StateDict, path: Path, cfg: ViTConfig, *, given: bool,
+                overridden: tuple[ViTConfig, ViTConfig] | None) -> None:  # fmt: skip
     """Refuse weights that do not fit the model, listing every key that does not, and saying what would help: another
-    config only where the caller `given` one (config=, or overrides= that reshape the model), or where the shapes
-    contradict the checkpoint's own."""
+    config only where the caller `given` one (config=), or `overridden` the checkpoint's (the configs before and after
+    overrides=) with one of other shapes, or where the shapes contradict the checkpoint's own."""
     missing = [k for k in expected if k not in sd]
     unexpected = [k for k in sd if k not in expected]
     mismatched = [
@@ -422,6 +423,7 @@ def _check_keys(sd: StateDict, expected: StateDict, path: Path, cfg: ViTConfig, 
     ]
     if not (missing or unexpected or mismatched):
         return
+    given = given or (overridden is not None and _shapes(overridden[0]) != _shapes(overridden[1]))
     parts = []
     for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", mismatched)):
         if keys:

@@ -281,19 +281,19 @@ class FusedBlock(nn.Module):
     def _takes_kernels(self, x: torch.Tensor) -> bool:
         """Whether this forward may run the kernels rather than the reference math (see the class docstring). The
         warnings are for eager calls: a torch.compile trace cannot hold one (it would break a fullgraph compile)."""
-        say = not torch.compiler.is_compiling()
+        eager = not torch.compiler.is_compiling()
         if x.dtype not in KERNEL_DTYPES:
-            if say:
+            if eager:
                 warnings.warn(f"an optimized block got {x.dtype} input, which the Triton kernels do not take: it runs the "
                               "reference math (fp16, bf16 or fp32 inputs take the kernels)", VitfastWarning, stacklevel=3)  # fmt: skip
             return False
         if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
-            if say:
+            if eager:
                 warnings.warn("an optimized model was called with autograd on: its Triton kernels have no backward, so it runs "
                               "the reference math to give correct gradients; for inference call it under torch.inference_mode() "
                               "(or torch.no_grad()), or model.requires_grad_(False)", VitfastWarning, stacklevel=3)  # fmt: skip
             return False
-        if not say:  # traced once per structure (Dynamo guards on the modules), so read it afresh
+        if not eager:  # traced once per structure (Dynamo guards on the modules), so read it afresh
             layers = (*self.children(), *self.attn.children(), *self.mlp.children())
             return _fusable_layers(self) and not any(_hooked(m) for m in layers)
         if any(tuple(modules.values()) != layers for modules, layers in self._layers):  # a layer replaced since

@@ -13,19 +13,18 @@ import contextlib
 import io
 import math
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from .atomic import claim_output
 from .config import ViTConfig
-from .data import eight_bit, upright
-from .errors import BackendUnavailable, InputError, VitfastError, first_line
+from .data import open_image
+from .errors import BackendUnavailable, InputError, VitfastError
 
 DPI = 100
 # Fixed canvas sizes in inches (pixels = inches * DPI); figures are saved without a tight bbox
@@ -239,22 +238,12 @@ def inspect_model(model: torch.nn.Module, images: torch.Tensor) -> Inspection:
 
 
 def load_image(path: str | os.PathLike) -> Image.Image:
-    """Open an image file with Pillow, upright and 16-bit greyscale in 8 bits (`vitfast.data.upright`, `eight_bit`), or
-    raise `InputError` saying why it cannot be used."""
+    """An image file read as predict and eval read it (`vitfast.data.open_image`: upright, 16-bit greyscale in 8 bits,
+    decompression bombs refused), or `InputError` saying why it cannot be used."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"image not found: {path}")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)  # gigabytes of pixels: refuse, as vitfast.data does
-            with Image.open(path) as img:
-                img.load()  # decode now, so a truncated file fails here and not halfway through
-                turned = eight_bit(upright(img), path)
-                return turned if turned is not img else img.copy()
-    except InputError:
-        raise
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise InputError(f"{path} is not an image Pillow can read ({first_line(exc)})") from None
+    return open_image(path)
 
 
 def display_pixels(images: torch.Tensor, config: ViTConfig) -> np.ndarray:

@@ -311,7 +311,8 @@ def class_indices(num_classes: int, labels: Sequence[str] | None, classes: list[
         raise ArtifactError("this model has no classifier head (num_classes 0); eval needs one")
     if labels is not None and len(labels) != num_classes:
         raise InputError(f"{len(labels)} labels for a model with {num_classes} classes; give one name per class")
-    if labels and set(classes) <= set(labels):
+    known = set(labels or ())
+    if known and set(classes) <= known:
         # a folder named after a label the model has twice (ImageNet's "crane": 134 the bird, 517 the machine) is either class
         ambiguous = [f"{name} ({', '.join(str(i) for i, label in enumerate(labels) if label == name)})"
                      for name in classes if labels.count(name) > 1]  # fmt: skip
@@ -321,7 +322,7 @@ def class_indices(num_classes: int, labels: Sequence[str] | None, classes: list[
                              "those")  # fmt: skip
         index = {name: i for i, name in enumerate(labels)}
         return [index[classes[t]] for t in folder_targets]
-    named = [c for c in classes if labels and c in labels]
+    named = [c for c in classes if c in known]
     if named:  # some folders are labels, some not (a typo, a plural): sorted order would score them against other classes
         others = [c for c in classes if c not in named]
         raise InputError(f"{len(named)} class folders of {data} are the model's labels ({', '.join(named[:3])}"
