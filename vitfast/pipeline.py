@@ -274,7 +274,7 @@ def evaluate(engine: Engine, data: str | os.PathLike, *, labels: Sequence[str] |
     """Top-1 / top-5 accuracy of `engine` on the image folder `data` (DIR/<class>/*).
 
     Folders are matched to `labels` (default: the model's own) by name when they are all labels,
-    else taken in sorted order as class indices. `against`: a second artifact (e.g. the fp32
+    else taken in natural order (`vitfast.data.natural_key`) as class indices. `against`: a second artifact (e.g. the fp32
     checkpoint) evaluated on the same images, reported under "against" with the accuracy difference
     and top-1 agreement. `workers`: threads decoding the images (`vitfast.data.batches`). `progress`: told the images
     evaluated so far.
@@ -323,7 +323,7 @@ def class_indices(num_classes: int, labels: Sequence[str] | None, classes: list[
         index = {name: i for i, name in enumerate(labels)}
         return [index[classes[t]] for t in folder_targets]
     named = [c for c in classes if c in known]
-    if named:  # some folders are labels, some not (a typo, a plural): sorted order would score them against other classes
+    if named:  # some folders are labels, some not (a typo, a plural): folder order would score them against other classes
         others = [c for c in classes if c not in named]
         raise InputError(f"{len(named)} class folders of {data} are the model's labels ({', '.join(named[:3])}"
                          f"{', ...' if len(named) > 3 else ''}) but {len(others)} are not: {', '.join(others[:5])}"
@@ -332,7 +332,7 @@ def class_indices(num_classes: int, labels: Sequence[str] | None, classes: list[
         shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
         raise InputError(
             f"the model has {num_classes} classes but {data} has {len(classes)} class folders ({shown}); give a folder with "
-            "one subfolder per model class (sorted order = class index), or subfolders named by the model's labels "
+            "one subfolder per model class (natural order = class index: 2 before 10), or subfolders named by the model's labels "
             "(its own, or --labels FILE)"
         )
     if labels and classes != list(labels):
