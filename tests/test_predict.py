@@ -142,6 +142,26 @@ def test_problem_type_and_labels_given_for_any_artifact_and_scores_chosen(hf, tm
     assert done.returncode == 2 and "invalid choice: 'multilabel'" in done.stderr
 
 
+def test_id2label_names_with_line_breaks_load_with_spaces_and_say_so(hf, tmp_path):
+    """A Hub classifier whose id2label has a name with a line break loads (it was refused as an invalid config, even with
+    --labels given), the break read as a space and reported as a guess; --labels settles it and the note goes."""
+    folder, _, _, images = hf
+    dest = tmp_path / "hf"
+    dest.mkdir()
+    for f in folder.iterdir():
+        dest.joinpath(f.name).write_bytes(f.read_bytes())
+    config = json.loads((dest / "config.json").read_text())
+    config["id2label"] |= {"3": "two\r\nlines", "7": "trailing\n"}
+    (dest / "config.json").write_text(json.dumps(config))
+    done = run("predict", dest, images / "a", "--top-k", 10, "--json")
+    labels = {c["label"] for c in predictions(done)["predictions"][0]["top_k"]}
+    assert {"two lines", "trailing "} <= labels and "line breaks (3, 7) read with spaces" in done.stderr
+    names = tmp_path / "names.txt"
+    names.write_text("".join(f"name{i}\n" for i in range(10)))
+    done = run("predict", dest, images / "a", "--labels", names, "--json")
+    assert predictions(done)["predictions"][0]["top_k"][0]["label"].startswith("name") and "line breaks" not in done.stderr
+
+
 def test_features_and_tokens_are_written_whole(hf, tmp_path):
     folder, model, processor, images = hf
     files = sorted((images / "a").iterdir())

@@ -420,11 +420,11 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
     if model_type in (*DINOV2_MODEL_TYPES, dinov3.MODEL_TYPE):
         fields |= _backbone_fields(cfg, model_type, fields["depth"])
     head = sd.get("head.weight")
-    if head is not None and (labels := hf_labels(cfg, head.shape[0])):
+    labels, guesses = hf_labels(cfg, head.shape[0]) if head is not None else (None, {})
+    if labels:
         fields["labels"] = labels
     if head is not None and (problem_type := hf_problem_type(cfg)):
         fields["problem_type"] = problem_type
-    guesses: Guesses = {}
     if model_type in SIGLIP_MODEL_TYPES and fields["global_pool"] == "avg" and head is None:
         guesses["global_pool"] = HEADLESS_SIGLIP
     if model_type == "ijepa" and head is None:
@@ -578,16 +578,23 @@ def _default_preprocessor(model_type: str, img_size: int | Sequence[int]) -> dic
     return {"image_processor_type": kind, "size": crop}
 
 
-def hf_labels(cfg: dict, num_classes: int | None = None) -> tuple[str, ...] | None:
-    """Class names by index from an HF config.json's `id2label`, or None: none there, another count than
-    `num_classes`, or transformers' placeholders (LABEL_0, LABEL_1, ...), which carry no information."""
+def hf_labels(cfg: dict, num_classes: int | None = None) -> tuple[tuple[str, ...] | None, Guesses]:
+    """Class names by index from an HF config.json's `id2label` -> (names or None, guesses). None: none there, another
+    count than `num_classes`, or transformers' placeholders (LABEL_0, LABEL_1, ...), which carry no information. Line
+    breaks in a name become spaces (labels are written one per line for Triton), said as a guess."""
     id2label = cfg.get("id2label") or {}
     if not isinstance(id2label, dict) or not id2label or (num_classes is not None and len(id2label) != num_classes):
-        return None
+        return None, {}
     if all(str(v) == f"LABEL_{k}" for k, v in id2label.items()):
-        return None
+        return None, {}
     names = [id2label.get(str(i), id2label.get(i)) for i in range(len(id2label))]  # JSON keys are strings, in-memory ones ints
-    return None if any(name is None for name in names) else tuple(map(str, names))
+    if any(name is None for name in names):
+        return None, {}
+    one_line = tuple(re.sub(r"[\r\n]+", " ", str(name)) for name in names)
+    broken = [i for i, name in enumerate(names) if str(name) != one_line[i]]
+    guesses = {"labels": f"id2label names with line breaks ({', '.join(map(str, broken[:5]))}{', ...' if len(broken) > 5 else ''}) "
+                         "read with spaces instead; pass --labels FILE to name them yourself"} if broken else {}  # fmt: skip
+    return one_line, guesses
 
 
 def hf_problem_type(cfg: dict) -> str | None:

@@ -363,8 +363,10 @@ def optimum_folder_fields(folder: Path) -> tuple[dict[str, Any], Guesses]:
                 fields |= read
                 guesses |= {k: f"{name}: {reason}" for k, reason in guessed.items()}
                 classifier = any(str(a).endswith("ForImageClassification") for a in data.get("architectures") or ())
-                if name == "config.json" and classifier and (labels := hf_labels(data)):
+                labels, label_guesses = hf_labels(data) if name == "config.json" and classifier else (None, {})
+                if labels:
                     fields["labels"] = labels
+                    guesses |= {k: f"{name}: {reason}" for k, reason in label_guesses.items()}
     return fields, guesses
 
 
