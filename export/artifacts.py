@@ -93,6 +93,8 @@ def base_metadata(kind: str, config: ViTConfig, precision: str, *, batch: tuple[
                   dynamic_batch: bool, source: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """The sidecar fields every artifact has; exporters add their own (parity, GPU, ...)."""
     h, w = config.img_hw
+    if not dynamic_batch:  # the graph is fixed at the profile's opt: that one size is all it runs
+        batch = ((batch or (1, 1, 1))[1],) * 3
     return {
         "vitfast_version": __version__,
         "kind": kind,
@@ -100,7 +102,7 @@ def base_metadata(kind: str, config: ViTConfig, precision: str, *, batch: tuple[
         "config": config.to_dict(),
         "input": {
             "name": "images",
-            "shape": ["batch" if dynamic_batch else (batch or (1, 1, 1))[1], config.in_chans,
+            "shape": ["batch" if dynamic_batch else batch[0], config.in_chans,
                       *(("height", "width") if config.dynamic_img_size else (h, w))],
             "dtype": "float32",
             "batch": list(batch) if batch else None,

@@ -56,6 +56,34 @@ def test_onnx_fp32_and_fp16_parity_at_dynamic_batch_sizes(exported, name, batch)
         assert ((got - ref).abs().max() / ref.abs().max()).item() <= limit, path.name
 
 
+def test_a_fixed_batch_graph_runs_at_its_one_batch_size(tmp_path):
+    """`dynamic_batch=False` fixes the graph at the profile's opt: the sidecar says so (it recorded the whole profile,
+    which every load then refused, or none, which let other sizes reach ONNX Runtime's own error), and eval splits
+    a folder into batches of that size. A sidecar written before, without the profile, reads the same."""
+    torch.manual_seed(0)
+    model = randomize(vitfast.create_model("vit_cifar_patch4_32", depth=1), scale=0.1)
+    path = to_onnx(model, tmp_path / "b2.onnx", dynamic_batch=False, batch=(1, 2, 4))
+    meta = read_sidecar(path)
+    assert meta["input"]["batch"] == [2, 2, 2] and meta["input"]["shape"][0] == 2
+    engine = vitfast.load_engine(path)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert engine.batch == (2, 2, 2) and torch.allclose(engine(x), model(x), atol=1e-4)
+    with pytest.raises(vitfast.errors.InputError, match="batch size 3 is outside this artifact's profile 2..2"):
+        engine(torch.randn(3, 3, 32, 32))
+    del meta["input"]["batch"]
+    write_sidecar(path, meta)
+    assert vitfast.load_engine(path).batch == (2, 2, 2)
+    from PIL import Image
+
+    (tmp_path / "images").mkdir()
+    for i in range(5):
+        Image.fromarray(np.full((32, 32, 3), 40 * i, np.uint8)).save(tmp_path / "images" / f"{i}.png")
+    done = run("predict", path, tmp_path / "images", "--json")
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["predictions"]) == 5  # batches of 2, the last one padded or run alone
+
+
 def test_onnx_graph_structure_and_sidecar(exported):
     model, fp32, fp16 = exported["vit_cifar_patch4_32"]
     graph = onnx.load(str(fp32)).graph

@@ -544,3 +544,56 @@ def test_an_optimum_folders_processor_sets_the_size_not_config_json(tmp_path):
     fields, guessed = optimum_folder_fields(tmp_path)
     assert fields["img_size"] == 224 and fields["crop_mode"] == "center" and fields["crop_pct"] == pytest.approx(224 / 256)
     assert guessed == {}
+
+
+# ---------------------------------------------------------------------------- what the engine returns and takes
+class BakedBatch(torch.nn.Module):
+    """A traced export's usual bug: the batch axis is declared dynamic, but a Reshape fixes batch 1 inside."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values):
+        return self.model(pixel_values=pixel_values).logits.reshape(1, -1)[:, :10]
+
+
+def test_an_output_with_another_batch_than_the_input_is_an_error(foreign, tmp_path):
+    """The graph returns 1 row for 4 images: refused in one line (it was passed on, and predict dropped rows), and at
+    batch 1 it runs."""
+    path = export(BakedBatch(foreign["model"]), tmp_path / "baked.onnx", shape=(1, 3, IMG, IMG), outputs=("logits",),
+                  dynamic={"pixel_values": {0: "batch"}})  # fmt: skip
+    engine = vitfast.load_engine(path, overrides={"mean": MEAN, "std": STD})
+    with pytest.raises(ArtifactError, match="returned 1 rows for a batch of 4 images.*--batch-size 1"):
+        engine(torch.randn(4, 3, IMG, IMG))
+    x = torch.randn(1, 3, IMG, IMG)
+    assert torch.allclose(engine(x), hf_logits(foreign["model"], x), atol=1e-4)
+
+
+def test_float_arrays_that_are_views_or_big_endian_run(foreign):
+    """OpenCV's BGR -> RGB view ([:, ::-1]), a flipped view and a big-endian array run as their copies do."""
+    engine = vitfast.load_engine(foreign["plain"])
+    x = np.random.default_rng(0).standard_normal((2, 3, IMG, IMG), dtype=np.float32)
+    for view in (x[:, ::-1], x[..., ::-1, :], x.astype(">f4")):
+        assert torch.allclose(engine(view), engine(np.ascontiguousarray(view, dtype=np.float32)), atol=1e-6)
+        assert torch.allclose(engine(view), hf_logits(foreign["model"], torch.from_numpy(view.astype(np.float32))), atol=1e-4)
+
+
+def test_device_is_followed_or_refused_for_onnx(foreign):
+    plain = foreign["plain"]
+    assert vitfast.load_engine(plain, device="cpu").providers == ["CPUExecutionProvider"]
+    with pytest.raises(InputError, match="not both"):
+        vitfast.load_engine(plain, device="cpu", providers=["CPUExecutionProvider"])
+    with pytest.raises(InputError, match="not one ONNX Runtime runs on"):
+        vitfast.load_engine(plain, device="mps")
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        with pytest.raises(InputError, match="no CUDA provider"):
+            vitfast.load_engine(plain, device="cuda:0")
+
+
+def test_num_classes_other_than_the_graphs_is_refused(foreign):
+    with pytest.raises(vitfast.errors.ConfigError, match="outputs 10 classes.*not the 3 given"):
+        vitfast.load_engine(foreign["plain"], overrides={"num_classes": 3})
+    assert vitfast.load_engine(foreign["plain"], overrides={"num_classes": 10}).config.num_classes == 10

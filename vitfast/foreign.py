@@ -458,6 +458,9 @@ def foreign_config(path: Path, io: GraphIO, overrides: dict[str, Any] | None,
     if None in dims:
         raise ArtifactError(f"{path}: the shape of output {io.output_name!r} is not fixed in the graph and was not measured")
     if io.output == "logits":
+        if fields.get("num_classes") not in (None, dims[-1]):
+            raise ConfigError(f"{path} outputs {dims[-1]} classes (fixed in the graph), not the {fields['num_classes']} given; "
+                              "drop --num-classes")  # fmt: skip
         fields["num_classes"] = dims[-1]
     else:
         fields = {k: v for k, v in fields.items() if k not in OUTPUT_MEANING_FIELDS} | _feature_fields(path, io, dims, h, w)

@@ -43,6 +43,9 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
     names `labels`, `problem_type`). `output`: for an ONNX file or another tool's engine, which of its outputs
     to run, by name (a graph from another tool may return logits, pooled features and every token side by side).
 
+    `device`: a checkpoint's torch device; for an ONNX file "cpu", "cuda" or "cuda:N" (ONNX Runtime's providers; a CUDA
+    device makes auto pick ONNX Runtime) or OpenVINO's own device name; a TensorRT engine runs on the current CUDA device.
+
     `backend`: "auto" (torch for checkpoints, TensorRT for engines, for ONNX files the rule of
     `onnx_backend`), or one of "torch", "onnxruntime" / "openvino" (ONNX files; openvino for
     vitfast's own), "tensorrt". The engine's `backend_choice` says which backend ran and why;
@@ -64,16 +67,21 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
     if kind == "onnx":
         graph = resolve_onnx_path(path)[0]  # a folder: the graph in it that runs, whose sidecar decides as a file's does
         ours = sidecar_path(graph).exists()  # vitfast's export: config and input spec in the sidecar
+        if device is not None and _cuda(device) and backend == "auto":  # of the two, only ONNX Runtime runs on CUDA
+            backend, reason = "onnxruntime", f"auto: ONNX Runtime, which runs ONNX files on CUDA (device={device!r})"
         if backend == "auto":
             backend, reason = onnx_backend(read_sidecar(graph) if ours else None, kwargs)
         if backend == "openvino":
             if not ours:
                 raise InputError(f"the openvino backend runs ONNX files exported by vitfast (with a .json sidecar); "
                                  f"{path} has none: use backend onnxruntime")  # fmt: skip
-            engine = OpenVinoEngine(graph, overrides=overrides, output=output, **kwargs)
+            engine = OpenVinoEngine(graph, overrides=overrides, output=output, **_openvino_device(device, kwargs))
         else:
-            engine = OnnxEngine(path, overrides=overrides, output=output, **kwargs)
+            engine = OnnxEngine(path, overrides=overrides, output=output, **_ort_device(device, kwargs))
     elif kind == "engine":
+        if device is not None and device != "cuda":
+            raise InputError(f"device={device!r}: a TensorRT engine runs on the current CUDA device (torch.cuda.set_device or "
+                             "CUDA_VISIBLE_DEVICES choose it); pass device='cuda' or none")  # fmt: skip
         engine = TensorRTEngine(path, overrides=overrides, output=output, **kwargs)
     else:
         overrides = dict(overrides or {})
@@ -143,6 +151,37 @@ def onnx_backend(meta: dict | None, kwargs: dict[str, Any]) -> tuple[str, str]:
     if _ort_has_cuda():
         return "onnxruntime", "auto: ONNX Runtime with its CUDA provider (int8 on GPU: build a TensorRT engine)"
     return "openvino", "auto: OpenVINO runs symmetric int8 QDQ files fastest on CPU (--backend onnxruntime for ONNX Runtime)"
+
+
+def _cuda(device: str) -> bool:
+    return device == "cuda" or device.startswith("cuda:")
+
+
+def _ort_device(device: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`device` ("cpu", "cuda", "cuda:N") as ONNX Runtime's `providers` keyword, refused beside `providers` or where this
+    ONNX Runtime has no CUDA provider (it would fall back to CPU with only a log line)."""
+    if device is None:
+        return kwargs
+    if "providers" in kwargs:
+        raise InputError("give device= or providers=, not both (providers= picks ONNX Runtime's execution providers itself)")
+    if device == "cpu":
+        return kwargs | {"providers": ["CPUExecutionProvider"]}
+    if not (device == "cuda" or _cuda(device) and device[5:].isdigit()):
+        raise InputError(f"device={device!r} is not one ONNX Runtime runs on; pass 'cpu', 'cuda' or 'cuda:N'")
+    if not _ort_has_cuda():
+        raise InputError(f"device={device!r}: this ONNX Runtime has no CUDA provider (pip install onnxruntime-gpu), "
+                         "or pass device='cpu'")  # fmt: skip
+    index = int(device.partition(":")[2] or 0)
+    return kwargs | {"providers": [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]}
+
+
+def _openvino_device(device: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`device` as OpenVINO names it ("cpu" -> "CPU"; "GPU", "NPU", "AUTO" as they are); CUDA devices refused."""
+    if device is None:
+        return kwargs
+    if _cuda(device):
+        raise InputError(f"device={device!r}: OpenVINO does not run on CUDA GPUs; use backend onnxruntime (or a TensorRT engine)")
+    return kwargs | {"device": device.upper() if device == "cpu" else device}
 
 
 def _ort_has_cuda() -> bool:

@@ -15,7 +15,7 @@ import torch
 
 from vitfast.config import ViTConfig
 from vitfast.data import other_sizes
-from vitfast.errors import InputError
+from vitfast.errors import ArtifactError, InputError
 from vitfast.layers import check_image_shape
 from vitfast.preprocessing import preprocess
 
@@ -56,8 +56,10 @@ class Engine(abc.ABC):
                              f"got {type(images).__name__}")  # fmt: skip
         if isinstance(images, torch.Tensor):
             images = images.detach()  # inference only: a tensor that requires grad is fine
-        if is_float_images(images):
-            x = torch.as_tensor(images)
+        if isinstance(images, np.ndarray) and images.dtype.kind == "f":  # views (BGR -> RGB's [..., ::-1]) and big-endian too
+            x = torch.from_numpy(np.ascontiguousarray(images, dtype=np.float32))
+        elif is_float_images(images):
+            x = images
         else:
             x = preprocess(images, self.config)
         c = self.config
@@ -103,7 +105,13 @@ class Engine(abc.ABC):
         return other_sizes(self.config)
 
     def __call__(self, images) -> torch.Tensor:
-        return self._run(self.prepare(images))
+        x = self.prepare(images)
+        out = self._run(x)
+        if out.shape[0] != x.shape[0]:  # e.g. a traced export whose Reshape baked batch 1 in behind a "dynamic" batch axis
+            raise ArtifactError(f"{self!r} returned {out.shape[0]} rows for a batch of {x.shape[0]} images: its batch size is fixed "
+                                "inside the graph whatever its input says; run it one image at a time (--batch-size 1), or "
+                                "export it again with a batch axis that is really dynamic")  # fmt: skip
+        return out
 
     @abc.abstractmethod
     def _run(self, x: torch.Tensor) -> torch.Tensor:

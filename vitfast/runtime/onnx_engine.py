@@ -77,7 +77,11 @@ class OnnxEngine(Engine):
         return {self.input_name: np.ascontiguousarray(x.cpu().numpy().astype(self.io.dtype))}
 
     def _run(self, x: torch.Tensor) -> torch.Tensor:
-        (logits,) = self.session.run([self.io.output_name], self.feed(x))
+        try:
+            (logits,) = self.session.run([self.io.output_name], self.feed(x))
+        except Exception as exc:  # ORT raises its own types, e.g. for a batch size a Reshape in the graph fixed
+            raise ArtifactError(f"ONNX Runtime failed to run {self.path} on a batch of {x.shape[0]} "
+                                f"{x.shape[2]}x{x.shape[3]} images: {first_line(exc)}") from exc  # fmt: skip
         return torch.from_numpy(logits).float()
 
 

@@ -113,7 +113,12 @@ class OpenVinoEngine(Engine):
 
     def _run(self, x: torch.Tensor) -> torch.Tensor:
         with self.lock:
-            return torch.from_numpy(self._infer(np.ascontiguousarray(x.cpu().numpy())))
+            try:
+                out = self._infer(np.ascontiguousarray(x.cpu().numpy()))
+            except RuntimeError as exc:  # OpenVINO's errors, e.g. for a batch size the graph fixed
+                raise ArtifactError(f"OpenVINO failed to run {self.path} on a batch of {x.shape[0]} "
+                                    f"{x.shape[2]}x{x.shape[3]} images: {_reason(exc)}") from exc  # fmt: skip
+        return torch.from_numpy(out)
 
     def _infer(self, images: np.ndarray) -> np.ndarray:
         if self.queue is None or len(images) < 2:

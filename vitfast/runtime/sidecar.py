@@ -89,6 +89,8 @@ def _check_fields(side: Path, data: dict[str, Any]) -> None:
     if batch is not None:
         if not (isinstance(batch, list) and len(batch) == 3 and all(type(b) is int for b in batch) and 1 <= batch[0] <= batch[1] <= batch[2]):
             raise bad(f"'input.batch' must be [MIN, OPT, MAX] with 1 <= MIN <= OPT <= MAX, got {batch!r}")
+    elif type(shape[0]) is int:  # a fixed batch is its own profile (sidecars before 2026-11-28 left it out)
+        spec["batch"] = [shape[0]] * 3
     sizes = spec.get("image_sizes")
     if sizes is not None:
         pairs = isinstance(sizes, list) and len(sizes) == 3 and all(isinstance(hw, list) and len(hw) == 2 and all(type(d) is int and d > 0
