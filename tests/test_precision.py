@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,7 +14,7 @@ from vitfast.cli.main import build_parser
 from vitfast.config import ViTConfig
 from vitfast.errors import ArtifactError
 from vitfast.export.artifacts import base_metadata
-from vitfast.parity import tolerance
+from vitfast.parity import compare, tolerance
 from vitfast.runtime.sidecar import read_sidecar, sidecar_path
 
 
@@ -59,3 +60,27 @@ def test_unknown_precisions_are_refused_with_the_choices():
     with pytest.raises(ArtifactError, match="to_onnx precision must be one of fp32, fp16, got 'int8'"):
         precision.require("int8", precision.ONNX, "to_onnx")
     assert tolerance("fp8", 2.0)["limit_abs_err"] == 0.5
+
+
+def test_one_output_gets_one_cosine_over_the_batch_and_wide_rows_keep_theirs():
+    gen = torch.Generator().manual_seed(11)
+    # A regression head: one value an image, some of them near 0, off by int8-sized errors (0.5% of max|ref|) that
+    # flip the sign of the small ones.
+    ref = torch.randn(64, 1, generator=gen, dtype=torch.float64) * 3
+    ref[:8] = torch.linspace(-0.01, 0.01, 8, dtype=torch.float64)[:, None]
+    noise = (torch.rand(64, 1, generator=gen, dtype=torch.float64) * 2 - 1) * 0.005 * ref.abs().max()
+    out = ref + noise
+    assert ((out[:8] > 0) != (ref[:8] > 0)).any()  # some near-zero outputs did turn around
+    result = compare(out, ref, "int8")
+    a, b = out.numpy().ravel(), ref.numpy().ravel()
+    assert result["cosine_over"] == "batch"
+    assert result["cosine"] == pytest.approx(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)), abs=1e-12)
+    assert result["passed"]
+    # A 10-class head keeps the worst per-image cosine: one image's logits turned around fails however well the rest agree.
+    ref = torch.randn(64, 10, generator=gen, dtype=torch.float64)
+    out = ref.clone()
+    out[5] = -ref[5] * 0.01
+    result = compare(out, ref, "int8")
+    rows = (out * ref).sum(1) / (out.norm(dim=1) * ref.norm(dim=1))
+    assert result["cosine_over"] == "row" and result["cosine"] == pytest.approx(rows.min().item(), abs=1e-12)
+    assert not result["passed"]

@@ -6,6 +6,11 @@ import torch
 
 from .precision import TOLERANCES
 
+# Rows narrower than this (a regression output, a single-logit or few-class head) get one cosine over the whole batch:
+# a row of one element has no direction, only a sign, and a short row can sit near zero for an image, where an error far
+# inside the max_abs_err limit turns it around (cosine -1 for a regression output of 0.01 read as -0.01).
+MIN_ROW_COSINE = 8
+
 
 def looser_precision(a: str, b: str) -> str:
     """Of two precisions, the one with the wider tolerance (what comparing the two can promise)."""
@@ -33,14 +38,17 @@ def compare(out: torch.Tensor, ref: torch.Tensor, precision: str = "fp32", *, at
             rtol: float | None = None, channel_axis: int = -1) -> dict:  # fmt: skip
     """out, ref [B, classes] (or [B, tokens, features], or feature maps whose features lie on `channel_axis`:
     `ViTConfig.channel_axis`) -> max/mean abs error, max relative error, cosine, top-1 agreement (per row, per
-    token or position when there are many: the worst cosine, the mean agreement), passed."""
+    token or position when there are many: the worst cosine, the mean agreement), passed. Rows of fewer than
+    `MIN_ROW_COSINE` values get one cosine over the whole batch instead ("cosine_over": "batch", else "row")."""
     out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
     if out.shape != ref.shape:
         raise ValueError(f"logits shapes differ: {tuple(out.shape)} vs reference {tuple(ref.shape)}")
     out, ref = out.movedim(channel_axis, -1), ref.movedim(channel_axis, -1)
     diff = (out - ref).abs()
+    cosine_over = "row" if out.shape[-1] >= MIN_ROW_COSINE else "batch"
+    rows_out, rows_ref = (out, ref) if cosine_over == "row" else (out.reshape(1, -1), ref.reshape(1, -1))
     # rows equal to the last bit (two all-zero outputs, whose cosine would be 0) agree perfectly
-    cosine = torch.nn.functional.cosine_similarity(out, ref, dim=-1).where((out != ref).any(dim=-1), 1.0)
+    cosine = torch.nn.functional.cosine_similarity(rows_out, rows_ref, dim=-1).where((rows_out != rows_ref).any(dim=-1), 1.0)
     scale = ref.abs().max().item()
     limits = tolerance(precision, scale, atol, rtol)
     result = {
@@ -50,6 +58,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor, precision: str = "fp32", *, at
         "mean_abs_err": diff.mean().item(),
         "max_rel_err": diff.max().item() / max(scale, 1e-12),
         "cosine": cosine.min().item(),
+        "cosine_over": cosine_over,
         "top1_agreement": (out.argmax(-1) == ref.argmax(-1)).double().mean().item(),
         "tolerance": limits,
     }
