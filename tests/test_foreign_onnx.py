@@ -494,6 +494,86 @@ def test_mark_all_maps_qdq_names_back(vitfast_exports):
             compare_layers(vitfast.load_engine(vitfast_exports["int8"]), fp32, x, "int8")
 
 
+def _all_marked_at_once(path: Path, x: torch.Tensor) -> dict[str, np.ndarray]:
+    """Every float tensor of the graph at path on the whole batch x in one run, optimisations off: the reference."""
+    import onnxruntime as ort
+
+    model = onnx.load(str(path))
+    types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    names = [o for n in model.graph.node for o in n.output if types.get(o) in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]
+    model.graph.output.extend(onnx.helper.make_tensor_value_info(n, types[n], None) for n in names)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return dict(zip(names, (a.astype(np.float64) for a in session.run(names, {session.get_inputs()[0].name: x.numpy()}))))
+
+
+def test_mark_all_runs_a_few_images_at_a_time_with_the_numbers_of_the_whole_batch(vitfast_exports, tmp_path):
+    import tracemalloc
+
+    from vitfast.export import to_onnx
+    from vitfast.layerwise import MarkedGraph, compare_layers
+
+    fp16, fp32 = (vitfast.load_engine(vitfast_exports[p], backend="onnxruntime") for p in ("fp16", "fp32"))
+    x = vitfast.data.random_images(fp32.config, 3, seed=21)
+    report = compare_layers(fp16, fp32, x, "fp16")
+    ours, theirs = _all_marked_at_once(fp16.path, x), _all_marked_at_once(fp32.path, x)
+    for layer in [*report["worst"], *([report["first_failing"]] if report["first_failing"] else [])]:
+        a, b = ours[layer["tensor"]].ravel(), theirs[layer["matched"]].ravel()
+        assert layer["max_abs_err"] == pytest.approx(np.abs(a - b).max(), rel=1e-12)
+        assert layer["max_rel_err"] == pytest.approx(np.abs(a - b).max() / np.abs(b).max(), rel=1e-12)
+        assert layer["cosine"] == pytest.approx(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)), abs=1e-12)
+    # numpy's memory (what tracemalloc sees) stays under a few images' tensors: 8 images at once held all their tensors
+    # of both graphs, as float64 too.
+    one_image = sum(a.nbytes for g in (MarkedGraph(fp16), MarkedGraph(fp32)) for a in g(x[:1]).values())
+    many = vitfast.data.random_images(fp32.config, 8, seed=22)
+    tracemalloc.start()
+    try:
+        compare_layers(fp16, fp32, many, "fp16")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * one_image
+    # Graphs fixed at batch 2: runs of 2, the last of 3 images filled up with the first one.
+    fixed = {p: to_onnx(vitfast_exports["model"], tmp_path / f"fixed.{p}.onnx", precision=p, dynamic_batch=False, batch=(2, 2, 2))
+             for p in ("fp16", "fp32")}  # fmt: skip
+    out = run("check", fixed["fp16"], "--against", fixed["fp32"], "--mark-all", "--samples", "3", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)["layers"]
+    assert report["first_failing"] is None and report["compared"] > 20
+
+
+def test_mark_all_reads_a_graph_over_2_gib_with_its_weights_beside_it(tmp_path):
+    from vitfast.layerwise import MarkedGraph
+
+    # A [23200, 23200] float weight is 2.15 GB, past protobuf's 2 GiB cap, in a sparse external file: zeros but for
+    # one value at each end, so reading the weights from the file is what gives the right sum.
+    n = 23200
+    with open(tmp_path / "w.bin", "wb") as f:
+        f.write(np.float32(1.5).tobytes())
+        f.seek(n * n * 4 - 4)
+        f.write(np.float32(2.25).tobytes())
+    weight = onnx.TensorProto(name="W", data_type=onnx.TensorProto.FLOAT, dims=[n, n], data_location=onnx.TensorProto.EXTERNAL)
+    for key, value in (("location", "w.bin"), ("offset", "0"), ("length", str(n * n * 4))):
+        weight.external_data.add(key=key, value=value)
+    nodes = [onnx.helper.make_node("ReduceSum", ["W"], ["total"], keepdims=0), onnx.helper.make_node("Add", ["x", "total"], ["y"]),
+             onnx.helper.make_node("Relu", ["y"], ["out"])]  # fmt: skip
+    graph = onnx.helper.make_graph(nodes, "big", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+                                   [onnx.helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [1, 4])], [weight])  # fmt: skip
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)]), str(tmp_path / "big.onnx"))
+
+    class Engine:  # what MarkedGraph reads of an engine
+        path = tmp_path / "big.onnx"
+
+        def feed(self, x):
+            return {"x": x.numpy()}
+
+    x = torch.tensor([[-10.0, -1.0, 0.0, 2.0]])
+    values = MarkedGraph(Engine())(x)
+    assert list(values) == ["total", "y", "out"]
+    np.testing.assert_array_equal(values["out"], np.maximum(x.numpy() + 3.75, 0))
+
+
 def test_mark_all_needs_two_onnx_graphs(foreign, vitfast_exports):
     out = run("check", foreign["hf_dir"], "--against", vitfast_exports["fp32"], "--mark-all", "--mean", "0.5", "0.5", "0.5",
               "--std", "0.5", "0.5", "0.5")  # fmt: skip

@@ -9,8 +9,9 @@ tolerance is reported: where fp16/int8 starts to go wrong.
 
 from __future__ import annotations
 
+import math
 import re
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,35 +27,42 @@ DERIVED_SUFFIXES = re.compile(r"(_DequantizeLinear_Output|_QuantizeLinear_Output
                               r"|_output_cast\d*|_input_cast\d*|_cast\d*|_fp16|_fp32|_quantized|_dequantized)+$")  # fmt: skip
 FLOAT_TYPES = {1, 10, 11, 16}  # float, float16, double, bfloat16
 WORST_SHOWN = 5
+LAYER_CHUNK = 1  # images per marked run: every float tensor of both graphs is held for it (ViT-B fp32: 0.5 GB a graph an image)
 
 
-def marked_outputs(engine, x: torch.Tensor) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Run `engine`'s ONNX file with every float intermediate tensor marked as an output, on the
-    checked float input x [B, C, H, W] -> ({tensor: float64 array}, {tensor: producing node's op}),
-    in the graph's node order. Graph optimisations are off so each tensor is what the graph says."""
-    import onnx
-    import onnxruntime as ort
+class MarkedGraph:
+    """`engine`'s ONNX file with every float intermediate tensor marked as an output, in an ONNX Runtime session with
+    graph optimisations off, so each tensor is what the graph says. `order`: {tensor: producing node's op} in the
+    graph's node order; calling it on a checked float input x [B, C, H, W] -> {tensor: array}, in that order."""
 
-    model = onnx.load(str(engine.path))
-    inferred = onnx.shape_inference.infer_shapes(model)
-    types = {v.name: v.type.tensor_type.elem_type for v in (*inferred.graph.value_info, *inferred.graph.output)}
-    existing = {o.name for o in model.graph.output}
-    order: dict[str, str] = {}
-    for node in model.graph.node:
-        for name in node.output:
-            if name and types.get(name) in FLOAT_TYPES:
-                order[name] = f"{node.op_type} {node.name}".strip()
-                if name not in existing:
-                    model.graph.output.append(onnx.helper.make_tensor_value_info(name, types[name], None))
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    with tempfile.TemporaryDirectory() as tmp:  # external data keeps graphs over protobuf's 2 GiB cap loadable
-        marked = Path(tmp) / "marked.onnx"
-        onnx.save(model, str(marked), save_as_external_data=True, all_tensors_to_one_file=True, location="marked.data")
-        session = ort.InferenceSession(str(marked), options, providers=["CPUExecutionProvider"])
-        names = [o.name for o in session.get_outputs() if o.name in order]
-        values = dict(zip(names, session.run(names, engine.feed(x))))
-    return {n: values[n].astype(np.float64) for n in order if n in values}, order  # in node order
+    def __init__(self, engine):
+        import onnx
+        import onnxruntime as ort
+
+        # The weights stay on disk: with them loaded, type inference serialises the model and a graph over protobuf's
+        # 2 GiB cap (ViT-H fp32, whose weights are external data) could not be read. Only the graph is rewritten.
+        model = onnx.load(str(engine.path), load_external_data=False)
+        inferred = onnx.shape_inference.infer_shapes(model)
+        types = {v.name: v.type.tensor_type.elem_type for v in (*inferred.graph.value_info, *inferred.graph.output)}
+        existing = {o.name for o in model.graph.output}
+        self.order: dict[str, str] = {}
+        for node in model.graph.node:
+            for name in node.output:
+                if name and types.get(name) in FLOAT_TYPES:
+                    self.order[name] = f"{node.op_type} {node.name}".strip()
+                    if name not in existing:
+                        model.graph.output.append(onnx.helper.make_tensor_value_info(name, types[name], None))
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        # a model given as bytes reads its external weights from the original file's folder
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(Path(engine.path).parent))
+        self.session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        self.names = [o.name for o in self.session.get_outputs() if o.name in self.order]
+        self.feed = engine.feed
+
+    def __call__(self, x: torch.Tensor) -> dict[str, np.ndarray]:
+        values = dict(zip(self.names, self.session.run(self.names, self.feed(x))))
+        return {n: values[n] for n in self.order if n in values}
 
 
 def match_tensors(names_a: list[str], names_b: set[str]) -> list[tuple[str, str]]:
@@ -70,41 +78,83 @@ def match_tensors(names_a: list[str], names_b: set[str]) -> list[tuple[str, str]
     return pairs
 
 
-def tensor_error(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
-    diff = np.abs(a - b)
-    scale = float(np.abs(b).max()) if b.size else 0.0
-    flat_a, flat_b = a.ravel(), b.ravel()
-    norms = np.linalg.norm(flat_a) * np.linalg.norm(flat_b)
-    cosine = float(flat_a @ flat_b / norms) if norms > 0 else float(np.array_equal(flat_a, flat_b))
-    return {"max_abs_err": float(diff.max()) if diff.size else 0.0, "scale": scale, "cosine": cosine}
+@dataclass
+class TensorError:
+    """One tensor's error over runs of a few images: max |a - b|, max |b| (the scale) and the sums of a * b, a^2 and b^2,
+    so the cosine is the one over all the images at once."""
+
+    max_abs_err: float = 0.0
+    scale: float = 0.0
+    dot: float = 0.0
+    sum_a2: float = 0.0
+    sum_b2: float = 0.0
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> None:
+        a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()  # one tensor at a time in float64
+        if a.size:
+            self.max_abs_err = max(self.max_abs_err, float(np.abs(a - b).max()))
+            self.scale = max(self.scale, float(np.abs(b).max()))
+        self.dot += float(a @ b)
+        self.sum_a2 += float(a @ a)
+        self.sum_b2 += float(b @ b)
+
+    @property
+    def cosine(self) -> float:
+        norms = math.sqrt(self.sum_a2 * self.sum_b2)
+        return self.dot / norms if norms > 0 else float(self.max_abs_err == 0)  # two zero tensors agree
 
 
-def compare_layers(engine_a, engine_b, x: torch.Tensor, precision: str, *, atol: float | None = None,
+def layer_runs(images, engine_a, engine_b) -> list:
+    """`images` (a batch tensor or a list of images) in runs of `LAYER_CHUNK`, or of the batch size both profiles
+    take; a last short run is filled up with the first images again (they then weigh twice in the cosine, and change
+    no maximum)."""
+    low = max(e.batch[0] if e.batch else 1 for e in (engine_a, engine_b))
+    high = min(e.batch[2] if e.batch else math.inf for e in (engine_a, engine_b))
+    size = max(LAYER_CHUNK, low)
+    if size > high:
+        a, b = (f"{e.batch[0]}..{e.batch[2]}" if e.batch else "any" for e in (engine_a, engine_b))
+        raise InputError(f"--mark-all runs both graphs on the same batch, and no batch size fits {engine_a.path}'s profile {a} "
+                         f"and {engine_b.path}'s {b}")  # fmt: skip
+    n = len(images)
+    runs = []
+    for start in range(0, n, size):
+        index = [(start + k) % n for k in range(size)]
+        runs.append(images[index] if isinstance(images, torch.Tensor) else [images[i] for i in index])
+    return runs
+
+
+def compare_layers(engine_a, engine_b, images, precision: str, *, atol: float | None = None,
                    rtol: float | None = None) -> dict[str, Any]:  # fmt: skip
-    """Every matched intermediate tensor of two ONNX engines on input x -> the first one out of
-    tolerance (None when all pass), the worst ones, and how many were matched."""
+    """Every matched intermediate tensor of two ONNX engines on `images` (raw images or float [B, C, H, W]; both graphs
+    take A's preprocessing of them) -> the first one out of tolerance (None when all pass), the worst ones, and how
+    many were matched. The graphs run `LAYER_CHUNK` images at a time and each tensor's error is accumulated: every
+    intermediate tensor of a batch of 16 held at once took 10 GB at ViT-Ti and 30 GB at ViT-B."""
     for engine in (engine_a, engine_b):
         if getattr(engine, "kind", None) != "onnxruntime":
             fix = "; load it with backend='onnxruntime' (marked outputs are an ONNX Runtime feature)" if engine.kind == "openvino" else ""
             raise InputError(f"--mark-all compares two ONNX graphs in ONNX Runtime; {engine.path} is a {engine.kind} artifact{fix}")
-    out_a, ops_a = marked_outputs(engine_a, x)
-    out_b, _ = marked_outputs(engine_b, x)
+    runs = layer_runs(images, engine_a, engine_b)
+    graph_a, graph_b = MarkedGraph(engine_a), MarkedGraph(engine_b)
+    errors: dict[tuple[str, str], TensorError] = {}  # in A's node order
+    for part in runs:
+        x = engine_a.prepare(part)
+        out_a, out_b = graph_a(x), graph_b(x)
+        for pair in match_tensors(list(out_a), set(out_b)):
+            a, b = out_a[pair[0]], out_b[pair[1]]
+            if a.shape == b.shape:  # else the same name means another thing (a re-laid-out tensor): nothing to compare
+                errors.setdefault(pair, TensorError()).add(a, b)
     layers = []
-    for name_a, name_b in match_tensors(list(out_a), set(out_b)):
-        a, b = out_a[name_a], out_b[name_b]
-        if a.shape != b.shape:
-            continue  # same name, different meaning (a re-laid-out tensor): nothing to compare
-        err = tensor_error(a, b)
-        limit = tolerance(precision, err["scale"], atol, rtol)
-        passed = err["max_abs_err"] <= limit["limit_abs_err"] and err["cosine"] >= limit["cosine"]
-        layers.append({"tensor": name_a, "matched": name_b, "node": ops_a[name_a], "max_abs_err": err["max_abs_err"],
-                       "max_rel_err": err["max_abs_err"] / max(err["scale"], 1e-12), "cosine": err["cosine"], "passed": passed})  # fmt: skip
+    for (name_a, name_b), err in errors.items():
+        limit = tolerance(precision, err.scale, atol, rtol)
+        passed = err.max_abs_err <= limit["limit_abs_err"] and err.cosine >= limit["cosine"]
+        layers.append({"tensor": name_a, "matched": name_b, "node": graph_a.order[name_a], "max_abs_err": err.max_abs_err,
+                       "max_rel_err": err.max_abs_err / max(err.scale, 1e-12), "cosine": err.cosine, "passed": passed})  # fmt: skip
     if not layers:
         raise InputError(f"no intermediate tensor names match between {engine_a.path} and {engine_b.path}; "
                          "--mark-all needs graphs exported from the same model by the same exporter")  # fmt: skip
     first = next((layer for layer in layers if not layer["passed"]), None)
     worst = sorted(layers, key=lambda layer: layer["max_rel_err"], reverse=True)[:WORST_SHOWN]
-    return {"compared": len(layers), "tensors_a": len(out_a), "tensors_b": len(out_b), "first_failing": first,
+    return {"compared": len(layers), "tensors_a": len(graph_a.names), "tensors_b": len(graph_b.names), "first_failing": first,
             "worst": worst, "precision": precision}  # fmt: skip
 
 

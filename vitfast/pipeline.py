@@ -221,7 +221,7 @@ def check_against(engine: Engine, other: Engine, *, samples: int = 16, data: str
     result |= {"backend": engine.kind, "against_backend": other.kind, "inputs": str(data) if data else "seeded random-pixel images"}
     if mark_all:
         report.phase("comparing every intermediate tensor")
-        result["layers"] = compare_layers(engine, other, engine.prepare(images), precision, atol=atol, rtol=rtol)
+        result["layers"] = compare_layers(engine, other, images, precision, atol=atol, rtol=rtol)
     return result
 
 
