@@ -100,6 +100,9 @@ def test_head_attention_is_the_last_layers_source_row_per_head():
     np.testing.assert_allclose(
         vi.head_attention(attns, 2, class_token=False).numpy(), attns[-1][:, :, 2:, 2:].double().mean(2).numpy(), atol=1e-7
     )
+    distilled = attns[-1].double().numpy()
+    np.testing.assert_allclose(vi.head_attention(attns, 2, distilled=True).numpy(), (distilled[:, :, 0, 2:] + distilled[:, :, 1, 2:]) / 2,
+                               rtol=0, atol=1e-15)  # fmt: skip
 
 
 @pytest.mark.parametrize("cfg_kwargs", [dict(), dict(class_token=False, global_pool="avg")], ids=["class-token", "avg"])
@@ -183,6 +186,17 @@ def test_pos_embed_similarity_is_the_cosine_of_the_patch_rows(cfg_kwargs):
     pos = pos if model.config.no_embed_class else pos[model.config.num_prefix_tokens :]
     unit = pos / np.linalg.norm(pos, axis=1, keepdims=True)
     np.testing.assert_allclose(sim.numpy(), unit @ unit.T, rtol=0, atol=1e-12)
+
+
+def test_pos_embed_similarity_lies_on_the_grid_the_table_is_stored_at(tmp_path):
+    # An HF DINOv2's table is stored at 37x37 and resized to the image's grid: here 6x5 stored, 4x4 seen.
+    model = randomize(vitfast.create_model(tiny_config(dynamic_img_size=True, pos_embed_grid=(6, 5))), scale=1.0)
+    result = vi.inspect_model(model, torch.randn(1, 3, 32, 32))
+    pos = model.pos_embed.detach().double().numpy()[0, 1:]
+    unit = pos / np.linalg.norm(pos, axis=1, keepdims=True)
+    np.testing.assert_allclose(result.pos_similarity.numpy(), unit @ unit.T, rtol=0, atol=1e-12)
+    assert result.rollout.shape == (1, 4, 4) and result.to_dict()["pos_grid"] == [6, 5]
+    assert set(vi.save_figures(result, tmp_path / "figs")) == set(PNG_SIZES)
 
 
 def test_pos_embed_similarity_shows_rows_and_columns_of_a_row_column_code():
@@ -276,6 +290,7 @@ def test_import_vitfast_does_not_import_matplotlib():
 # ---------------------------------------------------------------------------- end to end
 VARIANTS = {
     "deit-distilled": dict(distilled=True),
+    "deit-class-head-only": dict(distilled=True, dist_head=False),
     "avg-pool": dict(class_token=False, global_pool="avg"),
     "registers": dict(reg_tokens=4, no_embed_class=True),
     "registers-avg": dict(class_token=False, global_pool="avg", reg_tokens=4, no_embed_class=True),
@@ -289,6 +304,7 @@ VARIANTS = {
 }
 SOURCES = {"token": "class token", "avg": "mean of patch tokens", "map": "attention-pool query",
            "token_avg": "class token (the head also reads the mean patch token)"}
+DISTILLED_SOURCE = "mean of the class and distillation tokens (the logits average their two heads)"
 
 
 def numpy_pool_attention(sd: dict, tokens: np.ndarray, heads: int) -> np.ndarray:
@@ -317,7 +333,8 @@ def test_cli_json_end_to_end_for_every_model_kind(variant, tmp_path, capsys):
     cfg = model.config
     assert report["grid_size"] == [4, 4] and report["num_prefix_tokens"] == cfg.num_prefix_tokens
     drawn_apart = " (its share on the class token not drawn)" if cfg.pool_include_prefix else ""
-    assert report["source"] == SOURCES[cfg.global_pool] + drawn_apart
+    both_heads = cfg.distilled and cfg.dist_head  # the logits average the class and distillation tokens' heads
+    assert report["source"] == (DISTILLED_SOURCE if both_heads else SOURCES[cfg.global_pool] + drawn_apart)
     learned = cfg.abs_pos_embed  # rotary positions are computed: no similarity, no figure
     heads = cfg.attn_pool_num_heads or cfg.num_heads  # the last layer's, or the attention pool's
     assert np.shape(report["head_attention"]) == (heads, 4, 4)
@@ -336,6 +353,8 @@ def test_cli_json_end_to_end_for_every_model_kind(variant, tmp_path, capsys):
         np.testing.assert_allclose(np.reshape(report["head_attention"], (heads, -1)), pool[:, P - read :], atol=2e-6)
     else:
         expected = joint[0, P:] if cfg.global_pool in ("token", "token_avg") else joint[P:, P:].mean(axis=0)
+        if both_heads:
+            expected = (joint[0, P:] + joint[1, P:]) / 2
     np.testing.assert_allclose(np.ravel(report["rollout"]), expected, atol=2e-6)
     for name, path in report["files"].items():
         with Image.open(path) as png:

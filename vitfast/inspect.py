@@ -58,43 +58,46 @@ def rollout_matrix(attentions: Sequence[torch.Tensor]) -> torch.Tensor:
     return rollout
 
 
-def source_rows(matrix: torch.Tensor, num_prefix_tokens: int, *, class_token: bool = True) -> torch.Tensor:
+def source_rows(matrix: torch.Tensor, num_prefix_tokens: int, *, class_token: bool = True, distilled: bool = False) -> torch.Tensor:
     """[..., T, T] -> [..., N]: the row of the token a model classifies from, over patch columns.
 
-    With a class token that is row 0 (DeiT's distillation token and registers are ignored);
-    without one (global_pool="avg") the mean over the patch tokens' rows, which the head pools.
+    With a class token that is row 0 (registers are ignored); `distilled` (DeiT with both heads, whose logits are the
+    mean of the class token's head and the distillation token's) the mean of rows 0 and 1; without a class token
+    (global_pool="avg") the mean over the patch tokens' rows, which the head pools.
     """
     patches = matrix[..., num_prefix_tokens:]
     if class_token:
-        return patches[..., 0, :]
+        return patches[..., :2, :].mean(dim=-2) if distilled else patches[..., 0, :]
     return patches[..., num_prefix_tokens:, :].mean(dim=-2)
 
 
 def attention_rollout(
-    attentions: Sequence[torch.Tensor], num_prefix_tokens: int, *, class_token: bool = True
+    attentions: Sequence[torch.Tensor], num_prefix_tokens: int, *, class_token: bool = True, distilled: bool = False
 ) -> torch.Tensor:
     """L x [B, H, T, T] -> [B, N]: rolled-out attention from the class token (or the patch mean) to each patch.
 
     Values are the share of the source's rolled-out attention reaching each patch; the rest
     stays on prefix tokens, so a row sums to at most 1.
     """
-    return source_rows(rollout_matrix(attentions), num_prefix_tokens, class_token=class_token)
+    return source_rows(rollout_matrix(attentions), num_prefix_tokens, class_token=class_token, distilled=distilled)
 
 
 def head_attention(
-    attentions: Sequence[torch.Tensor], num_prefix_tokens: int, *, class_token: bool = True, layer: int = -1
+    attentions: Sequence[torch.Tensor], num_prefix_tokens: int, *, class_token: bool = True, distilled: bool = False,
+    layer: int = -1
 ) -> torch.Tensor:
     """L x [B, H, T, T] -> [B, H, N]: one layer's per-head attention from the class token (or patch mean)."""
     attn = attentions[layer].detach().to("cpu", torch.float64)
-    return source_rows(attn, num_prefix_tokens, class_token=class_token)
+    return source_rows(attn, num_prefix_tokens, class_token=class_token, distilled=distilled)
 
 
 def pos_embed_similarity(model: torch.nn.Module) -> torch.Tensor | None:
-    """Cosine similarity of the learned patch position embeddings: [N, N], row i over all positions;
+    """Cosine similarity of the learned patch position embeddings: [N', N'] over the N' positions of `config.pos_grid`;
     None for a model without them (DINOv3's positions are rotary, computed, not learned).
 
-    Row i reshaped to `config.grid_size` is the heatmap for patch position i. Prefix-token rows
-    of `pos_embed` are skipped (with `no_embed_class=True` there are none).
+    Row i reshaped to `config.pos_grid` is the heatmap for patch position i: the grid the table is stored at, which a
+    model resizing it to the image's grid (an HF DINOv2 stored at 37x37, run at 224 px) has apart from `grid_size`.
+    Prefix-token rows of `pos_embed` are skipped (with `no_embed_class=True` there are none).
     """
     cfg: ViTConfig = model.config
     if model.pos_embed is None:
@@ -102,11 +105,9 @@ def pos_embed_similarity(model: torch.nn.Module) -> torch.Tensor | None:
     pos = model.pos_embed.detach().to("cpu", torch.float64)[0]
     if not cfg.no_embed_class:
         pos = pos[cfg.num_prefix_tokens :]
-    if pos.shape[0] != cfg.num_patches:
-        raise InputError(
-            f"pos_embed has {pos.shape[0]} patch rows but the config's {cfg.grid_size[0]}x{cfg.grid_size[1]} "
-            f"grid has {cfg.num_patches} patches"
-        )
+    gh, gw = cfg.pos_grid
+    if pos.shape[0] != gh * gw:
+        raise InputError(f"pos_embed has {pos.shape[0]} patch rows but the config's {gh}x{gw} position grid has {gh * gw}")
     unit = torch.nn.functional.normalize(pos, dim=-1)
     sim = unit @ unit.T
     # cos(u, v) is symmetric and cos(v, v) is 1 by definition; make both exact (matmul rounding
@@ -175,7 +176,7 @@ class Inspection:
     pixels: np.ndarray  # [B, H, W, 3] or [B, H, W] (non-RGB models) in [0, 1], what the model saw (whole patches)
     rollout: torch.Tensor  # [B, gh, gw]
     head_attention: torch.Tensor  # [B, heads, gh, gw], last layer (the attention pool's, with global_pool="map")
-    pos_similarity: torch.Tensor | None  # [N, N]; None without learned position embeddings
+    pos_similarity: torch.Tensor | None  # [N', N'] over config.pos_grid's positions; None without learned position embeddings
     attention_distance: torch.Tensor  # [depth, heads], pixels, averaged over the images
     source: str  # which token the maps start from, for titles
 
@@ -184,6 +185,7 @@ class Inspection:
         return {
             "source": self.source,
             "grid_size": list(self.config.grid_size),
+            "pos_grid": list(self.config.pos_grid),  # pos_embed_similarity's rows and columns
             "patch_size": self.config.patch_size,
             "num_prefix_tokens": self.config.num_prefix_tokens,
             "rollout": _rounded(self.rollout[index]),
@@ -217,9 +219,12 @@ def inspect_model(model: torch.nn.Module, images: torch.Tensor) -> Inspection:
         # the head's readout: the class token, else the mean patch token; unpooled, the class token if there is one
         unpooled = cfg.global_pool == "" or cfg.features_only
         from_token = cfg.class_token if unpooled else cfg.global_pool in ("token", "token_avg")
-        rollout = attention_rollout(attentions, P, class_token=from_token)
-        heads = head_attention(attentions, P, class_token=from_token)
+        both_heads = cfg.distilled and cfg.dist_head and not unpooled  # DeiT's logits average the class and distillation heads
+        rollout = attention_rollout(attentions, P, class_token=from_token, distilled=both_heads)
+        heads = head_attention(attentions, P, class_token=from_token, distilled=both_heads)
         source = "class token" if from_token else "mean of patch tokens"
+        if both_heads:
+            source = "mean of the class and distillation tokens (the logits average their two heads)"
         if cfg.global_pool == "token_avg" and not unpooled:
             source += " (the head also reads the mean patch token)"
         if cfg.features_only:
@@ -384,7 +389,7 @@ def figures(inspection: Inspection, index: int = 0) -> dict[str, Any]:
     position embeddings: no pos_embed figure)."""
     pixels = inspection.pixels[index]
     pos = {} if inspection.pos_similarity is None else {
-        "pos_embed": plot_pos_embed_similarity(inspection.pos_similarity, inspection.config.grid_size)}
+        "pos_embed": plot_pos_embed_similarity(inspection.pos_similarity, inspection.config.pos_grid)}
     return {
         "rollout": plot_rollout(pixels, inspection.rollout[index], source=inspection.source),
         "heads": plot_head_attention(pixels, inspection.head_attention[index], source=inspection.source),
