@@ -26,6 +26,8 @@ from vitfast.flops import count_macs, count_params
         ("vit_giant_patch14_reg4_dinov2", dict(img_size=56, depth=2)),
         ("aimv2_large_patch14_224", dict(depth=2)),
         ("vit_small_plus_patch16_dinov3", dict(depth=2)),
+        ("vit_base_patch16_siglip_224", dict(depth=2, attn_pool_mlp_ratio=2.0)),  # the pool's MLP has its own width
+        ("vit_pe_core_base_patch16_224", dict(depth=2)),  # the pool reads the class token too (pool_include_prefix)
     ],
 )
 def test_mac_count_matches_torch_flop_counter(name, overrides):

@@ -40,9 +40,10 @@ def count_macs(config: ViTConfig) -> int:
     macs += c.built_depth * per_block
     if c.features_only:  # no head
         return macs
-    if c.global_pool == "map":  # one learned query over the patch tokens, then an MLP on it
-        n = c.num_patches
-        macs += dim * dim + n * dim * 2 * dim + 2 * n * dim + dim * dim + 2 * dim * c.mlp_hidden
+    if c.global_pool == "map":  # one learned query over the patch tokens (PE's: every token), then an MLP of its own width
+        n = c.seq_len if c.pool_include_prefix else c.num_patches
+        pool_hidden = c.mlp_hidden if c.attn_pool_mlp_ratio is None else round(dim * c.attn_pool_mlp_ratio)
+        macs += dim * dim + n * dim * 2 * dim + 2 * n * dim + dim * dim + 2 * dim * pool_hidden
     head_in, head_rows = c.num_features, c.seq_len if c.global_pool == "" else 1  # unpooled: the head runs on every token
     if c.representation_size:
         macs += head_rows * head_in * c.representation_size
