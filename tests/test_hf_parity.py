@@ -52,6 +52,31 @@ def test_hf_directory_logits_match(tmp_path, name):
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("weights", ["safetensors", "bin"])
+def test_hf_sharded_directory_loads_as_transformers_loads_it(tmp_path, weights):
+    """save_pretrained(max_shard_size=...) writes model-0000N-of-0000M.safetensors shards behind model.safetensors.index.json;
+    transformers before 5 wrote torch's .bin shards behind pytorch_model.bin.index.json (safe_serialization=False), which
+    from_pretrained still reads. Made here from transformers' own shards, checked with from_pretrained, then read by vitfast."""
+    hf = _hf_vit(**HF_CONFIGS["base-like"])
+    hf.save_pretrained(tmp_path, max_shard_size="50KB")
+    if weights == "bin":
+        index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+        shards = {f: f.replace("model-", "pytorch_model-").replace(".safetensors", ".bin") for f in set(index["weight_map"].values())}
+        for shard, renamed in shards.items():
+            torch.save(safetensors.torch.load_file(tmp_path / shard), tmp_path / renamed)
+            (tmp_path / shard).unlink()
+        (tmp_path / "model.safetensors.index.json").unlink()
+        weight_map = {k: shards[f] for k, f in index["weight_map"].items()}
+        (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps(index | {"weight_map": weight_map}))
+    assert len(list(tmp_path.glob(f"*-of-*.{weights}"))) > 1
+    reference = transformers.ViTForImageClassification.from_pretrained(tmp_path).eval()
+    model = vitfast.load_checkpoint(tmp_path)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(pixel_values=x).logits, atol=ATOL, rtol=0)
+        torch.testing.assert_close(model(x), hf(pixel_values=x).logits, atol=ATOL, rtol=0)
+
+
 def test_hf_state_dict_alone_loads(tmp_path):
     """A bare HF state dict (transformers 5 in-memory names, no config.json): the config is read
     off the shapes with HF's eps 1e-12; the head count cannot be, so it warns and takes config=."""

@@ -254,34 +254,38 @@ def _read_dir(path: Path) -> tuple[ViTConfig, StateDict, str, Guesses]:
     return cfg, sd, "hf", guesses
 
 
+# transformers' weight files in the order it reads them: safetensors, then torch's (save_pretrained(safe_serialization=False));
+# either whole or in shards named by "<file>.index.json"
+_HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
 def _read_dir_weights(path: Path) -> StateDict:
-    sd: StateDict = {}
-    if (path / "model.safetensors").exists():
-        sd = _read_tensors(path / "model.safetensors")[0]
-    elif (path / "model.safetensors.index.json").exists():
-        for shard in _shard_files(path, _read_json(path / "model.safetensors.index.json")):
-            sd.update(_read_tensors(shard)[0])
-    elif (path / "pytorch_model.bin").exists():
-        sd = _read_tensors(path / "pytorch_model.bin")[0]
-    else:
-        raise CheckpointError(f"{path} has config.json but no model.safetensors or pytorch_model.bin")
-    return sd
+    for name in _HF_WEIGHTS:
+        if (path / name).exists():
+            return _read_tensors(path / name)[0]
+        index = path / f"{name}.index.json"
+        if index.exists():
+            sd: StateDict = {}
+            for shard in _shard_files(path, index):
+                sd.update(_read_tensors(shard)[0])
+            return sd
+    raise CheckpointError(f"{path} has config.json but no model.safetensors or pytorch_model.bin (whole or sharded)")
 
 
-def _shard_files(folder: Path, index: dict[str, Any]) -> list[Path]:
-    """The shard files a safetensors index names: plain file names inside `folder`, never a path
-    like ../../x that would read files elsewhere."""
-    weight_map = index.get("weight_map")
+def _shard_files(folder: Path, index_file: Path) -> list[Path]:
+    """The shard files an index (model.safetensors.index.json, pytorch_model.bin.index.json) names: plain file names inside
+    `folder`, never a path like ../../x that would read files elsewhere."""
+    weight_map = _read_json(index_file).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CheckpointError(f"{folder}/model.safetensors.index.json has no valid weight_map (tensor name -> shard file)")
+        raise CheckpointError(f"{index_file} has no valid weight_map (tensor name -> shard file)")
     shards = sorted(set(weight_map.values()))
     bad = [s for s in shards if Path(s).name != s or s in ("", ".", "..")]
     if bad:
-        raise CheckpointError(f"{folder}/model.safetensors.index.json names shard files outside the model folder ({bad[0]!r}); "
+        raise CheckpointError(f"{index_file} names shard files outside the model folder ({bad[0]!r}); "
                               "a shard must be a file name in the folder: fix or re-download the index")  # fmt: skip
     missing = [s for s in shards if not (folder / s).is_file()]
     if missing:
-        raise CheckpointError(f"{folder} lacks shard {missing[0]} named in model.safetensors.index.json; re-download the model")
+        raise CheckpointError(f"{folder} lacks shard {missing[0]} named in {index_file.name}; re-download the model")
     return [folder / s for s in shards]
 
 
