@@ -321,6 +321,32 @@ def test_dropping_rotary_positions_by_override_drops_all_their_settings(tmp_path
     assert [getattr(plain.config, k) for k in settings] == [getattr(defaults, k) for k in settings]
 
 
+def test_a_siglip_tower_takes_its_gelu_form_from_the_registered_tower_of_its_shapes_and_says_so(tmp_path, monkeypatch):
+    """timm builds some SigLIP towers with the tanh GELU and others of the same shapes with erf, attention-pooled ("map")
+    and gap alike; the weights cannot tell. A bare state dict takes the form of the registered tower of its shapes and
+    patch size, and says it is a guess: the gap towers used to load with erf GELU, silently."""
+    from vitfast import registry
+    from vitfast.convert import infer_timm_config
+
+    for name in (n for n in vitfast.list_models() if "siglip" in n):
+        with torch.device("meta"):
+            sd = vitfast.create_model(name).state_dict()
+        cfg, guesses = infer_timm_config(sd)
+        assert cfg.act_layer == vitfast.get_config(name).act_layer and "act_layer" in guesses, name
+    # the whole load, on a registered tanh gap tower small enough to build: the same outputs
+    twin = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, class_token=False, global_pool="avg", fc_norm=False,
+                num_classes=0, act_layer="gelu_tanh")  # fmt: skip
+    monkeypatch.setitem(registry._REGISTRY, "vit_tiny_patch8_siglip_gap_32", twin)
+    torch.manual_seed(0)
+    model = randomize(vitfast.create_model("vit_tiny_patch8_siglip_gap_32")).eval()
+    torch.save(model.state_dict(), tmp_path / "w.pth")
+    with pytest.warns(vitfast.GuessedConfigWarning, match=r"act_layer='gelu_tanh' \(.*vit_tiny_patch8_siglip_gap_32"):
+        loaded = vitfast.load_checkpoint(tmp_path / "w.pth")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+
+
 def test_a_pre_norm_tower_with_an_attention_pool_and_no_final_norm_is_refused(tmp_path):
     """A pre-norm tower is read as a Perception Encoder by what follows its blocks (an attention pool and a final norm: core;
     nothing: spatial), as its rotary positions do not show in its keys; a pool without a final norm is neither, so it is

@@ -833,8 +833,8 @@ def infer_timm_config(
     """Read a `ViTConfig` off a timm-named state dict's tensor shapes; the head count and the
     preprocessing are not in the weights and come back as guesses. So do, for a CLIP image tower
     (`norm_pre`), the LayerNorm eps and the GELU form, which differ between its timm variants, and
-    for a SigLIP tower (`attn_pool`) the GELU form. `norm_eps` None: timm's default for the kind of
-    model (1e-6, CLIP towers 1e-5). The head count comes from a registered model of the same
+    for a SigLIP tower (`attn_pool`, or the shapes of a registered `*_siglip_gap_*`) the GELU form. `norm_eps` None:
+    timm's default for the kind of model (1e-6, CLIP towers 1e-5). The head count comes from a registered model of the same
     shapes, preferring names with `family` in them, unless the caller knows it (`num_heads`)."""
     def has(key: str) -> bool:
         return key in sd
@@ -970,7 +970,8 @@ def infer_timm_config(
     if pre_norm and family not in _PE_FAMILIES:  # a CLIP tower's caveat; every Perception Encoder tower has GELU
         guesses["act_layer"] = ("not stored in weights; GELU as in timm's *_clip_* models assumed. OpenAI's original "
                                 "weights and others trained with QuickGELU (timm's *_clip_quickgelu_*) need act_layer='quick_gelu'")
-    elif fields["global_pool"] == "map":
+    # SigLIP towers, attention-pooled or gap: timm builds some with the tanh GELU and others of the same shapes with erf
+    elif fields["global_pool"] == "map" or any("siglip" in n for n, _ in known):
         fields["act_layer"] = entry.get("act_layer", "gelu")
         source = f"timm's {name}" if known else "timm's default"
         guesses["act_layer"] = (f"not stored in weights; {fields['act_layer']} as in {source} assumed. SigLIP was trained with the "
