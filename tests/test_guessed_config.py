@@ -17,7 +17,7 @@ from conftest import randomize
 TRUE = vitfast.ViTConfig(img_size=32, patch_size=8, embed_dim=128, depth=2, num_heads=4, num_classes=5,
                          mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), crop_pct=0.875)  # fmt: skip
 FLAGS = ["--num-heads", "4", "--mean", "0.485", "0.456", "0.406", "--std", "0.229", "0.224", "0.225", "--crop-pct", "0.875",
-         "--interpolation", "bicubic"]  # fmt: skip
+         "--interpolation", "bicubic", "--crop-mode", "center"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +33,14 @@ def test_a_bare_state_dict_warns_about_heads_and_preprocessing(truth):
     model, path = truth
     with pytest.warns(vitfast.GuessedConfigWarning, match=r"num_heads=2 .*mean=\[0.5, 0.5, 0.5\]"):
         guessed = vitfast.load_checkpoint(path)
-    assert set(guessed.config_guesses) == {"num_heads", "mean", "std", "crop_pct", "interpolation"}
+    assert set(guessed.config_guesses) == {"num_heads", "mean", "std", "crop_pct", "interpolation", "crop_mode"}
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert (guessed(x) - model(x)).abs().max() > 1e-3  # the wrong guess changes the answer: why it must be loud
         with warnings.catch_warnings():
             warnings.simplefilter("error", vitfast.GuessedConfigWarning)
             fixed = vitfast.load_checkpoint(path, overrides=dict(num_heads=4, mean=TRUE.mean, std=TRUE.std, crop_pct=0.875,
-                                                                 interpolation="bicubic"))  # fmt: skip
+                                                                 interpolation="bicubic", crop_mode="center"))  # fmt: skip
         torch.testing.assert_close(fixed(x), model(x), rtol=0, atol=0)
     assert fixed.config == TRUE.replace(fc_norm=False) and fixed.config_guesses == {}  # fc_norm read off the weights
 
@@ -319,6 +319,20 @@ def test_dropping_rotary_positions_by_override_drops_all_their_settings(tmp_path
     settings, defaults = ("rope", *vitfast.config.ROPE_SETTINGS), vitfast.ViTConfig()
     assert plain.rope is None
     assert [getattr(plain.config, k) for k in settings] == [getattr(defaults, k) for k in settings]
+
+
+def test_the_crop_mode_a_state_dict_cannot_state_is_said_to_be_assumed():
+    """timm preprocesses some models by squashing the image (vit_medium_patch16_gap_384, the CLIP 336/384 px towers): a bare
+    state dict cannot say so, and the centre crop assumed for it is reported beside the other preprocessing guesses."""
+    from vitfast.convert import infer_timm_config
+
+    names = [n for n in vitfast.list_models() if vitfast.get_config(n).crop_mode == "squash" and not vitfast.get_config(n).rope]
+    assert names
+    for name in names:
+        with torch.device("meta"):
+            sd = vitfast.create_model(name).state_dict()
+        cfg, guesses = infer_timm_config(sd)
+        assert cfg.crop_mode == "center" and "crop_mode" in guesses, name
 
 
 def test_a_siglip_tower_takes_its_gelu_form_from_the_registered_tower_of_its_shapes_and_says_so(tmp_path, monkeypatch):

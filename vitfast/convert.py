@@ -34,7 +34,7 @@ from .registry import _AIMV2, _DINOV2, _EVA02, _PE_CORE, _PE_SPATIAL, _REGISTRY,
 
 StateDict = dict[str, torch.Tensor]
 Guesses = dict[str, str]  # ViTConfig field -> why its value is a guess
-PREPROCESSING_GUESSED = ("mean", "std", "crop_pct", "interpolation")  # reported when not stored
+PREPROCESSING_GUESSED = ("mean", "std", "crop_pct", "interpolation", "crop_mode")  # reported when not stored
 
 HF_PATCH_KEY = "embeddings.patch_embeddings.projection.weight"
 TIMM_PATCH_KEYS = ("patch_embed.proj.weight", "patch_embed.backbone.stem.conv.weight")
@@ -1071,9 +1071,10 @@ def timm_hub_config(cfg: dict[str, Any], sd: StateDict, *, family: str | None = 
         guesses.pop("interpolation", None)
     elif "interpolation" in pc:
         guesses["interpolation"] = f"pretrained_cfg interpolation {pc['interpolation']!r} is not supported; {base.interpolation} used"
-    mode = pc.get("crop_mode", "center")
+    mode = pc.get("crop_mode", "center")  # timm's data config takes "center" where pretrained_cfg has none
     if mode in CROP_MODES:
         fields["crop_mode"] = mode
+        guesses.pop("crop_mode", None)
     else:
         guesses["crop_mode"] = f"pretrained_cfg crop_mode {mode!r} is not supported; 'center' used"
     names = cfg.get("label_names")
