@@ -91,6 +91,30 @@ def test_unknown_architecture_takes_what_its_model_args_state(tmp_path):
         assert vitfast.load_checkpoint(tmp_path).config.num_heads == 3
 
 
+def test_model_args_without_a_field_are_followed_where_harmless_and_refused_by_name_otherwise(tmp_path):
+    """timm's create_model takes arguments vitfast has no field for. pos_embed="none" (no learned positions) builds the
+    model without them, as timm does (it failed as a truncated checkpoint); dropout, stochastic depth, init schemes and
+    timm's defaults change nothing at inference; dynamic_img_pad=True (timm pads inputs that are not whole patches) is
+    refused by name, never dropped."""
+    torch.manual_seed(0)
+    source = vitfast.create_model("deit_tiny_patch16_224", img_size=48, depth=2, num_classes=3, abs_pos_embed=False).eval()
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, tmp_path / "model.safetensors")
+    args = {"img_size": 48, "depth": 2, "pos_embed": "none", "drop_path_rate": 0.1, "weight_init": "jax", "qk_norm": False,
+            "dynamic_img_pad": False}  # fmt: skip
+    config = {"architecture": "deit_tiny_patch16_224", "num_classes": 3, "model_args": args, "pretrained_cfg": PRETRAINED_CFG}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", vitfast.GuessedConfigWarning)
+        model = vitfast.load_checkpoint(tmp_path)
+    assert not model.config.abs_pos_embed
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), source(x), rtol=0, atol=0)
+    (tmp_path / "config.json").write_text(json.dumps(config | {"model_args": args | {"dynamic_img_pad": True}}))
+    with pytest.raises(vitfast.ConfigError, match="model_args give deit_tiny_patch16_224 dynamic_img_pad=True, which vitfast"):
+        vitfast.load_checkpoint(tmp_path)
+
+
 def test_border_crop_mode_is_read(tmp_path):
     _hub_folder(tmp_path, pretrained_cfg=PRETRAINED_CFG | {"crop_mode": "border"})
     with warnings.catch_warnings():

@@ -1031,6 +1031,29 @@ def read_timm_hub(cfg: dict[str, Any], sd: StateDict, where: object) -> tuple[St
     return sd, vit_cfg, guesses
 
 
+# timm's create_model arguments without a ViTConfig field that change nothing once the weights are loaded: regularisation
+# (off in eval mode) and initialisation (the weights overwrite it)
+_TIMM_TRAINING_ARGS = ("drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate",
+                       "weight_init", "fix_init")  # fmt: skip
+# ... and those that change nothing at timm's default, vitfast's model having only that form
+_TIMM_DEFAULT_ARGS = {"qk_norm": False, "dynamic_img_pad": False}
+_TIMM_POS_EMBED = {"learn": True, "none": False, "": False}  # timm's pos_embed -> abs_pos_embed
+
+
+def _timm_model_args(model_args: dict[str, Any], arch: str) -> dict[str, Any]:
+    """A timm Hub folder's `model_args` (timm's create_model arguments) as ViTConfig fields. One vitfast's model has no
+    counterpart for is refused by name: building without it would run another model than timm's (pos_embed="none" would
+    fail as a truncated checkpoint, dynamic_img_pad=True would refuse the inputs timm pads)."""
+    args = {k: v for k, v in model_args.items()
+            if k not in _TIMM_TRAINING_ARGS and not (k in _TIMM_DEFAULT_ARGS and v == _TIMM_DEFAULT_ARGS[k])}  # fmt: skip
+    if args.get("pos_embed") in _TIMM_POS_EMBED:
+        args["abs_pos_embed"] = _TIMM_POS_EMBED[args.pop("pos_embed")]
+    if unknown := [f"{k}={v!r}" for k, v in args.items() if k not in ViTConfig.__dataclass_fields__]:
+        raise ConfigError(f"this timm Hub folder's model_args give {arch} {', '.join(unknown)}, which vitfast's ViT does not "
+                          "implement; it cannot be loaded as timm builds it")  # fmt: skip
+    return args
+
+
 def timm_hub_config(cfg: dict[str, Any], sd: StateDict, *, family: str | None = None) -> tuple[ViTConfig, Guesses]:
     """A `ViTConfig` from a timm Hub folder's config.json (as timm's `save_for_hf` writes it):
     the architecture from `architecture` (+ `model_args`), `num_classes`, preprocessing from
@@ -1041,7 +1064,7 @@ def timm_hub_config(cfg: dict[str, Any], sd: StateDict, *, family: str | None = 
     arch = str(cfg["architecture"])
     if why := unsupported_reason(arch):  # its weights can look like a plain ViT's (ResPostBlock): never read them as one
         raise CheckpointError(f"this timm Hub folder holds {arch}: {why}, which vitfast's ViT does not implement")
-    model_args = {k: v for k, v in (cfg.get("model_args") or {}).items() if k in ViTConfig.__dataclass_fields__}
+    model_args = _timm_model_args(cfg.get("model_args") or {}, arch)
     try:
         base, guesses = get_config(arch, **model_args), {}
     except ConfigError:
