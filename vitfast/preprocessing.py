@@ -3,7 +3,8 @@
 With `scale = floor(img_size / crop_pct)` per side (all settings from the `ViTConfig`):
 - `crop_mode="center"` (timm's default eval transform, Hugging Face `shortest_edge` processors):
   the shorter side to `scale`, the longer one `int(scale * long / short)` as torchvision's
-  `Resize(int)`; a non-square `img_size` resizes by one ratio, rounded, as timm's `ResizeKeepRatio`;
+  `Resize(int)`; a non-square `img_size` resizes by one ratio, rounded, as timm's `ResizeKeepRatio`, with the
+  config's filter as timm 1.0.31 passes it (timm 1.0.30 and earlier resized bilinearly there, whatever the filter);
 - `crop_mode="squash"` (Hugging Face `ViTImageProcessor`/`DeiTImageProcessor`, timm's squash):
   both sides straight to `scale`, ignoring the aspect ratio;
 - `crop_mode="border"` (timm's `ResizeKeepRatio(longest=1)` + `CenterCropOrPad`): the longer side
