@@ -459,3 +459,21 @@ def test_recorded_command_parses_back_to_the_same_settings(tmp_path, monkeypatch
         assert settings_from_args(parse(shlex.split(commands[-1])[1:])) == settings, commands[-1]
     assert "--ov-hint throughput" in commands[0] and f"--work-dir '{tmp_path}/my work'" in commands[0]
     assert "--ov-hint" not in commands[1] and "--work-dir" not in commands[1]  # OpenVINO's default; the user's cache
+
+
+def test_a_cached_export_is_not_reused_by_other_sources_or_tool_versions(tmp_path, monkeypatch):
+    """The cache is shared by every checkout and the version is 0.1.0 throughout development: keyed by the version
+    alone, a commit whose exporter changed measured the graph an earlier commit had exported."""
+    assert {p.name for p in backends.export_sources()} >= {"onnx_export.py", "quantize.py", "model.py", "layers.py", "config.py"}
+    source = tmp_path / "onnx_export.py"
+    source.write_text("opset = 17\n")
+    monkeypatch.setattr(backends, "export_sources", lambda: [source])
+    cfg, opts = tiny_config(name="tiny"), BackendOptions(work_dir=tmp_path / "cache")
+    first = backends._artifact_path(cfg, "fp32", opts, "cpu")
+    assert backends._artifact_path(cfg, "fp32", opts, "cpu") == first  # the same tree reuses its file
+    source.write_text("opset = 18\n")
+    changed = backends._artifact_path(cfg, "fp32", opts, "cpu")
+    assert changed != first
+    real = backends.library_version
+    monkeypatch.setattr(backends, "library_version", lambda name: "9.9.9" if name == "onnxruntime" else real(name))
+    assert backends._artifact_path(cfg, "fp32", opts, "cpu") != changed

@@ -18,11 +18,14 @@ from typing import Any, Callable
 
 import torch
 
+import vitfast
+import vitfast.export
 from vitfast._version import __version__
 from vitfast.config import OUTPUT_MEANING_FIELDS, PREPROCESSING_FIELDS, ViTConfig
 from vitfast.data import find_images, random_images
 from vitfast.errors import ArtifactError, BackendUnavailable, InputError
 from vitfast.foreign import is_onnx_artifact
+from vitfast.info import library_version
 from vitfast.export import quantize_int8, to_onnx
 from vitfast.export.artifacts import read_sidecar, sidecar_path
 from vitfast.export.tensorrt import require_tensorrt
@@ -300,9 +303,29 @@ def _torch_runner(backend: str, precision: str, config: ViTConfig, platform: Pla
     return Runner(torch.inference_mode()(forward), device, engine.dtype, timer, _device_name(device), details)
 
 
+def export_sources() -> list[Path]:
+    """The source files that build the model and write the ONNX file: vitfast's own modules (the model, its
+    layers and config, and what the exporter imports from them) and vitfast.export's. The runtimes, bench,
+    CLI and Triton kernels (which an export never runs) are left out."""
+    return sorted(p for module in (vitfast, vitfast.export) for p in Path(module.__file__).resolve().parent.glob("*.py"))
+
+
+def sources_digest(files: list[Path]) -> str:
+    """sha256 over the files' names and contents."""
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def _artifact_path(config: ViTConfig, precision: str, options: BackendOptions, target: str) -> Path:
-    """Cache path keyed by the architecture, precision and the tool versions that shape the file."""
-    recipe = {"arch": _arch(config.to_dict()), "precision": precision, "vitfast": __version__, "torch": torch.__version__}
+    """Cache path keyed by the architecture, precision, the exporter's sources and the tool versions that shape
+    the file. The sources, not just the version: the cache is shared by every checkout, and two commits of one
+    version (0.1.0 throughout development) export different graphs. ONNX writes the graph and ONNX Runtime's
+    quantizer the int8 file; OpenVINO only runs the files, so its version is not part of the key."""
+    recipe = {"arch": _arch(config.to_dict()), "precision": precision, "vitfast": __version__, "torch": torch.__version__,
+              "onnx": library_version("onnx"), "onnxruntime": library_version("onnxruntime"),
+              "sources": sources_digest(export_sources())}  # fmt: skip
     if precision == "int8":
         recipe |= {"target": target, "calib": _calib_recipe(options)}
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
