@@ -15,7 +15,6 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 
 import vitfast
+from vitfast.bench.measure import git_state
 from vitfast.export import quantize_int8, to_onnx
 from vitfast.info import collect
 
@@ -69,8 +69,7 @@ def main() -> None:
     base = rows[1]["median_ms"]
     for row in rows:
         row["speedup_vs_ort_fp32"] = base / row["median_ms"]
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    env = collect() | {"cpu": platform.processor() or platform.machine(), "threads": args.threads, "git_sha": sha,
+    env = collect() | {"cpu": platform.processor() or platform.machine(), "threads": args.threads, "git_sha": git_state()["sha"],
                        "command": " ".join([Path(sys.executable).name] + sys.argv)}  # fmt: skip
     Path(args.out).write_text(json.dumps({"model": args.model, "batch": args.batch, "rows": rows, "environment": env}, indent=1))
 

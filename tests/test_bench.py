@@ -477,3 +477,30 @@ def test_a_cached_export_is_not_reused_by_other_sources_or_tool_versions(tmp_pat
     real = backends.library_version
     monkeypatch.setattr(backends, "library_version", lambda name: "9.9.9" if name == "onnxruntime" else real(name))
     assert backends._artifact_path(cfg, "fp32", opts, "cpu") != changed
+
+
+def test_git_state_names_vitfasts_checkout_never_the_repository_around_an_installed_copy(tmp_path, monkeypatch):
+    """An installed vitfast lives in site-packages, often in a venv inside the user's own repository: git run there
+    recorded the user's project's commit as the one measured."""
+    import subprocess
+
+    def repo(path, files):
+        path.mkdir(parents=True)
+        for name, text in files.items():
+            (path / name).write_text(text)
+        git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+        subprocess.run([*git, "init", "-q"], check=True)
+        subprocess.run([*git, "add", "."], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", "c"], check=True)
+        return subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+
+    monkeypatch.delenv("VITFAST_GIT_SHA", raising=False)
+    repo(tmp_path / "project", {"pyproject.toml": '[project]\nname = "my-app"\n'})
+    site = tmp_path / "project" / ".venv" / "lib" / "site-packages"
+    (site / "vitfast" / "bench").mkdir(parents=True)
+    monkeypatch.setattr(measure, "__file__", str(site / "vitfast" / "bench" / "measure.py"))
+    assert measure.git_state() == {"sha": None, "dirty": None, "changed_files": [], "source": "installed package"}
+    sha = repo(tmp_path / "vitfast-src", {"pyproject.toml": '[project]\nname = "vitfast"\n'})
+    (tmp_path / "vitfast-src" / "vitfast" / "bench").mkdir(parents=True)
+    monkeypatch.setattr(measure, "__file__", str(tmp_path / "vitfast-src" / "vitfast" / "bench" / "measure.py"))
+    assert measure.git_state() == {"sha": sha, "dirty": False, "changed_files": [], "source": "git checkout"}

@@ -20,6 +20,7 @@ import shlex
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -189,16 +190,30 @@ def cpu_model() -> str:
 
 
 def git_state() -> dict[str, Any]:
-    """The vitfast source checkout's commit, and which tracked files differ from it; or the commit
-    named by VITFAST_GIT_SHA, for a tree copied without its own history (the lent GPU machine gets
+    """The vitfast source checkout's commit, and which tracked files differ from it (no commit, source
+    "installed package", for a vitfast that is not a checkout of its own); or the commit named by VITFAST_GIT_SHA, for a tree copied without its own history (the lent GPU machine gets
     the working tree beside an older .git, which would name the wrong commit and list every file
     changed since as uncommitted)."""
     if os.environ.get("VITFAST_GIT_SHA"):
         return {"sha": os.environ["VITFAST_GIT_SHA"], "dirty": None, "changed_files": [], "source": "VITFAST_GIT_SHA"}
     root = Path(__file__).resolve().parents[2]
+    # an installed vitfast sits in site-packages, and git would walk up to whatever repository holds the venv
+    # (the user's own project): only a checkout whose top level is vitfast's source tree names vitfast's commit
+    top = _run(["git", "rev-parse", "--show-toplevel"], root)
+    if top is None or Path(top).resolve() != root or not _is_vitfast_tree(root):
+        return {"sha": None, "dirty": None, "changed_files": [], "source": "installed package"}
     sha = _run(["git", "rev-parse", "HEAD"], root)
     changed = _run(["git", "diff", "--name-only", "HEAD"], root)
-    return {"sha": sha, "dirty": bool(changed) if changed is not None else None, "changed_files": (changed or "").split()}
+    return {"sha": sha, "dirty": bool(changed) if changed is not None else None, "changed_files": (changed or "").split(),
+            "source": "git checkout"}  # fmt: skip
+
+
+def _is_vitfast_tree(root: Path) -> bool:
+    """`root/pyproject.toml` names the vitfast project."""
+    try:
+        return tomllib.loads((root / "pyproject.toml").read_text()).get("project", {}).get("name") == "vitfast"
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
 
 
 def environment(command: str, ort_threads: int | None) -> dict[str, Any]:
