@@ -504,3 +504,37 @@ def test_git_state_names_vitfasts_checkout_never_the_repository_around_an_instal
     (tmp_path / "vitfast-src" / "vitfast" / "bench").mkdir(parents=True)
     monkeypatch.setattr(measure, "__file__", str(tmp_path / "vitfast-src" / "vitfast" / "bench" / "measure.py"))
     assert measure.git_state() == {"sha": sha, "dirty": False, "changed_files": [], "source": "git checkout"}
+
+
+def test_an_engine_row_times_the_backends_run_not_its_input_checks(tmp_path, monkeypatch):
+    """ONNX Runtime / OpenVINO / TensorRT rows timed `Engine.__call__`: its input checks (a full isfinite scan, a
+    blocking sync on a GPU) ran in every timed call, which the PyTorch rows' forward does not pay."""
+    pytest.importorskip("onnxruntime")
+    from vitfast.runtime.onnx_engine import OnnxEngine
+
+    calls = {"prepare": 0, "run": 0}
+    prepare, run = OnnxEngine.prepare, OnnxEngine._run
+
+    def counted(name, method):
+        def wrapper(self, x):
+            calls[name] += 1
+            return method(self, x)
+
+        return wrapper
+
+    monkeypatch.setattr(OnnxEngine, "prepare", counted("prepare", prepare))
+    monkeypatch.setattr(OnnxEngine, "_run", counted("run", run))
+    settings = Settings(models=[tiny_config(name="tiny")], backends=["onnxruntime"], batches=[2], precisions=["fp32"], repeats=5,
+                        warmup=2, buffers=3, options=BackendOptions(work_dir=tmp_path / "cache"))  # fmt: skip
+    (row,) = run_sweep(settings)["rows"]
+    assert row["status"] == "ok", row["reason"]
+    timed = 1 + settings.warmup + sum(len(rep) for rep in row["samples_ms"])  # the first call, warm-up, both repeats
+    assert calls["run"] >= timed  # (exporting runs the graph too)
+    assert calls["prepare"] == settings.buffers  # once per input buffer, before any timed call
+    assert "the session's run" in row["details"]["timed"]
+    # an engine taking another dtype (a TensorRT engine's fp16, a checkpoint's bf16) gets its inputs cast before timing too
+    from vitfast.runtime import TorchEngine
+
+    engine = TorchEngine(backends.seeded_model(tiny_config(name="tiny")), device="cpu", dtype=torch.bfloat16)
+    parts = backends._engine_call(engine, engine.dtype)
+    assert parts["prepare"](torch.randn(2, 3, 32, 32)).dtype == torch.bfloat16 and parts["call"] == engine._run

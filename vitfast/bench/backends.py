@@ -35,7 +35,7 @@ from vitfast.precision import BENCH as PRECISIONS
 from vitfast.precision import TORCH as TORCH_PRECISIONS
 from vitfast.precision import TORCH_DTYPES
 from vitfast.registry import create_model
-from vitfast.runtime import ENGINE_SUFFIXES, TorchEngine, load_engine
+from vitfast.runtime import ENGINE_SUFFIXES, Engine, TorchEngine, load_engine
 from vitfast.sources import RANDOM_SEED
 
 BACKENDS = ("eager", "eager-math", "compile", "vitfast", "vitfast-graphs", "vitfast-compile", "vitfast-approx-gelu", "vitfast-every-token",
@@ -221,7 +221,8 @@ def _arch(config: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- building
 @dataclass
 class Runner:
-    """A ready backend: `call(x)` runs one batch; inputs are `input_dtype` tensors on `device`."""
+    """A ready backend: `call(x)` runs one batch, the call timed; inputs are `input_dtype` tensors on `device`,
+    each passed through `prepare` once before any call when it is set."""
 
     call: Callable[[torch.Tensor], Any]
     device: torch.device
@@ -231,6 +232,9 @@ class Runner:
     details: dict[str, Any] = field(default_factory=dict)
     memory_outside_torch: str | None = None  # why the peak cannot be read, for allocators we cannot see
     batch_range: tuple[int, int] | None = None  # an engine's profile
+    # an engine's input checks and casts, out of the timed call as they are out of the PyTorch rows' (see _engine_call)
+    prepare: Callable[[torch.Tensor], torch.Tensor] | None = None
+    engine: Engine | None = None  # the artifact's engine (--artifact rows read its config and precision)
 
 
 def seeded_model(config: ViTConfig) -> torch.nn.Module:
@@ -300,6 +304,7 @@ def _torch_runner(backend: str, precision: str, config: ViTConfig, platform: Pla
         details |= {"compile_mode": options.compile_mode, "dynamic": False}
     timer = "cuda-events" if device.type == "cuda" else "perf_counter_ns"
     # the model is timed directly on inputs already in its dtype and device: no per-call cast
+    details["timed"] = "the model's forward on inputs already in its dtype and on its device"
     return Runner(torch.inference_mode()(forward), device, engine.dtype, timer, _device_name(device), details)
 
 
@@ -364,6 +369,14 @@ def onnx_artifact(config: ViTConfig, precision: str, options: BackendOptions, ta
     return path, False
 
 
+def _engine_call(engine: Engine, dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """Runner fields that time `engine`'s backend run (`Engine._run`) alone, as the PyTorch rows time the forward
+    alone: `Engine.prepare` (a full isfinite scan of the batch, with a blocking device-to-host sync on a GPU) and the
+    cast to `dtype` run once per input buffer before timing, not in every timed call."""
+    prepare = engine.prepare if dtype is None else lambda x: engine.prepare(x).to(dtype)
+    return {"call": engine._run, "prepare": prepare, "engine": engine}
+
+
 def _ort_runner(path: Path, platform: Platform, options: BackendOptions) -> Runner:
     provider = ort_provider(platform, options)
     engine = load_engine(path, backend="onnxruntime", providers=[provider], threads=options.threads)
@@ -371,14 +384,15 @@ def _ort_runner(path: Path, platform: Platform, options: BackendOptions) -> Runn
         raise BackendUnavailable(f"ONNX Runtime could not start {provider} (session has {engine.providers})")
     on_gpu = provider == ORT_PROVIDERS["cuda"]
     details = {"provider": provider, "artifact": str(path),
-               "input": "float32 host tensor" + (" (host-to-device copy and logits copy back are timed)" if on_gpu else "")}  # fmt: skip
+               "input": "float32 host tensor" + (" (host-to-device copy and logits copy back are timed)" if on_gpu else ""),
+               "timed": "the session's run: the tensor's conversion to the graph's input array, the run, the logits as a tensor"}  # fmt: skip
     if engine.precision == "int8":
         details["int8"] = engine.metadata.get("int8")
     if engine.batch:  # a graph with a fixed batch (or a recorded profile) refuses other sizes
         details["profile"] = list(engine.batch)
     return Runner(
-        engine, torch.device("cpu"), torch.float32, "perf_counter_ns",
-        _device_name(torch.device("cuda")) if on_gpu else "cpu", details,
+        device=torch.device("cpu"), input_dtype=torch.float32, timer="perf_counter_ns",
+        runs_on=_device_name(torch.device("cuda")) if on_gpu else "cpu", details=details, **_engine_call(engine),
         memory_outside_torch="ONNX Runtime's CUDA provider allocates outside PyTorch's allocator" if on_gpu else None,
         batch_range=(engine.batch[0], engine.batch[2]) if engine.batch else None,
     )  # fmt: skip
@@ -386,11 +400,12 @@ def _ort_runner(path: Path, platform: Platform, options: BackendOptions) -> Runn
 
 def _openvino_runner(path: Path, precision: str, options: BackendOptions) -> Runner:
     engine = load_engine(path, backend="openvino", threads=options.threads, hint=options.ov_hint)
-    details = {"artifact": str(path), "input": "float32 host tensor", "properties": engine.compiled_properties()}
+    details = {"artifact": str(path), "input": "float32 host tensor", "properties": engine.compiled_properties(),
+               "timed": "the infer request's run: the tensor's conversion to an array, the run, the logits as a tensor"}  # fmt: skip
     if precision == "int8":
         details["int8"] = engine.metadata.get("int8")
-    return Runner(engine, torch.device("cpu"), torch.float32, "perf_counter_ns", "cpu", details,
-                  memory_outside_torch="OpenVINO allocates outside PyTorch's allocator")  # fmt: skip
+    return Runner(device=torch.device("cpu"), input_dtype=torch.float32, timer="perf_counter_ns", runs_on="cpu", details=details,
+                  memory_outside_torch="OpenVINO allocates outside PyTorch's allocator", **_engine_call(engine))  # fmt: skip
 
 
 def _tensorrt_runner(precision: str, config: ViTConfig, options: BackendOptions) -> Runner:
@@ -404,16 +419,20 @@ def _engine_runner(path: Path) -> Runner:
     engine = load_engine(path)
     device = torch.device("cuda", torch.cuda.current_device())
     lo, _, hi = engine.batch or (1, 1, 1 << 30)
+    details = {"engine": str(path), "profile": engine.batch,
+               "timed": f"the engine's run on an input already on the GPU in its {str(engine.input_dtype).removeprefix('torch.')}, "
+                        "the logits' cast to float32 included"}  # fmt: skip
     return Runner(
-        engine, device, torch.float32, "cuda-events", _device_name(device), {"engine": str(path), "profile": engine.batch},
+        device=device, input_dtype=torch.float32, timer="cuda-events", runs_on=_device_name(device), details=details,
         memory_outside_torch="TensorRT allocates its activations outside PyTorch's allocator", batch_range=(lo, hi),
+        **_engine_call(engine, engine.input_dtype),
     )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- user artifacts
 def artifact_runner(path: Path, platform: Platform, options: BackendOptions) -> Runner:
     """A user's artifact (`bench --artifact`) as it is: ONNX file or Optimum folder, TensorRT engine or
-    checkpoint; BackendUnavailable when this machine cannot run it. `Runner.call` is its `Engine`."""
+    checkpoint; BackendUnavailable when this machine cannot run it. `Runner.engine` is its `Engine`."""
     if is_onnx_artifact(path):
         reason = _ort_reason("fp32", platform, options)
         if reason:
@@ -426,5 +445,6 @@ def artifact_runner(path: Path, platform: Platform, options: BackendOptions) -> 
         return _engine_runner(path)
     engine = load_engine(path, device=str(platform.device))
     timer = "cuda-events" if platform.cuda else "perf_counter_ns"
-    return Runner(engine, platform.device, torch.float32, timer, _device_name(platform.device),
-                  {"checkpoint": str(path), "attention": "SDPA"})  # fmt: skip
+    details = {"checkpoint": str(path), "attention": "SDPA", "timed": "the model's forward on inputs already in its dtype and on its device"}
+    return Runner(device=platform.device, input_dtype=torch.float32, timer=timer, runs_on=_device_name(platform.device),
+                  details=details, **_engine_call(engine, engine.dtype))  # fmt: skip

@@ -2,7 +2,8 @@
 
 - Timing: CUDA events around each call on a GPU (device time, the stream kept busy), a host
   `perf_counter_ns` pair on the CPU. Inputs rotate among several buffers so repeated calls do not
-  time a warm cache on one tensor. Warm-up runs happen before, outside the timings.
+  time a warm cache on one tensor. Warm-up runs happen before, outside the timings, and so do an
+  engine's input checks (`Runner.prepare`, once per buffer).
 - Memory: on a GPU, `torch.cuda.max_memory_allocated` during the timed calls minus what was
   allocated before the backend was loaded; on the CPU, the peak resident set size (VmHWM, reset
   through /proc/self/clear_refs) during the timed calls minus the RSS before the backend was loaded (after any export).

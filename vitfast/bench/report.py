@@ -290,8 +290,9 @@ holds every raw timing, the command that produced it and the environment (CPU/GP
 torch/triton/onnxruntime/TensorRT versions, git sha, threads, load average). Models have random
 weights (`torch.manual_seed(0)`); speed does not depend on the weight values.
 
-**Method.** Warm-up (compilation, autotuning, engine load, export) stays outside the timings;
-inputs rotate among 4 random batches; CUDA events on a GPU, `perf_counter_ns` on the CPU; two
+**Method.** Warm-up (compilation, autotuning, engine load, export) stays outside the timings, and
+so do an engine's input checks (once per input batch; each row's `details.timed` says what a call
+includes); inputs rotate among 4 random batches; CUDA events on a GPU, `perf_counter_ns` on the CPU; two
 back-to-back repeats per row. Latency percentiles are over both repeats' calls; *spread* is the
 gap between the two repeats' medians, the noise floor of that row: a difference between rows
 smaller than their spreads is not a result. *% peak* is the row's GFLOP/s (2 x `count_macs`

@@ -206,7 +206,7 @@ def _measure_artifact(path: Path, label: str, settings: Settings, platform: Plat
     except Exception as exc:
         outcome = {"status": "skipped", "reason": str(exc)} if isinstance(exc, BackendUnavailable) else _error(exc, settings.debug)
         return _finish([base_row(None, "artifact", "?", b, model=label) | outcome for b in settings.batches], on_row)
-    engine = runner.call
+    engine = runner.engine
     known = not engine.metadata.get("foreign")
     rows = [base_row(engine.config, engine.kind, engine.precision, b, model=label, architecture_known=known) for b in settings.batches]
     runner.details["artifact"] = str(path)
@@ -236,6 +236,8 @@ def _measure_batch(runner: Runner, config: ViTConfig, batch: int, gflops: float,
     if runner.batch_range and not runner.batch_range[0] <= batch <= runner.batch_range[1]:
         return {"status": "skipped", "reason": f"batch {batch} is outside the engine's profile {runner.details.get('profile')}"}
     inputs = random_inputs(batch, config, runner.input_dtype, runner.device, settings.buffers)
+    if runner.prepare:
+        inputs = [runner.prepare(x) for x in inputs]
     first = time_calls(runner.call, inputs, 1, 0.0, runner.device, "perf_counter_ns")  # compiles / captures for this shape
     t0 = time.perf_counter()
     time_calls(runner.call, inputs, settings.warmup, float("inf"), runner.device, runner.timer)
