@@ -7,6 +7,8 @@
 - Memory: on a GPU, `torch.cuda.max_memory_allocated` during the timed calls minus what was
   allocated before the backend was loaded; on the CPU, the peak resident set size (VmHWM, reset
   through /proc/self/clear_refs) during the timed calls minus the RSS before the backend was loaded (after any export).
+  The sweep runs one throwaway forward before the first baseline (`sweep.warm_up_process`), so the process's
+  one-time allocations are nobody's, not the first backend's.
 """
 
 from __future__ import annotations

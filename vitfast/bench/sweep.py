@@ -23,12 +23,13 @@ import torch
 from vitfast.config import ViTConfig
 from vitfast.errors import ArtifactError, BackendUnavailable, InputError, describe_exception
 from vitfast.flops import count_macs
+from vitfast.precision import TORCH_DTYPES
 from vitfast.registry import get_config
 from vitfast.runtime import ENGINE_SUFFIXES
 
 from .backends import (
-    BackendOptions, Platform, Runner, artifact_runner, build_runner, detect_platform, is_onnx_artifact, prepare, skip_reason,
-    user_cache_dir,
+    BackendOptions, Platform, Runner, artifact_runner, build_runner, detect_platform, is_onnx_artifact, prepare, seeded_model,
+    skip_reason, user_cache_dir,
 )
 from .measure import MemoryProbe, environment, matmul_peak, peak_tflops, random_inputs, release_memory, time_calls
 from .stats import summarize
@@ -111,6 +112,7 @@ def run_sweep(settings: Settings, *, command: str | None = None, on_row: Callabl
     env = environment(command or settings.command(), settings.options.threads)
     started = time.perf_counter()
     peaks = [matmul_peak(platform.device)]
+    warm_up_process(settings, platform.device)
     rows = []
     # torch.compile's rows: each batch size is one more compiled entry of the model's forward, and past Dynamo's
     # recompile limit (8) the forward runs eagerly without an error. The limit covers the batch sizes here (each
@@ -137,6 +139,21 @@ def run_sweep(settings: Settings, *, command: str | None = None, on_row: Callabl
         "rows": rows,
         "elapsed_s": time.perf_counter() - started,
     }
+
+
+def warm_up_process(settings: Settings, device: torch.device) -> None:
+    """One throwaway eager forward before the first backend's memory baseline. A process's first forward makes
+    one-time allocations (the CPU kernels' thread pools and scratch buffers, the GPU's cuBLAS workspace) that stay
+    for every later backend: without it they landed in the first backend's peak (ViT-S at 64 px, batch 4 on a CPU:
+    eager 104 MiB measured first, eager-math 89 MiB after it, and the other way round in the other order). The first model at the smallest batch size,
+    in the first PyTorch precision; a sweep of artifacts alone warms up with a ViT-Ti/16."""
+    config = next(settings.configs(), None) or get_config("vit_tiny_patch16_224")
+    dtype = next((TORCH_DTYPES[p] for p in settings.precisions if p in TORCH_DTYPES), torch.float32)
+    model = seeded_model(config).to(device, dtype).eval()
+    with torch.inference_mode():
+        model(random_inputs(min(settings.batches), config, dtype, device, 1)[0])
+    del model
+    release_memory(device)
 
 
 def base_row(config: ViTConfig | None, backend: str, precision: str, batch: int, *, model: str | None = None,
