@@ -560,3 +560,21 @@ def test_the_first_backend_is_not_charged_the_processs_one_time_allocations(monk
                                 repeats=2, warmup=0))  # fmt: skip
     assert [r["status"] for r in result["rows"]] == ["ok", "ok"]
     assert events.index("forward") < events.index("baseline")
+
+
+def test_the_openvino_fp16_row_computes_in_fp16_or_is_skipped(tmp_path):
+    """The engine sets INFERENCE_PRECISION_HINT f32, so the "openvino fp16" row timed fp32 compute."""
+    cfg, opts = tiny_config(name="tiny"), BackendOptions(work_dir=tmp_path / "cache")
+    without = _platform(openvino=None, openvino_capabilities=("FP32", "INT8"))
+    assert "no fp16 compute on this CPU (OPTIMIZATION_CAPABILITIES: FP32, INT8)" in skip_reason("openvino", "fp16", without, opts, cfg)
+    assert skip_reason("openvino", "fp32", without, opts, cfg) is None
+    pytest.importorskip("openvino")
+    platform = backends.detect_platform(["openvino"])
+    if "FP16" not in platform.openvino_capabilities:
+        assert "no fp16 compute" in skip_reason("openvino", "fp16", platform, opts, cfg)
+        pytest.skip(f"this CPU has no fp16 in OpenVINO ({platform.openvino_capabilities}): the row is skipped, as checked")
+    assert skip_reason("openvino", "fp16", platform, opts, cfg) is None
+    runners = {p: backends.build_runner("openvino", p, cfg, platform, opts, backends.prepare("openvino", p, cfg, opts)[0])
+               for p in ("fp16", "fp32")}  # fmt: skip
+    assert runners["fp16"].details["properties"]["INFERENCE_PRECISION_HINT"] == "f16"
+    assert runners["fp32"].details["properties"]["INFERENCE_PRECISION_HINT"] == "f32"  # the engine's own default stays

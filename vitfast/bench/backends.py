@@ -59,6 +59,7 @@ class Platform:
     ort_providers: tuple[str, ...] = ()
     tensorrt: str | None = "not checked"  # None when importable, else why not
     openvino: str | None = "not checked"  # None when importable, else why not
+    openvino_capabilities: tuple[str, ...] = ()  # the CPU plugin's OPTIMIZATION_CAPABILITIES (FP16: it computes in fp16)
 
     @property
     def device(self) -> torch.device:
@@ -82,6 +83,11 @@ def detect_platform(backends: list[str]) -> Platform:
         except BackendUnavailable as exc:
             trt_reason = str(exc)
     ov_reason = None if importlib.util.find_spec("openvino") else "OpenVINO is not installed: pip install 'vitfast[openvino]'"
+    ov_capabilities = ()
+    if "openvino" in backends and ov_reason is None:
+        import openvino
+
+        ov_capabilities = tuple(openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
     return Platform(
         cuda=torch.cuda.is_available(),
         triton_interpret=os.environ.get("TRITON_INTERPRET") == "1",
@@ -91,6 +97,7 @@ def detect_platform(backends: list[str]) -> Platform:
         ort_providers=providers,
         tensorrt=trt_reason,
         openvino=ov_reason,
+        openvino_capabilities=ov_capabilities,
     )
 
 
@@ -140,7 +147,11 @@ def skip_reason(backend: str, precision: str, platform: Platform, options: Backe
     if backend == "openvino":
         if precision == "bf16":
             return "to_onnx exports fp32 and fp16 graphs (int8 through quantize_int8); there is no bf16 ONNX export"
-        return platform.openvino or platform.onnxruntime  # the int8 artifact is calibrated with onnxruntime
+        if platform.openvino or platform.onnxruntime:  # the int8 artifact is calibrated with onnxruntime
+            return platform.openvino or platform.onnxruntime
+        if precision == "fp16" and "FP16" not in platform.openvino_capabilities:
+            return (f"OpenVINO's CPU plugin has no fp16 compute on this CPU (OPTIMIZATION_CAPABILITIES: "
+                    f"{', '.join(platform.openvino_capabilities)}): it would run the fp16 graph in fp32")  # fmt: skip
     if backend == "tensorrt":
         return _tensorrt_reason(precision, platform, options, config)
     return None
@@ -399,7 +410,10 @@ def _ort_runner(path: Path, platform: Platform, options: BackendOptions) -> Runn
 
 
 def _openvino_runner(path: Path, precision: str, options: BackendOptions) -> Runner:
-    engine = load_engine(path, backend="openvino", threads=options.threads, hint=options.ov_hint)
+    # the engine computes in fp32 unless told otherwise (INFERENCE_PRECISION_HINT f32): the fp16 row asks for f16,
+    # else it would time fp32 compute under an fp16 label (skip_reason refuses it where the CPU has no fp16)
+    properties = {"INFERENCE_PRECISION_HINT": "f16"} if precision == "fp16" else None
+    engine = load_engine(path, backend="openvino", threads=options.threads, hint=options.ov_hint, properties=properties)
     details = {"artifact": str(path), "input": "float32 host tensor", "properties": engine.compiled_properties(),
                "timed": "the infer request's run: the tensor's conversion to an array, the run, the logits as a tensor"}  # fmt: skip
     if precision == "int8":
