@@ -578,3 +578,19 @@ def test_the_openvino_fp16_row_computes_in_fp16_or_is_skipped(tmp_path):
                for p in ("fp16", "fp32")}  # fmt: skip
     assert runners["fp16"].details["properties"]["INFERENCE_PRECISION_HINT"] == "f16"
     assert runners["fp32"].details["properties"]["INFERENCE_PRECISION_HINT"] == "f32"  # the engine's own default stays
+
+
+def test_an_int8_artifact_is_refused_on_onnx_runtimes_cuda_provider_as_the_int8_rows_are(tmp_path, monkeypatch):
+    """`--artifact model.int8.onnx` checked the skip rules as fp32, so ORT's CUDA provider ran it (dequantized to
+    float), which `--backends onnxruntime --precision int8` refuses."""
+    pytest.importorskip("onnxruntime")
+    cfg, opts = tiny_config(name="tiny"), BackendOptions(work_dir=tmp_path / "cache")
+    int8, _ = backends.onnx_artifact(cfg, "int8", opts)
+    fp32, _ = backends.onnx_artifact(cfg, "fp32", opts)
+    gpu = _platform(cuda=True, ort_providers=("CUDAExecutionProvider", "CPUExecutionProvider"))
+    monkeypatch.setattr(backends, "_ort_runner", lambda path, platform, options: f"runs {path.name}")  # no CUDA here to load on
+    with pytest.raises(backends.BackendUnavailable, match="no int8 kernels"):
+        backends.artifact_runner(int8, gpu, opts)
+    assert backends.artifact_runner(fp32, gpu, opts) == f"runs {fp32.name}"
+    assert backends.artifact_runner(int8, _platform(), opts) == f"runs {int8.name}"  # on the CPU provider it runs
+    assert backends.onnx_precision(int8) == "int8" and backends.onnx_precision(fp32) == "fp32"

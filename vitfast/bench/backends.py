@@ -24,7 +24,7 @@ from vitfast._version import __version__
 from vitfast.config import OUTPUT_MEANING_FIELDS, PREPROCESSING_FIELDS, ViTConfig
 from vitfast.data import find_images, random_images
 from vitfast.errors import ArtifactError, BackendUnavailable, InputError
-from vitfast.foreign import is_onnx_artifact
+from vitfast.foreign import is_onnx_artifact, read_graph_io, resolve_onnx_path
 from vitfast.info import library_version
 from vitfast.export import quantize_int8, to_onnx
 from vitfast.export.artifacts import read_sidecar, sidecar_path
@@ -444,11 +444,19 @@ def _engine_runner(path: Path) -> Runner:
 
 
 # ---------------------------------------------------------------------------- user artifacts
+def onnx_precision(path: Path) -> str:
+    """An ONNX artifact's precision, as loading it would say: its vitfast sidecar's, else read from the graph."""
+    graph = resolve_onnx_path(path)[0]
+    if sidecar_path(graph).exists():
+        return read_sidecar(graph).get("precision", "fp32")
+    return read_graph_io(graph, output_rank=None).precision
+
+
 def artifact_runner(path: Path, platform: Platform, options: BackendOptions) -> Runner:
     """A user's artifact (`bench --artifact`) as it is: ONNX file or Optimum folder, TensorRT engine or
     checkpoint; BackendUnavailable when this machine cannot run it. `Runner.engine` is its `Engine`."""
     if is_onnx_artifact(path):
-        reason = _ort_reason("fp32", platform, options)
+        reason = _ort_reason(onnx_precision(path), platform, options)  # int8 is refused on ORT's CUDA provider, as for --backends
         if reason:
             raise BackendUnavailable(reason)
         return _ort_runner(path, platform, options)
