@@ -557,6 +557,7 @@ def part_e2e(result: dict, args: argparse.Namespace, deadline: float, tma: TmaCh
 
     from vitfast.bench import measure
     from vitfast.bench.backends import BackendOptions
+    from vitfast.bench.stats import backend_label
     from vitfast.bench.sweep import SCHEMA, Settings, base_row, run_sweep
     from vitfast.precision import TORCH_DTYPES
 
@@ -569,7 +570,7 @@ def part_e2e(result: dict, args: argparse.Namespace, deadline: float, tma: TmaCh
     for cfg, precision, backends, mode, batches in e2e_jobs(args):
         skipped = [b for b in backends if args.dry_run and "compile" in b]  # no Inductor C++ build in the dry run
         run = [b for b in backends if b not in skipped]
-        label = lambda b: f"compile-{mode}" if b == "compile" and mode != "default" else b  # noqa: E731
+        label = lambda b: backend_label(b, mode)  # noqa: E731  (as the sweep labels the rows it measures)
         reason = "--dry-run does not build Inductor's C++ (a minute of CPU)" if skipped else None
         result["rows"] += [base_row(cfg, label(b), precision, n) | {"status": "skipped", "reason": reason} for b in skipped for n in batches]
         needs = MAX_AUTOTUNE_S if mode == "max-autotune" else 20.0  # a job started with less would be cut mid-compile
@@ -585,7 +586,7 @@ def part_e2e(result: dict, args: argparse.Namespace, deadline: float, tma: TmaCh
                             options=BackendOptions(compile_mode=mode))  # fmt: skip
         jobs.append(settings.to_dict() | {"options": {"compile_mode": mode}})
         result["settings"] = merged_settings(jobs)  # each time: a time box keeps the jobs started
-        sweep = run_sweep(settings, on_row=lambda row: _take_row(row, label, result["rows"]))
+        sweep = run_sweep(settings, on_row=lambda row: _take_row(row, result["rows"]))
         result["peak"] = result["peak"] or sweep["peak"]
         result["sweeps"].append({"command": sweep["environment"]["command"], "peak_tflops": sweep["peak"]["tflops"],
                                  "elapsed_s": sweep["elapsed_s"]})  # fmt: skip
@@ -604,10 +605,9 @@ def merged_settings(jobs: list[dict]) -> dict:
     return merged | {"jobs": jobs}
 
 
-def _take_row(row: dict, label, rows: list) -> None:
-    """As each row comes (so a time box keeps it): its backend label, into the result, one line out.
+def _take_row(row: dict, rows: list) -> None:
+    """As each row comes (so a time box keeps it): into the result, one line out.
     The sweep fills in % of peak on the same dict when it ends."""
-    row["backend"] = label(row["backend"])
     rows.append(row)
     print(_row_line(row), flush=True)
 

@@ -594,3 +594,25 @@ def test_an_int8_artifact_is_refused_on_onnx_runtimes_cuda_provider_as_the_int8_
     assert backends.artifact_runner(fp32, gpu, opts) == f"runs {fp32.name}"
     assert backends.artifact_runner(int8, _platform(), opts) == f"runs {int8.name}"  # on the CPU provider it runs
     assert backends.onnx_precision(int8) == "int8" and backends.onnx_precision(fp32) == "fp32"
+
+
+def test_rows_of_another_compile_mode_are_labelled_apart_for_compare_and_report(monkeypatch):
+    """`--compile-mode max-autotune` rows were labelled "compile" like the default's: --compare paired the two modes'
+    rows as one and --report let one sweep supersede the other."""
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None, dynamic=None: real_compile(model, backend="eager", dynamic=dynamic))
+    monkeypatch.setattr(backends, "_compile_reason", lambda platform: None)
+
+    def sweep_in(mode: str, time_utc: str) -> dict:
+        result = run_sweep(Settings(models=[tiny_config(name="tiny")], backends=["eager", "compile"], batches=[1], precisions=["fp32"],
+                                    repeats=2, warmup=0, options=BackendOptions(compile_mode=mode)))  # fmt: skip
+        result["environment"]["time_utc"] = time_utc
+        return result
+
+    default, autotune = sweep_in("default", "2026-01-01T00:00:00"), sweep_in("max-autotune", "2026-01-02T00:00:00")
+    assert [r["backend"] for r in autotune["rows"]] == ["eager", "compile-max-autotune"]
+    assert autotune["rows"][1]["details"]["compile_mode"] == "max-autotune"
+    pairs = {r["backend"]: r["status"] for r in compare_rows(default["rows"], autotune["rows"])}
+    assert pairs == {"eager": "ok", "compile": "only in base", "compile-max-autotune": "only in new"}
+    readme = report.render_readme([("default.json", default), ("autotune.json", autotune)])
+    assert "`default.json` (git" in readme and "`autotune.json` (git" in readme

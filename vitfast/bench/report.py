@@ -12,7 +12,7 @@ from typing import Any, Iterable
 from vitfast.atomic import atomic_write
 from vitfast.errors import BackendUnavailable, InputError
 
-from .stats import PERCENTILES
+from .stats import PERCENTILES, backend_label
 
 CSV_FIELDS = ("model", "img_size", "backend", "precision", "batch", "status", "reason", "runs_on", "n", "median_ms",
               "p50_ms", "p95_ms", "p99_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "spread", "images_per_s",
@@ -369,11 +369,13 @@ a run; between runs on a shared machine the load drifts, so raise `--noise-floor
 
 def _latest(results: Iterable[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
     """The newest result per series, newest first: a later sweep supersedes one that measured the same rows
-    (device, models, backends, precisions, batches, image sizes, artifacts), not an fp32 sweep an int8 one."""
+    (device, models, backends, precisions, batches, image sizes, artifacts), not an fp32 sweep an int8 one, nor a
+    default-mode torch.compile sweep a max-autotune one (their rows are labelled apart: `stats.backend_label`)."""
     best: dict[tuple, tuple[str, dict[str, Any]]] = {}
     for name, result in results:
         s = result["settings"]
-        measured = (s["models"], s["backends"], s["precisions"], s["batches"], s["img_sizes"], s.get("artifacts", []))  # older files: no artifacts
+        backends = [backend_label(b, s["options"].get("compile_mode", "default")) for b in s["backends"]]
+        measured = (s["models"], backends, s["precisions"], s["batches"], s["img_sizes"], s.get("artifacts", []))  # older files: no artifacts
         key = (device_label(result), *(tuple(map(str, items)) for items in measured))
         if key not in best or result["environment"]["time_utc"] > best[key][1]["environment"]["time_utc"]:
             best[key] = (name, result)

@@ -53,6 +53,15 @@ def summarize(repeats: Sequence[Sequence[float]], batch: int, gflops_per_image: 
     }
 
 
+COMPILED_BACKENDS = ("compile", "vitfast-compile")  # the backends --compile-mode applies to
+
+
+def backend_label(backend: str, compile_mode: str) -> str:
+    """A row's backend: a torch.compile backend under a mode other than the default carries it (`compile-max-autotune`,
+    as benchmarks/gpu_proof.py labels its rows), so --compare never pairs, nor --report supersedes, rows of two modes."""
+    return f"{backend}-{compile_mode}" if backend in COMPILED_BACKENDS and compile_mode != "default" else backend
+
+
 def row_key(row: dict[str, Any]) -> tuple:
     """What identifies a measurement across files: model, resolution, backend, precision, batch."""
     return (row["model"], row["img_size"], row["backend"], row["precision"], row["batch"])

@@ -32,7 +32,7 @@ from .backends import (
     skip_reason, user_cache_dir,
 )
 from .measure import MemoryProbe, environment, matmul_peak, peak_tflops, random_inputs, release_memory, time_calls
-from .stats import summarize
+from .stats import backend_label, summarize
 
 SCHEMA = "vitfast.bench/1"
 REPEATS = 2  # two back-to-back repeats per row: their spread is the noise shown beside the figure
@@ -170,8 +170,8 @@ def base_row(config: ViTConfig | None, backend: str, precision: str, batch: int,
 
 def _measure_backend(backend, precision, config, settings: Settings, platform: Platform, on_row, on_start) -> list[dict]:
     """Rows of one backend at one precision for every batch size (skipped / failed rows included)."""
-    rows = [base_row(config, backend, precision, b) for b in settings.batches]
-    label = f"{config.name} {config.img_hw[0]}px {backend} {precision}"
+    rows = [base_row(config, backend_label(backend, settings.options.compile_mode), precision, b) for b in settings.batches]
+    label = f"{config.name} {config.img_hw[0]}px {rows[0]['backend']} {precision}"
     try:
         reason = skip_reason(backend, precision, platform, settings.options, config)
     except Exception as exc:  # a surprise in the checks fails this backend's rows, not the sweep and the rows measured before

@@ -206,7 +206,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seconds", type=positive_float, default=20.0,
                    help="cut a repeat short after this many seconds (at least 5 calls still run; default 20)")  # fmt: skip
     p.add_argument("--buffers", type=positive_int, default=4, help="input batches rotated through (default 4)")
-    p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES, help="torch.compile mode")
+    p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES,
+                   help="torch.compile mode; rows of another mode than default are labelled compile-MODE (vitfast-compile-MODE)")
     p.add_argument("--engine", metavar="PATH", action="append",
                    help="TensorRT engine for the tensorrt backend; repeat for several models/precisions")  # fmt: skip
     p.add_argument("--ort-provider", default="auto", choices=["auto", "cpu", "cuda"], help="ONNX Runtime execution provider")
