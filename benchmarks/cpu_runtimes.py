@@ -37,7 +37,7 @@ from vitfast.export import quantize_int8, to_onnx
 from vitfast.atomic import atomic_write_text
 from vitfast.export.artifacts import read_sidecar, write_sidecar
 from vitfast.data import random_images
-from vitfast.info import collect, library_version
+from vitfast.info import collect
 from vitfast.runtime.openvino_engine import OpenVinoEngine
 from vitfast.runtime import OnnxEngine
 
@@ -180,7 +180,6 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads, "repeats": args.repeats, "loadavg_start": load_start, "loadavg_end": list(os.getloadavg()),
         "elapsed_s": round(time.time() - started, 1), "dry_run": args.dry_run, "auto": auto,
         "not_measured": {model: rows for model, rows in not_measured.items() if rows},
-        "versions": env["versions"] | {lib: library_version(lib) for lib in ("openvino", "nncf")},
     }  # fmt: skip
     print(f"load average {load_start[0]:.1f} at start, {env['loadavg_end'][0]:.1f} at end on {os.cpu_count()} CPUs; "
           f"{env['elapsed_s'] / 60:.1f} min", file=sys.stderr)  # fmt: skip

@@ -150,6 +150,7 @@ def run_part(part: str, args: argparse.Namespace, budget: float) -> bool:
         signal.setitimer(signal.ITIMER_REAL, 0)
         tma.stop()
     result["elapsed_s"] = time.monotonic() - started
+    result["environment"]["cpu"]["loadavg_end"] = list(os.getloadavg())  # as a sweep records it: the load while it ran
     write_outputs(part, result, args.out)
     print(f"{part}: {result['elapsed_s']:.0f} s, files in {args.out}", flush=True)
     return bool(result.get("failed"))

@@ -616,3 +616,15 @@ def test_rows_of_another_compile_mode_are_labelled_apart_for_compare_and_report(
     assert pairs == {"eager": "ok", "compile": "only in base", "compile-max-autotune": "only in new"}
     readme = report.render_readme([("default.json", default), ("autotune.json", autotune)])
     assert "`default.json` (git" in readme and "`autotune.json` (git" in readme
+
+
+def test_readme_names_openvinos_version_and_no_load_at_end_that_was_not_recorded(sweep):
+    """OpenVINO's version was not recorded (openvino rows said nothing of it), and a result without loadavg_end (the
+    GPU proof's) printed "nan at end"."""
+    assert {"openvino", "nncf"} <= sweep["environment"]["versions"].keys()
+    result = json.loads(json.dumps(sweep))
+    result["environment"]["versions"]["openvino"] = "2099.1.0"
+    versions = lambda: next(line for line in report.render_readme([("a.json", result)]).splitlines() if line.startswith("torch "))  # noqa: E731
+    assert ", OpenVINO 2099.1.0;" in versions() and " at end on " in versions()
+    del result["environment"]["cpu"]["loadavg_end"], result["environment"]["versions"]["openvino"]  # an older file
+    assert "nan" not in versions() and "OpenVINO" not in versions() and "at start on " in versions()

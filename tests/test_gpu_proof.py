@@ -693,3 +693,15 @@ def test_landing_refuses_a_commit_the_repository_lacks_unless_told_the_real_one(
     dest, _ = land_proof.land([call], root, commit=head)
     filed = json.loads((dest / "proof-tests.json").read_text())["environment"]["git"]
     assert (filed["sha"], filed["sha_recorded"], dest.name) == (head, typo, f"gpu-proof-h100-{head[:7]}")
+
+
+def test_a_part_records_the_load_average_at_its_end(tmp_path, monkeypatch):
+    """Results landed from the proof had no loadavg_end, so benchmarks/README.md printed "nan at end" for each."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_proof
+
+    monkeypatch.setattr(gpu_proof, "part_kernels", lambda result, args, deadline, tma: None)
+    args = gpu_proof.parse_args(["--out", str(tmp_path), "--dry-run", "--part", "kernels"])
+    assert gpu_proof.run_part("kernels", args, 60.0) is False
+    cpu = json.loads((tmp_path / "proof-kernels.json").read_text())["environment"]["cpu"]
+    assert len(cpu["loadavg_end"]) == 3 and len(cpu["loadavg_start"]) == 3

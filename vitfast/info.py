@@ -19,6 +19,8 @@ LIBRARIES = {
     "triton": ("triton",),
     "onnx": ("onnx",),
     "onnxruntime": ("onnxruntime", "onnxruntime-gpu"),
+    "openvino": ("openvino",),
+    "nncf": ("nncf",),
     "tensorrt": ("tensorrt", "tensorrt-cu12", "tensorrt-cu13", "tensorrt_cu12_libs"),
     "transformers": ("transformers",),
     "timm": ("timm",),

@@ -287,7 +287,7 @@ README_HEAD = """\
 
 Every figure below comes from a JSON file in `results/` written by `vitfast bench --out`; the file
 holds every raw timing, the command that produced it and the environment (CPU/GPU, driver, CUDA,
-torch/triton/onnxruntime/TensorRT versions, git sha, threads, load average). Models have random
+torch/triton/onnxruntime/OpenVINO/TensorRT versions, git sha, threads, load average). Models have random
 weights (`torch.manual_seed(0)`); speed does not depend on the weight values.
 
 **Method.** Warm-up (compilation, autotuning, engine load, export) stays outside the timings, and
@@ -382,6 +382,12 @@ def _latest(results: Iterable[tuple[str, dict[str, Any]]]) -> list[tuple[str, di
     return sorted(best.values(), key=lambda item: item[1]["environment"]["time_utc"], reverse=True)
 
 
+def _load(cpu: dict[str, Any]) -> str:
+    """The load average at the start and, where it was recorded (not in the GPU proof's older files), at the end."""
+    end = cpu.get("loadavg_end")
+    return f"{cpu['loadavg_start'][0]:.1f} at start" + (f", {end[0]:.1f} at end" if end else "")
+
+
 def _changes(git: dict[str, Any]) -> str:
     if not git.get("dirty"):
         return ""
@@ -454,9 +460,10 @@ def render_readme(results: Iterable[tuple[str, dict[str, Any]]], others: Iterabl
             f"## {device_label(result)}, {env['time_utc'][:10]}\n",
             f"`{name}` (git `{sha[:10]}`{_changes(env['git'])}), produced by:\n",
             f"```bash\n{env['command']}\n```\n",
-            f"torch {v['torch']}, onnxruntime {v['onnxruntime']}, triton {v['triton']}, TensorRT {v['tensorrt'] or 'not installed'}; "
-            f"Python {env['python']}; load average {cpu['loadavg_start'][0]:.1f} at start, {cpu.get('loadavg_end', [float('nan')])[0]:.1f} at end "
-            f"on {cpu['cpus_usable']} usable CPUs. Sweep time {result.get('elapsed_s', 0) / 60:.1f} min.\n",
+            f"torch {v['torch']}, onnxruntime {v['onnxruntime']}, triton {v['triton']}, TensorRT {v['tensorrt'] or 'not installed'}"
+            # OpenVINO: only where recorded (older files did not record it, which is not "not installed")
+            f"{', OpenVINO ' + (v['openvino'] or 'not installed') if 'openvino' in v else ''}; Python {env['python']}; "
+            f"load average {_load(cpu)} on {cpu['cpus_usable']} usable CPUs. Sweep time {result.get('elapsed_s', 0) / 60:.1f} min.\n",
             to_markdown(result),
         ]  # fmt: skip
     older = sorted({name for name, _ in results} - {name for name, _ in latest})
