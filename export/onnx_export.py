@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from vitfast.data import other_sizes, random_images
-from vitfast.errors import ArtifactError, BackendUnavailable, ConfigError
+from vitfast.errors import ArtifactError, BackendUnavailable, ConfigError, first_line
 from vitfast.optimize import restore
 from vitfast.parity import compare, with_other_sizes
 from vitfast.precision import ONNX, require
@@ -130,14 +130,43 @@ def _export(model: torch.nn.Module, example: torch.Tensor, out: Path, opset: int
     quiet = logging.getLogger("torch.onnx")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # "torchvision is not installed" and similar exporter chatter
-    with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(sys.stderr):
-        warnings.simplefilter("ignore")  # deprecations inside the exporter; stdout stays clean for --json
-        program = torch.onnx.export(
-            model, (example,), dynamo=True, opset_version=opset, input_names=["images"],
-            output_names=["logits"], dynamic_shapes=dynamic_shapes, verbose=False,
-        )  # fmt: skip
-        program.save(str(out), external_data=_needs_external_data(model))
-    quiet.setLevel(level)
+    # onnxscript's version converter logs why it kept a newer opset (with a traceback): kept here, for the error below
+    converter, said = logging.getLogger("onnxscript"), _Kept()
+    propagate = converter.propagate
+    converter.addHandler(said)
+    converter.propagate = False
+    try:
+        with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(sys.stderr):
+            warnings.simplefilter("ignore")  # deprecations inside the exporter; stdout stays clean for --json
+            program = torch.onnx.export(
+                model, (example,), dynamo=True, opset_version=opset, input_names=["images"],
+                output_names=["logits"], dynamic_shapes=dynamic_shapes, verbose=False,
+            )  # fmt: skip
+            program.save(str(out), external_data=_needs_external_data(model))
+    finally:
+        quiet.setLevel(level)
+        converter.removeHandler(said)
+        converter.propagate = propagate
+    import onnx
+
+    # torch exports at its own opset and converts down; a failed conversion keeps its opset without raising
+    written = next(o.version for o in onnx.load(str(out), load_external_data=False).opset_import if o.domain in ("", "ai.onnx"))
+    if written != opset:
+        why = "; ".join(dict.fromkeys(said.reasons)) or "torch's exporter did not say why"
+        raise ArtifactError(f"this model cannot be expressed at opset {opset} (the exporter kept opset {written}: {why}); "
+                            f"use --opset {written}{' or newer' if written > opset else ''}")  # fmt: skip
+
+
+class _Kept(logging.Handler):
+    """Keeps the first line of each exception a logger reports, instead of printing its traceback."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.reasons: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.exc_info[1] is not None:
+            self.reasons.append(first_line(record.exc_info[1]))
 
 
 def _needs_external_data(model: torch.nn.Module) -> bool:

@@ -104,6 +104,20 @@ def test_onnx_graph_structure_and_sidecar(exported):
     assert onnx.TensorProto.FLOAT in cast_to  # LayerNorm statistics and softmax in fp32
 
 
+def test_opset_17_is_refused_where_the_exporter_keeps_18_and_nothing_is_written(tmp_path, capsys):
+    """torch exports at opset 18 and converts down; onnxscript's converter cannot write a dynamic-size model's
+    antialiased Resize at 17, logs a traceback and keeps 18 without raising: the sidecar then said 17. Refused
+    with the converter's reason, no traceback on stderr, nothing at the path; a model that converts keeps 17."""
+    torch.manual_seed(0)
+    dynamic = randomize(vitfast.create_model(tiny_config(depth=1, dynamic_img_size=True)))
+    with pytest.raises(vitfast.errors.ArtifactError, match=r"cannot be expressed at opset 17 \(the exporter kept opset 18: .*antialias.*"
+                                                           r"\); use --opset 18 or newer"):  # fmt: skip
+        to_onnx(dynamic, tmp_path / "d17.onnx", opset=17)
+    assert "Traceback" not in capsys.readouterr().err and os.listdir(tmp_path) == []
+    plain = to_onnx(randomize(vitfast.create_model(tiny_config(depth=1))), tmp_path / "p17.onnx", opset=17)
+    assert [o.version for o in onnx.load(str(plain)).opset_import if o.domain == ""] == [17] == [read_sidecar(plain)["onnx"]["opset"]]
+
+
 def test_clip_tower_exports_and_quantizes_with_parity(tmp_path):
     """A CLIP-style model (LayerNorm before the blocks, no patch bias, QuickGELU) through ONNX fp32,
     fp16 and INT8: the graph has the extra LayerNorm and QuickGELU's Sigmoid, and parity holds."""
