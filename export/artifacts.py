@@ -12,15 +12,17 @@ sidecar whose files differ, so a new sidecar never vouches for an old artifact. 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
 from vitfast._version import __version__
 from vitfast.atomic import atomic_write_text
 from vitfast.config import PREPROCESSING_FIELDS, ViTConfig
-from vitfast.errors import ArtifactError
+from vitfast.errors import ArtifactError, ParityWarning
 from vitfast.flags import MAX_BATCH
 from vitfast.info import library_version
+from vitfast.parity import failed_export
 from vitfast.runtime.sidecar import (  # noqa: F401  (reading sidecars is the runtime's; re-exported for export's callers)
     PRECISIONS,
     cached_sha256,
@@ -138,3 +140,9 @@ def write_sidecar(artifact: Path, metadata: dict[str, Any], companions: Iterable
     atomic_write_text(sidecar_path(artifact), json.dumps(metadata, indent=1, default=str))
 
 
+def warn_if_parity_failed(artifact: str | Path, parity: dict[str, Any] | None) -> None:
+    """A `ParityWarning` when the export written to `artifact` failed its parity check. Not an error: the artifact stays
+    for inspection and its sidecar records the numbers (the CLI makes it its error line and exit code 1)."""
+    message = failed_export(artifact, parity)
+    if message:
+        warnings.warn(ParityWarning(message), stacklevel=3)

@@ -25,7 +25,7 @@ from vitfast.progress import Reporter, reporting
 
 from vitfast.atomic import claim_output
 
-from .artifacts import base_metadata, write_sidecar
+from .artifacts import base_metadata, warn_if_parity_failed, write_sidecar
 
 PARITY_BATCH = 4
 MIN_OPSET = 17  # LayerNormalization
@@ -86,7 +86,8 @@ def to_onnx(
     dynamic H and W (whole patches), its position embeddings resized in the graph. The ONNX Runtime logits are
     compared with the PyTorch fp32 reference on random images (for a dynamic model, at two more sizes:
     `vitfast.data.other_sizes`) and the numbers go in the sidecar.
-    `progress`: a `vitfast.progress.Reporter` told each phase (default: silent).
+    `progress`: a `vitfast.progress.Reporter` told each phase (default: silent). A failed parity check keeps the file
+    (its sidecar records it) and warns: `vitfast.errors.ParityWarning`.
     """
     onnx, _ = require_onnx()
     newest = max_opset()
@@ -118,6 +119,7 @@ def to_onnx(
         meta["parity"] = with_other_sizes(onnx_parity(tmp, ref, precision, parity_batch),
                                           [onnx_parity(tmp, ref, precision, parity_batch, hw) for hw in other_sizes(cfg)])  # fmt: skip
         write_sidecar(tmp, meta)
+    warn_if_parity_failed(path, meta["parity"])
     return Path(path)
 
 

@@ -36,7 +36,7 @@ from vitfast.progress import Reporter, reporting
 
 from vitfast.atomic import claim_output, temporaries_in
 
-from .artifacts import made_from, read_sidecar, write_sidecar
+from .artifacts import made_from, read_sidecar, warn_if_parity_failed, write_sidecar
 from .int8_sensitivity import module_paths, rank_layers
 from .onnx_export import require_onnx
 from .qkv_split import write_split_qkv
@@ -238,7 +238,8 @@ def quantize_int8(
     `exclude`: node-name patterns kept in float. `keep_float`: also keep the n quantized layers in float whose
     quantization costs the most (`int8_sensitivity.rank_layers` on calibration images; recorded in the sidecar).
     `intermediate`: `onnx_path` is the caller's temporary, not kept; the sidecar records it by its sha256 alone.
-    `progress`: a `vitfast.progress.Reporter` told each phase and the images calibrated so far (default: silent)."""
+    `progress`: a `vitfast.progress.Reporter` told each phase and the images calibrated so far (default: silent).
+    An int8 parity that fails keeps the file (its sidecar records it) and warns: `vitfast.errors.ParityWarning`."""
     require_onnx()
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
@@ -326,6 +327,7 @@ def quantize_int8(
                                                   "4 seeded random-pixel images") for hw in other_sizes(config)]),
         )  # fmt: skip
         write_sidecar(tmp, new_meta)
+    warn_if_parity_failed(out_path, new_meta["parity"])
     return Path(out_path)
 
 

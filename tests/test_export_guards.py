@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -96,7 +97,7 @@ def test_trt_export_builds_from_an_onnx_in_staging_and_leaves_only_the_engine(tm
     def build_engine(onnx_path, out_path, *, intermediate, **_):  # stands in for TensorRT: what it was given
         built.update(onnx=onnx_path, sidecar=read_sidecar(onnx_path), intermediate=intermediate)
         out_path.write_bytes(b"engine")
-        write_sidecar(out_path, {"precision": "fp32"})
+        write_sidecar(out_path, built["sidecar"])  # the ONNX's, parity included: what the summary and exit code read
 
     monkeypatch.setattr(cli_export, "require_tensorrt", lambda: None)
     monkeypatch.setattr(cli_export, "build_engine", build_engine)
@@ -129,6 +130,70 @@ def test_int8_and_triton_repo_sidecars_name_no_deleted_temporary(tmp_path):
     assert quantized_from["path"] is None and not quantized_from["kept"] and len(quantized_from["sha256"]) == 64
     assert main(["export", "--checkpoint", str(ckpt), "--format", "triton-repo", "--out", str(tmp_path / "repo"), "--quiet"]) == 0
     assert json.loads((tmp_path / "repo.json").read_text())["artifact"] is None  # the ONNX it copied in was a temporary
+
+
+# ---------------------------------------------------------------------------- a failed export parity
+def _overflowing_checkpoint(path, seed, scale=1e6):
+    """A checkpoint whose last MLP writes activations past float16's range (outlier features): its fp16 export gives inf/NaN."""
+    torch.manual_seed(seed)
+    model = randomize(vitfast.create_model(tiny_config(depth=1)))
+    with torch.no_grad():
+        model.blocks[0].mlp.fc2.weight.mul_(scale)
+    return vitfast.save_checkpoint(model, path), model
+
+
+def test_an_export_that_fails_parity_is_kept_exits_1_and_warns_on_load(tmp_path, capsys):
+    """The fp16 export of an overflowing model was written with `passed: false` in its sidecar, exit 0 and a summary
+    that said nothing: now one error line with the numbers and the way to the layer, exit 1 (--quiet too), the file
+    kept with its sidecar; the Python API warns instead of raising, and loading the artifact warns once."""
+    ckpt, model = _overflowing_checkpoint(tmp_path / "big.safetensors", 4)
+    out = tmp_path / "big16.onnx"
+    for quiet in ([], ["--quiet"]):
+        assert main(["export", "--checkpoint", str(ckpt), "--format", "onnx", "--precision", "fp16", "--out", str(out), "--force",
+                     *quiet]) == 1  # fmt: skip
+        err = _one_error_line(capsys)
+        assert "vitfast: warning" not in err and err.count("FAILED") == 1 + (not quiet)  # + the summary line's verdict
+        assert f"vitfast: error: parity FAILED: max_abs_err nan (limit " in err and f"{out} is kept for inspection" in err
+        assert f"vitfast check {out} --against OTHER.onnx --mark-all" in err
+        assert read_sidecar(out)["parity"]["passed"] is False
+    repo = tmp_path / "repo"  # a repository of a failing export: the same, naming the graph in it
+    assert main(["export", "--checkpoint", str(ckpt), "--format", "triton-repo", "--precision", "fp16", "--out", str(repo)]) == 1
+    assert f"{repo / 'vit' / '1' / 'model.onnx'} is kept for inspection" in _one_error_line(capsys)
+    with pytest.warns(vitfast.errors.ParityWarning, match=r"parity FAILED: max_abs_err nan .*; .*api16.onnx is kept for inspection"):
+        api = vitfast.export.to_onnx(model, tmp_path / "api16.onnx", precision="fp16")
+    assert read_sidecar(api)["parity"]["passed"] is False
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        vitfast.load_engine(out)
+    said = [str(w.message) for w in seen if issubclass(w.category, vitfast.errors.ParityWarning)]
+    assert len(said) == 1 and said[0].startswith(f"{out}: its sidecar records that its export failed the parity check")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", vitfast.errors.ParityWarning)  # a model that fits fp16 exports and loads without one
+        fine = vitfast.export.to_onnx(randomize(vitfast.create_model(tiny_config(depth=1))), tmp_path / "fine.onnx", precision="fp16")
+        vitfast.load_engine(fine)
+
+
+def test_an_int8_export_that_fails_parity_exits_1_and_its_file_stays(tmp_path, capsys, monkeypatch):
+    """int8 held to limits no quantization meets (a zero error, cosine 1): quantize_int8 warns, the CLI exits 1 with the
+    error line and keeps the file. An fp32 graph that already fails against PyTorch is not quantized: int8 parity,
+    measured against that graph, would pass and mean nothing."""
+    ckpt = _checkpoint(tmp_path / "m.safetensors", 5)
+    calib = _images(tmp_path / "calib", 8, seed=5)
+    monkeypatch.setitem(vitfast.precision.TOLERANCES, "int8", {"max_rel_err": 0.0, "cosine": 1.0})
+    out = tmp_path / "q.onnx"
+    assert main(["export", "--checkpoint", str(ckpt), "--format", "onnx", "--precision", "int8", "--calib-dir", str(calib),
+                 "--calib-samples", "6", "--out", str(out), "--quiet"]) == 1  # fmt: skip
+    assert "vitfast: error: parity FAILED: max_abs_err " in _one_error_line(capsys)
+    assert read_sidecar(out)["parity"]["passed"] is False and read_sidecar(out)["precision"] == "int8"
+    fp32 = vitfast.export.to_onnx(vitfast.load_checkpoint(ckpt), tmp_path / "m.onnx")
+    with pytest.warns(vitfast.errors.ParityWarning, match=r"parity FAILED: .*api.int8.onnx is kept for inspection"):
+        vitfast.export.quantize_int8(fp32, tmp_path / "api.int8.onnx", calib, samples=6)
+    overflowing, _ = _overflowing_checkpoint(tmp_path / "inf.safetensors", 5, scale=1e37)  # float32 overflows too
+    before = set(tmp_path.iterdir())
+    assert main(["export", "--checkpoint", str(overflowing), "--format", "onnx", "--precision", "int8", "--calib-dir", str(calib),
+                 "--out", str(tmp_path / "inf.int8.onnx"), "--quiet"]) == 2  # fmt: skip
+    assert "the fp32 ONNX graph that int8 quantizes disagrees with PyTorch (parity FAILED: max_abs_err nan" in _one_error_line(capsys)
+    assert set(tmp_path.iterdir()) == before
 
 
 # ---------------------------------------------------------------------------- 3: a changed checkpoint

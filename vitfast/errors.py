@@ -34,6 +34,11 @@ class VitfastWarning(UserWarning):
     """Base class: something the user should know that does not stop the work; the CLI prints it as one line."""
 
 
+class ParityWarning(VitfastWarning):
+    """An artifact whose parity check failed, or was recorded as failed at export: it is kept for inspection, and its
+    sidecar records the numbers."""
+
+
 class GuessedConfigWarning(VitfastWarning):
     """A checkpoint did not store part of its config (head count, preprocessing, ...) and vitfast guessed it."""
 

@@ -34,6 +34,36 @@ def with_other_sizes(result: dict, others: list[dict]) -> dict:
     return result | {"other_sizes": others, "passed": result["passed"] and all(o["passed"] for o in others)}
 
 
+def failure(parity: dict | None) -> str | None:
+    """'parity FAILED: ...' with the numbers and limits of each image size that failed, or None when `parity` (a
+    `compare` or `with_other_sizes` result, as sidecars record it) passed or was not measured."""
+    if not parity or parity.get("passed") is not False:
+        return None
+    sizes = [parity, *parity.get("other_sizes", ())]
+    # `passed` at the top covers every size (`with_other_sizes`): each size's own verdict is read off its numbers (NaN fails)
+    failed = [r for r in sizes if not (r["max_abs_err"] <= r["tolerance"]["limit_abs_err"] and r["cosine"] >= r["tolerance"]["cosine"])]
+    return "parity FAILED: " + "; ".join(
+        (f"at {'x'.join(map(str, r['img_size']))}: " if len(sizes) > 1 and "img_size" in r else "")
+        + f"max_abs_err {r['max_abs_err']:.3g} (limit {r['tolerance']['limit_abs_err']:.3g}), "
+          f"cosine {r['cosine']:.6f} (limit {r['tolerance']['cosine']})" for r in failed)  # fmt: skip
+
+
+def find_the_layer(path) -> str:
+    """How to find where an artifact at `path` departs from its reference: `check --mark-all` compares two ONNX graphs."""
+    if str(path).lower().endswith(".onnx"):
+        return (f"`vitfast check {path} --against OTHER.onnx --mark-all` (OTHER an fp32 export of the same model) names the first "
+                "layer out of tolerance")  # fmt: skip
+    return (f"`vitfast check {path} --against OTHER` compares it with another export, and `--mark-all` between an ONNX export at its "
+            "precision and an fp32 one names the first layer out of tolerance")  # fmt: skip
+
+
+def failed_export(path, parity: dict | None) -> str | None:
+    """The one line saying that the export written to `path` failed its parity check (None if it passed): the numbers, that
+    the artifact is kept for inspection with the failure in its sidecar, and how to find the layer at fault."""
+    failed = failure(parity)
+    return failed and f"{failed}; {path} is kept for inspection, its sidecar records the failure: {find_the_layer(path)}"
+
+
 def compare(out: torch.Tensor, ref: torch.Tensor, precision: str = "fp32", *, atol: float | None = None,
             rtol: float | None = None, channel_axis: int = -1) -> dict:  # fmt: skip
     """out, ref [B, classes] (or [B, tokens, features], or feature maps whose features lie on `channel_axis`:

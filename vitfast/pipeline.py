@@ -19,13 +19,13 @@ import torch
 from .checkpoint import describe_guesses, load_checkpoint
 from .config import ViTConfig
 from .data import batches, find_images, labeled_images, open_image, open_images, random_images, same_preprocessing
-from .errors import ArtifactError, GuessedConfigWarning, InputError, VitfastWarning, first_line
-from .export.artifacts import read_sidecar, write_sidecar
+from .errors import ArtifactError, GuessedConfigWarning, InputError, ParityWarning, VitfastWarning, first_line
+from .export.artifacts import read_sidecar, warn_if_parity_failed, write_sidecar
 from .export.onnx_export import to_onnx
 from .export.quantize import calibration_files, quantize_int8
-from .export.triton_repo import triton_repository
+from .export.triton_repo import DEFAULT_NAME, triton_repository
 from .layerwise import compare_layers
-from .parity import compare, looser_precision, with_other_sizes
+from .parity import compare, failure, looser_precision, with_other_sizes
 from .preprocessing import preprocess
 from .progress import Reporter, reporting
 from .runtime import Engine, TorchEngine, load_engine
@@ -60,7 +60,13 @@ def export_onnx(model: torch.nn.Module, out: Path, *, precision: str, batch: tup
     for path in (path for part in calibration_files(calibration.data_dir, calibration.samples) for path in part):
         open_image(path)  # an unreadable calibration image fails now, not after the fp32 export
     with _scratch(scratch) as folder:
-        fp32 = to_onnx(model, folder / "fp32.onnx", batch=batch, opset=opset, source=source, progress=progress)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ParityWarning)  # the fp32 graph is a temporary: its failure is the error below
+            fp32 = to_onnx(model, folder / "fp32.onnx", batch=batch, opset=opset, source=source, progress=progress)
+        failed = failure(read_sidecar(fp32)["parity"])
+        if failed:  # int8 parity is measured against this graph: against a wrong one it would pass and mean nothing
+            raise ArtifactError(f"the fp32 ONNX graph that int8 quantizes disagrees with PyTorch ({failed}), so nothing was "
+                                "quantized; export it with --format onnx --precision fp32 to inspect it")  # fmt: skip
         return quantize_int8(fp32, out, calibration.data_dir, method=calibration.method, samples=calibration.samples,
                              target=calibration.target, exclude=calibration.exclude, keep_float=calibration.keep_float, force=force,
                              intermediate=True, progress=progress)  # fmt: skip
@@ -71,11 +77,19 @@ def export_triton_repo(model: torch.nn.Module, out: Path, *, precision: str, bat
                        force: bool = False, scratch: Path | None = None, progress: Reporter | None = None) -> Path:  # fmt: skip
     """`model` to ONNX (at `precision`) in `scratch` (default: a temporary folder), then a Triton model repository at `out`."""
     with _scratch(scratch) as folder:
-        onnx_path = export_onnx(model, folder / "model.onnx", precision=precision, batch=batch, source=source,
-                                opset=opset, calibration=calibration, scratch=folder, progress=progress)  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ParityWarning)  # said below of the copy in the repository: this one is a temporary
+            onnx_path = export_onnx(model, folder / "model.onnx", precision=precision, batch=batch, source=source,
+                                    opset=opset, calibration=calibration, scratch=folder, progress=progress)  # fmt: skip
         reporting(progress).phase(f"writing the Triton model repository {out}")
         triton_repository(onnx_path, out, max_batch_size=batch[2], force=force, intermediate=True)
+        warn_if_parity_failed(repository_model(out), read_sidecar(onnx_path)["parity"])
     return out
+
+
+def repository_model(repository: Path) -> Path:
+    """The ONNX file in a model repository `export_triton_repo` wrote (its sidecar beside it)."""
+    return Path(repository) / DEFAULT_NAME / "1" / "model.onnx"
 
 
 @contextlib.contextmanager
@@ -101,10 +115,11 @@ def record_engine_parity(engine_path: Path, reference: torch.nn.Module, progress
 
 
 def _store_parity(engine_path: Path, parity: dict[str, Any]) -> None:
-    """Write the parity measured on this GPU into the engine's sidecar."""
+    """Write the parity measured on this GPU into the engine's sidecar; a failure warns (`ParityWarning`), the engine stays."""
     meta = read_sidecar(engine_path)
     meta["parity"] = parity
     write_sidecar(engine_path, meta)
+    warn_if_parity_failed(engine_path, parity)
 
 
 def record_engine_parity_vs_onnx(engine_path: Path, onnx_path: Path, overrides: dict[str, Any] | None = None,

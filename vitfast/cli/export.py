@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -12,7 +13,7 @@ from rich.table import Table
 
 from vitfast import pipeline
 from vitfast.data import find_images
-from vitfast.errors import ArtifactError, BackendUnavailable, InputError, OutputError
+from vitfast.errors import ArtifactError, BackendUnavailable, InputError, OutputError, ParityWarning
 from vitfast.foreign import FOREIGN_FIELDS, is_onnx_artifact, report_choice, report_settings
 from vitfast.flags import int_in, non_negative_float, ov_streams, positive_float, positive_int
 from vitfast.atomic import check_output_free, reserve_output
@@ -20,6 +21,7 @@ from vitfast.export.artifacts import parse_batch, parse_image_sizes, read_sideca
 from vitfast.export.tensorrt import build_engine, require_tensorrt, trtexec_command
 from vitfast.export.triton_repo import check_repository_free
 from vitfast.layerwise import describe_layers
+from vitfast.parity import failed_export
 from vitfast.precision import EXPORT as EXPORT_PRECISIONS
 from vitfast.precision import TORCH as TORCH_PRECISIONS
 from vitfast.precision import TORCH_DTYPES
@@ -35,6 +37,12 @@ from .progress import add_quiet, paused, reporter
 
 # ---------------------------------------------------------------------------- export
 def cmd_export(args: argparse.Namespace) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ParityWarning)  # a failed parity is this command's error line and exit code 1 (`_report`)
+        return _cmd_export(args)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
     batch = parse_batch(args.batch)
     if args.no_ema and not args.checkpoint:
         raise InputError("--no-ema picks a training checkpoint's weights: it goes with --checkpoint")
@@ -101,8 +109,7 @@ def _engine_from_onnx(args: argparse.Namespace, batch: tuple[int, int, int]) -> 
                          image_sizes=sizes, overrides=overrides, force=args.force, progress=not args.quiet)  # fmt: skip
         pipeline.record_engine_parity_vs_onnx(out, Path(args.onnx), overrides, progress)
     _report_graph(out, args.quiet)
-    _report(out, args.quiet)
-    return 0
+    return _report(out, args.quiet)
 
 
 OUT_SUFFIXES = {"onnx": (".onnx",), "trt": ENGINE_SUFFIXES}  # vitfast tells artifacts by their suffix
@@ -173,7 +180,8 @@ def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], sc
         if not args.quiet:
             print(f"wrote Triton model repository {out} ({args.precision} ONNX, max batch {batch[2]}); "
                   f"run it with: tritonserver --model-repository {out.resolve()}", file=sys.stderr)  # fmt: skip
-        return 0
+        model = pipeline.repository_model(out)
+        return _parity_verdict(model, read_sidecar(model)["parity"])
     sizes = _engine_image_sizes(args, model.config) if args.format == "trt" else None  # refused before the ONNX export, not after
     if args.format == "onnx":
         onnx_out = out
@@ -186,8 +194,7 @@ def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], sc
     pipeline.export_onnx(model, onnx_out, precision=onnx_precision, batch=batch, source=source, opset=args.opset,
                          calibration=calibration, force=args.force, scratch=scratch, progress=progress)  # fmt: skip
     if args.format == "onnx":
-        _report(onnx_out, args.quiet)
-        return 0
+        return _report(onnx_out, args.quiet)
     if no_tensorrt is not None:
         trtexec = trtexec_command(onnx_out, out, precision=args.precision, batch=batch, workspace_gib=args.workspace,
                                   optimization_level=args.opt_level, timing_cache=args.timing_cache, image_sizes=sizes,
@@ -202,8 +209,7 @@ def _export(args: argparse.Namespace, out: Path, batch: tuple[int, int, int], sc
                      fp32_layernorm=not args.no_fp32_layernorm, image_sizes=sizes, force=args.force, progress=not args.quiet,
                      intermediate=True)  # fmt: skip
     pipeline.record_engine_parity(out, model, progress)
-    _report(out, args.quiet)
-    return 0
+    return _report(out, args.quiet)
 
 
 def _engine_image_sizes(args: argparse.Namespace, config) -> tuple | None:
@@ -218,14 +224,25 @@ def _engine_image_sizes(args: argparse.Namespace, config) -> tuple | None:
     return sizes
 
 
-def _report(path: Path, quiet: bool) -> None:
-    if quiet:
-        return
+def _report(path: Path, quiet: bool) -> int:
+    """The summary line (unless `quiet`), then `_parity_verdict`'s: the export's exit code."""
     meta = read_sidecar(path)
     parity = meta.get("parity") or {}
-    line = f"wrote {path} ({meta['precision']}); parity vs fp32: max_abs_err {parity.get('max_abs_err', float('nan')):.3g}, " \
-           f"cosine {parity.get('cosine', float('nan')):.6f}, top-1 agreement {parity.get('top1_agreement', float('nan')):.3f}"
-    print(line, file=sys.stderr)
+    if not quiet:
+        verdict = "not measured" if not parity else "passed" if parity["passed"] else "FAILED"
+        print(f"wrote {path} ({meta['precision']}); parity vs fp32 {verdict}: max_abs_err {parity.get('max_abs_err', float('nan')):.3g}, "
+              f"cosine {parity.get('cosine', float('nan')):.6f}, top-1 agreement {parity.get('top1_agreement', float('nan')):.3f}",
+              file=sys.stderr)  # fmt: skip
+    return _parity_verdict(path, parity)
+
+
+def _parity_verdict(path: Path, parity: dict | None) -> int:
+    """1, with one error line on stderr (even with --quiet), when the export at `path` failed its parity check: it is kept
+    for inspection, its sidecar recording the failure, as `vitfast check` keeps its verdict; else 0."""
+    message = failed_export(path, parity)
+    if message:
+        print(f"vitfast: error: {message}", file=sys.stderr)
+    return 1 if message else 0
 
 
 # ---------------------------------------------------------------------------- artifacts

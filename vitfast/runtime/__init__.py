@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 from vitfast.checkpoint import load_checkpoint
 from vitfast.config import OUTPUT_MEANING_FIELDS, PREPROCESSING_FIELDS, ViTConfig
-from vitfast.errors import ArtifactError, ConfigError, InputError
+from vitfast.errors import ArtifactError, ConfigError, InputError, ParityWarning
 from vitfast.foreign import FOREIGN_FIELDS, is_onnx_artifact, resolve_onnx_path
+from vitfast.parity import failure, find_the_layer
 
 from .engine import Engine, is_float_images
 from .onnx_engine import OnnxEngine
@@ -49,7 +51,8 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
     `backend`: "auto" (torch for checkpoints, TensorRT for engines, for ONNX files the rule of
     `onnx_backend`), or one of "torch", "onnxruntime" / "openvino" (ONNX files; openvino for
     vitfast's own), "tensorrt". The engine's `backend_choice` says which backend ran and why;
-    code that needs ONNX Runtime itself (sessions, providers, marked outputs) asks for it by name."""
+    code that needs ONNX Runtime itself (sessions, providers, marked outputs) asks for it by name.
+    An artifact whose sidecar records a failed export parity check loads with a `vitfast.errors.ParityWarning`."""
     path = Path(path)
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
@@ -91,6 +94,10 @@ def load_engine(path: str | os.PathLike, *, backend: str = "auto", device: str |
     if kind != "checkpoint" and overrides:
         engine.config = exported_config(engine, path, {k: v for k, v in overrides.items() if v is not None})
     engine.backend_choice = reason if kind == "onnx" or backend != "auto" else f"auto: {engine.kind} runs {kind} artifacts"
+    failed = failure(engine.metadata.get("parity"))
+    if failed:  # the export kept it for inspection; whoever runs it must know
+        warnings.warn(ParityWarning(f"{path}: its sidecar records that its export failed the parity check ({failed}); its outputs "
+                                    f"may be wrong: {find_the_layer(path)}"), stacklevel=2)  # fmt: skip
     return engine
 
 
