@@ -19,7 +19,8 @@ from typing import Any, Iterator, Sequence
 
 
 from vitfast.config import ViTConfig
-from vitfast.errors import ArtifactError, BackendUnavailable
+from vitfast.errors import ArtifactError, BackendUnavailable, VitfastWarning
+from vitfast.parity import looser_precision
 from vitfast.precision import QUANTIZED, TENSORRT, require
 from vitfast.runtime.tensorrt_engine import (  # noqa: F401  (TensorRTEngine, check_engine_compatible, parse_version: public names)
     REBUILD_HINT,
@@ -98,6 +99,7 @@ def trtexec_command(onnx_path: str | os.PathLike, engine_path: str | os.PathLike
     quantized = bool(int8) or (source.graph is not None and source.graph.precision in QUANTIZED)
     check_graph_precision(source, precision)
     check_quantization(precision, quantized, source.path, int8_target=int8.get("target"))
+    engine_precision(precision, source)  # said here too: the engine has no sidecar, its precision read off its layers at load
     onnx_path, name, shape = source.path, source.input_name, source.input_shape
     shapes = profile_shapes(shape, batch, source.sizes)
     dims = ["x".join(map(str, s)) for s in shapes]
@@ -220,7 +222,8 @@ def build_engine(
     `parse_image_sizes`). The engine and sidecar are written atomically; `force` overwrites an existing
     engine. `intermediate`: `onnx_path` is the caller's temporary, not kept; the sidecar's `built_from` records it by
     its sha256 alone. `progress` shows a progress bar when stderr is a terminal. The sidecar's `parity` is
-    left None for the caller to fill in. Returns `out_path`.
+    left None for the caller to fill in. The sidecar's `precision` is the looser of `precision` and the graph's own, said
+    in a warning where they differ (`engine_precision`: an fp16 graph built at fp32 gives an fp16 engine). Returns `out_path`.
     """
     out_path = Path(out_path)
     _check_build_args(precision, workspace_gib, optimization_level)
@@ -240,6 +243,7 @@ def build_engine(
     check_graph_precision(source, precision)  # first: it names the precision a quantized graph needs
     check_quantization(precision, _is_quantized(trt, network), onnx_path,
                        int8_target=(source_meta.get("int8") or {}).get("target"))  # fmt: skip
+    achieved = engine_precision(precision, source)
     input_name, shapes, dynamic_batch = _input_profile(network, batch, source)
     config = builder.create_builder_config()
     _set_options(trt, config, precision, flags, workspace_gib, optimization_level)
@@ -248,7 +252,7 @@ def build_engine(
     cache = _attach_timing_cache(config, timing_cache)
     serialized = _build(trt, builder, network, config, show_progress=progress and sys.stderr.isatty())
 
-    meta = _engine_metadata(onnx_path, source_meta, precision, batch, dynamic_batch, input_name, intermediate)
+    meta = _engine_metadata(onnx_path, source_meta, achieved, batch, dynamic_batch, input_name, intermediate)
     if source.sizes and not source.graph:  # another tool's graph of any size is built for one: the config's
         meta["input"]["image_sizes"] = [list(hw) for hw in source.sizes]
     if source.graph:  # another tool's graph: its architecture is unknown, its output the one `load_engine` would run
@@ -258,6 +262,7 @@ def build_engine(
     meta["gpu"] = {"name": gpu_name, "compute_capability": compute_capability}
     meta["tensorrt"] = {
         "version": trt.__version__,
+        "precision": precision,  # the builder's; the sidecar's `precision` is what the engine achieves (`engine_precision`)
         "profile": {"input": input_name, "min": list(shapes[0]), "opt": list(shapes[1]), "max": list(shapes[2])},
         "builder_optimization_level": optimization_level,
         "workspace_gib": workspace_gib,
@@ -272,6 +277,20 @@ def build_engine(
     if cache is not None:
         atomic_write(timing_cache, lambda tmp: tmp.write_bytes(memoryview(cache.serialize())))
     return out_path
+
+
+def engine_precision(precision: str, source: EngineSource) -> str:
+    """The precision an engine built at `precision` from `source` achieves: the looser of it and the graph's own (vitfast's
+    sidecar, or what another tool's graph holds). An fp16 graph built at fp32 keeps its fp16 weights and casts, so calling
+    it fp32 would have `check` judge it at fp32's tolerances and `bench` / `info` report fp32: it is recorded as fp16, and
+    said (a warning), not refused, since the build itself is sound."""
+    graph = source.meta.get("precision", "fp32")
+    achieved = looser_precision(precision, graph)
+    if achieved != precision:
+        warnings.warn(VitfastWarning(f"{source.path} is {graph}, so an engine built from it at --precision {precision} is no "
+                                     f"more accurate than {graph}, and is recorded and checked as {achieved} (at {achieved}'s tolerances); "
+                                     f"build from an {precision} export for a {precision} engine"), stacklevel=3)  # fmt: skip
+    return achieved
 
 
 def _check_build_args(precision: str, workspace_gib: float, optimization_level: int) -> None:

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import vitfast
-from vitfast.errors import ArtifactError, BackendUnavailable
+from vitfast.errors import ArtifactError, BackendUnavailable, VitfastWarning
 from vitfast.export import tensorrt as trt_export
 from vitfast.export.artifacts import base_metadata, read_sidecar, write_sidecar
 
@@ -711,6 +711,7 @@ def test_build_fp16_end_to_end(rec, gpu, onnx_file, tmp_path):
     assert meta["gpu"] == GPU and meta["parity"] is None
     assert meta["tensorrt"] == {
         "version": "10.7.0",
+        "precision": "fp16",
         "profile": {"input": "images", "min": [1, 3, 32, 32], "opt": [8, 3, 32, 32], "max": [32, 3, 32, 32]},
         "builder_optimization_level": 4,
         "workspace_gib": 2.5,
@@ -900,6 +901,33 @@ def test_an_unpooled_model_builds_an_engine_that_says_its_output_shape(unpooled_
     path = build(unpooled_onnx[kind], tmp_path / f"{kind}.engine")
     assert read_sidecar(path)["output"]["shape"] == ["batch", *shape]
     assert trt_export.TensorRTEngine(path).config.output_shape == tuple(shape)
+
+
+@pytest.fixture(scope="module")
+def fp16_onnx(tmp_path_factory) -> Path:
+    """vit_cifar_patch4_32 exported by vitfast in fp16 (before `gpu` fakes a CUDA device)."""
+    pytest.importorskip("onnxruntime", reason="the ONNX export checks parity in ONNX Runtime: pip install 'vitfast[onnx]'")
+    from vitfast.export import to_onnx
+
+    torch.manual_seed(0)
+    return to_onnx(vitfast.create_model("vit_cifar_patch4_32"), tmp_path_factory.mktemp("fp16") / "m16.onnx", precision="fp16")
+
+
+def test_an_fp32_engine_from_an_fp16_graph_is_recorded_as_fp16_and_said(fp16_onnx, rec, gpu, tmp_path):
+    """--precision fp32 from an fp16 graph was labelled fp32: check judged it at fp32's tolerances, bench and info said
+    fp32. The sidecar records the looser of the two (the builder's own precision under `tensorrt`), with a warning;
+    the trtexec line says the same. At the graph's own precision nothing is said."""
+    with pytest.warns(VitfastWarning, match=r"m16.onnx is fp16, so an engine built from it at --precision fp32 is no more "
+                                            r"accurate than fp16, and is recorded and checked as fp16"):  # fmt: skip
+        path = build(fp16_onnx, tmp_path / "e32.engine", precision="fp32")
+    meta = read_sidecar(path)
+    assert (meta["precision"], meta["tensorrt"]["precision"], meta["tensorrt"]["flags"]) == ("fp16", "fp32", [])
+    assert trt_export.TensorRTEngine(path).precision == "fp16"
+    with pytest.warns(VitfastWarning, match="no more accurate than fp16"):
+        trt_export.trtexec_command(fp16_onnx, "e32.engine", precision="fp32", batch=(1, 8, 32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", VitfastWarning)
+        assert read_sidecar(build(fp16_onnx, tmp_path / "e16.engine", precision="fp16"))["precision"] == "fp16"
 
 
 @pytest.fixture(scope="module")
