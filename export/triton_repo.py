@@ -260,13 +260,16 @@ def _max_batch(meta: dict[str, Any], platform: str, requested: int | None) -> in
 
 
 def _copy_artifact(artifact: Path, target: Path) -> None:
-    """Copy the artifact under Triton's default file name, with its sidecar; external ONNX weights
-    keep their own name because the graph refers to them by it."""
+    """Copy the artifact under Triton's default file name, with the files its sidecar records beside it (external ONNX
+    weights, which keep their own name because the graph refers to them by it) and its sidecar, bound to the copy. Only
+    those: a `.data` file beside the artifact that its sidecar does not record is not its graph's (a stale or a
+    stranger's file)."""
+    meta = read_sidecar(artifact)  # verified: the files it records are the ones beside the artifact
     shutil.copyfile(artifact, target)
-    weights = Path(str(artifact) + ".data")
-    if weights.exists():
-        shutil.copyfile(weights, target.parent / weights.name)
-    write_sidecar(target, read_sidecar(artifact), companions=[target.parent / weights.name] if weights.exists() else [])  # bound to the copy
+    companions = [target.parent / r["name"] for r in meta["files"] if r["role"] != "artifact"]
+    for copy in companions:
+        shutil.copyfile(artifact.parent / copy.name, copy)
+    write_sidecar(target, meta, companions=companions)
 
 
 def check_repository_free(path: str | os.PathLike, force: bool) -> Path:

@@ -196,6 +196,28 @@ def test_an_int8_export_that_fails_parity_exits_1_and_its_file_stays(tmp_path, c
     assert set(tmp_path.iterdir()) == before
 
 
+# ---------------------------------------------------------------------------- --force and external weights
+def test_force_removes_the_old_exports_external_weights_and_no_other_file(tmp_path, monkeypatch):
+    """A graph exported with its weights in PATH.data (over protobuf's 2 GiB: the limit lowered here), then exported
+    again inline with --force, left the old PATH.data beside it (a Triton repository then copied and recorded it). The
+    old sidecar recorded it as its external data: it goes. A PATH.data that no sidecar recorded is someone's: it stays."""
+    from vitfast.export import onnx_export
+
+    torch.manual_seed(6)
+    model = randomize(vitfast.create_model(tiny_config(depth=1)))
+    out = tmp_path / "m.onnx"
+    with monkeypatch.context() as patch:
+        patch.setattr(onnx_export, "_needs_external_data", lambda model: True)
+        vitfast.export.to_onnx(model, out)
+    assert [(f["role"], f["name"]) for f in read_sidecar(out)["files"]] == [("artifact", "m.onnx"), ("external-data", "m.onnx.data")]
+    vitfast.export.to_onnx(model, out, force=True)
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.json"]
+    theirs = os.urandom(64)
+    (tmp_path / "m.onnx.data").write_bytes(theirs)
+    vitfast.export.to_onnx(model, out, force=True)
+    assert (tmp_path / "m.onnx.data").read_bytes() == theirs and [f["name"] for f in read_sidecar(out)["files"]] == ["m.onnx"]
+
+
 # ---------------------------------------------------------------------------- 3: a changed checkpoint
 def test_check_refuses_a_checkpoint_changed_since_export_and_names_the_fix(tmp_path, capsys):
     ckpt = _checkpoint(tmp_path / "m.safetensors", 4)

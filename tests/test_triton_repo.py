@@ -267,6 +267,28 @@ def test_an_empty_folder_is_filled_in_place_and_never_renamed(onnx_model, tmp_pa
     assert read_sidecar(out / "b/1/model.onnx")["config"] == read_sidecar(onnx_model[1])["config"]
 
 
+def test_the_repository_copies_the_files_the_artifacts_sidecar_records_and_no_other(onnx_model, tmp_path, monkeypatch):
+    """External weights (recorded in the sidecar) go along under their own name; a `.data` file beside an inline graph
+    (stale, or someone's) was copied in and recorded as the graph's weights: it is not the graph's, and stays out."""
+    import os
+
+    from vitfast.export import onnx_export
+
+    model = onnx_model[0]
+    with monkeypatch.context() as patch:
+        patch.setattr(onnx_export, "_needs_external_data", lambda model: True)  # as a graph over protobuf's 2 GiB
+        external = to_onnx(model, tmp_path / "ext.onnx")
+    inline = to_onnx(model, tmp_path / "inline.onnx")
+    (tmp_path / "inline.onnx.data").write_bytes(os.urandom(64))
+    x = vitfast.data.random_images(model.config, 2, seed=7)
+    for artifact, files in ((external, ["model.onnx", "ext.onnx.data"]), (inline, ["model.onnx"])):
+        folder = triton_repository(artifact, tmp_path / f"repo-{artifact.stem}") / "vit" / "1"
+        assert sorted(os.listdir(folder)) == sorted([*files, "model.onnx.json"])
+        assert [f["name"] for f in read_sidecar(folder / "model.onnx")["files"]] == files
+        with torch.no_grad():
+            assert torch.allclose(vitfast.load_engine(folder / "model.onnx")(x), model(x), atol=1e-4)
+
+
 def test_pbtxt_writer_escapes_strings_and_writes_enums_bare():
     message = {"name": 'a"b\\c', "input": [{"data_type": Enum("TYPE_FP32"), "dims": [-1, 3]}], "dynamic_batching": {"max_queue_delay_microseconds": 7}}
     text = to_pbtxt(message)

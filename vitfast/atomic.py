@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import shutil
 import tempfile
@@ -88,12 +89,15 @@ class Claim:
 
     def publish(self) -> None:
         """Rename what was written into place: the old sidecar goes first, then companions
-        (`.data` weights), then the output (exclusively unless `force`), then the new sidecar."""
+        (`.data` weights), then the output (exclusively unless `force`), then the old output's companions that the new
+        one does not replace (`_stale_companions`), then the new sidecar."""
         staged = self.work / "out"
         sidecar = staged / (self.path.name + SIDECAR_SUFFIX)
         if not self.tmp.exists():
             raise ArtifactError(f"nothing was written for {self.path}")  # a bug in the writer, not user input
+        stale: list[Path] = []
         if self.force and not self.tmp.is_dir():  # a folder keeps its sidecar: it marks the folder as vitfast's
+            stale = self._stale_companions(staged)  # read before the old sidecar goes
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(str(self.path) + SIDECAR_SUFFIX)  # never an old sidecar beside a new artifact
         for item in sorted(staged.iterdir()):
@@ -103,10 +107,31 @@ class Claim:
             _refill(self.tmp, self.path, trash=self.work / "replaced")
         else:
             _place(self.tmp, self.path, exclusive=not self.force, trash=self.work / "replaced")
+        for old in stale:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(old)
         if sidecar.exists():
             if self.inside:  # staged on the folder's filesystem; the parent, where it goes, may be another
                 sidecar = Path(shutil.copyfile(sidecar, self.outside / sidecar.name))
             os.replace(sidecar, self.path.parent / sidecar.name)
+
+    def _stale_companions(self, staged: Path) -> list[Path]:
+        """The old output's companions (`PATH.data` weights) that the new output does not bring: an fp32 graph over 2 GiB
+        re-exported as fp16, inline, left its `.data` behind, which a Triton repository then copied. Only files the
+        old sidecar records as its output's external data, still of the recorded size: never a file of someone else's."""
+        try:
+            records = json.loads(Path(str(self.path) + SIDECAR_SUFFIX).read_text()).get("files") or []
+        except (OSError, ValueError, AttributeError):  # no sidecar, or not one vitfast wrote: nothing is known to be ours
+            return []
+        stale = []
+        for record in records if isinstance(records, list) else []:
+            if not isinstance(record, dict) or record.get("role") != "external-data":
+                continue
+            name = record.get("name")
+            old = self.path.parent / name if isinstance(name, str) and name == Path(name).name else None
+            if old and not (staged / name).exists() and old.is_file() and not old.is_symlink() and old.stat().st_size == record.get("size"):
+                stale.append(old)
+        return stale
 
 
 def _refill(src: Path, dst: Path, *, trash: Path) -> None:
