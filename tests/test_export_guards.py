@@ -153,7 +153,7 @@ def test_an_export_that_fails_parity_is_kept_exits_1_and_warns_on_load(tmp_path,
                      *quiet]) == 1  # fmt: skip
         err = _one_error_line(capsys)
         assert "vitfast: warning" not in err and err.count("FAILED") == 1 + (not quiet)  # + the summary line's verdict
-        assert f"vitfast: error: parity FAILED: max_abs_err nan (limit " in err and f"{out} is kept for inspection" in err
+        assert "vitfast: error: parity FAILED: max_abs_err nan (limit " in err and f"{out} is kept for inspection" in err
         assert f"vitfast check {out} --against OTHER.onnx --mark-all" in err
         assert read_sidecar(out)["parity"]["passed"] is False
     repo = tmp_path / "repo"  # a repository of a failing export: the same, naming the graph in it
