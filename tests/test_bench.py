@@ -166,6 +166,22 @@ def test_sweep_rows_measured_or_skipped_with_reason(sweep):
     assert "GPU" in rows[("tensorrt", "fp32", 3)]["reason"]
 
 
+def test_printed_tables_keep_brackets_that_rich_would_read_as_markup(sweep):
+    """A skip reason's fix "pip install 'vitfast[onnx]'" printed as "pip install 'vitfast'" (rich took [onnx] for a tag)."""
+    from rich.console import Console
+
+    result = json.loads(json.dumps(sweep))
+    skipped = next(r for r in result["rows"] if r["status"] != "ok")
+    skipped["reason"] = "onnxruntime is not installed: pip install 'vitfast[onnx]'"
+    result["rows"][0]["model"] = "tiny[v2]"
+    for compact in (False, True):
+        console = Console(record=True, width=400)
+        for table in report.rich_tables(result, compact=compact):
+            console.print(table)
+        text = console.export_text()
+        assert "pip install 'vitfast[onnx]'" in text and "tiny[v2]" in text, compact
+
+
 def test_every_compiled_row_is_compiled_past_dynamos_recompile_limit(monkeypatch):
     """2 models x 9 batch sizes: 18 compiled entries of one forward code object, past Dynamo's limit of 8, after
     which it runs the forward eagerly without an error (the H100 run of 18ef7c3 timed eager as "compile" so)."""

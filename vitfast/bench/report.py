@@ -9,6 +9,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
+from rich.markup import escape
+
 from vitfast.atomic import atomic_write
 from vitfast.errors import BackendUnavailable, InputError
 
@@ -77,7 +79,7 @@ def rich_tables(result: dict[str, Any], compact: bool = False) -> list:
     for col in TABLE_COLUMNS:
         table.add_column(col, justify="left" if col in ("model", "backend", "prec") else "right", no_wrap=col == "model")
     for row in table_rows(result):
-        table.add_row(*row)
+        table.add_row(*map(escape, row))
     out = [table]
     skipped = not_measured(result)
     if skipped:
@@ -85,7 +87,7 @@ def rich_tables(result: dict[str, Any], compact: bool = False) -> list:
         for col in ("model", "backend", "prec", "batches", "reason"):
             skip.add_column(col, overflow="fold")
         for row in skipped:
-            skip.add_row(*row)
+            skip.add_row(*map(escape, row))  # a reason's "pip install 'vitfast[onnx]'" is not rich markup
         out.append(skip)
     return out
 
@@ -101,11 +103,11 @@ def _compact_tables(result: dict[str, Any], title: str) -> list:
         by_model[f"{row[0]} at {row[1]} px"].append([row[i] for i in picks])
     out: list = [Text(title, style="bold")]
     for name, rows in by_model.items():
-        table = Table(title=f"{name}, latency in ms", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+        table = Table(title=escape(f"{name}, latency in ms"), title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
         for col in COMPACT_COLUMNS:
             table.add_column(col, justify="left" if col in ("backend", "prec") else "right", no_wrap=True)
         for row in rows:
-            table.add_row(*row)
+            table.add_row(*map(escape, row))
         out.append(table)
     out.append(Text(f"%peak: of the measured {peak_label(result)}; spread: % gap between two repeats' medians", style="dim"))
     skipped = not_measured(result)
@@ -233,7 +235,7 @@ def compare_tables(rows: list[dict[str, Any]], base_name: str, new_name: str, co
         table = _compare_table(f"{new_name} vs {base_name}", ("model", "img", "backend", "prec", "batch", "base ms", "new ms",
                                "latency x", "img/s x", "p99 x", "noise %", "verdict"), caption=caption)  # fmt: skip
         for r in shown:
-            table.add_row(r["model"], str(r["img_size"]), *_compare_cells(r, colors, throughput=True))
+            table.add_row(escape(r["model"]), str(r["img_size"]), *_compare_cells(r, colors, throughput=True))
         return [table]
     groups: dict[str, list] = defaultdict(list)
     for r in shown:
@@ -260,7 +262,7 @@ def _compare_table(title: str, columns: tuple[str, ...], **options):
 
 def _compare_cells(r: dict[str, Any], colors: dict[str, str], throughput: bool) -> list[str]:
     """backend .. verdict of one compared row."""
-    head = [r["backend"], r["precision"], str(r["batch"]), _f(r["base_ms"], ".2f"), _f(r["new_ms"], ".2f")]
+    head = [escape(r["backend"]), r["precision"], str(r["batch"]), _f(r["base_ms"], ".2f"), _f(r["new_ms"], ".2f")]
     if r["status"] != "ok":
         return [*head, *["-"] * (3 + throughput), f"[yellow]{r['status']}[/yellow]"]
     v = r["verdict"]

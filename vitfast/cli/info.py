@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from vitfast.describe import describe, describe_sidecar
@@ -65,9 +66,10 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def _text(value: Any) -> str:
+    """A value as a table cell, its brackets not read as rich markup (a fix's "pip install 'vitfast[openvino]'")."""
     if isinstance(value, (dict, list)):
-        return json.dumps(value)
-    return "" if value is None else str(value)
+        return escape(json.dumps(value))
+    return "" if value is None else escape(str(value))
 
 
 def cmd_models(args: argparse.Namespace) -> int:
