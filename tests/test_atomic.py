@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vitfast import atomic
-from vitfast.atomic import STAGING, atomic_write_text, claim_output, clean_stale, reserve_output
+from vitfast.atomic import STAGING, atomic_write, atomic_write_text, claim_output, clean_stale, reserve_output
 from vitfast.errors import ArtifactError, OutputError
 from vitfast.export.artifacts import read_sidecar, sidecar_path, write_sidecar
 from vitfast.registry import get_config
@@ -341,3 +341,19 @@ def test_a_rival_clean_up_is_never_taken_for_a_live_writer(tmp_path, monkeypatch
     monkeypatch.setattr(fcntl, "flock", flock_while_a_rival_tests_it)
     atomic_write_text(tmp_path / "m.txt", "kept")
     assert rivals and (tmp_path / "m.txt").read_text() == "kept" and leftovers(tmp_path) == []
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_outputs_get_the_permissions_open_gives_under_the_umask(tmp_path, umask):
+    """safetensors writes its files 0600, so a checkpoint was unreadable to a Triton server running as another user;
+    published files now get 0666 less the umask, as any file open() makes."""
+    import torch
+    from safetensors.torch import save_file
+
+    old = os.umask(umask)
+    try:
+        out = atomic_write(tmp_path / "w.safetensors", lambda tmp: save_file({"a": torch.zeros(2)}, tmp))
+    finally:
+        os.umask(old)
+    assert os.stat(out).st_mode & 0o777 == 0o666 & ~umask

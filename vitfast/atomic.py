@@ -65,6 +65,13 @@ def is_empty_folder(path: Path) -> bool:
     return path.is_dir() and not path.is_symlink() and set(os.listdir(path)) <= {STAGING}
 
 
+def _default_file_mode() -> int:
+    """The permissions `open()` gives a new file here: 0o666 less the process's umask (read by setting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _check_parent(parent: Path) -> None:
     for p in (parent, *parent.parents):
         if p.exists():
@@ -95,6 +102,9 @@ class Claim:
         sidecar = staged / (self.path.name + SIDECAR_SUFFIX)
         if not self.tmp.exists():
             raise ArtifactError(f"nothing was written for {self.path}")  # a bug in the writer, not user input
+        for item in staged.iterdir():  # some writers (safetensors) make their files 0600: unreadable to a server's user
+            if item.is_file() and not item.is_symlink():
+                os.chmod(item, os.stat(item).st_mode & 0o7777 | _default_file_mode())
         stale: list[Path] = []
         if self.force and not self.tmp.is_dir():  # a folder keeps its sidecar: it marks the folder as vitfast's
             stale = self._stale_companions(staged)  # read before the old sidecar goes
