@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
+import importlib.util
 import io
 import json
 import multiprocessing
@@ -38,6 +39,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable
 from unittest import mock
+
+if __name__ == "__main__" and importlib.util.find_spec("triton") is None:  # one line, not an import traceback
+    sys.exit("python -m vitfast.kernels.aot compiles the Triton kernels (no GPU needed) and needs triton: pip install 'vitfast[triton]'")
 
 import torch
 import triton

@@ -175,6 +175,15 @@ def test_garbage_bytes(tmp_path):
         vitfast.load_checkpoint(tmp_path / "junk.bin")
 
 
+def test_an_image_given_as_the_checkpoint_is_named_as_one(tmp_path):
+    """`vitfast predict photo.png model.onnx`, the arguments swapped: said, not "truncated or corrupt: re-download"."""
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "photo.png")
+    with pytest.raises(CheckpointError, match="photo.png is an image, not a model checkpoint"):
+        vitfast.load_checkpoint(tmp_path / "photo.png")
+
+
 @pytest.mark.parametrize("fmt", ["safetensors", "torch"])
 def test_truncated_file(tmp_path, fmt):
     model = vitfast.create_model(tiny_config())

@@ -281,6 +281,14 @@ def test_missing_matplotlib_points_to_the_plot_extra(tmp_path, monkeypatch, caps
     assert err.count("\n") == 1 and "pip install vitfast[plot]" in err
 
 
+def test_img_size_builds_the_model_at_that_resolution(tmp_path, capsys):
+    """inspect takes export's --img-size: a ViT-Ti/16 at 32 px has a 2x2 patch grid (the flag was refused)."""
+    img = digit_like_image(tmp_path / "d.png")
+    assert main(["inspect", "--model", "vit_tiny_patch16_224", "--img-size", "32", "--image", str(img), "--out", str(tmp_path / "o"),
+                 "--json"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["grid_size"] == [2, 2]
+
+
 def test_import_vitfast_does_not_import_matplotlib():
     code = "import sys, vitfast, vitfast.inspect, vitfast.cli; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

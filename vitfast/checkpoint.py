@@ -23,6 +23,7 @@ from ._version import __version__
 from .atomic import atomic_write
 from .config import ViTConfig
 from . import dinov3
+from .data import IMAGE_SUFFIXES
 from .convert import (
     Guesses, StateDict, detect_format, hf_config_to_vit, hf_to_timm, read_hf_state_dict, read_timm_hub, timm_config, timm_layout,
 )  # fmt: skip
@@ -311,6 +312,9 @@ def _read_tensors(path: Path) -> tuple[StateDict, dict[str, str]]:
         with safe_open(path, framework="pt", device="cpu") as f:
             return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}
     except (SafetensorError, OSError, ValueError) as exc:
+        if path.suffix.lower() in IMAGE_SUFFIXES:  # `vitfast predict photo.png model.onnx`: the arguments swapped
+            raise CheckpointError(f"{path} is an image, not a model checkpoint (`vitfast predict` takes the model first, "
+                                  "then the images)") from None  # fmt: skip
         raise CheckpointError(
             f"{path} is not a readable checkpoint (neither safetensors nor a torch file: {first_line(exc)}); "
             "it may be truncated or corrupt: re-download or re-save it"

@@ -31,7 +31,7 @@ def hf_round_trip(workdir: Path) -> Path | None:
     try:
         import transformers  # lazy: optional ([test] extra) and slow to import; the demo skips this step without it
     except ImportError:
-        print("transformers is not installed: skipping the Hugging Face parity step (pip install -e .[test])")
+        print("transformers is not installed: skipping the Hugging Face parity step (pip install transformers, or vitfast's test extra)")
         return None
     print("\n[1] Hugging Face checkpoint -> vitfast")
     cfg = transformers.ViTConfig(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from vitfast import inspect
 from vitfast.checkpoint import load_checkpoint
+from vitfast.flags import positive_int
 from vitfast.preprocessing import preprocess
 from vitfast.sources import RANDOM_SEED, random_model
 
@@ -21,7 +22,8 @@ HEADS_PER_LINE = 8  # 8 distances after the layer's prefix fit an 80-column line
 def cmd_inspect(args: argparse.Namespace) -> int:
     image = inspect.load_image(args.image)  # first: a bad image fails before any model is built
     overrides = config_overrides(args)
-    model = random_model(args.model, overrides) if args.model else load_checkpoint(args.checkpoint, overrides=overrides)
+    model = (random_model(args.model, overrides, img_size=args.img_size) if args.model
+             else load_checkpoint(args.checkpoint, img_size=args.img_size, overrides=overrides))  # fmt: skip
     out_dir = Path(args.out) if args.out else Path(f"inspect-{Path(args.image).stem}")
     result = inspect.inspect_model(model, preprocess(image, model.config))
     paths = inspect.save_figures(result, out_dir, overwrite=args.force)
@@ -50,6 +52,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     src.add_argument("--model", metavar="NAME", help="registered variant (random weights, seed 0, as export --model)")
     src.add_argument("--checkpoint", metavar="PATH", help="vitfast, timm or Hugging Face checkpoint")
     p.add_argument("--image", metavar="IMG", required=True, help="an image file Pillow can read")
+    p.add_argument("--img-size", type=positive_int, metavar="N", help="the model's input resolution (position embeddings resized, as export's)")
     p.add_argument("--out", metavar="DIR", help="folder for the PNGs (default: ./inspect-<image stem>/)")
     p.add_argument("--force", action="store_true", help="overwrite PNGs already in the folder")
     p.add_argument("--json", action="store_true", help="print one JSON object with the numbers and file paths")
