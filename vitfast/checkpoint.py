@@ -25,7 +25,7 @@ from .config import ViTConfig
 from . import dinov3
 from .data import IMAGE_SUFFIXES
 from .convert import (
-    Guesses, StateDict, detect_format, hf_config_to_vit, hf_to_timm, read_hf_state_dict, read_timm_hub, timm_config, timm_layout,
+    CLIP_PROJECTION_KEY, Guesses, StateDict, detect_format, hf_config_to_vit, hf_to_timm, read_hf_state_dict, read_timm_hub, timm_config, timm_layout,
 )  # fmt: skip
 from .errors import CheckpointError, ConfigError, GuessedConfigWarning, first_line
 from .model import VisionTransformer
@@ -248,10 +248,11 @@ def _read_dir(path: Path) -> tuple[ViTConfig, StateDict, str, Guesses]:
             f"{path}: the weights next to config.json are timm weights, but config.json has no 'architecture' "
             "(timm Hub folders have one); add it, or load the weights file itself"
         )
+    projected = any(k.endswith(CLIP_PROJECTION_KEY) for k in sd)  # CLIP's visual_projection, which becomes the head
     sd = hf_to_timm(sd)
     pre_file = path / "preprocessor_config.json"
     pre = _read_json(pre_file) if pre_file.exists() else None
-    cfg, guesses = hf_config_to_vit(hub_cfg, pre, sd)
+    cfg, guesses = hf_config_to_vit(hub_cfg, pre, sd, projected=projected)
     return cfg, sd, "hf", guesses
 
 

@@ -146,6 +146,11 @@ class ViTConfig:
     name: str | None = field(default=None, compare=False)  # registry name it came from, if any
     labels: tuple[str, ...] | None = field(default=None, compare=False, repr=False)  # class names, by index
     problem_type: str | None = field(default=None, compare=False, repr=False)  # one of PROBLEM_TYPES; None: not said
+    # The head projects the pooled features into an embedding space (CLIP's visual_projection, timm's CLIP towers under
+    # their image-text tags, EVA-02 CLIP, Perception Encoder core): its num_classes outputs are an image embedding (CLIP's
+    # image_embeds), not class logits, so nothing scores, ranks or labels them. Set by the checkpoint readers and the
+    # registry; a num_classes override that changes the head's width makes a new head, a classifier (back to False)
+    embedding_head: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         # Normalise JSON lists into tuples so equal configs compare and hash equal.
@@ -252,8 +257,9 @@ class ViTConfig:
 
     @property
     def classifies(self) -> bool:
-        """One set of class scores per image: a classifier over pooled features (not features, not per-token logits)."""
-        return bool(self.num_classes) and self.global_pool != "" and not self.features_only
+        """One set of class scores per image: a classifier over pooled features (not features, not per-token logits, not an
+        image embedding: `embedding_head`)."""
+        return bool(self.num_classes) and self.global_pool != "" and not self.features_only and not self.embedding_head
 
     @property
     def use_fc_norm(self) -> bool:
@@ -372,6 +378,13 @@ class ViTConfig:
                 f"{len(self.labels)} labels for {self.num_classes} classes; give one label per class "
                 "(or labels=None)"
             )
+        if self.embedding_head and not self.num_classes:
+            bad("embedding_head=True says the head projects the pooled features into an image embedding; this config has no head "
+                "(num_classes=0): drop embedding_head")  # fmt: skip
+        if self.embedding_head and (self.labels is not None or self.problem_type is not None):
+            given = " and ".join(k for k in OUTPUT_MEANING_FIELDS if k != "embedding_head" and getattr(self, k) is not None)
+            bad(f"{given} describe class logits, and this model's head returns an image embedding (embedding_head=True: CLIP's "
+                f"image_embeds), not {self.num_classes} classes: drop {given}")  # fmt: skip
         if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
             bad(f"problem_type must be one of {', '.join(PROBLEM_TYPES)} (transformers' names) or None, got {self.problem_type!r}")
         if self.labels is not None and any("\n" in label or "\r" in label for label in self.labels):
@@ -434,9 +447,11 @@ class ViTConfig:
     def replace(self, **overrides: Any) -> "ViTConfig":
         """A copy with some fields changed (unknown field names raise `ConfigError`). Settings of what an
         override removes go back to their defaults unless given too: labels that no longer fit a new
-        `num_classes`, the rotary settings with `rope=None`, the attention pool's with a pool other than "map", the
+        `num_classes`, `embedding_head` with a `num_classes` that changes the head (a new head is a classifier), the rotary settings with `rope=None`, the attention pool's with a pool other than "map", the
         feature maps' with `features_only=False`."""
         check_field_names(overrides)
+        if self.embedding_head and overrides.get("num_classes", self.num_classes) != self.num_classes and "embedding_head" not in overrides:
+            overrides = {**overrides, "embedding_head": False}  # a head of another width is a new one: a classifier (fine-tuning)
         if "labels" not in overrides and self.labels and overrides.get("num_classes", self.num_classes) != len(self.labels):
             overrides = {**overrides, "labels": None}
         removed = (ROPE_SETTINGS if "rope" in overrides and overrides["rope"] is None else ()) + (
@@ -500,8 +515,8 @@ FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ViTConfig))
 # Everything `vitfast.preprocess` reads besides the image size and channels.
 PREPROCESSING_FIELDS = ("mean", "std", "crop_pct", "interpolation", "crop_mode", "crop_rounding", "alpha_on_white")
 # What a model's output means, not how it is computed: any artifact takes them from the user (class names by index,
-# and how to score the logits).
-OUTPUT_MEANING_FIELDS = ("labels", "problem_type")
+# how to score the logits, or that the output is an image embedding rather than logits).
+OUTPUT_MEANING_FIELDS = ("labels", "problem_type", "embedding_head")
 
 
 def check_field_names(data: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ from .config import (
 )  # fmt: skip
 from . import dinov3, eva
 from .errors import CheckpointError, ConfigError
-from .registry import _AIMV2, _DINOV2, _EVA02, _PE_CORE, _PE_SPATIAL, _REGISTRY, _ROPE_VIT, _SBB_ROPE, get_config, unsupported_reason
+from .registry import _AIMV2, _DINOV2, _EVA02, _PE_CORE, _PE_SPATIAL, _REGISTRY, _ROPE_VIT, _SBB_ROPE, embedding_width, get_config, head_is_embedding, unsupported_reason
 
 StateDict = dict[str, torch.Tensor]
 Guesses = dict[str, str]  # ViTConfig field -> why its value is a guess
@@ -47,6 +47,7 @@ TOWER_PATCH_KEY = "embeddings.patch_embedding.weight"  # CLIP and SigLIP: under 
 AIMV2_PATCH_KEY = "embeddings.patch_embed.weight"  # AIMv2's tower, the only transformers model with this name
 CLIP_CLASS_KEY = "embeddings.class_embedding"  # CLIP has a class token, SigLIP none
 CLIP_MODEL_TYPES = ("clip", "clip_vision_model")
+CLIP_PROJECTION_KEY = "visual_projection.weight"  # CLIPModel's and CLIPVisionModelWithProjection's: image_embeds
 SIGLIP_MODEL_TYPES = ("siglip", "siglip_vision_model")
 HEADLESS_SIGLIP = ("this SigLIP tower has no attention pool (vision_use_head=False), so transformers returns no pooled output; "
                    "vitfast returns the mean of its tokens, as timm's *_siglip_gap_* models do (--global-pool none: every token, its last_hidden_state)")  # fmt: skip
@@ -371,6 +372,7 @@ def read_hf_state_dict(sd: StateDict, *, num_heads: int | None = None) -> tuple[
         model_type = "clip" if is_clip(sd) else AIMV2_MODEL_TYPE if is_aimv2(sd) else "siglip"
     else:
         model_type = "dinov2" if any(".layer_scale1." in k for k in sd) else "vit"
+    projected = model_type == "clip" and any(k.endswith(CLIP_PROJECTION_KEY) for k in sd)
     sd = hf_to_timm(sd)
     eps = {"clip": 1e-5, "dinov2": 1e-6, "siglip": 1e-6, AIMV2_MODEL_TYPE: 1e-5}.get(model_type, 1e-12)
     cfg, guesses = infer_timm_config(sd, norm_eps=eps, family="siglip" if model_type == "siglip" else None, num_heads=num_heads)
@@ -386,6 +388,9 @@ def read_hf_state_dict(sd: StateDict, *, num_heads: int | None = None) -> tuple[
         guesses["global_pool"] = HEADLESS_SIGLIP
     if model_type == AIMV2_MODEL_TYPE:
         guesses["global_pool"] = HEADLESS_AIMV2
+    if projected:  # CLIP's visual_projection: image_embeds (a fact of its name, not a guess off the head's width)
+        cfg = cfg.replace(embedding_head=True)
+        guesses.pop("embedding_head", None)
     if cfg.distilled and not cfg.num_classes:
         guesses["global_pool"] = DEIT_POOLER
     guesses.pop("no_embed_class", None)  # a fact here: hf_to_timm folds DINOv2's register models into that layout
@@ -400,8 +405,11 @@ def _read_dinov3_state_dict(sd: StateDict, num_heads: int | None) -> tuple[State
     return sd, ViTConfig(**(fields | pre)), guesses | dict.fromkeys(("mean", "std", "interpolation", "crop_pct", "crop_mode"), reason)
 
 
-def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, sd: StateDict) -> tuple[ViTConfig, Guesses]:
-    """A `ViTConfig` from HF `config.json` and `preprocessor_config.json` (its defaults, guessed, when absent)."""
+def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, sd: StateDict, *,
+                     projected: bool = False) -> tuple[ViTConfig, Guesses]:  # fmt: skip
+    """A `ViTConfig` from HF `config.json` and `preprocessor_config.json` (its defaults, guessed, when absent).
+    `projected`: the weights had CLIP's `visual_projection` (now `sd`'s head): the model returns `image_embeds`, an image
+    embedding (`embedding_head`), not class logits."""
     model_type = cfg.get("model_type", "vit")
     if model_type in CLIP_MODEL_TYPES + SIGLIP_MODEL_TYPES:
         vision = (cfg.get("vision_config") or {}) if model_type in ("clip", "siglip") else cfg
@@ -420,6 +428,8 @@ def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, s
     if model_type in (*DINOV2_MODEL_TYPES, dinov3.MODEL_TYPE):
         fields |= _backbone_fields(cfg, model_type, fields["depth"])
     head = sd.get("head.weight")
+    if model_type in CLIP_MODEL_TYPES and head is not None and projected:  # CLIP's visual_projection: image_embeds, not classes
+        fields["embedding_head"], head = True, None
     labels, guesses = hf_labels(cfg, head.shape[0]) if head is not None else (None, {})
     if labels:
         fields["labels"] = labels
@@ -976,6 +986,14 @@ def infer_timm_config(
         source = f"timm's {name}" if known else "timm's default"
         guesses["act_layer"] = (f"not stored in weights; {fields['act_layer']} as in {source} assumed. SigLIP was trained with the "
                                 "tanh form (act_layer='gelu_tanh'), which timm gives some of its SigLIP names and not others")
+    n = fields["num_classes"]
+    tower = next((other for other, _ in known if head_is_embedding(other, n)), None)
+    if tower is not None:  # an image-text tower's projection, or a classifier with as many classes: the weights cannot tell
+        fields["embedding_head"] = True
+        guesses["embedding_head"] = (f"not stored in weights; a head of {n} outputs on the shapes of {tower}, an image-text tower, read "
+                                     f"as its image projection (an image embedding, CLIP's image_embeds), as timm's image-text weights "
+                                     f"of it have it, not {n} classes: pass {{\"embedding_head\": false}} in --config FILE.json "
+                                     "(overrides= in Python) if it is a classifier")  # fmt: skip
     return ViTConfig(**fields), guesses
 
 
@@ -1104,7 +1122,12 @@ def timm_hub_config(cfg: dict[str, Any], sd: StateDict, *, family: str | None = 
     if isinstance(names, dict):
         names = [names.get(str(i), names.get(i)) for i in range(len(names))]
     n_classes = fields.get("num_classes", base.num_classes)
-    if isinstance(names, (list, tuple)) and len(names) == n_classes and all(n is not None for n in names):
+    # an image-text tower's head is its image projection under timm's image-text tags (openai, laion2b, ...), a classifier
+    # under its fine-tunes' (*_ft_in1k, ...); without a tag, a head as wide as the projection is the projection
+    if embedding_width(arch):
+        fields["embedding_head"] = head_is_embedding(arch, n_classes, pc.get("tag"))
+        guesses.pop("embedding_head", None)
+    if not base.replace(**fields).embedding_head and isinstance(names, (list, tuple)) and len(names) == n_classes and all(n is not None for n in names):
         fields["labels"] = tuple(str(n) for n in names)
     return base.replace(**fields), guesses
 

@@ -54,6 +54,8 @@ def shape_and_meaning(config: ViTConfig, batch: tuple[int, ...] | None, *, archi
         scores, why = default_scores(config.num_classes, config.problem_type)
         out["output"] |= {"classes": config.num_classes, "labels": len(config.labels) if config.labels else None,
                           "problem_type": config.problem_type, "scores": scores, "scores_rule": why}  # fmt: skip
+    elif config.embedding_head and not config.features_only:
+        out["output"] |= {"embedding_dim": config.num_classes, "classes": None}  # nothing scores, ranks or labels it
     out["preprocessing"] = {k: list(v) if isinstance(v, tuple) else v for k, v in ((k, getattr(config, k)) for k in PREPROCESSING_FIELDS)}
     return out
 
@@ -64,7 +66,9 @@ def output_meaning(config: ViTConfig) -> str:
         tokens = "every token (prefix tokens first)" if config.feature_prefix_tokens else "patch tokens"
         return f"feature maps ({config.output_fmt}, {tokens}) of blocks {list(config.feature_indices)}"
     if config.global_pool == "":
-        return f"every token's {'logits' if config.num_classes else 'features'}"
+        return f"every token's {'projection into the image embedding space' if config.embedding_head else 'logits' if config.num_classes else 'features'}"
+    if config.embedding_head:
+        return f"image embedding (CLIP's image_embeds: the pooled features projected to {config.num_classes} dimensions, not classes)"
     return "class logits" if config.num_classes else f"pooled features ({config.global_pool})"
 
 

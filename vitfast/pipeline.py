@@ -192,7 +192,7 @@ def check_artifact(engine: Engine, artifact: str | os.PathLike, *, checkpoint: s
     result = compare(torch.cat(outs), torch.cat(refs), engine.precision, atol=atol, rtol=rtol, channel_axis=ours.channel_axis)
     result = with_other_sizes(result, _parity_at_other_sizes(engine, reference, min(len(x), 4), atol=atol, rtol=rtol))
     return result | {"artifact": str(artifact), "backend": engine.kind, "inputs": str(data) if data else "seeded random-pixel images",
-                     "guessed": guessed or {}}  # fmt: skip
+                     "guessed": guessed or {}, "classifies": ours.classifies}  # fmt: skip
 
 
 def _parity_at_other_sizes(engine: Engine, reference: torch.nn.Module, n: int, **tolerances) -> list[dict[str, Any]]:
@@ -233,7 +233,8 @@ def check_against(engine: Engine, other: Engine, *, samples: int = 16, data: str
         ours, theirs = _at_size(engine, other, hw, min(n, 4))
         others.append(compare(ours, theirs, precision, atol=atol, rtol=rtol, channel_axis=engine.config.channel_axis) | {"img_size": list(hw)})
     result = with_other_sizes(result, others)
-    result |= {"backend": engine.kind, "against_backend": other.kind, "inputs": str(data) if data else "seeded random-pixel images"}
+    result |= {"backend": engine.kind, "against_backend": other.kind, "inputs": str(data) if data else "seeded random-pixel images",
+               "classifies": engine.config.classifies and other.config.classifies}  # fmt: skip
     if mark_all:
         report.phase("comparing every intermediate tensor")
         result["layers"] = compare_layers(engine, other, images, precision, atol=atol, rtol=rtol)
@@ -299,6 +300,11 @@ def evaluate(engine: Engine, data: str | os.PathLike, *, labels: Sequence[str] |
             "every token (global_pool none)", "--global-pool none")
         raise ArtifactError(f"{engine.path} returns {what}, not one prediction per image; eval needs a pooled classifier: export the "
                             f"checkpoint without {flag}")  # fmt: skip
+    for model in (engine, *([against] if against else [])):
+        if model.config.embedding_head:
+            raise ArtifactError(f"{model.path} returns an image embedding (CLIP's image_embeds: {model.config.num_classes} dimensions), "
+                                "not class logits: an embedding model has no classes to score, so eval does not apply (zero-shot "
+                                "classification needs the text tower's class embeddings, which vitfast does not load)")  # fmt: skip
     files, folder_targets, classes = labeled_images(data)
     labels = tuple(labels) if labels is not None else engine.config.labels
     targets = torch.tensor(class_indices(engine.config.num_classes, labels, classes, folder_targets, data))

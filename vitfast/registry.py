@@ -1,13 +1,15 @@
 """Named model variants, under timm's names and with timm's default preprocessing.
 
 `num_classes` follows the default pretrained tag timm picks for the name (0 where that tag is a
-headless ImageNet-21k or DINO checkpoint).
+headless ImageNet-21k or DINO checkpoint). Where that tag is an image-text tower's (CLIP's, EVA-02 CLIP's, Perception
+Encoder core's), the head is its image projection: `embedding_head=True`, the outputs an image embedding, not classes.
 """
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
+import re
 from typing import Any
 
 from .config import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ViTConfig
@@ -120,7 +122,7 @@ def _eva02(size: str, img: int, num_classes: int, **kw: Any) -> dict[str, Any]:
     return _EVA02 | dict(img_size=img, embed_dim=dim, depth=depth, num_heads=heads, num_classes=num_classes) | mlp | crop | kw
 
 
-_EVA02_CLIP = dict(global_pool="token", scale_attn_norm=True)
+_EVA02_CLIP = dict(global_pool="token", scale_attn_norm=True, embedding_head=True)
 # timm's sbb ViTs with EVA-02's axial rotary positions in place of learned ones (eva.py: *_rope_reg*_gap_256)
 _SBB_ROPE = dict(_SBB_REG, no_embed_class=False, abs_pos_embed=False, rope="axial", rope_ref_grid=(16, 16))
 # Naver's RoPE-ViT (Heo et al. 2024; timm's eva.py vit_*_patch16_rope[_ape]_224): DeiT-III's ViT with axial rotary
@@ -145,7 +147,7 @@ _PE_GIGANTIC = dict(img_size=448, patch_size=14, embed_dim=1536, depth=50, num_h
 
 
 def _pe_core(size: str, patch: int, img: int, ref: int, embed: int, **kw: Any) -> dict[str, Any]:
-    return _vit(size, patch, img, **_PE_CORE, rope_ref_grid=(ref, ref), num_classes=embed) | kw
+    return _vit(size, patch, img, **_PE_CORE, rope_ref_grid=(ref, ref), num_classes=embed, embedding_head=True) | kw
 # BEiT-3's image tower (Wang et al. 2022) as timm remaps it: a ViT with a LayerNorm inside each branch (eps 1e-5)
 _BEIT3 = dict(scale_attn_norm=True, scale_mlp_norm=True, global_pool="avg", norm_eps=1e-5, crop_pct=1.0, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
@@ -218,12 +220,12 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     "vit_huge_patch14_clip_224": _vit("huge", 14, 224, **_CLIP, crop_pct=1.0),
     "vit_huge_patch14_clip_336": _vit("huge", 14, 336, **_CLIP, crop_pct=1.0, crop_mode="squash"),
     # ... and with QuickGELU, as OpenAI (and DFN, MetaCLIP) trained them: image embeddings, no classifier
-    "vit_base_patch32_clip_quickgelu_224": _vit("base", 32, 224, **dict(_QUICK, crop_pct=0.9), num_classes=512),
-    "vit_base_patch16_clip_quickgelu_224": _vit("base", 16, 224, **_QUICK, num_classes=512),
-    "vit_large_patch14_clip_quickgelu_224": _vit("large", 14, 224, **_QUICK, num_classes=768),
-    "vit_large_patch14_clip_quickgelu_336": _vit("large", 14, 336, **_QUICK, num_classes=768),
-    "vit_huge_patch14_clip_quickgelu_224": _vit("huge", 14, 224, **_QUICK, num_classes=1024),
-    "vit_huge_patch14_clip_quickgelu_378": _vit("huge", 14, 378, **_QUICK, num_classes=1024),
+    "vit_base_patch32_clip_quickgelu_224": _vit("base", 32, 224, **dict(_QUICK, crop_pct=0.9), embedding_head=True, num_classes=512),
+    "vit_base_patch16_clip_quickgelu_224": _vit("base", 16, 224, **_QUICK, embedding_head=True, num_classes=512),
+    "vit_large_patch14_clip_quickgelu_224": _vit("large", 14, 224, **_QUICK, embedding_head=True, num_classes=768),
+    "vit_large_patch14_clip_quickgelu_336": _vit("large", 14, 336, **_QUICK, embedding_head=True, num_classes=768),
+    "vit_huge_patch14_clip_quickgelu_224": _vit("huge", 14, 224, **_QUICK, embedding_head=True, num_classes=1024),
+    "vit_huge_patch14_clip_quickgelu_378": _vit("huge", 14, 378, **_QUICK, embedding_head=True, num_classes=1024),
     # DINOv2 (Oquab et al. 2023) features at 518x518, layer scale; reg4: with 4 registers
     "vit_small_patch14_dinov2": _vit("small", 14, 518, **_DINOV2),
     "vit_base_patch14_dinov2": _vit("base", 14, 518, **_DINOV2),
@@ -291,17 +293,17 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     "flexivit_base": _vit("base", 16, 240, no_embed_class=True, crop_pct=0.95),
     "flexivit_large": _vit("large", 16, 240, no_embed_class=True, crop_pct=0.95),
     # more CLIP image towers (LAION, DataComp, MetaCLIP sizes): image embeddings
-    "vit_xsmall_patch16_clip_224": _vit("xsmall", 16, 224, **_CLIP, num_classes=512),
-    "vit_medium_patch16_clip_224": _vit("medium", 16, 224, **_CLIP, num_classes=512),
-    "vit_medium_patch32_clip_224": _vit("medium", 32, 224, **_CLIP, num_classes=512),
-    "vit_betwixt_patch32_clip_224": _vit("betwixt", 32, 224, **_CLIP, num_classes=512),
-    "vit_base_patch32_clip_256": _vit("base", 32, 256, **_CLIP_EMBED, num_classes=512),
-    "vit_base_patch16_plus_clip_240": _vit("base_plus", 16, 240, **_CLIP_EMBED, num_classes=640),
-    "vit_huge_patch14_clip_378": _vit("huge", 14, 378, **_CLIP_EMBED, num_classes=1024),
-    "vit_giant_patch14_clip_224": _vit("giant", 14, 224, **_CLIP_EMBED, num_classes=1024),
-    "vit_gigantic_patch14_clip_224": _vit("gigantic", 14, 224, **_CLIP_EMBED, num_classes=1280),
-    "vit_gigantic_patch14_clip_378": _vit("gigantic", 14, 378, **_CLIP_EMBED, crop_mode="squash", num_classes=1280),
-    "vit_gigantic_patch14_clip_quickgelu_224": _vit("gigantic", 14, 224, **_QUICK, num_classes=1280),
+    "vit_xsmall_patch16_clip_224": _vit("xsmall", 16, 224, **_CLIP, embedding_head=True, num_classes=512),
+    "vit_medium_patch16_clip_224": _vit("medium", 16, 224, **_CLIP, embedding_head=True, num_classes=512),
+    "vit_medium_patch32_clip_224": _vit("medium", 32, 224, **_CLIP, embedding_head=True, num_classes=512),
+    "vit_betwixt_patch32_clip_224": _vit("betwixt", 32, 224, **_CLIP, embedding_head=True, num_classes=512),
+    "vit_base_patch32_clip_256": _vit("base", 32, 256, **_CLIP_EMBED, embedding_head=True, num_classes=512),
+    "vit_base_patch16_plus_clip_240": _vit("base_plus", 16, 240, **_CLIP_EMBED, embedding_head=True, num_classes=640),
+    "vit_huge_patch14_clip_378": _vit("huge", 14, 378, **_CLIP_EMBED, embedding_head=True, num_classes=1024),
+    "vit_giant_patch14_clip_224": _vit("giant", 14, 224, **_CLIP_EMBED, embedding_head=True, num_classes=1024),
+    "vit_gigantic_patch14_clip_224": _vit("gigantic", 14, 224, **_CLIP_EMBED, embedding_head=True, num_classes=1280),
+    "vit_gigantic_patch14_clip_378": _vit("gigantic", 14, 378, **_CLIP_EMBED, crop_mode="squash", embedding_head=True, num_classes=1280),
+    "vit_gigantic_patch14_clip_quickgelu_224": _vit("gigantic", 14, 224, **_QUICK, embedding_head=True, num_classes=1280),
     # TIPSv2 image towers
     "vit_base_patch14_reg1_tipsv2": _vit("base", 14, 448, **_TIPS),
     "vit_large_patch14_reg1_tipsv2": _vit("large", 14, 448, **_TIPS),
@@ -324,7 +326,7 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     "eva02_small_patch14_336": _eva02("small", 336, 1000),
     "eva02_base_patch14_448": _eva02("base", 448, 1000),
     "eva02_large_patch14_448": _eva02("large", 448, 1000),
-    "eva02_base_patch16_clip_224": _eva02("base", 224, 512, patch_size=16, **_EVA02_CLIP),
+    "eva02_base_patch16_clip_224": _eva02("base", 224, 512, patch_size=16, **_EVA02_CLIP),  # image embeddings (EVA-CLIP)
     "eva02_large_patch14_clip_224": _eva02("large", 224, 768, **_EVA02_CLIP),
     "eva02_large_patch14_clip_336": _eva02("large", 336, 768, **_EVA02_CLIP),
     **{f"vit_{size}_patch16_rope_reg{regs}_gap_256": _vit(size, 16, 256, reg_tokens=regs, qkv_bias=size != "mediumd", **_SBB_ROPE, **pixels)
@@ -338,7 +340,7 @@ _REGISTRY: dict[str, dict[str, Any]] = {
     "vit_pe_core_base_patch16_224": _pe_core("base", 16, 224, 14, 1024),
     "vit_pe_core_large_patch14_336": _pe_core("large", 14, 336, 24, 1024),
     # its pool MLP narrower than its blocks'
-    "vit_pe_core_gigantic_patch14_448": dict(_PE_CORE, **_PE_GIGANTIC, attn_pool_mlp_ratio=4.0, num_classes=1280),
+    "vit_pe_core_gigantic_patch14_448": dict(_PE_CORE, **_PE_GIGANTIC, attn_pool_mlp_ratio=4.0, num_classes=1280, embedding_head=True),
     **{f"vit_pe_spatial_{size}_patch{patch}_{img}": _vit(size, patch, img, **_PE_SPATIAL)
        for size, patch, img in (("tiny", 16, 512), ("small", 16, 512), ("base", 16, 512), ("large", 14, 448))},
     "vit_pe_spatial_gigantic_patch14_448": dict(_PE_SPATIAL, **_PE_GIGANTIC, init_values=0.1),
@@ -355,6 +357,34 @@ _REGISTRY: dict[str, dict[str, Any]] = {
         act_layer="gelu_tanh", mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616), crop_pct=1.0,
     ),
 }  # fmt: skip
+
+
+# timm's CLIP towers whose default tag is an ImageNet fine-tune (a classifier): the width of the image projection (CLIP's
+# image_embeds) that their image-text tags (openai, laion2b, laion400m_e32, datacompxl, dfn2b, metaclip_*, ...) carry as
+# the head instead. The towers whose default tag is image-text have it as their registered num_classes (embedding_head)
+_CLIP_PROJECTION = {"vit_base_patch32_clip_224": 512, "vit_base_patch32_clip_384": 512, "vit_base_patch32_clip_448": 512,
+                    "vit_base_patch16_clip_224": 512, "vit_base_patch16_clip_384": 512, "vit_large_patch14_clip_224": 768,
+                    "vit_large_patch14_clip_336": 768, "vit_huge_patch14_clip_224": 1024, "vit_huge_patch14_clip_336": 1024}  # fmt: skip
+# timm's tags of fine-tuned weights (openai_ft_in12k_in1k, laion2b_ft_in1k, in22k_ft_in1k, ...): their heads classify
+_FINE_TUNE_TAG = re.compile(r"(^|_)ft(_|$)|in1k|in12k|in21k|in22k")
+
+
+def embedding_width(name: str) -> int | None:
+    """The width of the image projection that timm's image-text weights of the registered tower `name` (a tag after a
+    dot ignored) carry as their head, an image embedding (CLIP's image_embeds); None for a model that is no such tower."""
+    base = name.split(".", 1)[0]
+    entry = _REGISTRY.get(base, {})
+    return entry["num_classes"] if entry.get("embedding_head") else _CLIP_PROJECTION.get(base)
+
+
+def head_is_embedding(name: str, num_classes: int, tag: str | None = None) -> bool:
+    """Whether timm's weights of `name` with a `num_classes`-wide head and pretrained `tag` (None: not said) hold an image
+    projection rather than a classifier: a tower with one (`embedding_width`), under an image-text tag (not a fine-tune),
+    or without a tag, a head of the projection's width."""
+    width = embedding_width(name)
+    if width is None or not num_classes:
+        return False
+    return not _FINE_TUNE_TAG.search(tag) if tag else num_classes == width
 
 
 # timm vision_transformer.py names whose blocks vitfast does not implement, and why (first match wins)

@@ -236,6 +236,9 @@ def start(
     check_model_name(name)
     engine = artifact if isinstance(artifact, Engine) else load_engine(artifact, backend=backend)
     labels = tuple(labels) if labels is not None else engine.config.labels
+    if engine.config.embedding_head and (labels is not None or scores is not None):
+        raise InputError(f"{engine.path or engine!r} returns an image embedding (CLIP's image_embeds: {engine.config.num_classes} "
+                         "dimensions), not classes: serving returns it as `logits` without topk_*; drop --labels / --scores")  # fmt: skip
     if labels is not None and len(labels) != engine.config.num_classes:
         raise InputError(f"{len(labels)} labels for a model with {engine.config.num_classes} classes; give one name per class")
     check_native_size(engine.image_sizes, engine.config.img_hw, engine.path or repr(engine), f"the {name}_uint8 model resizes every image to")
@@ -312,7 +315,7 @@ def _bind(triton, engine, name: str, max_batch: int, delay_us: int, k: int, labe
 
     cfg = engine.config
     h, w = cfg.img_hw
-    k = min(k, cfg.num_classes) if cfg.classifies else 0  # top-k of classes, not of features or tokens
+    k = min(k, cfg.num_classes) if cfg.classifies else 0  # top-k of classes, not of features, tokens or an image embedding
     outputs = [Tensor(name="logits", dtype=np.float32, shape=tuple(-1 if d is None else d for d in cfg.output_shape))]
     if k:
         outputs += [Tensor(name="topk_indices", dtype=np.int64, shape=(k,)), Tensor(name="topk_scores", dtype=np.float32, shape=(k,))]

@@ -12,6 +12,7 @@ import torch
 from rich.table import Table
 
 from vitfast import pipeline
+from vitfast.config import ViTConfig
 from vitfast.data import find_images
 from vitfast.errors import ArtifactError, BackendUnavailable, InputError, OutputError, ParityWarning
 from vitfast.foreign import FOREIGN_FIELDS, is_onnx_artifact, report_choice, report_settings
@@ -230,9 +231,10 @@ def _report(path: Path, quiet: bool) -> int:
     parity = meta.get("parity") or {}
     if not quiet:
         verdict = "not measured" if not parity else "passed" if parity["passed"] else "FAILED"
+        classifies = ViTConfig.from_dict(meta["config"]).classifies  # the argmax of features or an embedding predicts nothing
+        top1 = f", top-1 agreement {parity.get('top1_agreement', float('nan')):.3f}" if classifies else ""
         print(f"wrote {path} ({meta['precision']}); parity vs fp32 {verdict}: max_abs_err {parity.get('max_abs_err', float('nan')):.3g}, "
-              f"cosine {parity.get('cosine', float('nan')):.6f}, top-1 agreement {parity.get('top1_agreement', float('nan')):.3f}",
-              file=sys.stderr)  # fmt: skip
+              f"cosine {parity.get('cosine', float('nan')):.6f}{top1}", file=sys.stderr)  # fmt: skip
     return _parity_verdict(path, parity)
 
 
@@ -381,7 +383,8 @@ def _print_check(result: dict, args: argparse.Namespace, title: str) -> int:
                     f"limit {tol['limit_abs_err']:.3g} = atol {tol['atol']:g} + rtol {tol['rtol']:g} x max|ref|")  # fmt: skip
     numbers.add_row("  max_rel_err", f"{result['max_rel_err']:.3g}", "")
     numbers.add_row("  cosine", f"{result['cosine']:.6f}", f"limit {tol['cosine']}")
-    numbers.add_row("  top-1 agreement", f"{result['top1_agreement']:.3f}", "")
+    if result.get("classifies", True):  # the argmax of features or an image embedding is no prediction: its agreement says nothing
+        numbers.add_row("  top-1 agreement", f"{result['top1_agreement']:.3f}", "")
     out.print(numbers)
     for other in result.get("other_sizes", []):  # a dynamic_img_size artifact, at other grids
         h, w = other["img_size"]

@@ -1,7 +1,7 @@
 """`vitfast predict`: run any artifact over image files and folders; print or write what it returns per image.
 
 A classifier gives its top-k classes with scores (stdout, `--json`, or `--out` .jsonl / .csv / .npz); a model that
-returns features, tokens or feature maps writes them to `--out` (.npz: `outputs` and `files`; .jsonl: one row per
+returns features, an image embedding (CLIP's image_embeds), tokens or feature maps writes them to `--out` (.npz: `outputs` and `files`; .jsonl: one row per
 image). Output files are written under a temporary name and renamed when complete, like every vitfast output.
 """
 
@@ -109,8 +109,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         check_output_free(args.out, args.force)
     files = input_files(args.images)
     engine = load_artifact(args.artifact, args, backend=args.backend)
-    classifier = engine.config.num_classes > 0 and len(engine.config.output_shape) == 1
-    what = "logits" if classifier else f"outputs [{', '.join('?' if d is None else str(d) for d in engine.config.output_shape)}]"
+    classifier = engine.config.classifies  # one set of class logits per image: not features, tokens or an image embedding
+    kind = "image embeddings" if engine.config.embedding_head and len(engine.config.output_shape) == 1 else "outputs"
+    what = "logits" if classifier else f"{kind} [{', '.join('?' if d is None else str(d) for d in engine.config.output_shape)}]"
     if not classifier and fmt not in (".npz", ".jsonl"):
         raise InputError(f"{args.artifact} returns {what} per image, not classes: give --out FILE.npz (or .jsonl) to write them")
     if not classifier and (args.top_k or args.scores):
