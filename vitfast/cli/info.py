@@ -85,6 +85,7 @@ def cmd_models(args: argparse.Namespace) -> int:
                 name=name, params_m=round(count_params(cfg) / 1e6, 3), gmacs=round(macs / 1e9, 3),
                 gflops=round(2 * macs / 1e9, 3), img_size=cfg.img_size, patch_size=cfg.patch_size,
                 embed_dim=cfg.embed_dim, depth=cfg.depth, num_heads=cfg.num_heads, num_classes=cfg.num_classes,
+                embedding_head=cfg.embedding_head,
             )
         )  # fmt: skip
     if args.json:
@@ -106,14 +107,17 @@ def models_table(rows: list[dict[str, Any]], compact: bool = False) -> Table:
     columns: the longest names are 39 characters; `FOLDED` columns left out, `COMPACT_HEADERS` shortened)."""
     columns = [c for c in MODEL_COLUMNS if not (compact and c in FOLDED)]
     title = "vitfast models (one image; GFLOPs = 2 x GMACs" + ("; size and patch in the name)" if compact else ")")
+    embeds = any(r["embedding_head"] for r in rows)
     table = Table(title=title, box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, pad_edge=not compact,
-                  collapse_padding=compact, show_edge=not compact, padding=(0, 0) if compact else (0, 1))
+                  collapse_padding=compact, show_edge=not compact, padding=(0, 0) if compact else (0, 1),
+                  caption="e: an image embedding's width (CLIP's image_embeds), not classes" if embeds else None)  # fmt: skip
     table.add_column("name", no_wrap=True)
     for col in columns:
         table.add_column(COMPACT_HEADERS.get(col, col) if compact else col, justify="right", no_wrap=True)
     for r in rows:
-        table.add_row(r["name"], *(f"{r[MODEL_COLUMNS[c]]:.2f}" if isinstance(r[MODEL_COLUMNS[c]], float) else str(r[MODEL_COLUMNS[c]])
-                                   for c in columns))  # fmt: skip
+        cells = {c: f"{r[MODEL_COLUMNS[c]]:.2f}" if isinstance(r[MODEL_COLUMNS[c]], float) else str(r[MODEL_COLUMNS[c]]) for c in columns}
+        cells["classes"] += "e" if r["embedding_head"] else ""
+        table.add_row(r["name"], *cells.values())
     return table
 
 
