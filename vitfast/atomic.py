@@ -102,9 +102,10 @@ class Claim:
         sidecar = staged / (self.path.name + SIDECAR_SUFFIX)
         if not self.tmp.exists():
             raise ArtifactError(f"nothing was written for {self.path}")  # a bug in the writer, not user input
+        mode = _default_file_mode()  # once: reading the umask sets it, process-wide
         for item in staged.iterdir():  # some writers (safetensors) make their files 0600: unreadable to a server's user
             if item.is_file() and not item.is_symlink():
-                os.chmod(item, os.stat(item).st_mode & 0o7777 | _default_file_mode())
+                os.chmod(item, os.stat(item).st_mode & 0o7777 | mode)
         stale: list[Path] = []
         if self.force and not self.tmp.is_dir():  # a folder keeps its sidecar: it marks the folder as vitfast's
             stale = self._stale_companions(staged)  # read before the old sidecar goes

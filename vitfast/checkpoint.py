@@ -25,7 +25,8 @@ from .config import ViTConfig
 from . import dinov3
 from .data import IMAGE_SUFFIXES
 from .convert import (
-    CLIP_PROJECTION_KEY, Guesses, StateDict, detect_format, hf_config_to_vit, hf_to_timm, read_hf_state_dict, read_timm_hub, timm_config, timm_layout,
+    Guesses, StateDict, detect_format, has_clip_projection, hf_config_to_vit, hf_to_timm, read_hf_state_dict, read_timm_hub, timm_config,
+    timm_layout,
 )  # fmt: skip
 from .errors import CheckpointError, ConfigError, GuessedConfigWarning, first_line
 from .model import VisionTransformer
@@ -248,7 +249,7 @@ def _read_dir(path: Path) -> tuple[ViTConfig, StateDict, str, Guesses]:
             f"{path}: the weights next to config.json are timm weights, but config.json has no 'architecture' "
             "(timm Hub folders have one); add it, or load the weights file itself"
         )
-    projected = any(k.endswith(CLIP_PROJECTION_KEY) for k in sd)  # CLIP's visual_projection, which becomes the head
+    projected = has_clip_projection(sd)  # read before hf_to_timm makes it the head
     sd = hf_to_timm(sd)
     pre_file = path / "preprocessor_config.json"
     pre = _read_json(pre_file) if pre_file.exists() else None

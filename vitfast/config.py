@@ -216,6 +216,11 @@ class ViTConfig:
         return int(round(self.embed_dim * self.mlp_ratio))
 
     @property
+    def pool_mlp_hidden(self) -> int:
+        """The attention pool's ("map") MLP width: `attn_pool_mlp_ratio`'s, else the blocks' (`mlp_hidden`)."""
+        return self.mlp_hidden if self.attn_pool_mlp_ratio is None else round(self.embed_dim * self.attn_pool_mlp_ratio)
+
+    @property
     def num_features(self) -> int:
         """Width of the pooled features the head reads (2 x embed_dim for "token_avg")."""
         return 2 * self.embed_dim if self.global_pool == "token_avg" else self.embed_dim

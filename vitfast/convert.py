@@ -372,7 +372,7 @@ def read_hf_state_dict(sd: StateDict, *, num_heads: int | None = None) -> tuple[
         model_type = "clip" if is_clip(sd) else AIMV2_MODEL_TYPE if is_aimv2(sd) else "siglip"
     else:
         model_type = "dinov2" if any(".layer_scale1." in k for k in sd) else "vit"
-    projected = model_type == "clip" and any(k.endswith(CLIP_PROJECTION_KEY) for k in sd)
+    projected = model_type == "clip" and has_clip_projection(sd)
     sd = hf_to_timm(sd)
     eps = {"clip": 1e-5, "dinov2": 1e-6, "siglip": 1e-6, AIMV2_MODEL_TYPE: 1e-5}.get(model_type, 1e-12)
     cfg, guesses = infer_timm_config(sd, norm_eps=eps, family="siglip" if model_type == "siglip" else None, num_heads=num_heads)
@@ -403,6 +403,12 @@ def _read_dinov3_state_dict(sd: StateDict, num_heads: int | None) -> tuple[State
     pre, _ = hf_preprocessing(_default_preprocessor(dinov3.MODEL_TYPE, fields["img_size"]), fields["in_chans"], fields["img_size"])
     reason = "not stored in a Hugging Face state dict without its config.json; transformers' DINOv3ViTImageProcessor defaults assumed"
     return sd, ViTConfig(**(fields | pre)), guesses | dict.fromkeys(("mean", "std", "interpolation", "crop_pct", "crop_mode"), reason)
+
+
+def has_clip_projection(sd: StateDict) -> bool:
+    """HF weights with CLIP's `visual_projection` (read before `hf_to_timm` makes it the head): the model returns
+    `image_embeds`, an image embedding, not class logits."""
+    return any(k.endswith(CLIP_PROJECTION_KEY) for k in sd)
 
 
 def hf_config_to_vit(cfg: dict[str, Any], preprocessor: dict[str, Any] | None, sd: StateDict, *,

@@ -42,8 +42,7 @@ def count_macs(config: ViTConfig) -> int:
         return macs
     if c.global_pool == "map":  # one learned query over the patch tokens (PE's: every token), then an MLP of its own width
         n = c.seq_len if c.pool_include_prefix else c.num_patches
-        pool_hidden = c.mlp_hidden if c.attn_pool_mlp_ratio is None else round(dim * c.attn_pool_mlp_ratio)
-        macs += dim * dim + n * dim * 2 * dim + 2 * n * dim + dim * dim + 2 * dim * pool_hidden
+        macs += dim * dim + n * dim * 2 * dim + 2 * n * dim + dim * dim + 2 * dim * c.pool_mlp_hidden
     head_in, head_rows = c.num_features, c.seq_len if c.global_pool == "" else 1  # unpooled: the head runs on every token
     if c.representation_size:
         macs += head_rows * head_in * c.representation_size

@@ -101,9 +101,8 @@ class VisionTransformer(nn.Module):
         """Pooling, fc_norm, pre-logits and classifier(s), named as timm names them."""
         dim = c.embed_dim
         if c.global_pool == "map":
-            pool_hidden = c.mlp_hidden if c.attn_pool_mlp_ratio is None else round(dim * c.attn_pool_mlp_ratio)
             self.attn_pool = AttentionPoolLatent(
-                dim, c.attn_pool_num_heads or c.num_heads, pool_hidden, norm_eps=c.norm_eps, act_layer=c.act_layer, norm_layer=norm_layer
+                dim, c.attn_pool_num_heads or c.num_heads, c.pool_mlp_hidden, norm_eps=c.norm_eps, act_layer=c.act_layer, norm_layer=norm_layer
             )
         self.fc_norm = norm_layer(dim, eps=c.norm_eps) if c.final_norm and c.use_fc_norm else nn.Identity()
         if c.representation_size:
