@@ -150,6 +150,20 @@ def test_registry_clip_towers_and_a_new_head():
     assert not ViTConfig.from_dict({k: v for k, v in embed.to_dict().items() if k != "embedding_head"}).embedding_head  # old sidecars
 
 
+def test_get_config_follows_an_image_text_tag():
+    assert not get_config("vit_base_patch16_clip_224").embedding_head  # its default tag is a fine-tune
+    openai = get_config("vit_base_patch16_clip_224.openai")
+    assert (openai.num_classes, openai.embedding_head, openai.name) == (512, True, "vit_base_patch16_clip_224")
+    assert get_config("vit_large_patch14_clip_336.laion2b").num_classes == 768
+    assert not get_config("vit_base_patch16_clip_224.laion2b_ft_in1k").embedding_head
+    assert get_config("vit_base_patch16_clip_224.openai", num_classes=10).num_classes == 10  # said wins over the tag
+    with pytest.raises(ConfigError, match="fine-tuned classifier.*num_classes="):
+        get_config("vit_base_patch16_clip_quickgelu_224.openai_ft_in1k")
+    tuned = get_config("vit_base_patch16_clip_quickgelu_224.openai_ft_in1k", num_classes=1000)
+    assert tuned.classifies and not tuned.embedding_head
+    assert get_config("vit_small_patch16_224.augreg_in21k") == get_config("vit_small_patch16_224")  # no image-text tower
+
+
 def _hub(arch: str, num_classes: int, tag: str | None, **model_args) -> tuple[dict, dict]:
     pc = {"input_size": [3, 32, 32], "mean": [0.5] * 3, "std": [0.5] * 3, "crop_pct": 1.0, **({"tag": tag} if tag else {})}
     cfg = {"architecture": arch, "num_classes": num_classes, "model_args": model_args, "pretrained_cfg": pc,

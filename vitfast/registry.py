@@ -414,17 +414,36 @@ def list_models(pattern: str | None = None) -> list[str]:
 
 
 def get_config(name: str, **overrides: Any) -> ViTConfig:
-    """The config registered as `name` (a timm tag after a dot is ignored), with overrides applied."""
-    base = name.split(".", 1)[0]
+    """The config registered as `name`, with overrides applied.
+
+    A timm tag after a dot changes the head where vitfast knows what the tag holds: a CLIP tower's image-text tag
+    (``vit_base_patch16_clip_224.openai``) gives its image projection (`embedding_head`), and a fine-tune tag on a tower
+    registered with one needs `num_classes=` (its classifier's width is not known here). Any other tag keeps the
+    registered head, the default tag's; pass `num_classes=` for a tag whose head differs."""
+    base, _, tag = name.partition(".")
     if base not in _REGISTRY and (why := unsupported_reason(base)):
         raise ConfigError(f"timm's {base} cannot be built by vitfast: {why}, which vitfast's ViT does not implement")
     if base not in _REGISTRY:
         close = difflib.get_close_matches(base, _REGISTRY, n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ConfigError(f"unknown model {name!r}{hint} (`vitfast models` lists them all)")
-    fields = dict(_REGISTRY[base], name=base)
-    cfg = ViTConfig.from_dict(fields)
+    cfg = ViTConfig.from_dict(dict(_REGISTRY[base], name=base))
+    if tag and "num_classes" not in overrides:
+        cfg = _tag_head(cfg, base, tag)
     return cfg.replace(**overrides) if overrides else cfg
+
+
+def _tag_head(cfg: ViTConfig, base: str, tag: str) -> ViTConfig:
+    """`cfg` with the head timm's weights under `tag` carry, where the tag says it (see `get_config`)."""
+    width = embedding_width(base)
+    if width is None:
+        return cfg
+    if head_is_embedding(base, width, tag):
+        return cfg.replace(num_classes=width, embedding_head=True)
+    if cfg.embedding_head:
+        raise ConfigError(f"{base}.{tag} is a fine-tuned classifier, and {base} is registered with its image-text head "
+                          f"(a {width}-wide image embedding): pass num_classes= with the fine-tune's number of classes")
+    return cfg
 
 
 def create_model(name_or_config: str | ViTConfig, **overrides: Any):
