@@ -84,3 +84,17 @@ def test_one_output_gets_one_cosine_over_the_batch_and_wide_rows_keep_theirs():
     rows = (out * ref).sum(1) / (out.norm(dim=1) * ref.norm(dim=1))
     assert result["cosine_over"] == "row" and result["cosine"] == pytest.approx(rows.min().item(), abs=1e-12)
     assert not result["passed"]
+
+
+def test_check_text_says_when_the_cosine_was_taken_over_the_batch(capsys, monkeypatch):
+    from argparse import Namespace
+
+    from vitfast.cli.export import _print_check
+
+    monkeypatch.setenv("COLUMNS", "80")
+    gen = torch.Generator().manual_seed(12)
+    for width, said in ((1, True), (10, False)):
+        ref = torch.randn(16, width, generator=gen, dtype=torch.float64)
+        assert _print_check(compare(ref * 1.001, ref, "fp32"), Namespace(json=False), "check") == 1
+        text = capsys.readouterr().out
+        assert ("over the batch" in text) == said and all(len(line) <= 80 for line in text.splitlines())

@@ -382,7 +382,8 @@ def _print_check(result: dict, args: argparse.Namespace, title: str) -> int:
     numbers.add_row("  max_abs_err", f"{result['max_abs_err']:.3g}",
                     f"limit {tol['limit_abs_err']:.3g} = atol {tol['atol']:g} + rtol {tol['rtol']:g} x max|ref|")  # fmt: skip
     numbers.add_row("  max_rel_err", f"{result['max_rel_err']:.3g}", "")
-    numbers.add_row("  cosine", f"{result['cosine']:.6f}", f"limit {tol['cosine']}")
+    over = " (one over the batch: rows this narrow have no direction)" if result.get("cosine_over") == "batch" else ""
+    numbers.add_row("  cosine", f"{result['cosine']:.6f}", f"limit {tol['cosine']}{over}")
     if result.get("classifies", True):  # the argmax of features or an image embedding is no prediction: its agreement says nothing
         numbers.add_row("  top-1 agreement", f"{result['top1_agreement']:.3f}", "")
     out.print(numbers)
