@@ -305,6 +305,16 @@ def test_output_names_the_output_to_run(foreign, optimum, tmp_path):
     assert refused.returncode == 2 and "picks one of an ONNX graph's or TensorRT engine's outputs" in refused.stderr and "Traceback" not in refused.stderr
 
 
+def test_a_clip_image_embedding_is_said_to_be_one():
+    from vitfast.foreign import pick_output
+
+    outputs = [("image_embeds", [None, 512]), ("last_hidden_state", [None, 50, 768])]
+    name, _, kind, note = pick_output(outputs, "clip.onnx")
+    assert (name, kind) == ("image_embeds", "features") and note.startswith("the image embedding from output 'image_embeds'")
+    assert pick_output([("pooler_output", [None, 768])], "m.onnx")[3].startswith("pooled features")
+    assert pick_output(outputs, "clip.onnx", wanted="image_embeds")[3].startswith("the image embedding from output")
+
+
 def test_classes_left_dynamic_are_measured(foreign, tmp_path):
     path = export(Output(foreign["model"], "logits"), tmp_path / "old.onnx", shape=(2, 3, IMG, IMG), outputs=("logits",),
                   dynamic={"pixel_values": OPTIMUM_V1_INPUT, "logits": {0: "batch", 1: "sequence"}})  # transformers.onnx's axes

@@ -188,6 +188,13 @@ POOLED_OUTPUTS = ("image_embeds", "pooler_output")
 TOKEN_OUTPUTS = ("last_hidden_state",)
 
 
+def _what(kind: str, name: str) -> str:
+    """What an output of `kind` named `name` holds, in words: CLIP's image_embeds are an embedding, not pooled features."""
+    if kind == "features":
+        return "the image embedding" if name == "image_embeds" else "pooled features"
+    return {"tokens": "every token", "logits": "logits"}[kind]
+
+
 def pick_output(described: list[tuple[str, list[int | None] | None]], path, rank: int | None = 2,
                 wanted: str | None = None) -> tuple[str, list[int | None], str, str]:  # fmt: skip
     """The output to run, of the (name, dims) of a graph's or engine's outputs (dims None: rank unknown; a dim None:
@@ -217,7 +224,7 @@ def pick_output(described: list[tuple[str, list[int | None] | None]], path, rank
         for name in names:
             for n, d in shaped:
                 if n == name and len(d) == want_rank:
-                    return n, d, kind, f"{'pooled features' if kind == 'features' else 'every token'} from output {n!r}{of}"
+                    return n, d, kind, f"{_what(kind, n)} from output {n!r}{of}"
     if len(two_d) == 1:
         return two_d[0][0], two_d[0][1], "logits", f"logits from output {two_d[0][0]!r}{of}"
     if len(shaped) == 1 and len(shaped[0][1]) == 3:
@@ -238,8 +245,7 @@ def _named_output(wanted: str, described: list, path, rank: int | None, listing:
     if rank is None:
         return wanted, dims, "logits", f"output {wanted!r} (chosen){of}"
     kind = "tokens" if len(dims) == 3 else "features" if wanted in POOLED_OUTPUTS else "logits"
-    what = {"tokens": "every token", "features": "pooled features", "logits": "logits"}[kind]
-    return wanted, dims, kind, f"{what} from output {wanted!r} (chosen){of}"
+    return wanted, dims, kind, f"{_what(kind, wanted)} from output {wanted!r} (chosen){of}"
 
 
 def _named_logits(outputs: list[tuple[str, list]]) -> list[tuple[str, list]]:
