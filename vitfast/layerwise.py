@@ -65,17 +65,30 @@ class MarkedGraph:
         return {n: values[n] for n in self.order if n in values}
 
 
-def match_tensors(names_a: list[str], names_b: set[str]) -> list[tuple[str, str]]:
-    """(name in A, name in B) pairs: the same name, else A's name with derived suffixes stripped."""
+def match_tensors(names_a: list[str], names_b: set[str], ops_a: dict[str, str] | None = None,
+                  ops_b: dict[str, str] | None = None) -> list[tuple[str, str]]:  # fmt: skip
+    """(name in A, name in B) pairs: the same name, else A's name with derived suffixes stripped. With the producing
+    ops ({tensor: "OpType node"}, `MarkedGraph.order`), a name both graphs have counts only if the same kind of op made
+    it (or a Cast / Q / DQ, which relabel a tensor): the exporter numbers its `val_N` tensors in node order, so a graph
+    with one node more or less (a fixed batch's shape ops) gives the same name to another tensor."""
     pairs = []
     for name in names_a:
         if name in names_b:
-            pairs.append((name, name))
+            if ops_a is None or ops_b is None or _same_kind(ops_a[name], ops_b[name]):
+                pairs.append((name, name))
             continue
         base = DERIVED_SUFFIXES.sub("", name)
         if base != name and base in names_b:
             pairs.append((name, base))
     return pairs
+
+
+RELABELLING_OPS = {"Cast", "QuantizeLinear", "DequantizeLinear", "Identity"}
+
+
+def _same_kind(node_a: str, node_b: str) -> bool:
+    op_a, op_b = node_a.split(" ", 1)[0], node_b.split(" ", 1)[0]
+    return op_a == op_b or bool({op_a, op_b} & RELABELLING_OPS)
 
 
 @dataclass
@@ -139,7 +152,7 @@ def compare_layers(engine_a, engine_b, images, precision: str, *, atol: float | 
     for part in runs:
         x = engine_a.prepare(part)
         out_a, out_b = graph_a(x), graph_b(x)
-        for pair in match_tensors(list(out_a), set(out_b)):
+        for pair in match_tensors(list(out_a), set(out_b), graph_a.order, graph_b.order):
             a, b = out_a[pair[0]], out_b[pair[1]]
             if a.shape == b.shape:  # else the same name means another thing (a re-laid-out tensor): nothing to compare
                 errors.setdefault(pair, TensorError()).add(a, b)
