@@ -146,6 +146,16 @@ def test_guard_refuses_float_images_that_are_not_whole_patches_of_a_dynamic_size
     assert "outside the sizes" in find_problem("dyn", "images", np.zeros((1, 3, 8, 8), np.float32), dims, patch=4, sizes=sizes)
 
 
+def test_guard_names_each_free_dimension_by_its_position():
+    """A dynamic-size model's float input is [3, -1, -1] in its config: its -1s are H and W, the channels stay 3."""
+    x = np.zeros((1, 3, 32, 32), np.float32)
+    x[0, 0, 0, 0] = np.nan
+    assert find_problem("dyn", "images", x, [3, -1, -1], patch=4).endswith("send finite float32 images [B, 3, H, W], already normalised")
+    assert find_problem("dyn", "images", np.zeros((1, 3, 0, 32), np.float32), [3, -1, -1], patch=4).endswith(
+        "send float32 images [B, 3, H, W] with every dimension >= 1")  # fmt: skip
+    assert find_problem("any", "images", np.zeros((0, 4, 4, 1), np.uint8), [-1, -1, -1]).endswith("uint8 images [B, H, W, C] with B >= 1")
+
+
 class FakeTensor:
     def __init__(self, array):
         self.array = array

@@ -31,9 +31,10 @@ _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.+)$")
 
 
 def describe(dtype, dims, channels_last):
-    """The expected shape in words, e.g. "uint8 images [B, H, W, 3]" for config dims [-1, -1, 3]."""
-    names = iter(["H", "W"] if channels_last else ["C", "H", "W"])
-    shape = ", ".join(["B"] + [next(names, "N") if d < 0 else str(d) for d in dims])
+    """The expected shape in words, e.g. "uint8 images [B, H, W, 3]" for config dims [-1, -1, 3]: a -1 is named by its
+    position ([3, -1, -1] is [B, 3, H, W]), N where the dims are not those of an image."""
+    names = (["H", "W", "C"] if channels_last else ["C", "H", "W"]) if len(dims) == 3 else ["N"] * len(dims)
+    shape = ", ".join(["B"] + [name if d < 0 else str(d) for name, d in zip(names, dims)])
     return f"{dtype} images [{shape}]"
 
 
