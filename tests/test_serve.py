@@ -710,6 +710,27 @@ def test_python_api_start_and_stop_leave_no_server_process(onnx_artifact, refere
         start(reference, port=http, grpc_port=grpc, metrics_port=metrics, scores="probit")
 
 
+@pytest.mark.parametrize("overrides, output", [
+    ({"features_only": True, "out_indices": 2}, r"feature maps \(NCHW, patch tokens\) of blocks \[2, 3\]"),
+    ({"global_pool": ""}, "every token's logits"),
+    ({"num_classes": 0}, r"pooled features \(token\)"),
+    ({"embedding_head": True}, r"image embedding \(CLIP's image_embeds"),
+])  # fmt: skip
+def test_labels_and_scores_are_refused_for_a_model_that_does_not_classify(overrides, output):
+    """topk_labels / topk_scores exist only for one set of class scores per image: anything else is served as `logits`
+    alone, so --labels and --scores would be silently ignored."""
+    require_triton()
+    from vitfast.serve import start
+
+    engine = vitfast.runtime.TorchEngine(vitfast.create_model("vit_cifar_patch4_32", **overrides))
+    assert not engine.config.classifies
+    http, grpc, metrics = free_ports()
+    for given in ({"labels": [f"l{i}" for i in range(10)]}, {"scores": "sigmoid"}):
+        with pytest.raises(InputError, match=f"its output is {output}.*, not one set of class scores per image, so serving returns it "
+                                             "as `logits` without topk_\\*; drop --labels / --scores$"):  # fmt: skip
+            start(engine, port=http, grpc_port=grpc, metrics_port=metrics, **given).stop()  # stopped should it start
+
+
 def test_cli_errors_are_one_line(tmp_path, onnx_artifact):
     require_triton()
     vitfast_bin = Path(sys.executable).parent / "vitfast"

@@ -56,6 +56,7 @@ import torch
 
 from vitfast.export.triton_repo import check_model_name, check_native_size
 
+from .describe import output_meaning
 from .errors import BackendUnavailable, InputError, VitfastError, first_line
 from .pytriton_adapter import rewrite_model_files
 from .runtime import Engine, load_engine
@@ -235,10 +236,10 @@ def start(
     require_pytriton()
     check_model_name(name)
     engine = artifact if isinstance(artifact, Engine) else load_engine(artifact, backend=backend)
+    if not engine.config.classifies and (labels is not None or scores is not None):  # they name and score top-k classes
+        raise InputError(f"{engine.path or engine!r}: its output is {output_meaning(engine.config)}, not one set of class scores "
+                         "per image, so serving returns it as `logits` without topk_*; drop --labels / --scores")  # fmt: skip
     labels = tuple(labels) if labels is not None else engine.config.labels
-    if engine.config.embedding_head and (labels is not None or scores is not None):
-        raise InputError(f"{engine.path or engine!r} returns an image embedding (CLIP's image_embeds: {engine.config.num_classes} "
-                         "dimensions), not classes: serving returns it as `logits` without topk_*; drop --labels / --scores")  # fmt: skip
     if labels is not None and len(labels) != engine.config.num_classes:
         raise InputError(f"{len(labels)} labels for a model with {engine.config.num_classes} classes; give one name per class")
     check_native_size(engine.image_sizes, engine.config.img_hw, engine.path or repr(engine), f"the {name}_uint8 model resizes every image to")
