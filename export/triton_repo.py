@@ -15,7 +15,9 @@
 `<name>` and `<name>_uint8` have the names, input `images` and output `logits` of `vitfast serve`'s two models, so a
 client that asks for `logits` alone works with both; `serve`'s `topk_indices`, `topk_scores` and `topk_labels` are not
 here: with labels, Triton's classification extension answers `class_count` requests on `logits` as "score:index:label".
-(`<name>_preprocess` is the repository's own.)
+(`<name>_preprocess` is the repository's own.) One exception: `<name>` from an engine built from another tool's graph
+has that graph's tensor names (e.g. `pixel_values` in, `pooler_output` out), since Triton binds a TensorRT model's
+tensors by the engine's own names; `<name>_uint8` maps them to `images` and `logits` all the same.
 The network gets a `model_warmup` (random inputs at batch 1 and at the maximum batch) so the first
 client request does not pay for ONNX Runtime / TensorRT initialisation.
 `config.pbtxt` is protobuf text format for Triton's `ModelConfig` (model_config.proto).
@@ -166,19 +168,20 @@ def preprocess_config(name: str, spec: PreprocessSpec, meta: dict[str, Any], max
 
 
 def ensemble_config(names: dict[str, str], spec: PreprocessSpec, meta: dict[str, Any], max_batch: int, labels: bool = False) -> str:
-    """config.pbtxt of the ensemble: raw uint8 images in, logits out (`labels`: named by labels.txt)."""
+    """config.pbtxt of the ensemble: raw uint8 images in, `logits` out (`labels`: named by labels.txt), whatever the network's
+    own tensor names (an engine built from another tool's graph keeps that graph's: pixel_values, pooler_output)."""
     input_name, output_name = meta["input"]["name"], meta["output"]["name"]
     return to_pbtxt({
         "name": names["ensemble"],
         "platform": "ensemble",
         "max_batch_size": max_batch,
         "input": [_tensor("images", "TYPE_UINT8", [-1, -1, spec.in_chans])],
-        "output": [_output(meta["output"], labels)],
+        "output": [_output(meta["output"] | {"name": "logits"}, labels)],
         "ensemble_scheduling": {"step": [
             {"model_name": names["preprocess"], "model_version": -1,
              "input_map": [{"key": "images", "value": "images"}], "output_map": [{"key": "pixels", "value": "pixels"}]},
             {"model_name": names["model"], "model_version": -1,
-             "input_map": [{"key": input_name, "value": "pixels"}], "output_map": [{"key": output_name, "value": output_name}]},
+             "input_map": [{"key": input_name, "value": "pixels"}], "output_map": [{"key": output_name, "value": "logits"}]},
         ]},
     })  # fmt: skip
 

@@ -203,6 +203,30 @@ def test_tensorrt_plan_gets_a_tensorrt_config_and_its_profile_is_respected(onnx_
     assert not (tmp_path / "big").exists() and not (tmp_path / "min").exists()
 
 
+def test_an_engine_from_another_tools_graph_keeps_its_names_and_the_ensemble_maps_them(onnx_model, tmp_path):
+    """Triton binds a TensorRT model's tensors by the engine's names (another tool's graph's: pixel_values, pooler_output),
+    so `vit` keeps them; `vit_uint8` still takes `images` and returns `logits`, as `serve`'s does. A stand-in .plan whose
+    sidecar has the names `export --onnx optimum/model.onnx --format trt` records; in the real server `vit` runs the ONNX."""
+    meta = read_sidecar(onnx_model[1]) | {"kind": "tensorrt"}
+    meta["input"] = meta["input"] | {"name": "pixel_values"}
+    meta["output"] = meta["output"] | {"name": "pooler_output"}
+    plan = tmp_path / "m.plan"
+    plan.write_bytes(b"serialized engine")
+    write_sidecar(plan, meta)
+    repo = triton_repository(plan, tmp_path / "repo")
+    net = model_config((repo / "vit/config.pbtxt").read_text())
+    assert [t.name for t in net.input] == ["pixel_values"] and [t.name for t in net.output] == ["pooler_output"]
+    assert set(net.model_warmup[0].inputs) == {"pixel_values"}
+    ens = model_config((repo / "vit_uint8/config.pbtxt").read_text())
+    assert [t.name for t in ens.input] == ["images"] and [t.name for t in ens.output] == ["logits"]
+    assert ens.output[0].label_filename == "labels.txt"
+    steps = ens.ensemble_scheduling.step
+    assert dict(steps[1].input_map) == {"pixel_values": "pixels"} and dict(steps[1].output_map) == {"pooler_output": "logits"}
+    with real_server(repo, tmp_path, onnx=onnx_model[1]) as (infer, _):
+        images = np.random.default_rng(3).integers(0, 256, (2, 45, 61, 3), dtype=np.uint8)
+        np.testing.assert_allclose(infer("vit_uint8", images, "logits"), vitfast.load_engine(onnx_model[1])(images).numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_existing_output_needs_force_and_failures_leave_nothing(onnx_model, tmp_path):
     out = triton_repository(onnx_model[1], tmp_path / "repo", name="a")
     with pytest.raises(ArtifactError, match="already exists; pass --force"):
@@ -316,8 +340,9 @@ def test_cli_export_triton_repo(tmp_path):
 # ---------------------------------------------------------------------------- the real server
 # PyTriton's tritonserver has only the python backend, so the network model is swapped for a
 # python-backend model running the same model.onnx with ONNX Runtime; the preprocessing model
-# and the ensemble are loaded exactly as generated.
+# and the ensemble are loaded exactly as generated. It takes and returns the tensors its config names.
 ONNX_AS_PYTHON = '''
+import json
 import os
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
@@ -327,21 +352,23 @@ class TritonPythonModel:
     def initialize(self, args):
         path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
         self.session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        config = json.loads(args["model_config"])
+        self.input, self.output = config["input"][0]["name"], config["output"][0]["name"]
 
     def execute(self, requests):
         responses = []
         for request in requests:
-            images = pb_utils.get_input_tensor_by_name(request, "images").as_numpy()
-            (logits,) = self.session.run(None, {"images": images})
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("logits", logits)]))
+            images = pb_utils.get_input_tensor_by_name(request, self.input).as_numpy()
+            (logits,) = self.session.run(None, {self.session.get_inputs()[0].name: images})
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(self.output, logits)]))
         return responses
 '''
 
 
 @contextlib.contextmanager
-def real_server(repo: Path, tmp_path: Path):
-    """The generated repository in PyTriton's tritonserver, the network model swapped for ONNX_AS_PYTHON;
-    yields `infer(model, images, output)` (HTTP, uint8 or float32 images) and the client."""
+def real_server(repo: Path, tmp_path: Path, onnx: Path | None = None):
+    """The generated repository in PyTriton's tritonserver, the network model swapped for ONNX_AS_PYTHON (running `onnx`,
+    for a repository of a stand-in engine); yields `infer(model, images, output)` (HTTP, uint8 or float32 images) and the client."""
     require_triton()
     import tritonclient.http as httpclient
     from google.protobuf import text_format
@@ -355,6 +382,8 @@ def real_server(repo: Path, tmp_path: Path):
     config.instance_group[0].kind = config.instance_group[0].KIND_CPU
     (served / "vit/config.pbtxt").write_text(text_format.MessageToString(config))
     (served / "vit/1/model.py").write_text(ONNX_AS_PYTHON)
+    if onnx is not None:
+        shutil.copyfile(onnx, served / "vit/1/model.onnx")
 
     http, grpc, metrics = free_ports()
     triton = Triton(config=TritonConfig(model_repository=served, http_address="127.0.0.1", http_port=http, grpc_address="127.0.0.1",
