@@ -203,6 +203,21 @@ def test_tensorrt_plan_gets_a_tensorrt_config_and_its_profile_is_respected(onnx_
     assert not (tmp_path / "big").exists() and not (tmp_path / "min").exists()
 
 
+def test_a_repository_given_as_a_model_names_the_model_file_in_it_and_tritonserver(repo, tmp_path):
+    """`vitfast serve REPO` (or check, predict, info): the repository is no model; the error names the file vitfast runs."""
+    with pytest.raises(vitfast.errors.CheckpointError) as info:
+        vitfast.load_engine(repo)
+    assert str(info.value) == (f"{repo} is a Triton model repository (a folder per model with its config.pbtxt), not a model: give "
+                               f"vitfast the model file in it, {repo}/vit/1/model.onnx; or run the whole repository with: "
+                               f"tritonserver --model-repository {repo}")  # fmt: skip
+    served = subprocess.run([str(VITFAST), "serve", str(repo)], capture_output=True, text=True, timeout=300)
+    assert served.returncode == 2 and served.stderr == f"vitfast: error: {info.value}\n"
+    bare = tmp_path / "bare"
+    shutil.copytree(repo / "vit_preprocess", bare / "vit_preprocess")  # a repository with no ONNX or TensorRT model
+    with pytest.raises(vitfast.errors.CheckpointError, match="takes a model file .*, and it holds none; or run the whole repository"):
+        vitfast.load_engine(bare)
+
+
 def test_an_engine_from_another_tools_graph_keeps_its_names_and_the_ensemble_maps_them(onnx_model, tmp_path):
     """Triton binds a TensorRT model's tensors by the engine's names (another tool's graph's: pixel_values, pooler_output),
     so `vit` keeps them; `vit_uint8` still takes `images` and returns `logits`, as `serve`'s does. A stand-in .plan whose

@@ -230,10 +230,22 @@ def _read_state_dict(sd: StateDict, path: Path, given: ViTConfig | None, num_hea
     return cfg, sd, "timm", guesses
 
 
+def _refuse_triton_repository(path: Path) -> None:
+    """A Triton model repository (`export --format triton-repo` writes one: a folder per model, each with its
+    config.pbtxt) is no model itself: the error names the model file in it, and the server that runs the whole."""
+    if next(path.glob("*/config.pbtxt"), None) is None:
+        return
+    files = sorted(path.glob("*/[0-9]*/model.onnx")) + sorted(path.glob("*/[0-9]*/model.plan"))
+    take = f"give vitfast the model file in it, {files[0]}" if files else "vitfast takes a model file (.onnx, .plan), and it holds none"
+    raise CheckpointError(f"{path} is a Triton model repository (a folder per model with its config.pbtxt), not a model: {take}; "
+                          f"or run the whole repository with: tritonserver --model-repository {path}")  # fmt: skip
+
+
 def _read_dir(path: Path) -> tuple[ViTConfig, StateDict, str, Guesses]:
     """A Hugging Face model folder or a timm Hub folder (config.json with `architecture`)."""
     cfg_file = path / "config.json"
     if not cfg_file.exists():
+        _refuse_triton_repository(path)
         raise CheckpointError(
             f"{path} is a directory without config.json; expected a Hugging Face or timm Hub model folder"
         )
