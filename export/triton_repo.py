@@ -29,12 +29,13 @@ import json
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
-from vitfast.atomic import STAGING, check_output_free, claim_output, is_empty_folder
+from vitfast.atomic import STAGING, check_output_free, claim_output, clean_leftovers, is_empty_folder
 from vitfast.config import ViTConfig
-from vitfast.errors import ArtifactError, OutputError
+from vitfast.errors import ArtifactError, OutputError, VitfastWarning
 from vitfast.runtime import ENGINE_SUFFIXES
 
 from .artifacts import cached_sha256, read_sidecar, sidecar_path, write_sidecar
@@ -276,11 +277,14 @@ def _copy_artifact(artifact: Path, target: Path) -> None:
 
 
 def check_repository_free(path: str | os.PathLike, force: bool) -> Path:
-    """The repository path, if it may be written: absent, an empty folder, or with `force` a repository vitfast wrote.
+    """The repository path, if it may be written: absent, an empty folder, or with `force` a repository vitfast wrote. A
+    staging folder that a killed write left in it is removed first, with a warning (`vitfast.atomic.clean_leftovers`).
 
     `force` never deletes what vitfast did not write: the `OUT.json` sidecar records the sha256 of every file in the
     repository, and a folder holding anything else, or a file changed since, is refused by name."""
     path = Path(path)
+    if clean_leftovers(path):  # tritonserver takes every subfolder for a model, and refuses to start on this one
+        warnings.warn(VitfastWarning(f"removed {path / STAGING}, which a vitfast run killed while writing {path} left there"), stacklevel=2)
     if path.is_dir() and not is_empty_folder(path):
         problem = _not_ours(path)
         if problem:  # before the --force check: never advise --force where it would be refused

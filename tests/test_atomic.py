@@ -144,6 +144,56 @@ def test_sigkilled_writer_leaves_only_staging_which_the_next_claim_removes(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.txt"]
 
 
+def test_a_killed_refill_of_a_folder_leaves_staging_in_it_which_clean_leftovers_removes_once_its_writer_is_gone(tmp_path):
+    """An existing folder (a mount point) is refilled from `FOLDER/.vitfast-staging/`: a writer killed meanwhile leaves it
+    there, where a server that loads every subfolder (tritonserver) trips on it. While the writer lives it is kept."""
+    folder = tmp_path / "repo"
+    (folder / "old").mkdir(parents=True)
+    ctx = multiprocessing.get_context("fork")
+    started = ctx.Event()
+
+    def writer():
+        with claim_output(folder, force=True, directory=True) as out:
+            (out.tmp / "new").mkdir(parents=True)
+            started.set()
+            time.sleep(60)
+
+    child = ctx.Process(target=writer)
+    child.start()
+    try:
+        assert started.wait(60)
+        assert sorted(os.listdir(folder)) == [STAGING, "old"]
+        assert not atomic.clean_leftovers(folder)  # a live writer's: kept
+        assert [p.suffix for p in (folder / STAGING).iterdir()] == [".work"]
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+    assert sorted(os.listdir(folder)) == [STAGING, "old"]
+    assert atomic.clean_leftovers(folder)
+    assert sorted(os.listdir(folder)) == ["old"]
+    assert not atomic.clean_leftovers(folder) and not atomic.clean_leftovers(tmp_path / "absent")
+
+
+def test_a_folders_staging_removed_by_a_rivals_clean_up_just_as_a_claim_made_it_is_made_again(tmp_path, monkeypatch):
+    """`clean_leftovers(FOLDER)` runs without the folder's claim (a repository check): it may remove the empty staging
+    folder a claim made just now, before the claim's work folder is in it. The claim makes it again instead of failing."""
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    real_new_work, raced = atomic._new_work, []
+
+    def new_work_after_a_rival_cleans(staging, name):
+        if staging == folder / STAGING and not raced:
+            raced.append(staging)
+            assert atomic.clean_leftovers(folder)  # the rival: finds it empty, removes it
+        return real_new_work(staging, name)
+
+    monkeypatch.setattr(atomic, "_new_work", new_work_after_a_rival_cleans)
+    with claim_output(folder, directory=True) as out:
+        out.tmp.mkdir()
+        (out.tmp / "m.txt").write_text("kept")
+    assert raced and (folder / "m.txt").read_text() == "kept" and sorted(os.listdir(folder)) == ["m.txt"] and leftovers(tmp_path) == []
+
+
 def test_staging_of_a_live_process_is_not_cleaned(tmp_path):
     with claim_output(tmp_path / "m.onnx") as out:
         out.tmp.write_text("x")

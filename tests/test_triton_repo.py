@@ -281,6 +281,45 @@ def test_force_refuses_a_repository_with_files_vitfast_did_not_write_or_changed(
         triton_repository(onnx_model[1], out, force=True)
 
 
+def test_a_killed_writes_staging_folder_in_the_repository_is_removed_by_the_next_check_unless_its_writer_lives(onnx_model, tmp_path):
+    """A write into an existing folder (a mount point, or --force) is staged in OUT/.vitfast-staging/; a run killed there
+    leaves it, and tritonserver, which takes every subfolder for a model, refuses to start ("failed to load model
+    '.vitfast-staging'"). The next check of the repository removes it, saying so, once no live process holds its lock."""
+    import fcntl
+    import warnings
+
+    from vitfast.atomic import STAGING
+    from vitfast.errors import VitfastWarning
+    from vitfast.export.triton_repo import check_repository_free
+
+    out = triton_repository(onnx_model[1], tmp_path / "repo")
+    models = sorted(p.name for p in out.iterdir())
+
+    def leave_work_folder(name: str) -> Path:  # what a killed run leaves: its work folder, with its (free) lock
+        work = out / STAGING / f"repo.{name}.work"
+        (work / "out/repo/vit/1").mkdir(parents=True)
+        (work / "lock").touch()
+        return work
+
+    live = open(leave_work_folder("live") / "lock")  # noqa: SIM115 - held as a running writer holds it
+    fcntl.flock(live, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    dead = leave_work_folder("dead")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", VitfastWarning)
+        check_repository_free(out, force=True)
+    assert sorted(p.name for p in (out / STAGING).iterdir()) == ["repo.live.work"] and not dead.exists()
+    live.close()  # its writer is killed now
+    leave_work_folder("dead")
+    with pytest.warns(VitfastWarning, match=f"^removed {out / STAGING}, which a vitfast run killed while writing {out} left there$"):
+        with pytest.raises(ArtifactError, match="already exists; pass --force"):
+            triton_repository(onnx_model[1], out)
+    assert sorted(p.name for p in out.iterdir()) == models  # what tritonserver loads
+    leave_work_folder("dead")
+    with pytest.warns(VitfastWarning, match="^removed .*, which a vitfast run killed while writing"):
+        triton_repository(onnx_model[1], out, force=True)
+    assert sorted(p.name for p in out.iterdir()) == models and sorted(p.name for p in tmp_path.iterdir()) == ["repo", "repo.json"]
+
+
 def test_an_empty_folder_is_filled_in_place_and_never_renamed(onnx_model, tmp_path, monkeypatch):
     """An empty --out (a Docker / Kubernetes volume's mount point, which cannot be renamed: simulated) takes the
     repository without --force, staged inside it; --force then replaces a repository there in place too."""

@@ -16,7 +16,10 @@
 - Existing folders: a folder output may be an existing empty folder (or, with `force`, the caller's old output). It is
   kept and refilled entry by entry, staged in `FOLDER/.vitfast-staging/`: it may be a mount point (a Docker or
   Kubernetes volume), which cannot be renamed or replaced, and only staging on its own filesystem makes each rename
-  atomic. Each entry appears whole; the set of entries is swapped one rename at a time, not at once.
+  atomic. Each entry appears whole; the set of entries is swapped one rename at a time, not at once. Only the claim's
+  own writing and publishing happen there (a pipeline's long work stays in the parent's staging folder), but a run killed
+  meanwhile leaves `FOLDER/.vitfast-staging/`, which a server that takes every subfolder for a model (tritonserver)
+  refuses: `clean_leftovers(FOLDER)` removes it once no live process uses it (the next claim of the folder does too).
 - Pairs: files beside the output in `out.tmp`'s folder are published first, the sidecar last, and
   an old sidecar is removed before its artifact is replaced; the sidecar records each file's size
   and sha256 (`vitfast.export.artifacts`), so any interruption leaves either a valid pair or a pair
@@ -220,12 +223,28 @@ def _work_in(staging: Path, path: Path) -> Iterator[Path]:
     with output_errors(path):
         _make_staging(staging)
         clean_stale(staging)
-        work = _new_work(staging, path.name)
+        while True:
+            try:
+                work = _new_work(staging, path.name)
+                break
+            except FileNotFoundError:  # emptied and removed just now by another process's `clean_leftovers(path)`
+                _make_staging(staging)
     try:
         yield work
     finally:
         _remove_work(work)
         _remove_if_empty(staging)
+
+
+def clean_leftovers(folder: str | os.PathLike) -> bool:
+    """Remove `FOLDER/.vitfast-staging/` where a run killed while refilling the existing folder left it (its work folders'
+    locks are free); a live writer's work folder, and with it the staging folder, is kept. True if it was removed."""
+    staging = Path(folder) / STAGING
+    if staging.is_symlink() or not staging.is_dir():
+        return False
+    clean_stale(staging)
+    _remove_if_empty(staging)
+    return not staging.exists()
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None], *, force: bool = True) -> Path:
