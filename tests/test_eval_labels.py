@@ -37,7 +37,7 @@ def _expected(ckpt, root, index):
     model = vitfast.load_checkpoint(ckpt)
     hits1 = hits5 = n = 0
     for folder in sorted(p for p in root.iterdir()):
-        for image in sorted(folder.iterdir()):
+        for image in sorted(p for p in folder.iterdir() if p.is_file()):
             with torch.no_grad():
                 logits = model(vitfast.preprocess(Image.open(image), model.config))[0]
             target = index[folder.name]
@@ -53,6 +53,24 @@ def test_folders_named_by_labels_are_matched_by_name(ckpt, tmp_path, capsys):
     result = json.loads(capsys.readouterr().out)
     top1, top5, n = _expected(ckpt, data, {name: i for i, name in enumerate(LABELS)})
     assert (result["top1"], result["top5"], result["n"], result["k"]) == (pytest.approx(top1), pytest.approx(top5), n, 5)
+
+
+def test_symlinked_class_folders_are_evaluated_and_a_link_cycle_is_entered_once(ckpt, tmp_path, capsys):
+    """Class folders linked into DIR (how an ImageNet subset is usually made) count as timm's and torchvision's folder
+    readers count them; a link back up the tree (data/bee/up -> data) is not walked round and round."""
+    from vitfast.data import find_images
+
+    store = _folder(tmp_path / "store", ["fox", "bee", "gnu"])
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("fox", "bee", "gnu"):
+        (data / name).symlink_to(store / name, target_is_directory=True)
+    (store / "bee" / "up").symlink_to(data, target_is_directory=True)
+    assert find_images(data) == sorted(data / name / f"{i}.png" for name in ("fox", "bee", "gnu") for i in range(3))
+    assert main(["eval", str(ckpt), "--data", str(data), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    top1, top5, n = _expected(ckpt, data, {name: i for i, name in enumerate(LABELS)})
+    assert (result["top1"], result["top5"], result["n"], result["classes"]) == (pytest.approx(top1), pytest.approx(top5), n, 3)
 
 
 def test_a_class_count_mismatch_is_refused(ckpt, tmp_path, capsys):

@@ -21,11 +21,20 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"}
 
 
 def find_images(root: str | Path) -> list[Path]:
-    """Every image file under `root`, recursively, in a stable order."""
+    """Every image file under `root`, recursively, in a stable order. Symlinked folders are followed (an ImageNet subset
+    is usually class folders linked into one), as timm's folder reader and torchvision's ImageFolder do, where
+    `Path.rglob` before Python 3.13 skips them; a link back to a folder it lies in is not entered again."""
     root = Path(root)
     if not root.is_dir():
         raise InputError(f"image folder not found: {root}")
-    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    files = []
+    above = {str(root): {os.path.realpath(root)}}  # each folder still to walk -> the real paths of it and its parents
+    for folder, subfolders, names in os.walk(root, followlinks=True):
+        seen = above.pop(folder)
+        subfolders[:] = [d for d in subfolders if os.path.realpath(os.path.join(folder, d)) not in seen]  # a link cycle
+        above.update((os.path.join(folder, d), seen | {os.path.realpath(os.path.join(folder, d))}) for d in subfolders)
+        files += (Path(folder, n) for n in names if Path(n).suffix.lower() in IMAGE_SUFFIXES)
+    files = sorted(p for p in files if p.is_file())
     if not files:
         raise InputError(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) found under {root}")
     return files
