@@ -233,6 +233,37 @@ def test_check_refuses_a_checkpoint_changed_since_export_and_names_the_fix(tmp_p
     assert f"exported from {ckpt.resolve()}, which is gone; pass --checkpoint PATH" in _one_error_line(capsys)
 
 
+def test_check_refuses_a_model_folder_whose_weights_or_preprocessing_changed_since_export(tmp_path, capsys):
+    """A Hugging Face folder is recorded by the sha256 of the files its loading reads: new weights, or a
+    preprocessor_config.json added, are refused as a changed checkpoint (not blamed on the export); a README is not read."""
+    transformers = pytest.importorskip("transformers")
+
+    def save(seed):
+        torch.manual_seed(seed)
+        config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=128, num_labels=10)  # fmt: skip
+        transformers.ViTForImageClassification(config).eval().save_pretrained(folder)
+
+    folder, onnx = tmp_path / "hf", str(tmp_path / "m.onnx")
+    save(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the preprocessing guessed without a preprocessor_config.json
+        assert main(["export", "--checkpoint", str(folder), "--format", "onnx", "--out", onnx, "--quiet"]) == 0
+    (folder / "README.md").write_text("notes")
+    assert main(["check", onnx, "--json", "--quiet"]) == 0 and json.loads(capsys.readouterr().out)["passed"]
+    (folder / "preprocessor_config.json").write_text(json.dumps({"image_processor_type": "ViTImageProcessor", "image_mean": [0.4] * 3}))
+    assert main(["check", onnx, "--quiet"]) == 2
+    assert f"{folder.resolve()} has changed since the artifact was exported from it" in _one_error_line(capsys)
+    (folder / "preprocessor_config.json").unlink()
+    save(1)
+    assert main(["check", onnx, "--quiet"]) == 2
+    assert f"{folder.resolve()} has changed since the artifact was exported from it" in _one_error_line(capsys)
+    sidecar = tmp_path / "m.onnx.json"  # an older vitfast recorded no sha256 for a folder: checked against it as it is
+    meta = json.loads(sidecar.read_text())
+    sidecar.write_text(json.dumps(meta | {"source": meta["source"] | {"sha256": None}}))
+    assert main(["check", onnx, "--json", "--quiet"]) == 1 and not json.loads(capsys.readouterr().out)["passed"]
+
+
 # ---------------------------------------------------------------------------- 4: --samples N compares N
 def test_check_compares_every_sample_in_chunks_the_profile_takes(tmp_path, capsys):
     ckpt = _checkpoint(tmp_path / "m.safetensors", 6)

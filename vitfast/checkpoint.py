@@ -275,16 +275,30 @@ _HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
 def _read_dir_weights(path: Path) -> StateDict:
+    sd: StateDict = {}
+    for file in _dir_weights(path)[0]:
+        sd.update(_read_tensors(file)[0])
+    return sd
+
+
+def _dir_weights(path: Path) -> tuple[list[Path], Path | None]:
+    """(the weights files of the model folder `path` that are read, the shard index naming them or None)."""
     for name in _HF_WEIGHTS:
         if (path / name).exists():
-            return _read_tensors(path / name)[0]
+            return [path / name], None
         index = path / f"{name}.index.json"
         if index.exists():
-            sd: StateDict = {}
-            for shard in _shard_files(path, index):
-                sd.update(_read_tensors(shard)[0])
-            return sd
+            return _shard_files(path, index), index
     raise CheckpointError(f"{path} has config.json but no model.safetensors or pytorch_model.bin (whole or sharded)")
+
+
+def folder_files(path: str | os.PathLike) -> list[Path]:
+    """The files loading the model folder `path` reads, sorted: config.json, preprocessor_config.json where there is one,
+    the weights (whole, or a shard index and its shards); a README or another format's weights beside them are not read."""
+    path = Path(path)
+    weights, index = _dir_weights(path)
+    extra = [f for f in (path / "config.json", path / "preprocessor_config.json", index) if f is not None and f.is_file()]
+    return sorted([*extra, *weights])
 
 
 def _shard_files(folder: Path, index_file: Path) -> list[Path]:

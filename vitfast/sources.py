@@ -1,18 +1,19 @@
 """Where an export starts and what `check` compares against: the fp32 reference model.
 
 `vitfast export --model NAME` exports random weights seeded with `RANDOM_SEED`; the sidecar records
-that (or the checkpoint's path and sha256) so `check` and the benchmarks can rebuild the same model.
+that (or the checkpoint's path and sha256, `checkpoint_sha256`) so `check` and the benchmarks can rebuild the same model.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .checkpoint import load_checkpoint
+from .checkpoint import folder_files, load_checkpoint
 from .config import ViTConfig
 from .errors import ArtifactError
 from .registry import create_model
@@ -32,12 +33,20 @@ def source_model(*, model: str | None = None, checkpoint: str | os.PathLike | No
     if checkpoint:
         reference = load_checkpoint(checkpoint, img_size=img_size, overrides=overrides, use_ema=use_ema)
         ckpt = Path(checkpoint)
-        return reference, {"checkpoint": str(ckpt.resolve()), "sha256": sha256_file(ckpt) if ckpt.is_file() else None,
+        return reference, {"checkpoint": str(ckpt.resolve()), "sha256": checkpoint_sha256(ckpt),
                            "img_size": img_size, "overrides": overrides, "use_ema": use_ema,
                            "guessed": reference.config_guesses | guessed}  # fmt: skip
     reference = random_model(model, overrides, img_size)
     return reference, {"model": model, "weights": f"random init, torch.manual_seed({RANDOM_SEED})", "img_size": img_size,
                        "overrides": overrides, "guessed": guessed}  # fmt: skip
+
+
+def checkpoint_sha256(path: Path) -> str:
+    """The sha256 of a checkpoint file; of a model folder (Hugging Face's, a timm Hub one), the sha256 of its sorted
+    "name sha256" lines for the files loading it reads (`folder_files`), so changed weights or preprocessing are seen."""
+    if not path.is_dir():
+        return sha256_file(path)
+    return hashlib.sha256("".join(f"{f.relative_to(path)} {sha256_file(f)}\n" for f in folder_files(path)).encode()).hexdigest()
 
 
 def random_model(name: str, overrides: dict[str, Any] | None = None, img_size: int | None = None) -> torch.nn.Module:
@@ -61,8 +70,9 @@ def rebuild_reference(source: dict[str, Any] | None, checkpoint: str | os.PathLi
         if not ckpt.exists():
             raise ArtifactError(f"the artifact was exported from {ckpt}, which is gone; pass --checkpoint PATH with its fp32 weights "
                                 "or --against OTHER (any artifact of the same model)")  # fmt: skip
-        # compared before loading: weights changed since the export would fail the check with nothing to say why
-        if source.get("sha256") and ckpt.is_file() and sha256_file(ckpt) != source["sha256"]:
+        # compared before loading: weights changed since the export would fail the check with nothing to say why;
+        # older sidecars recorded None for a folder, which is loaded unchecked as then
+        if source.get("sha256") and checkpoint_sha256(ckpt) != source["sha256"]:
             raise ArtifactError(f"{ckpt} has changed since the artifact was exported from it (its sha256 differs from the sidecar's); "
                                 f"to compare with the weights as they are now, pass --checkpoint {ckpt}, or export again")  # fmt: skip
         return load_checkpoint(ckpt, img_size=source.get("img_size"), overrides=recorded, use_ema=use_ema)
