@@ -109,6 +109,20 @@ def test_against_reports_the_accuracy_difference(ckpt, tmp_path, capsys):
     assert "points)" in capsys.readouterr().out
 
 
+def test_against_a_model_of_every_tokens_logits_is_refused_as_the_artifact_is(ckpt, tmp_path, capsys):
+    """A per-token classifier ([B, T, 7], global_pool none) has no one prediction per image to score, given first or
+    as --against: one line naming it, not a traceback from comparing [N, T, k] ranks with the targets."""
+    torch.manual_seed(4)
+    model = vitfast.create_model("vit_cifar_patch4_32", num_classes=7, labels=LABELS, crop_pct=1.0, global_pool="")
+    tokens = vitfast.save_checkpoint(model, tmp_path / "tokens.safetensors")
+    data = _folder(tmp_path / "data", LABELS[:2])
+    for first, second in ((tokens, ckpt), (ckpt, tokens)):
+        capsys.readouterr()
+        assert main(["eval", str(first), "--data", str(data), "--against", str(second), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert f"{tokens} returns every token (global_pool none), not one prediction per image" in err and err.count("\n") == 1
+
+
 def test_numbered_class_folders_are_classes_in_numeric_order(tmp_path, capsys):
     """Folders 0..11 of a model without labels are classes 0..11 (timm's natural order), not "0, 1, 10, 11, 2": each image
     is scored against the class its folder's number names, checked against the model's own logits."""

@@ -295,12 +295,12 @@ def evaluate(engine: Engine, data: str | os.PathLike, *, labels: Sequence[str] |
     and top-1 agreement. `workers`: threads decoding the images (`vitfast.data.batches`). `progress`: told the images
     evaluated so far.
     Returns artifact, backend, precision, top1, top5, k, n, classes (and against)."""
-    if len(engine.config.output_shape) > 1:
-        what, flag = ("feature maps (features_only)", "--features-only") if engine.config.features_only else (
-            "every token (global_pool none)", "--global-pool none")
-        raise ArtifactError(f"{engine.path} returns {what}, not one prediction per image; eval needs a pooled classifier: export the "
-                            f"checkpoint without {flag}")  # fmt: skip
-    for model in (engine, *([against] if against else [])):
+    for model in (engine, *([against] if against else [])):  # the same for both: their top-k are scored alike
+        if len(model.config.output_shape) > 1:
+            what, flag = ("feature maps (features_only)", "--features-only") if model.config.features_only else (
+                "every token (global_pool none)", "--global-pool none")
+            raise ArtifactError(f"{model.path} returns {what}, not one prediction per image; eval needs a pooled classifier: export "
+                                f"the checkpoint without {flag}")  # fmt: skip
         if model.config.embedding_head:
             raise ArtifactError(f"{model.path} returns an image embedding (CLIP's image_embeds: {model.config.num_classes} dimensions), "
                                 "not class logits: an embedding model has no classes to score, so eval does not apply (zero-shot "
