@@ -93,6 +93,26 @@ def test_labels_file_names_the_classes(ckpt, tmp_path, capsys):
     assert "3 labels for a model with 7 classes" in capsys.readouterr().err
 
 
+def test_imagenet_class_index_json_names_the_classes_and_its_wnids_match_the_folders(ckpt, tmp_path, capsys):
+    """imagenet_class_index.json ({"0": ["n01440764", "tench"], ...}): the names are the labels (predict shows them) and
+    class folders named by WordNet id are matched by it; a value neither a name nor an [id, name] pair is refused."""
+    wnids = [f"n0{i}44" for i in range(7)]
+    index = tmp_path / "imagenet_class_index.json"
+    index.write_text(json.dumps({str(i): [wnid, name] for i, (wnid, name) in enumerate(zip(wnids, LABELS))}))
+    data = _folder(tmp_path / "data", [wnids[5], wnids[1]])
+    assert main(["eval", str(ckpt), "--data", str(data), "--labels", str(index), "--json", "--quiet"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    top1, top5, n = _expected(ckpt, data, {wnid: i for i, wnid in enumerate(wnids)})
+    assert (result["top1"], result["top5"], result["n"]) == (pytest.approx(top1), pytest.approx(top5), n)
+    image = data / wnids[5] / "0.png"
+    assert main(["predict", str(ckpt), str(image), "--labels", str(index), "--top-k", "7", "--json"]) == 0
+    assert {row["label"] for row in json.loads(capsys.readouterr().out)["predictions"][0]["top_k"]} == set(LABELS)
+    index.write_text(json.dumps({str(i): {"name": name} for i, name in enumerate(LABELS)}))
+    assert main(["eval", str(ckpt), "--data", str(data), "--labels", str(index)]) == 2
+    err = capsys.readouterr().err
+    assert 'class 0 is {"name": "ant"}; give each class a name, or an [id, name] pair' in err and err.count("\n") == 1
+
+
 def test_against_reports_the_accuracy_difference(ckpt, tmp_path, capsys):
     pytest.importorskip("onnxruntime", reason="the compared artifact is an ONNX export")
     assert main(["export", "--checkpoint", str(ckpt), "--format", "onnx", "--precision", "fp16", "--out", str(tmp_path / "m.onnx")]) == 0

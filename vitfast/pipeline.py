@@ -285,12 +285,14 @@ def raw_images(config: ViTConfig, n: int, data: str | os.PathLike | None):
     return torch.randint(0, 256, (n, h, w, config.in_chans), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
 
 
-def evaluate(engine: Engine, data: str | os.PathLike, *, labels: Sequence[str] | None = None, against: Engine | None = None,
-             batch_size: int = 32, workers: int | None = None, progress: Reporter | None = None) -> dict[str, Any]:  # fmt: skip
+def evaluate(engine: Engine, data: str | os.PathLike, *, labels: Sequence[str] | None = None, class_ids: Sequence[str] | None = None,
+             against: Engine | None = None, batch_size: int = 32, workers: int | None = None,
+             progress: Reporter | None = None) -> dict[str, Any]:  # fmt: skip
     """Top-1 / top-5 accuracy of `engine` on the image folder `data` (DIR/<class>/*).
 
     Folders are matched to `labels` (default: the model's own) by name when they are all labels,
-    else taken in natural order (`vitfast.data.natural_key`) as class indices. `against`: a second artifact (e.g. the fp32
+    else taken in natural order (`vitfast.data.natural_key`) as class indices; `class_ids` (ImageNet's WordNet ids, one
+    per class as `labels`) are matched instead where the folders are named by them and by no label. `against`: a second artifact (e.g. the fp32
     checkpoint) evaluated on the same images, reported under "against" with the accuracy difference
     and top-1 agreement. `workers`: threads decoding the images (`vitfast.data.batches`). `progress`: told the images
     evaluated so far.
@@ -307,6 +309,8 @@ def evaluate(engine: Engine, data: str | os.PathLike, *, labels: Sequence[str] |
                                 "classification needs the text tower's class embeddings, which vitfast does not load)")  # fmt: skip
     files, folder_targets, classes = labeled_images(data)
     labels = tuple(labels) if labels is not None else engine.config.labels
+    if class_ids is not None and not set(classes) & set(labels or ()) and set(classes) & set(class_ids):
+        labels = tuple(class_ids)  # an ImageNet subset's folders are named n01440764, not tench
     targets = torch.tensor(class_indices(engine.config.num_classes, labels, classes, folder_targets, data))
     if against and against.config.num_classes != engine.config.num_classes:
         raise ArtifactError(f"--against {against.path} has {against.config.num_classes} classes, {engine.path} has "

@@ -120,7 +120,14 @@ def _read_config_file(path: Path) -> tuple[dict[str, Any], Guesses]:
 
 
 def read_labels(path: str | Path) -> tuple[str, ...]:
-    """Class names from a text file (one per line) or JSON (a list, or {index: name} as HF's id2label)."""
+    """Class names from a labels file (`read_label_file`)."""
+    return read_label_file(path)[0]
+
+
+def read_label_file(path: str | Path) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    """(class names, class ids or None) from a text file (one name per line) or JSON: a list, or {index: name} as HF's
+    id2label, whose entries may be [id, name] pairs, as ImageNet's imagenet_class_index.json has ({"0": ["n01440764",
+    "tench"]}): the name is the label, the id (a WordNet id) what `eval` also matches folders by."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -133,19 +140,29 @@ def read_labels(path: str | Path) -> tuple[str, ...]:
             raise InputError(f"--labels {path} is not valid JSON: {exc}") from None
         if isinstance(data, dict):
             try:
-                ordered = sorted((int(k), str(v)) for k, v in data.items())
+                ordered = sorted(((int(k), v) for k, v in data.items()), key=lambda item: item[0])
             except ValueError:
                 raise InputError(f"--labels {path}: a JSON object must map class indices to names") from None
             if [i for i, _ in ordered] != list(range(len(ordered))):
                 raise InputError(f"--labels {path}: class indices must be 0..{len(ordered) - 1} without gaps")
-            return tuple(name for _, name in ordered)
-        if isinstance(data, list):
-            return tuple(str(v) for v in data)
-        raise InputError(f"--labels {path} must hold a JSON list or an {{index: name}} object")
+            data = [v for _, v in ordered]
+        if not isinstance(data, list):
+            raise InputError(f"--labels {path} must hold a JSON list or an {{index: name}} object")
+        pairs = [isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v) for v in data]
+        bad = next((i for i, (v, pair) in enumerate(zip(data, pairs)) if not (pair or isinstance(v, str))), None)
+        if bad is not None:
+            raise InputError(f"--labels {path}: class {bad} is {json.dumps(data[bad])[:60]}; give each class a name, or an "
+                             '[id, name] pair as imagenet_class_index.json does (["n01440764", "tench"])')  # fmt: skip
+        if any(pairs) and not all(pairs):
+            raise InputError(f"--labels {path}: class {pairs.index(not pairs[0])} differs from class 0 in form; give every class "
+                             "a name, or every class an [id, name] pair")  # fmt: skip
+        if any(pairs):
+            return tuple(name for _, name in data), tuple(ident for ident, _ in data)
+        return tuple(data), None
     labels = tuple(line.strip() for line in text.splitlines() if line.strip())
     if not labels:
         raise InputError(f"--labels {path} has no class names; write one per line")
-    return labels
+    return labels, None
 
 
 def warn_guesses(message: str | None) -> None:

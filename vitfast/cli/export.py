@@ -31,7 +31,7 @@ from vitfast.runtime import BACKENDS, ENGINE_SUFFIXES, Engine, load_engine, side
 from vitfast.runtime.openvino_engine import HINTS as OV_HINTS
 from vitfast.sources import source_model
 
-from .config_args import add_config_args, config_overrides, config_overrides_and_guesses, read_labels
+from .config_args import add_config_args, config_overrides, config_overrides_and_guesses, read_label_file
 from .output import console, to_json
 from .progress import add_quiet, paused, reporter
 
@@ -400,9 +400,10 @@ def _print_check(result: dict, args: argparse.Namespace, title: str) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     engine = load_artifact(args.artifact, args, labels=False, backend=args.backend)  # eval matches --labels to the folders itself
     against = load_artifact(args.against, args, labels=False, primary=False) if args.against else None
+    labels, class_ids = read_label_file(args.labels) if args.labels else (None, None)
     with reporter("eval", args.quiet) as progress:
-        result = pipeline.evaluate(engine, args.data, labels=read_labels(args.labels) if args.labels else None,
-                                   against=against, batch_size=args.batch_size, workers=args.workers, progress=progress)  # fmt: skip
+        result = pipeline.evaluate(engine, args.data, labels=labels, class_ids=class_ids, against=against, batch_size=args.batch_size,
+                                   workers=args.workers, progress=progress)  # fmt: skip
     result["artifact"] = str(args.artifact)
     if against:
         result["against"]["artifact"] = str(args.against)
