@@ -177,11 +177,28 @@ def test_16_bit_greyscale_files_keep_their_tones(tmp_path, suffix):
     deep = np.random.default_rng(0).integers(0, 65536, size=(19, 27), dtype=np.uint16)
     path = tmp_path / f"scan{suffix}"
     Image.fromarray(deep).save(path)
-    got = np.asarray(open_image(path))
+    got = np.asarray(open_image(path).convert("RGB"))
     assert got.shape == (19, 27, 3) and all(np.array_equal(got[..., c], (deep >> 8).astype(np.uint8)) for c in range(3))
     from vitfast.inspect import load_image
 
     assert np.array_equal(np.asarray(load_image(path).convert("RGB")), got)
+
+
+@pytest.mark.parametrize("mode, suffix", [("LA", ".png"), ("CMYK", ".tif"), ("RGBA", ".png")])
+def test_files_of_two_and_four_bands_are_read_band_by_band(tmp_path, mode, suffix):
+    """An LA file is a 2-channel model's input and a CMYK or RGBA file a 4-channel model's, each band one channel as the
+    uint8 array [H, W, C] of the same pixels gives them (LA was made RGBA and CMYK RGB before the model saw them); a file
+    of another band count is refused naming its own mode."""
+    chans = len(mode)
+    pixels = np.random.default_rng(chans).integers(0, 256, size=(23, 41, chans), dtype=np.uint8)
+    path = tmp_path / f"bands{suffix}"
+    Image.frombytes(mode, (41, 23), pixels.tobytes()).save(path)
+    config = vitfast.create_model("vit_tiny_patch16_224", img_size=48, patch_size=16, in_chans=chans, mean=(0.5,) * chans,
+                                  std=(0.5,) * chans).config  # fmt: skip
+    torch.testing.assert_close(next(batches([path], config, 1, workers=1)), preprocess(pixels, config), atol=0, rtol=0)
+    Image.fromarray(pixels[..., :3] if chans == 4 else pixels[..., :1].repeat(3, axis=2)).save(tmp_path / "rgb.png")
+    with pytest.raises(InputError, match=f"a RGB image has 3 channels and this model takes {chans}"):
+        next(batches([tmp_path / "rgb.png"], config, 1, workers=1))
 
 
 @pytest.mark.parametrize("pixels", [np.zeros((5, 6), np.float32), np.zeros((5, 6), np.int32)], ids=["float", "int32"])

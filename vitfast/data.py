@@ -80,17 +80,30 @@ def eight_bit(img: Image.Image, path: Path) -> Image.Image:
     return img
 
 
+def band_values(img: Image.Image) -> Image.Image:
+    """`img` (a new image, not the file's) in a mode whose bands `preprocess` takes as channels: L, LA, RGB, RGBA and CMYK
+    as they are (an LA file is a 2-channel model's input, a CMYK one a 4-channel model's, where converting them here to
+    RGBA or RGB would make up or drop bands; a 3-channel model gets the same RGB either way), a transparent colour (a
+    greyscale or RGB PNG's `transparency`) as an alpha band, any other mode (a palette, bilevel, YCbCr, LAB) as RGB, or
+    RGBA where it has transparency."""
+    if img.mode in ("L", "RGB") and has_alpha(img):
+        return img.convert("LA" if img.mode == "L" else "RGBA")
+    if img.mode in ("L", "LA", "RGB", "RGBA", "CMYK"):
+        return img.copy()  # loaded: the file closes when `open_image` returns
+    return img.convert("RGBA" if has_alpha(img) else "RGB")
+
+
 def open_image(path: Path) -> Image.Image:
     """The image at `path`, upright (`upright`: its EXIF orientation applied), 16-bit greyscale taken to 8 bits
-    (`eight_bit`), as RGB, or RGBA where it has transparency (`preprocess` decides, as the model's
-    `alpha_on_white` says, what transparent pixels become); unreadable files and decompression bombs (more pixels than
+    (`eight_bit`), its bands made values (`band_values`); `preprocess` makes them the model's channels (RGB for a
+    3-channel model, transparent pixels as its `alpha_on_white` says). Unreadable files and decompression bombs (more pixels than
     Pillow's `Image.MAX_IMAGE_PIXELS`, decoded to gigabytes) are one `InputError` naming the file.
     Safe in threads: the pixel count is checked here, from the header, not by a process-wide warnings filter."""
     try:
         with Image.open(path) as img:  # reads the header only; Pillow itself refuses twice the limit
             pixels = img.width * img.height
             if not Image.MAX_IMAGE_PIXELS or pixels <= Image.MAX_IMAGE_PIXELS:
-                return eight_bit(upright(img), path).convert("RGBA" if has_alpha(img) else "RGB")
+                return band_values(eight_bit(upright(img), path))
     except InputError:
         raise
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:  # the warning: under an "error" filter
