@@ -80,6 +80,27 @@ def test_a_class_count_mismatch_is_refused(ckpt, tmp_path, capsys):
     assert "the model has 7 classes but" in err and "2 class folders (one, two)" in err and err.count("\n") == 1
 
 
+def test_empty_class_folders_and_loose_images_are_named_not_dropped_silently(ckpt, tmp_path, capsys):
+    """A class folder with no image and images directly in DIR are left out with a warning naming them; a class count
+    that misses the empty folder says so in its error."""
+    data = _folder(tmp_path / "data", ["fox", "bee"])
+    top1, top5, n = _expected(ckpt, data, {name: i for i, name in enumerate(LABELS)})
+    (data / "gnu").mkdir()
+    (data / "gnu" / "notes.txt").write_text("to do")
+    (data / ".ipynb_checkpoints").mkdir()
+    for name in ("loose.png", "also.jpg"):
+        Image.new("RGB", (36, 44)).save(data / name)
+    assert main(["eval", str(ckpt), "--data", str(data), "--json", "--quiet"]) == 0
+    result, err = json.loads((captured := capsys.readouterr()).out), captured.err
+    assert (result["top1"], result["top5"], result["n"]) == (pytest.approx(top1), pytest.approx(top5), n)
+    assert f"vitfast: warning: images directly in {data}, in no class folder, are left out: 2 (also.jpg, loose.png)" in err
+    assert f"vitfast: warning: class folders of {data} with no images (.bmp, " in err and ".webp) are left out: gnu\n" in err
+    numbered = _folder(tmp_path / "numbered", [str(i) for i in range(7) if i != 3])
+    (numbered / "3").mkdir()
+    assert main(["eval", str(ckpt), "--data", str(numbered)]) == 2
+    assert "has 6 class folders (0, 1, 2, 4, 5, ...; 1 more without images: 3); give a folder" in capsys.readouterr().err
+
+
 def test_labels_file_names_the_classes(ckpt, tmp_path, capsys):
     names = [f"n0{i}" for i in range(7)]
     (tmp_path / "labels.txt").write_text("\n".join(names) + "\n")

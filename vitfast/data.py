@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -14,7 +15,7 @@ import torch
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from .config import PREPROCESSING_FIELDS, ViTConfig
-from .errors import InputError
+from .errors import InputError, VitfastWarning
 from .preprocessing import has_alpha, preprocess
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"}
@@ -47,15 +48,37 @@ def natural_key(name: str) -> list:
 
 def labeled_images(root: str | Path) -> tuple[list[Path], list[int], list[str]]:
     """(files, labels, class names) for DIR/<class>/...; a class's label is its index in natural order (`natural_key`:
-    folders 0..11 are classes 0..11, where plain string order would make "10" class 2)."""
+    folders 0..11 are classes 0..11, where plain string order would make "10" class 2). Class folders holding no image
+    are left out, as timm's folder reader leaves them out, and so are images directly in DIR (timm makes them a class
+    ""), each with a warning naming them."""
     root = Path(root)
     files = find_images(root)
     classes = sorted({p.relative_to(root).parts[0] for p in files if len(p.relative_to(root).parts) > 1}, key=natural_key)
     if not classes:
         raise InputError(f"{root} has images but no class subfolders; expected {root}/<class>/<image>")
+    loose = [p.name for p in files if len(p.relative_to(root).parts) == 1]
+    if loose:
+        warnings.warn(VitfastWarning(f"images directly in {root}, in no class folder, are left out: {len(loose)} ({shorten(loose, 3)}); "
+                                     f"move them into {root}/<class>/ to count them"), stacklevel=2)  # fmt: skip
+    empty = empty_class_folders(root, classes)
+    if empty:
+        warnings.warn(VitfastWarning(f"class folders of {root} with no images ({', '.join(sorted(IMAGE_SUFFIXES))}) are left out: "
+                                     f"{shorten(empty, 5)}"), stacklevel=2)  # fmt: skip
     index = {c: i for i, c in enumerate(classes)}
     files = [p for p in files if len(p.relative_to(root).parts) > 1]
     return files, [index[p.relative_to(root).parts[0]] for p in files], classes
+
+
+def empty_class_folders(root: str | Path, classes: list[str]) -> list[str]:
+    """The folders directly in `root` that are not among `classes` (which hold images), in natural order; hidden ones
+    (.ipynb_checkpoints, ...) are nobody's classes and not named."""
+    return sorted((p.name for p in Path(root).iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in classes),
+                  key=natural_key)  # fmt: skip
+
+
+def shorten(names: list[str], n: int) -> str:
+    """The first `n` of `names`, comma-separated, with ", ..." where there are more."""
+    return ", ".join(names[:n]) + (", ..." if len(names) > n else "")
 
 
 def upright(img: Image.Image) -> Image.Image:

@@ -18,7 +18,9 @@ import torch
 
 from .checkpoint import describe_guesses, load_checkpoint
 from .config import ViTConfig
-from .data import batches, find_images, labeled_images, open_image, open_images, random_images, same_preprocessing
+from .data import (
+    batches, empty_class_folders, find_images, labeled_images, open_image, open_images, random_images, same_preprocessing, shorten,
+)  # fmt: skip
 from .errors import ArtifactError, GuessedConfigWarning, InputError, ParityWarning, VitfastWarning, first_line
 from .export.artifacts import read_sidecar, warn_if_parity_failed, write_sidecar
 from .export.onnx_export import to_onnx
@@ -354,11 +356,12 @@ def class_indices(num_classes: int, labels: Sequence[str] | None, classes: list[
                          f"{', ...' if len(named) > 3 else ''}) but {len(others)} are not: {', '.join(others[:5])}"
                          f"{', ...' if len(others) > 5 else ''}; rename those after the model's labels (or pass --labels FILE)")  # fmt: skip
     if len(classes) != num_classes:
-        shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
+        empty = empty_class_folders(data, classes)
+        held = f"; {len(empty)} more without images: {shorten(empty, 5)}" if empty else ""
         raise InputError(
-            f"the model has {num_classes} classes but {data} has {len(classes)} class folders ({shown}); give a folder with "
-            "one subfolder per model class (natural order = class index: 2 before 10), or subfolders named by the model's labels "
-            "(its own, or --labels FILE)"
+            f"the model has {num_classes} classes but {data} has {len(classes)} class folders ({shorten(classes, 5)}{held}); give a folder "
+            "with one subfolder of images per model class (natural order = class index: 2 before 10), or subfolders named by the "
+            "model's labels (its own, or --labels FILE)"
         )
     if labels and classes != list(labels):
         warnings.warn(VitfastWarning(f"the folders of {data} are not the model's labels; folder i in natural order (2 before 10, as "
