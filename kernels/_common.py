@@ -48,6 +48,9 @@ def seen_by_torch(x: torch.Tensor) -> bool:
 
 # Read once, like triton itself: TRITON_INTERPRET must be set before triton is imported.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# True inside kernels/precompile.py's `recording`, where launches are recorded and not run: their outputs are
+# garbage, so nothing may keep them (vitfast/optimize.py's CudaGraphForward captures no graph then)
+RECORDING = False
 INT32_MAX = 2**31 - 1
 BLOCK_RESERVED_SHARED = 1024  # shared memory the system reserves for each resident block (sm_80 on), beside the kernel's own
 

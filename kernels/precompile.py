@@ -87,9 +87,10 @@ class Recorded:
 
 @contextlib.contextmanager
 def recording(cpu: bool = False) -> Iterator[list[Recorded]]:
-    """Inside, every vitfast kernel launch is appended to the yielded list and not run. `cpu=True`
-    also sends CPU tensors through the launchers (as under the interpreter) instead of the
-    reference math, for recording on a machine without a GPU."""
+    """Inside, every vitfast kernel launch is appended to the yielded list and not run (a model
+    optimized with `cuda_graphs` runs its plain forward: a graph captured here would replay without
+    the kernels). `cpu=True` also sends CPU tensors through the launchers (as under the interpreter)
+    instead of the reference math, for recording on a machine without a GPU."""
     calls: list[Recorded] = []
 
     def record(kernel, args, kwargs):
@@ -104,6 +105,7 @@ def recording(cpu: bool = False) -> Iterator[list[Recorded]]:
         return _Grid(launch)
 
     with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(_common, "RECORDING", True))
         if cpu:
             stack.enter_context(mock.patch.object(_common, "INTERPRET", True))
         for module in KERNEL_MODULES:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
+from unittest import mock
 
 import pytest
 import torch
@@ -603,6 +605,77 @@ def test_head_only_follows_optimize_restore_hooks_pickling_and_cuda_graphs(devic
     vitfast.optimize(model)
     vitfast.restore(model)
     assert HEAD_ROWS not in vars(model)
+
+
+class FakeCudaGraph:
+    """torch.cuda.CUDAGraph's CPU stand-in for `mock_graph_api`: a graph holds the GPU work launched while it
+    was captured, so it notes how many Triton kernels really ran then (`kernel_runs`, counted by the test)."""
+
+    kernel_runs = [0]  # every kernel run so far, shared with the counting wrap_triton
+
+    def __init__(self):
+        self.kernels = None
+
+    def replay(self):
+        if not self.kernels:
+            raise AssertionError("replayed a graph captured without its Triton kernels: its outputs are garbage")
+
+
+def mock_graph_api(monkeypatch):
+    """torch.cuda's graph API replaced by CPU stand-ins (as a GPU-less CudaGraphForward needs them), every kernel
+    launch counted in `FakeCudaGraph.kernel_runs`."""
+    from vitfast.kernels.precompile import KERNEL_MODULES
+
+    @contextlib.contextmanager
+    def capture(graph, pool=None, stream=None):
+        before = FakeCudaGraph.kernel_runs[0]
+        yield
+        graph.kernels = FakeCudaGraph.kernel_runs[0] - before
+
+    class Counting:  # what a launcher's wrap_triton(kernel, like) gives: kernel[grid](...), counted
+        def __init__(self, kernel, like):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                FakeCudaGraph.kernel_runs[0] += 1
+                return self.kernel[grid](*args, **kwargs)
+
+            return run
+
+    for module in KERNEL_MODULES:
+        monkeypatch.setattr(module, "wrap_triton", Counting)
+    for name, value in dict(device=lambda d: contextlib.nullcontext(), Stream=lambda d=None: mock.Mock(),
+                            stream=lambda s: contextlib.nullcontext(), current_stream=lambda d=None: mock.Mock(),
+                            graph_pool_handle=object, CUDAGraph=FakeCudaGraph, graph=capture).items():  # fmt: skip
+        monkeypatch.setattr(torch.cuda, name, value)
+
+
+def test_precompiles_recording_captures_no_cuda_graph(device, monkeypatch):
+    """precompile(lambda: model(x)) on a CUDA-graphed model: inside its `recording` no kernel runs, so the graph
+    forward runs the plain forward once (the same launches recorded as without graphs) and keeps no graph; the
+    first real call captures one with the kernels in it, which replays."""
+    from vitfast.kernels.precompile import recording
+
+    if device == "cuda":
+        pytest.skip("mocks torch.cuda's graph API on CPU (on a GPU, test_gpu_cuda_graphs_and_torch_compile captures for real)")
+    optimize_module = importlib.import_module("vitfast.optimize")
+    model = vitfast.optimize(randomize(vitfast.create_model(tiny_config())))
+    x = torch.randn(1, 3, 32, 32)
+    mock_graph_api(monkeypatch)
+    with torch.no_grad():
+        with recording(cpu=True) as plain:
+            model(x)
+        graphed = optimize_module.CudaGraphForward(model.forward)  # as cuda_graphs=True wraps it on a GPU
+        model.forward = graphed
+        with recording(cpu=True) as calls:
+            model(x)
+        assert [c.jit.__name__ for c in calls] == [c.jit.__name__ for c in plain] != []
+        assert graphed.graphs == {}
+        model(x)
+        model(2 * x)  # replays
+    (graph,) = [replay.__self__ for replay, _, _ in graphed.graphs.values()]
+    assert graph.kernels > 0
 
 
 def test_custom_injected_layers_are_left_alone(device):

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from vitfast.kernels import _common  # triton-free: precompile's recording flag
+
 from .errors import VitfastError
 from .fused import ATTENTION_PATHS, MLP_PATHS, FusedBlock, GemmPatchEmbed, can_fuse, can_gemm_embed
 from .model import HEAD_ROWS, VisionTransformer
@@ -226,6 +228,8 @@ class CudaGraphForward:
 
     @torch.no_grad()
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if _common.RECORDING:  # precompile's recording: no kernel runs, so a graph captured now would replay garbage
+            return self.forward(x)
         n = x.shape[0]
         size = self.size_for(n)
         if size is None or (self.sample_shapes is not None and tuple(x.shape[1:]) not in self.sample_shapes):
