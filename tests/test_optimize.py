@@ -16,7 +16,7 @@ pytest.importorskip("triton", reason="Triton is not installed (pip install 'vitf
 import vitfast  # noqa: E402
 from conftest import AIMV2, DINOV3, EVA02, randomize, tiny_config, traced_vitfast_ops  # noqa: E402
 from vitfast.errors import VitfastWarning  # noqa: E402
-from vitfast.fused import FusedBlock  # noqa: E402
+from vitfast.fused import FusedBlock, GemmPatchEmbed  # noqa: E402
 
 VARIANTS = {
     "plain": tiny_config(),
@@ -676,6 +676,24 @@ def test_precompiles_recording_captures_no_cuda_graph(device, monkeypatch):
         model(2 * x)  # replays
     (graph,) = [replay.__self__ for replay, _, _ in graphed.graphs.values()]
     assert graph.kernels > 0
+
+
+@pytest.mark.parametrize("cfg", [tiny_config(img_size=(37, 30)), tiny_config(**EVA02 | dict(img_size=(37, 30)))], ids=["plain", "eva02-rope"])
+def test_an_image_of_part_patches_loses_its_remainder_as_the_reference_conv_does(device, cfg):
+    """An img_size that is not whole patches (DINOv2's 14 px patches at 384 px): the conv drops the rows and columns past
+    the last whole patch, and so does the GEMM patch embedding. A dynamic-size model refuses such images in both."""
+    model = randomize(vitfast.create_model(cfg)).to(device)
+    x = torch.randn(2, 3, 37, 30, device=device)
+    with torch.no_grad():
+        ref = model(x)
+        vitfast.optimize(model)
+        assert isinstance(model.patch_embed, GemmPatchEmbed) and all(isinstance(b, FusedBlock) for b in model.blocks)
+        torch.testing.assert_close(model(x), ref, atol=1e-4, rtol=1e-4)
+    dynamic = vitfast.create_model(tiny_config(img_size=(37, 30), dynamic_img_size=True)).to(device)
+    for _ in range(2):
+        with pytest.raises(vitfast.InputError, match="not whole 8x8 patches.*crop or resize to e.g. 32x24"):
+            dynamic(x)
+        vitfast.optimize(dynamic)
 
 
 def test_custom_injected_layers_are_left_alone(device):

@@ -447,13 +447,14 @@ class GemmPatchEmbed(nn.Module):
         object.__setattr__(self, "reference", embed)  # for restore() and its shape rules; not a submodule
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [B, in_chans, H, W] -> [B, (H/p)*(W/p), C]."""
+        """x [B, in_chans, H, W] -> [B, (H//p)*(W//p), C]; rows and columns past the last whole patch are dropped, as the conv drops them."""
         ref = self.reference
         check_image_shape(x, ref.in_chans, ref.img_size, ref.dynamic_patch)
         if type(self.proj) is not nn.Conv2d or _hooked(self.proj):  # replaced or hooked since: call it, as the reference does
             return self.norm(self.proj(x).flatten(2).transpose(1, 2))
         B, c, H, W = x.shape
         p = self.proj.kernel_size[0]
+        x = x[:, :, : H // p * p, : W // p * p]  # a view: splitting H and W into patches below needs no copy
         patches = x.view(B, c, H // p, p, W // p, p).permute(0, 2, 4, 1, 3, 5).reshape(B, (H // p) * (W // p), c * p * p)
         return self.norm(F.linear(patches, self.proj.weight.reshape(self.proj.out_channels, -1), self.proj.bias))
 
