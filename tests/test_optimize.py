@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib
+import warnings
 from unittest import mock
 
 import pytest
@@ -696,13 +697,28 @@ def test_an_image_of_part_patches_loses_its_remainder_as_the_reference_conv_does
         vitfast.optimize(dynamic)
 
 
-def test_custom_injected_layers_are_left_alone(device):
+def test_custom_injected_layers_are_left_alone_and_optimize_says_so(device):
     class MyAttention(vitfast.layers.Attention):
         pass
 
     model = vitfast.VisionTransformer(tiny_config(), attn_layer=MyAttention).eval().to(device)
-    vitfast.optimize(model)
+    with pytest.warns(VitfastWarning, match=r"fused 0 of 2 blocks: block\(s\) 0, 1 hold layers the kernels do not compute \(MyAttention\)"):
+        vitfast.optimize(model)
     assert not any(isinstance(b, FusedBlock) for b in model.blocks)
+    model = vitfast.create_model(tiny_config(depth=3)).to(device)
+    model.blocks[1].mlp.fc1 = LoRALinear(model.blocks[1].mlp.fc1)
+    with pytest.warns(VitfastWarning, match=r"fused 2 of 3 blocks: block\(s\) 1 .*\(LoRALinear\)"):
+        vitfast.optimize(model)
+    assert [isinstance(b, FusedBlock) for b in model.blocks] == [True, False, True]
+
+
+@pytest.mark.parametrize("name", [*VARIANTS, "feature-maps-every-token"])
+def test_every_block_of_vitfasts_own_models_is_fused_without_a_warning(device, name):
+    model = vitfast.create_model(VARIANTS.get(name, EVERY_TOKEN)).to(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", VitfastWarning)
+        vitfast.optimize(model)
+    assert all(isinstance(b, FusedBlock) for b in model.blocks)
 
 
 def test_no_gpu_and_no_interpreter_is_a_clear_error(monkeypatch):
@@ -726,8 +742,18 @@ def test_cuda_graphs_need_a_gpu_model(monkeypatch):
 
 
 def test_optimize_refuses_other_modules():
-    with pytest.raises(vitfast.VitfastError, match="takes a vitfast VisionTransformer"):
-        vitfast.optimize(torch.nn.Linear(2, 2))
+    """Another ViT's blocks (timm's VisionTransformer keeps them in an nn.Sequential too) are not vitfast's: refused, where
+    it once returned the model with nothing fused and no word."""
+
+    class TimmLike(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(64, 4, 256, batch_first=True))
+
+    for model in (torch.nn.Linear(2, 2), TimmLike()):
+        with pytest.raises(vitfast.VitfastError, match=f"takes a vitfast VisionTransformer, got {type(model).__name__}: "
+                                                       "load timm or Hugging Face weights with vitfast.load_checkpoint"):  # fmt: skip
+            vitfast.optimize(model)
 
 
 # ---------------------------------------------------------------------------- GPU only

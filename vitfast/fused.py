@@ -70,7 +70,7 @@ from torch import nn
 from vitfast.kernels._common import EAGER_OPS, next_pow2, seen_by_torch  # triton-free: the launchers' bucketing, the ops' eager entries
 
 from .errors import VitfastWarning
-from .layers import Attention, Block, LayerScale, Mlp, PatchEmbed, QuickGELU, Rope, SwiGLU, SwiGLUPacked, check_image_shape
+from .layers import Attention, Block, DropPath, LayerScale, Mlp, PatchEmbed, QuickGELU, Rope, SwiGLU, SwiGLUPacked, check_image_shape
 
 MLP_PATHS = ("auto", "cublas", "epilogue")
 ATTENTION_PATHS = ("auto", "vitfast", "sdpa")
@@ -199,6 +199,17 @@ def nearest_attention_path(choices: tuple[tuple[int, int, str], ...], N: int, bh
 def can_fuse(block: nn.Module) -> bool:
     """Only the reference classes are fused; injected custom layers keep their own forward."""
     return type(block) is Block and _fusable_layers(block)
+
+
+# what a block of vitfast's own holds: the classes the fused forward computes, and the dropouts it skips in eval mode
+REFERENCE_LAYERS = (Block, Attention, Mlp, SwiGLUPacked, SwiGLU, LayerScale, QuickGELU, DropPath, nn.Linear, nn.GELU, nn.SiLU,
+                    nn.LayerNorm, nn.RMSNorm, nn.Identity, nn.Dropout)  # fmt: skip
+
+
+def foreign_layers(block: nn.Module) -> list[str]:
+    """The class names of `block` and its layers that are none of `REFERENCE_LAYERS` (why `can_fuse` refuses a block,
+    unless a reference class is used in a form the kernels do not take, such as SwiGLU with GELU)."""
+    return sorted({type(m).__name__ for m in block.modules() if type(m) not in REFERENCE_LAYERS})
 
 
 def _fusable_layers(block: nn.Module) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -11,8 +12,8 @@ from torch import nn
 
 from vitfast.kernels import _common  # triton-free: precompile's recording flag
 
-from .errors import VitfastError
-from .fused import ATTENTION_PATHS, MLP_PATHS, FusedBlock, GemmPatchEmbed, can_fuse, can_gemm_embed
+from .errors import VitfastError, VitfastWarning
+from .fused import ATTENTION_PATHS, MLP_PATHS, FusedBlock, GemmPatchEmbed, can_fuse, can_gemm_embed, foreign_layers
 from .model import HEAD_ROWS, VisionTransformer
 
 _GRAPHED = "_vitfast_cuda_graphs"
@@ -45,7 +46,8 @@ def optimize(model: nn.Module, *, cuda_graphs: bool | Sequence[int] = False, mlp
     and the patch embedding's convolution with one GEMM over the unfolded patches (`GemmPatchEmbed`).
 
     `state_dict()` keeps the same keys and tensors. Blocks built from injected custom layers are
-    left as they are. Attention maps (`forward_features(x, return_attention=True)`) and training
+    left as they are (with a warning naming them). Another library's model (timm's) is refused:
+    `load_checkpoint` converts its weights. Attention maps (`forward_features(x, return_attention=True)`) and training
     mode fall back to the reference math on the same parameters. `cuda_graphs=True` captures the
     whole forward once per input shape/dtype and replays it (the batch-1 latency path); inputs are
     copied into the captured buffer and outputs are returned as fresh tensors. For a server's
@@ -84,9 +86,10 @@ def optimize(model: nn.Module, *, cuda_graphs: bool | Sequence[int] = False, mlp
     Calling optimize again on an optimized model changes `mlp`, `attention`, `approximate_gelu` and
     `head_only` (and can add CUDA graphs or change their batch sizes).
     """
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.Sequential):
-        raise VitfastError("optimize takes a vitfast VisionTransformer (create_model / load_checkpoint)")
+    if not isinstance(model, VisionTransformer):  # another ViT's blocks (timm's) are not vitfast's, and would not be fused
+        raise VitfastError(f"optimize takes a vitfast VisionTransformer, got {type(model).__name__}: load timm or Hugging Face "
+                           "weights with vitfast.load_checkpoint (it converts them), or build one with vitfast.create_model")  # fmt: skip
+    blocks = model.blocks
     if mlp not in MLP_PATHS:
         raise VitfastError(f"mlp must be one of {', '.join(MLP_PATHS)}, got {mlp!r}")
     if attention not in ATTENTION_PATHS:
@@ -103,6 +106,12 @@ def optimize(model: nn.Module, *, cuda_graphs: bool | Sequence[int] = False, mlp
             block.mlp_path, block.approximate_gelu, block.attention_path = mlp, approximate_gelu, attention
             if graphed is not None:
                 graphed.reset()  # captured with the old path: capture again
+    unfused = [i for i, block in enumerate(blocks) if not isinstance(block, FusedBlock)]
+    if unfused:
+        layers = ", ".join(sorted({name for i in unfused for name in foreign_layers(blocks[i])})) or "a form of a layer the kernels do not take"
+        warnings.warn(f"optimize fused {len(blocks) - len(unfused)} of {len(blocks)} blocks: block(s) {', '.join(map(str, unfused))} "
+                      f"hold layers the kernels do not compute ({layers}) and run their own forward, unoptimized",
+                      VitfastWarning, stacklevel=2)  # fmt: skip
     for block, following in zip(blocks, list(blocks)[1:] + [None]):
         if isinstance(block, FusedBlock):  # hand the next fused block its norm1 output too
             object.__setattr__(block, "next_block", following if isinstance(following, FusedBlock) else None)
