@@ -936,6 +936,24 @@ def test_layers_the_kernels_do_not_compute_are_never_read_past(device, change, w
         torch.testing.assert_close(model(x), expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("mlp", ["auto", "epilogue"])
+@pytest.mark.parametrize("name", ["plain", "aimv2-rmsnorm-swiglu-no-bias", "dinov3-rope-registers-layer-scale"])
+def test_an_fp32_model_under_autocast_follows_it(device, name, mlp):
+    """torch.autocast(float16) casts F.linear's operands, which the Triton GEMMs (one dtype each) cannot follow: the MLP
+    and projections take the cuBLAS path there, whatever `mlp` says, where mlp="epilogue" once failed the GEMM launcher's
+    dtype check. Same output dtype as the reference under autocast, and the 2x rule against the float64 model."""
+    cfg = VARIANTS[name]
+    model = randomize(vitfast.create_model(cfg)).to(device)
+    x = torch.randn(2, 3, *cfg.img_hw, device=device)
+    with torch.no_grad():
+        exact = copy.deepcopy(model).double()(x.double())
+        with torch.autocast(device, dtype=torch.float16):
+            ref = model(x)
+            out = vitfast.optimize(model, mlp=mlp)(x)
+    assert out.dtype == ref.dtype
+    assert (out.double() - exact).abs().max() <= 2 * (ref.double() - exact).abs().max() + 1e-2
+
+
 def test_float64_runs_the_reference_math_and_says_so(device):
     cfg = tiny_config()
     model = randomize(vitfast.create_model(cfg)).to(device).eval().double()

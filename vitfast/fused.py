@@ -258,7 +258,7 @@ class FusedBlock(nn.Module):
 
     forward takes x [B, N, C] or the previous fused block's `(x, norm1(x))` and returns
     `(x, next_block.norm1(x))` when `next_block` (the next fused block, set by `optimize`) is given,
-    else x. `mlp_path` is "auto", "cublas" or "epilogue" and `attention_path` "auto", "vitfast" or
+    else x. `mlp_path` is "auto", "cublas" or "epilogue" ("cublas" under torch.autocast) and `attention_path` "auto", "vitfast" or
     "sdpa" (see the module docstring);
     `approximate_gelu` runs an erf-GELU MLP in GELU's tanh form (`gelu_form`). The reference `Block`'s
     forward runs over the same submodules instead of the kernels for: attention maps (`return_attention=True`),
@@ -381,7 +381,10 @@ class FusedBlock(nn.Module):
         if type(attn.norm) is not nn.Identity:
             o = _norm(ops, o, attn.norm)
         form = self.gelu_form
-        fc1, fc2 = self.mlp_paths(x.dtype, B * N, form)
+        if torch.is_autocast_enabled(x.device.type):  # autocast casts F.linear's operands, not the Triton GEMMs' (one dtype
+            fc1 = fc2 = "cublas"  # each); the elementwise kernels after cuBLAS read any float dtype
+        else:
+            fc1, fc2 = self.mlp_paths(x.dtype, B * N, form)
         x, h = self._branch_end(ops, fc2, o, attn.proj, x, self.ls1, self.norm2)
         if isinstance(mlp, SwiGLU):  # gate and value GEMMs on cuBLAS (biases included), then silu(gate) * value
             m = ops.swiglu(F.linear(h, mlp.fc1_g.weight, mlp.fc1_g.bias), F.linear(h, mlp.fc1_x.weight, mlp.fc1_x.bias))
