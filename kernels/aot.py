@@ -72,7 +72,7 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 class Launch:
     """One representative launcher call. `required`: inside the supported range, so every target
     must keep a config for it; `all_configs`: compile every config kept (the shapes where shared
-    memory is tightest), otherwise one kept config per target, rotating through the list;
+    memory is tightest), otherwise one kept config per target, one not compiled yet where it can (`plan`);
     `min_capability`: compiled only for the targets from that compute capability on (TMA: 90)."""
 
     name: str
@@ -345,26 +345,46 @@ def _ptxas_stats(log: str) -> dict:
 # ---------------------------------------------------------------------------- the check
 def plan(targets: list[str]) -> tuple[list[tuple], list[dict]]:
     """(compile jobs (launch, config, target, fp64 scalars), launches with no config on a target).
-    Rotation picks which kept config a sampled launch compiles, so across launches every config
-    gets compiled on every target. The first launch of each kernel with a float argument is also
-    compiled with it typed fp64 (torch.compile's Inductor passes Python floats to user kernels so:
+    A launch with `all_configs` compiles every config it keeps; any other one per target, the first in
+    its rotation that its kernel has not compiled yet for that dtype and target (else the rotation's
+    own). A config that some launch keeps and none compiled then compiles with the first launch that
+    keeps it: every kernel x kept config x dtype x target compiles at least once (configs a prune keeps
+    differ by launch: the whole-head attention tiles only where N and the head dim fit, e.g. sm_89's
+    only at head_dim 32). The first launch of each kernel with a float argument is also compiled with
+    it typed fp64 (torch.compile's Inductor passes Python floats to user kernels so:
     `torch._inductor.config._use_fp64_for_unbacked_floats`), on the last target."""
+    kept = {(i, target): _RECORDED[i].configs(TARGETS[target]) for i, launch in enumerate(LAUNCHES) for target in targets
+            if TARGETS[target][0] >= launch.min_capability}  # fmt: skip
+
+    def compiled_as(i: int, target: str, config) -> tuple:
+        return _RECORDED[i].jit.__name__, LAUNCHES[i].dtype, target, _common.describe_config(config)
+
+    done = {compiled_as(i, target, c) for (i, target), configs in kept.items() if LAUNCHES[i].all_configs for c in configs}
     jobs, unfit, typed = [], [], set()
     for i, launch in enumerate(LAUNCHES):
-        kept = []
         for t, target in enumerate(targets):
-            if TARGETS[target][0] < launch.min_capability:
+            configs = kept.get((i, target))
+            if configs is None:
                 continue
-            kept = _RECORDED[i].configs(TARGETS[target])
-            if not kept:
+            if not configs:
                 unfit.append({"launch": launch.name, "target": target, "required": launch.required})
                 continue
-            picks = range(len(kept)) if launch.all_configs else [(i + t) % len(kept)]
+            if launch.all_configs:
+                picks = range(len(configs))
+            else:
+                rotation = [(i + t + k) % len(configs) for k in range(len(configs))]
+                picks = [next((c for c in rotation if compiled_as(i, target, configs[c]) not in done), rotation[0])]
+                done.add(compiled_as(i, target, configs[picks[0]]))
             jobs += [(i, c, target, False) for c in picks]
-        rec = _RECORDED[i]  # `kept` is the last compiled target's now
-        if kept and rec.jit.__name__ not in typed and any(isinstance(v, float) for v in rec.named_args().values()):
+        rec = _RECORDED[i]
+        if kept.get((i, targets[-1])) and rec.jit.__name__ not in typed and any(isinstance(v, float) for v in rec.named_args().values()):
             typed.add(rec.jit.__name__)
             jobs.append((i, 0, targets[-1], True))
+    for (i, target), configs in kept.items():  # launch order: the first launch that keeps a config not compiled yet
+        for c, config in enumerate(configs):
+            if compiled_as(i, target, config) not in done:
+                done.add(compiled_as(i, target, config))
+                jobs.append((i, c, target, False))
     return jobs, unfit
 
 
