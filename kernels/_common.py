@@ -51,6 +51,9 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # True inside kernels/precompile.py's `recording`, where launches are recorded and not run: their outputs are
 # garbage, so nothing may keep them (vitfast/optimize.py's CudaGraphForward captures no graph then)
 RECORDING = False
+# True inside `recording(cpu=True)`: CPU tensors go through the launchers (to be recorded) instead of the reference
+# math, as under the interpreter, while every choice a GPU launch makes (tile sizes, configs) stays the GPU's
+CPU_LAUNCHES = False
 INT32_MAX = 2**31 - 1
 BLOCK_RESERVED_SHARED = 1024  # shared memory the system reserves for each resident block (sm_80 on), beside the kernel's own
 
@@ -68,7 +71,7 @@ def check_device(*tensors: torch.Tensor) -> None:
     device = tensors[0].device
     if any(t.device != device for t in tensors):
         raise ValueError(f"all tensors must be on one device, got {[str(t.device) for t in tensors]}")
-    if device.type != "cuda" and not INTERPRET:
+    if device.type != "cuda" and not (INTERPRET or CPU_LAUNCHES):
         raise ValueError(f"Triton kernels need CUDA tensors (got {device}); set TRITON_INTERPRET=1 to run them on CPU for testing")
 
 
@@ -142,7 +145,7 @@ def runs_reference(t: torch.Tensor) -> bool:
     fp32 -> bf16 casts: a bf16 model's logits came out wrong by more than their own size) and any CPU tensor
     without the interpreter take the reference math, so an optimized model traces and runs on CPU as well.
     """
-    return t.device.type == "cpu" and (not INTERPRET or is_fake(t) or t.dtype == torch.bfloat16)
+    return t.device.type == "cpu" and (not (INTERPRET or CPU_LAUNCHES) or is_fake(t) or t.dtype == torch.bfloat16)
 
 
 def elementwise_tiles(M: int, width: int) -> tuple[int, int, tuple[int, int]]:

@@ -107,7 +107,7 @@ def recording(cpu: bool = False) -> Iterator[list[Recorded]]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(_common, "RECORDING", True))
         if cpu:
-            stack.enter_context(mock.patch.object(_common, "INTERPRET", True))
+            stack.enter_context(mock.patch.object(_common, "CPU_LAUNCHES", True))
         for module in KERNEL_MODULES:
             stack.enter_context(mock.patch.object(module, "wrap_triton", wrap_triton))
         yield calls

@@ -239,3 +239,20 @@ def test_16bit_gelu_compiles_to_one_rcp_and_one_ex2_per_element(tmp_path):
     # (libdevice's erf and tl.math.exp2 use ex2.approx.ftz themselves: the reciprocal tells the two paths apart)
     assert "rcp.approx.ftz.f32" in erf[True]["approx_ptx"] and "rcp.approx.ftz.f32" not in erf[False]["approx_ptx"]
     assert erf[True]["per_element"] < erf[False]["per_element"]
+
+
+def test_recorded_elementwise_launches_take_the_gpu_tiles(monkeypatch):
+    """`recording(cpu=True)` lets CPU tensors through the launchers; it used to do so by switching on the interpreter
+    flag, which also picks the interpreter's 16 x 64 tiles, so bias+GELU and bias+SwiGLU were compiled with tiles no GPU
+    launch uses. Recorded in a process without the interpreter, each launch has the tiles a GPU launch computes."""
+    from vitfast.kernels import _common, aot
+
+    monkeypatch.setattr(_common, "INTERPRET", False)  # as in the AOT check's own process
+    launches = [launch for launch in aot.LAUNCHES if launch.name.startswith(("bias_gelu", "bias_swiglu"))]
+    assert launches
+    for launch in launches:
+        recorded = aot.record(launch)
+        rows, width = (recorded.named_args()[k] for k in ("M", "C" if "BLOCK_C" in recorded.kwargs else "H"))
+        block_m, block_n, _ = _common.elementwise_tiles(rows, width)
+        assert (block_m, block_n) == (8, min(_common.next_pow2(width), 256)), launch.name
+        assert (recorded.kwargs["BLOCK_M"], recorded.kwargs.get("BLOCK_C", recorded.kwargs.get("BLOCK_H"))) == (block_m, block_n), launch.name
