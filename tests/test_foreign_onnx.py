@@ -524,6 +524,36 @@ def test_mark_all_passes_a_fixed_batch_graph_against_its_dynamic_twin(tmp_path):
     assert report["first_failing"] is None and report["compared"] > 20
 
 
+def test_mark_all_takes_equal_infinities_as_equal_and_finds_the_layer_after_them(tmp_path):
+    """A hybrid's stem pads with -inf before its max-pool: -inf - -inf is NaN, so the Pad was the first tensor out of
+    tolerance even for a graph against itself, hiding the layer that really went wrong."""
+    from conftest import randomize
+    from vitfast.export import to_onnx
+    from vitfast.layerwise import MarkedGraph, TensorError, compare_layers
+
+    cfg = vitfast.get_config("vit_small_r26_s32_224", img_size=64, depth=1, embed_dim=64, num_heads=2, num_classes=5)
+    torch.manual_seed(0)
+    fp32 = to_onnx(randomize(vitfast.create_model(cfg)).eval(), tmp_path / "hybrid.onnx")
+    engine = vitfast.load_engine(fp32, backend="onnxruntime")
+    x = vitfast.data.random_images(cfg, 1, seed=5)
+    padded = {n: v for n, v in MarkedGraph(engine)(engine.prepare(x)).items() if np.isneginf(v).any()}
+    assert padded  # the stem's padding is marked, or this test proves nothing
+    assert compare_layers(engine, engine, x, "fp32")["first_failing"] is None
+    broken_at = _break_layer(fp32, tmp_path / "broken.onnx")
+    report = compare_layers(vitfast.load_engine(tmp_path / "broken.onnx", backend="onnxruntime"), engine, x, "fp32")
+    assert report["first_failing"]["tensor"] == broken_at
+    # the numbers of the finite values alone; a non-finite value against a finite one (or NaN against NaN) fails
+    pad = next(iter(padded.values())).astype(np.float64).ravel()
+    err, finite = TensorError(), pad[np.isfinite(pad)]
+    err.add(pad, pad + np.where(np.isfinite(pad), 1e-3, 0))
+    assert err.max_abs_err == pytest.approx(1e-3) and err.scale == pytest.approx(np.abs(finite + 1e-3).max())
+    assert err.cosine == pytest.approx(finite @ (finite + 1e-3) / np.linalg.norm(finite) / np.linalg.norm(finite + 1e-3), abs=1e-12)
+    for a, b in (([np.inf, 1.0], [3.0, 1.0]), ([0.0, 1.0], [-np.inf, 1.0]), ([np.nan, 1.0], [np.nan, 1.0])):
+        err = TensorError()
+        err.add(np.array(a), np.array(b))
+        assert err.max_abs_err == np.inf and not err.cosine >= 0.99
+
+
 def _all_marked_at_once(path: Path, x: torch.Tensor) -> dict[str, np.ndarray]:
     """Every float tensor of the graph at path on the whole batch x in one run, optimisations off: the reference."""
     import onnxruntime as ort

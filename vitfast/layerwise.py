@@ -94,7 +94,9 @@ def _same_kind(node_a: str, node_b: str) -> bool:
 @dataclass
 class TensorError:
     """One tensor's error over runs of a few images: max |a - b|, max |b| (the scale) and the sums of a * b, a^2 and b^2,
-    so the cosine is the one over all the images at once."""
+    so the cosine is the one over all the images at once. Equal infinities (a max-pool's -inf padding, in both graphs)
+    count as no error and stay out of the sums, where inf - inf gave NaN; a non-finite value against any other (NaN
+    against NaN too) is an infinite error, out of tolerance."""
 
     max_abs_err: float = 0.0
     scale: float = 0.0
@@ -104,12 +106,17 @@ class TensorError:
 
     def add(self, a: np.ndarray, b: np.ndarray) -> None:
         a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()  # one tensor at a time in float64
+        keep = ~((a == b) & ~np.isfinite(b))  # equal infinities: the same in both graphs, and no number to sum
+        a, b = a[keep], b[keep]
         if a.size:
-            self.max_abs_err = max(self.max_abs_err, float(np.abs(a - b).max()))
-            self.scale = max(self.scale, float(np.abs(b).max()))
-        self.dot += float(a @ b)
-        self.sum_a2 += float(a @ a)
-        self.sum_b2 += float(b @ b)
+            diff = np.abs(a - b)
+            self.max_abs_err = max(self.max_abs_err, float(np.where(np.isnan(diff), np.inf, diff).max()))
+            finite = np.abs(b[np.isfinite(b)])
+            self.scale = max(self.scale, float(finite.max()) if finite.size else 0.0)
+        with np.errstate(invalid="ignore"):  # a non-finite value left in makes them NaN or inf, and the cosine fail
+            self.dot += float(a @ b)
+            self.sum_a2 += float(a @ a)
+            self.sum_b2 += float(b @ b)
 
     @property
     def cosine(self) -> float:
