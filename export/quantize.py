@@ -121,7 +121,22 @@ def _calibration_array(item, config) -> np.ndarray:
         raise InputError(f"calibration data must be {expected}, got shape {tuple(arr.shape)}")
     if not np.isfinite(arr).all():
         raise InputError("calibration data holds NaN or infinite values: the int8 scales would be meaningless; give finite images")
+    lo, hi = pixel_range(config)
+    if np.abs(arr).max() > PIXEL_RANGE_MARGIN * max(-lo, hi):  # e.g. float pixels on the 0..255 scale, parity measured on them too
+        raise InputError(f"calibration data holds values from {arr.min():.4g} to {arr.max():.4g}, far beyond the {lo:.3g}..{hi:.3g} "
+                         "the model's preprocessing makes of 8-bit images (pixels on the 0..255 scale?); normalise them as the "
+                         "model's preprocessing does: vitfast.preprocess(uint8 images [B, H, W, C], config), or give an image folder")  # fmt: skip
     return arr
+
+
+# How far past the normalised 8-bit range calibration values may go: N(0, 1) test tensors and synthetic outliers stay
+# inside; images on the 0..255 scale do not, unless nearly black.
+PIXEL_RANGE_MARGIN = 8
+
+
+def pixel_range(config) -> tuple[float, float]:
+    """(lowest, highest) value the model's normalisation (x - mean) / std gives pixels in [0, 1], over the channels."""
+    return min(-m / s for m, s in zip(config.mean, config.std)), max((1 - m) / s for m, s in zip(config.mean, config.std))
 
 
 def _reader(batches: Iterable[np.ndarray]):
@@ -230,7 +245,8 @@ def quantize_int8(
 ) -> Path:
     """fp32 ONNX (with sidecar) -> INT8 QDQ ONNX (+ sidecar with calibration and parity numbers).
     `calibration`: an image folder, or float images as the model takes them ([B, C, H, W], normalised:
-    `vitfast.preprocess`'s output) in a tensor, an array or an iterable of batches; integer pixels are refused.
+    `vitfast.preprocess`'s output) in a tensor, an array or an iterable of batches; integer pixels, and floats far past
+    what normalised 8-bit pixels reach (0..255 floats), are refused.
     `method`: each activation's range from ONNX Runtime's calibrator: "minmax" the smallest and largest value over
     all calibration images (whatever their batching or order); "entropy" the threshold whose 128-level quantization
     of a 2048-bin histogram loses least (KL divergence, TensorRT's calibration: outliers are clipped); "percentile"

@@ -52,8 +52,8 @@ def test_entropy_clips_a_heavy_tailed_activation_and_keeps_parity(fp32, tmp_path
     128 bins with one candidate threshold, the full range: the same scale as min/max."""
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(80, 3, 32, 32, generator=gen)
-    outliers = torch.rand(x.shape, generator=gen) < 1e-4  # ~20 pixels of 245,760, 12-20x the spread
-    x[outliers] = torch.empty(int(outliers.sum())).uniform_(12, 20, generator=gen) * torch.randn(int(outliers.sum()), generator=gen).sign()
+    outliers = torch.rand(x.shape, generator=gen) < 1e-4  # ~20 pixels of 245,760, 10-16x the spread (inside what is taken)
+    x[outliers] = torch.empty(int(outliers.sum())).uniform_(10, 16, generator=gen) * torch.randn(int(outliers.sum()), generator=gen).sign()
     absmax = x[:64].abs().max().item()
     scales, metas = {}, {}
     for method in ("minmax", "entropy"):
@@ -77,6 +77,25 @@ def test_raw_pixel_calibration_data_is_refused(fp32, tmp_path, dtype):
     with pytest.raises(vitfast.InputError, match="vitfast.preprocess"):
         quantize_int8(fp32, tmp_path / "raw.onnx", [raw[:20], raw[20:]], samples=32, progress=False)  # batches alike
     assert not (tmp_path / "raw.onnx").exists()
+
+
+def test_float_pixels_on_the_0_to_255_scale_are_refused(fp32, tmp_path, monkeypatch):
+    """Float images on the 0..255 scale were taken: the input's int8 scale came out ~2.0 (a normalised image used ~3 of
+    255 levels), and the held-out parity, measured on the same wrong-scale images, passed. The brightest and darkest
+    images the model's own preprocessing makes are still taken."""
+    import vitfast.export.quantize as quantize
+
+    cfg = vitfast.get_config("vit_cifar_patch4_32", depth=1)
+    pixels = torch.randint(0, 256, (40, 32, 32, 3), generator=torch.Generator().manual_seed(4), dtype=torch.uint8)
+    raw = pixels.permute(0, 3, 1, 2).float()
+    monkeypatch.setattr(quantize, "calibrate", lambda *a, **k: pytest.fail("calibrated on 0..255 floats"))
+    for data in (raw, [raw[:20], raw[20:]], raw.numpy().astype(np.float64)):
+        with pytest.raises(vitfast.InputError, match=r"values from 0 to 255, far beyond .*0\.\.255 scale.*vitfast\.preprocess"):
+            quantize_int8(fp32, tmp_path / "raw.onnx", data, samples=32, progress=False)
+    assert not (tmp_path / "raw.onnx").exists()
+    extremes = vitfast.preprocess(torch.tensor([0, 255], dtype=torch.uint8)[:, None, None, None].expand(2, 32, 32, 3), cfg)
+    assert quantize._calibration_array(extremes, cfg).min() == pytest.approx(quantize.pixel_range(cfg)[0], rel=1e-5)
+    assert quantize._calibration_array(extremes, cfg).max() == pytest.approx(quantize.pixel_range(cfg)[1], rel=1e-5)
 
 
 @pytest.mark.parametrize("percentile", [150, 0, -1, float("nan"), "99.9", True])
