@@ -269,6 +269,8 @@ def quantize_int8(
         raise InputError(f"percentile must be a number in (0, 100], the share of each activation's absolute values its int8 "
                          f"range covers (default 99.999), got {percentile!r}")  # fmt: skip
     onnx_path = Path(onnx_path)
+    if Path(out_path).resolve() == onnx_path.resolve():  # force=True replaced the fp32 graph, and quantized_from named itself
+        raise ArtifactError(f"{out_path} is the fp32 graph being quantized; write the int8 file to another path")
     meta = read_sidecar(onnx_path)
     if meta.get("precision") != "fp32":
         raise ArtifactError(f"{onnx_path} is {meta.get('precision')}; quantize an fp32 ONNX export")

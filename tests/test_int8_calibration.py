@@ -118,6 +118,20 @@ def test_percentile_100_is_the_absolute_max(fp32, tmp_path):
     assert vitfast.export.read_sidecar(out)["int8"]["calibrator"] == {"num_bins": 2048, "percentile": 100}
 
 
+def test_quantizing_a_file_onto_itself_is_refused(fp32, tmp_path):
+    """With force=True the int8 file replaced the fp32 graph it came from, its quantized_from naming itself."""
+    import shutil
+
+    for suffix in ("", ".json"):
+        shutil.copy(f"{fp32}{suffix}", tmp_path / f"m.onnx{suffix}")
+    before = (tmp_path / "m.onnx").read_bytes()
+    (tmp_path / "sub").mkdir()
+    for out in (tmp_path / "m.onnx", tmp_path / "sub" / ".." / "m.onnx"):
+        with pytest.raises(vitfast.ArtifactError, match="is the fp32 graph being quantized; write the int8 file to another path"):
+            quantize_int8(tmp_path / "m.onnx", out, torch.randn(20, 3, 32, 32), samples=16, force=True, progress=False)
+    assert (tmp_path / "m.onnx").read_bytes() == before and vitfast.export.read_sidecar(tmp_path / "m.onnx")["precision"] == "fp32"
+
+
 def test_a_missing_onnx_file_is_not_found_not_missing_its_sidecar(fp32, tmp_path):
     """quantize_int8 said "has no sidecar ...; re-export it" of a path that does not exist."""
     missing = tmp_path / "nothere.onnx"
