@@ -53,8 +53,7 @@ def rank_layers(int8_path: Path, fp32_path: Path, images: np.ndarray, op_types: 
     # (saving moved int8's weights into weights.data: the proto kept in memory is now only the graph)
     reference = _run(fp32_path, images, ort)
     base = _squared_error(_run(measured, images, ort), reference)
-    producers = {out: n for n in int8.graph.node for out in n.output}  # the nodes stay; only a measured node's inputs change
-    candidates = [(node, sources) for node in int8.graph.node if node.op_type in op_types and (sources := _dequantized_inputs(producers, node))]
+    candidates = quantized_layers(int8.graph, op_types)  # the nodes stay; only a measured node's inputs change
     ranked = []
     title = f"int8 sensitivity: {len(candidates)} layers in float one at a time"
     for node, sources in reporting(progress).track(candidates, title, total=len(candidates)):
@@ -63,6 +62,13 @@ def rank_layers(int8_path: Path, fp32_path: Path, images: np.ndarray, op_types: 
         error = _squared_error(_run(measured, images, ort), reference)
         ranked.append(Sensitivity(node.name, node.op_type, (modules or {}).get(node.name), error / base if base > 0 else 1.0))
     return sorted(ranked, key=lambda s: s.error_left)
+
+
+def quantized_layers(graph, op_types: list[str]) -> list[tuple]:
+    """(node, `_dequantized_inputs`) of every `op_types` node of the QDQ `graph` whose inputs are quantized: the layers
+    `rank_layers` measures."""
+    producers = {out: n for n in graph.node for out in n.output}
+    return [(node, sources) for node in graph.node if node.op_type in op_types and (sources := _dequantized_inputs(producers, node))]
 
 
 def module_paths(path: Path) -> dict[str, str]:

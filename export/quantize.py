@@ -37,7 +37,7 @@ from vitfast.progress import Reporter, reporting
 from vitfast.atomic import claim_output, temporaries_in
 
 from .artifacts import made_from, read_sidecar, warn_if_parity_failed, write_sidecar
-from .int8_sensitivity import module_paths, rank_layers
+from .int8_sensitivity import module_paths, quantized_layers, rank_layers
 from .onnx_export import require_onnx
 from .qkv_split import write_split_qkv
 
@@ -257,6 +257,7 @@ def quantize_int8(
     `progress`: a `vitfast.progress.Reporter` told each phase and the images calibrated so far (default: silent).
     An int8 parity that fails keeps the file (its sidecar records it) and warns: `vitfast.errors.ParityWarning`."""
     require_onnx()
+    import onnx
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     if method not in METHODS:
@@ -318,12 +319,13 @@ def quantize_int8(
         quantize(excluded)
         kept = None
         if keep_float:
+            n_layers = len(quantized_layers(onnx.load(str(tmp), load_external_data=False).graph, QUANTIZED_OPS))
+            if keep_float > n_layers:  # told before the sweep, which runs the graph once per layer
+                raise InputError(f"keep_float={keep_float} but the graph has {n_layers} quantized layers; keep fewer")
             sample = np.concatenate(data)[:SENSITIVITY_IMAGES]
             workdir = out.scratch_dir / "sensitivity"
             workdir.mkdir()
             ranked = rank_layers(tmp, prepared, sample, QUANTIZED_OPS, workdir=workdir, modules=module_paths(source), progress=progress)
-            if keep_float > len(ranked):
-                raise InputError(f"keep_float={keep_float} but the graph has {len(ranked)} quantized layers; keep fewer")
             kept = {"nodes": [s.node for s in ranked[:keep_float]], "ranked_on": f"{len(sample)} calibration images",
                     "ranking": [{"node": s.node, "module": s.module, "error_left": s.error_left} for s in ranked[: max(keep_float, 10)]]}  # fmt: skip
             report.phase(f"quantizing again with the {keep_float} most sensitive layer(s) in float")

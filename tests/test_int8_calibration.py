@@ -118,6 +118,25 @@ def test_percentile_100_is_the_absolute_max(fp32, tmp_path):
     assert vitfast.export.read_sidecar(out)["int8"]["calibrator"] == {"num_bins": 2048, "percentile": 100}
 
 
+def dequantized_layers(path) -> dict[str, bool]:
+    """{node: whether a DequantizeLinear feeds its data input} for each Conv, MatMul and Gemm of the graph at `path`."""
+    graph = onnx.load(str(path)).graph
+    produced_by = {o: n.op_type for n in graph.node for o in n.output}
+    return {n.name: produced_by.get(n.input[0]) == "DequantizeLinear" for n in graph.node if n.op_type in ("Conv", "MatMul", "Gemm")}
+
+
+def test_too_large_keep_float_is_refused_before_the_sensitivity_sweep(fp32, tmp_path, monkeypatch):
+    """keep_float larger than the quantized layers was refused only after one ONNX Runtime run per layer."""
+    import vitfast.export.quantize as quantize
+
+    x = vitfast.data.random_images(vitfast.get_config("vit_cifar_patch4_32"), 24, seed=6)
+    n_layers = sum(dequantized_layers(quantize_int8(fp32, tmp_path / "q.onnx", x, samples=16, progress=False)).values())
+    monkeypatch.setattr(quantize, "rank_layers", lambda *a, **k: pytest.fail("ran the sweep before checking keep_float"))
+    with pytest.raises(vitfast.InputError, match=f"keep_float={n_layers + 1} but the graph has {n_layers} quantized layers"):
+        quantize_int8(fp32, tmp_path / "k.onnx", x, samples=16, keep_float=n_layers + 1, progress=False)
+    assert not (tmp_path / "k.onnx").exists()
+
+
 def test_quantizing_a_file_onto_itself_is_refused(fp32, tmp_path):
     """With force=True the int8 file replaced the fp32 graph it came from, its quantized_from naming itself."""
     import shutil
