@@ -276,6 +276,8 @@ def quantize_int8(
     if meta.get("precision") != "fp32":
         raise ArtifactError(f"{onnx_path} is {meta.get('precision')}; quantize an fp32 ONNX export")
     config = ViTConfig.from_dict(meta["config"])
+    exclude = list(exclude)
+    nodes_to_exclude(onnx_path, exclude)  # a typo is told now, not after the calibration
     data, held_out = split_calibration(calibration, config, samples=samples)
     n_samples = sum(len(b) for b in data)
     report = reporting(progress)

@@ -125,6 +125,16 @@ def dequantized_layers(path) -> dict[str, bool]:
     return {n.name: produced_by.get(n.input[0]) == "DequantizeLinear" for n in graph.node if n.op_type in ("Conv", "MatMul", "Gemm")}
 
 
+def test_an_exclude_typo_is_told_before_calibrating(fp32, tmp_path, monkeypatch):
+    """A pattern matching no node was told only after the whole calibration (in the CLI also after the fp32 export)."""
+    import vitfast.export.quantize as quantize
+
+    monkeypatch.setattr(quantize, "calibrate", lambda *a, **k: pytest.fail("calibrated before checking exclude"))
+    with pytest.raises(vitfast.ArtifactError, match=r"\['node_Conv_9O\*'\] match no node"):
+        quantize_int8(fp32, tmp_path / "y.onnx", torch.randn(20, 3, 32, 32), samples=16, exclude=["node_*", "node_Conv_9O*"], progress=False)
+    assert not (tmp_path / "y.onnx").exists()
+
+
 def test_too_large_keep_float_is_refused_before_the_sensitivity_sweep(fp32, tmp_path, monkeypatch):
     """keep_float larger than the quantized layers was refused only after one ONNX Runtime run per layer."""
     import vitfast.export.quantize as quantize
