@@ -175,19 +175,22 @@ def calibrate(prepared: Path, data: list[np.ndarray], method: str, options: dict
     return {name: [{"rmin": td.range_value[0], "rmax": td.range_value[1]}] for name, td in ranges.data.items()}
 
 
-def nodes_to_exclude(model_path: Path, patterns: Iterable[str]) -> list[str]:
-    """Node names matching any shell-style pattern (e.g. 'node_linear_4*' or '*attn*')."""
+def nodes_to_exclude(model_path: Path, patterns: Iterable[str], modules: dict[str, str]) -> list[str]:
+    """Names of the nodes whose name, or the module path it was exported from (`modules`: {node name: module path},
+    `module_paths`), matches any shell-style pattern (e.g. 'node_Conv_2*', '*attn*' or 'patch_embed.backbone.*')."""
     import onnx
 
     patterns = list(patterns)
     if not patterns:
         return []
     names = [n.name for n in onnx.load(str(model_path), load_external_data=False).graph.node]
-    matched = [n for n in names if any(fnmatch.fnmatch(n, p) for p in patterns)]
-    unmatched = [p for p in patterns if not any(fnmatch.fnmatch(n, p) for n in names)]
+    hit = {p: [n for n in names if fnmatch.fnmatch(n, p) or fnmatch.fnmatch(modules.get(n, ""), p)] for p in patterns}
+    unmatched = [p for p in patterns if not hit[p]]
     if unmatched:
-        raise ArtifactError(f"exclude pattern(s) {unmatched} match no node; node names look like {names[:3]}")
-    return matched
+        paths = [m for m in dict.fromkeys(modules.values()) if not m.startswith("_")]  # not the exporter's own hooks
+        raise ArtifactError(f"exclude pattern(s) {unmatched} match no node name or module path; node names look like {names[:3]}"
+                            + (f", module paths like {paths[:3]}" if paths else ""))  # fmt: skip
+    return [n for n in names if any(n in hit[p] for p in patterns)]
 
 
 EXTERNAL_DATA_BYTES = 1.8 * 2**30  # graphs this large keep their weights in an external file: protobuf caps a file at 2 GiB
@@ -251,7 +254,8 @@ def quantize_int8(
     all calibration images (whatever their batching or order); "entropy" the threshold whose 128-level quantization
     of a 2048-bin histogram loses least (KL divergence, TensorRT's calibration: outliers are clipped); "percentile"
     the `percentile`th percentile of the absolute values (2048 bins). The sidecar's `int8.calibrator` says which ran.
-    `exclude`: node-name patterns kept in float. `keep_float`: also keep the n quantized layers in float whose
+    `exclude`: shell-style patterns of the nodes kept in float, by node name or by the module path a node was exported
+    from ('patch_embed.backbone.*': a hybrid's ResNet stem). `keep_float`: also keep the n quantized layers in float whose
     quantization costs the most (`int8_sensitivity.rank_layers` on calibration images; recorded in the sidecar).
     `intermediate`: `onnx_path` is the caller's temporary, not kept; the sidecar records it by its sha256 alone.
     `progress`: a `vitfast.progress.Reporter` told each phase and the images calibrated so far (default: silent).
@@ -276,8 +280,8 @@ def quantize_int8(
     if meta.get("precision") != "fp32":
         raise ArtifactError(f"{onnx_path} is {meta.get('precision')}; quantize an fp32 ONNX export")
     config = ViTConfig.from_dict(meta["config"])
-    exclude = list(exclude)
-    nodes_to_exclude(onnx_path, exclude)  # a typo is told now, not after the calibration
+    exclude, modules = list(exclude), module_paths(onnx_path)
+    nodes_to_exclude(onnx_path, exclude, modules)  # a typo is told now, not after the calibration
     data, held_out = split_calibration(calibration, config, samples=samples)
     n_samples = sum(len(b) for b in data)
     report = reporting(progress)
@@ -317,7 +321,8 @@ def quantize_int8(
                 use_external_data_format=large,
             )  # fmt: skip
 
-        excluded = nodes_to_exclude(prepared, exclude)
+        modules = modules if source == onnx_path else modules | module_paths(source)
+        excluded = nodes_to_exclude(prepared, exclude, modules)  # preparing drops the module paths: read from the source
         quantize(excluded)
         kept = None
         if keep_float:
@@ -327,7 +332,7 @@ def quantize_int8(
             sample = np.concatenate(data)[:SENSITIVITY_IMAGES]
             workdir = out.scratch_dir / "sensitivity"
             workdir.mkdir()
-            ranked = rank_layers(tmp, prepared, sample, QUANTIZED_OPS, workdir=workdir, modules=module_paths(source), progress=progress)
+            ranked = rank_layers(tmp, prepared, sample, QUANTIZED_OPS, workdir=workdir, modules=modules, progress=progress)
             kept = {"nodes": [s.node for s in ranked[:keep_float]], "ranked_on": f"{len(sample)} calibration images",
                     "ranking": [{"node": s.node, "module": s.module, "error_left": s.error_left} for s in ranked[: max(keep_float, 10)]]}  # fmt: skip
             report.phase(f"quantizing again with the {keep_float} most sensitive layer(s) in float")

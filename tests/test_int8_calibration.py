@@ -125,12 +125,34 @@ def dequantized_layers(path) -> dict[str, bool]:
     return {n.name: produced_by.get(n.input[0]) == "DequantizeLinear" for n in graph.node if n.op_type in ("Conv", "MatMul", "Gemm")}
 
 
+def exported_from(path) -> dict[str, str]:
+    """{node: the innermost module torch.onnx's `namespace` metadata names}, read here apart from vitfast's reader."""
+    graph = onnx.load(str(path)).graph
+    scopes = {n.name: next((p.value for p in n.metadata_props if p.key == "namespace"), "") for n in graph.node}
+    return {name: scope.split("/")[-2].split(":")[0] for name, scope in scopes.items() if scope.count("/")}
+
+
+def test_exclude_takes_the_module_paths_nodes_came_from(fp32, tmp_path):
+    """--exclude matched ONNX node names only (node_Conv_..., never shown to a CLI user), not the module paths the
+    keep_float ranking prints."""
+    x = vitfast.data.random_images(vitfast.get_config("vit_cifar_patch4_32"), 24, seed=6)
+    out = quantize_int8(fp32, tmp_path / "x.onnx", x, samples=16, exclude=["patch_embed.proj", "blocks.0.mlp.*"], progress=False)
+    modules = exported_from(fp32)
+    kept = {n for n, m in modules.items() if m == "patch_embed.proj" or m.startswith("blocks.0.mlp.")}
+    layers = dequantized_layers(out)
+    assert kept & set(layers) and not any(layers[n] for n in kept & set(layers))  # the conv, fc1 and fc2 stay float
+    assert any(q for n, q in layers.items() if n not in kept)  # and the rest is quantized
+    with pytest.raises(vitfast.ArtifactError, match=r"\['blocks\.9\.\*'\] match no node name or module path.*module paths like"):
+        quantize_int8(fp32, tmp_path / "y.onnx", x, samples=16, exclude=["blocks.0.mlp.*", "blocks.9.*"], progress=False)
+    assert not (tmp_path / "y.onnx").exists()
+
+
 def test_an_exclude_typo_is_told_before_calibrating(fp32, tmp_path, monkeypatch):
     """A pattern matching no node was told only after the whole calibration (in the CLI also after the fp32 export)."""
     import vitfast.export.quantize as quantize
 
     monkeypatch.setattr(quantize, "calibrate", lambda *a, **k: pytest.fail("calibrated before checking exclude"))
-    with pytest.raises(vitfast.ArtifactError, match=r"\['node_Conv_9O\*'\] match no node"):
+    with pytest.raises(vitfast.ArtifactError, match=r"\['node_Conv_9O\*'\] match no node name or module path"):
         quantize_int8(fp32, tmp_path / "y.onnx", torch.randn(20, 3, 32, 32), samples=16, exclude=["node_*", "node_Conv_9O*"], progress=False)
     assert not (tmp_path / "y.onnx").exists()
 

@@ -443,7 +443,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--int8-target", default="tensorrt", choices=["tensorrt", "openvino", "cpu"],
                    help="QDQ form: TensorRT's symmetric int8 (default), the same with q/k/v split (fastest in OpenVINO, slower in ONNX Runtime), "
                         "or ONNX Runtime CPU's uint8 activations")  # fmt: skip
-    p.add_argument("--exclude", nargs="*", help="node-name patterns kept in float (per-layer fallback)")
+    p.add_argument("--exclude", nargs="*", help="nodes kept in float (per-layer fallback), by ONNX node name or by the module path "
+                                                "they came from, shell-style patterns (e.g. 'patch_embed.backbone.*' 'blocks.11.mlp.fc2')")  # fmt: skip
     p.add_argument("--int8-keep-float", type=int_in(0), default=0, metavar="N",
                    help="also keep the N quantized layers in float whose int8 error is largest, measured one layer at a time on "
                         "calibration images (ranking in the sidecar)")  # fmt: skip
