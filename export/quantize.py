@@ -44,6 +44,7 @@ from .qkv_split import write_split_qkv
 METHODS = ("minmax", "entropy", "percentile")
 TARGETS = ("tensorrt", "openvino", "cpu")
 QUANTIZED_OPS = ["Conv", "MatMul", "Gemm"]
+HYBRID_STEM = "patch_embed.backbone.*"  # the module paths of a hybrid's ResNet stem, for exclude
 HELD_OUT = 64  # images the int8 parity is measured on, never calibrated on
 SENSITIVITY_IMAGES = 16  # calibration images keep_float ranks the layers on (one ONNX Runtime run per layer each)
 # ONNX Runtime's calibrator settings per method, recorded in the sidecar. quantize_static cannot pass the bin counts: its
@@ -353,6 +354,9 @@ def quantize_int8(
                                     [_int8_parity(tmp, onnx_path, random_images(config, 4, seed=0, hw=hw).numpy(), config.channel_axis,
                                                   "4 seeded random-pixel images") for hw in other_sizes(config)]),
         )  # fmt: skip
+        if not new_meta["parity"]["passed"] and config.hybrid_layers is not None and HYBRID_STEM not in exclude:
+            new_meta["parity"]["advice"] = (f"a hybrid's ResNet stem can amplify int8 error (GroupNorm scales up what its standardised "
+                                            f"convs leave); keep it float with --exclude '{HYBRID_STEM}' (exclude=['{HYBRID_STEM}'])")  # fmt: skip
         write_sidecar(tmp, new_meta)
     warn_if_parity_failed(out_path, new_meta["parity"])
     return Path(out_path)

@@ -196,13 +196,30 @@ def test_a_missing_onnx_file_is_not_found_not_missing_its_sidecar(fp32, tmp_path
         quantize_int8(bare, tmp_path / "q.onnx", torch.randn(20, 3, 32, 32), samples=16, progress=False)
 
 
-def test_a_hybrid_quantizes_every_stem_conv_as_documented(tmp_path):
-    """Q/DQ goes on the inputs of every Conv, MatMul and Gemm: in a hybrid, each ResNet stem convolution as well as
-    the patch projection (the docs said "the patch Conv"), with per-channel weights; the stem's norms stay float."""
+@pytest.fixture(scope="module")
+def hybrids(tmp_path_factory):
+    """A tiny R26+ViT-S/32 exported twice: {"bit": each bottleneck's last GroupNorm scale near 0, as timm's
+    zero_init_last option (off by default) and trained BiT stems have it, so a block starts close to its shortcut;
+    "random": every norm scale near 1, a stem that amplifies what its convs' int8 error leaves}."""
+    root = tmp_path_factory.mktemp("hybrid")
     cfg = vitfast.get_config("vit_small_r26_s32_224", img_size=64, depth=1, embed_dim=64, num_heads=2, num_classes=5)
     torch.manual_seed(0)
-    fp32 = to_onnx(randomize(vitfast.create_model(cfg)).eval(), tmp_path / "hybrid.onnx")
-    out = quantize_int8(fp32, tmp_path / "hybrid.int8.onnx", vitfast.data.random_images(cfg, 20, seed=1), samples=16, progress=False)
+    model = randomize(vitfast.create_model(cfg)).eval()
+    files = {"random": to_onnx(model, root / "random.onnx")}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm3.weight"):
+                p.copy_(0.1 * torch.randn_like(p))
+    files["bit"] = to_onnx(model, root / "bit.onnx")
+    return files | {"images": vitfast.data.random_images(cfg, 16 + 64, seed=1)}
+
+
+def test_a_hybrid_quantizes_every_stem_conv_as_documented(hybrids, tmp_path):
+    """Q/DQ goes on the inputs of every Conv, MatMul and Gemm: in a hybrid, each ResNet stem convolution as well as
+    the patch projection (the docs said "the patch Conv"), with per-channel weights; the stem's norms stay float. With
+    a BiT-like init the int8 file keeps parity on 64 held-out images."""
+    fp32 = hybrids["bit"]
+    out = quantize_int8(fp32, tmp_path / "hybrid.int8.onnx", hybrids["images"], samples=16, progress=False)
     graph = onnx.load(str(out)).graph
     produced_by = {o: n for n in graph.node for o in n.output}
     inits = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
@@ -214,3 +231,21 @@ def test_a_hybrid_quantizes_every_stem_conv_as_documented(tmp_path):
         assert inits[weight.input[1]].size > 1, f"{conv.name}: per-channel weight scales"
     norms = [n for n in graph.node if n.op_type in ("InstanceNormalization", "BatchNormalization", "LayerNormalization")]
     assert norms and all(n.input[0] not in produced_by or produced_by[n.input[0]].op_type != "DequantizeLinear" for n in norms)
+    parity = vitfast.export.read_sidecar(out)["parity"]
+    assert parity["passed"] and parity["inputs"].startswith("64 held-out"), parity
+
+
+def test_a_badly_conditioned_hybrid_stem_kept_float_restores_parity(hybrids, tmp_path):
+    """With every stem norm scale near 1 the int8 stem's error grows block by block (cosine 0.981 on 64 held-out
+    images); the ParityWarning says to keep the stem float by its module path, which restores parity."""
+    with pytest.warns(vitfast.errors.ParityWarning, match=r"parity FAILED.*keep it float with --exclude 'patch_embed\.backbone\.\*'"):
+        quantize_int8(hybrids["random"], tmp_path / "q.onnx", hybrids["images"], samples=16, progress=False)
+    out = quantize_int8(hybrids["random"], tmp_path / "stem.onnx", hybrids["images"], samples=16, exclude=["patch_embed.backbone.*"],
+                        progress=False)  # fmt: skip
+    parity = vitfast.export.read_sidecar(out)["parity"]
+    assert parity["passed"] and parity["inputs"].startswith("64 held-out") and "advice" not in parity, parity
+    modules, layers = exported_from(hybrids["random"]), dequantized_layers(out)
+    convs = {n.name for n in onnx.load(str(hybrids["random"])).graph.node if n.op_type == "Conv"}
+    stem = {n for n in convs if modules[n].startswith("patch_embed.backbone.")}
+    assert len(stem) == 29 and not any(layers[n] for n in stem)  # every stem conv float
+    assert all(layers[n] for n in convs - stem) and any(q for n, q in layers.items() if n not in stem)  # the patch proj and blocks int8

@@ -59,9 +59,11 @@ def find_the_layer(path) -> str:
 
 def failed_export(path, parity: dict | None) -> str | None:
     """The one line saying that the export written to `path` failed its parity check (None if it passed): the numbers, that
-    the artifact is kept for inspection with the failure in its sidecar, and how to find the layer at fault."""
+    the artifact is kept for inspection with the failure in its sidecar, how to find the layer at fault, and the parity's
+    `advice` where the exporter recorded one."""
     failed = failure(parity)
-    return failed and f"{failed}; {path} is kept for inspection, its sidecar records the failure: {find_the_layer(path)}"
+    advice = f"; {parity['advice']}" if failed and parity.get("advice") else ""  # what the exporter knows may help (int8 hybrids)
+    return failed and f"{failed}; {path} is kept for inspection, its sidecar records the failure: {find_the_layer(path)}{advice}"
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor, precision: str = "fp32", *, atol: float | None = None,
