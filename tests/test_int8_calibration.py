@@ -47,7 +47,7 @@ def test_minmax_is_the_min_and_max_over_all_calibration_images(fp32, tmp_path):
 
 
 def test_entropy_clips_a_heavy_tailed_activation_and_keeps_parity(fp32, tmp_path):
-    """Entropy (KL) calibration on 2048 bins, TensorRT's setting, clips the rare outliers of a heavy-tailed input
+    """Entropy (KL) calibration on 2048 bins (ONNX Runtime's search, signed) clips the rare outliers of a heavy-tailed input
     that min/max must cover; the int8 model still matches fp32 on held-out images. quantize_static alone ran it on
     128 bins with one candidate threshold, the full range: the same scale as min/max."""
     gen = torch.Generator().manual_seed(2)
