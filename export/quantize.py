@@ -38,6 +38,7 @@ from vitfast.atomic import claim_output, temporaries_in
 
 from .artifacts import made_from, read_sidecar, warn_if_parity_failed, write_sidecar
 from .int8_sensitivity import module_paths, quantized_layers, rank_layers
+from .kl_threshold import kl_threshold
 from .onnx_export import require_onnx
 from .qkv_split import write_split_qkv
 
@@ -51,10 +52,10 @@ SENSITIVITY_IMAGES = 16  # calibration images keep_float ranks the layers on (on
 # entropy calibration histograms into 128 bins and quantizes to 128, so the KL search has one candidate, the full range.
 CALIBRATOR_OPTIONS = {
     "minmax": {"moving_average": False},  # the min and max over all images, not a mean of per-batch extremes
-    # ONNX Runtime's KL search, not TensorRT's: it histograms signed values over [-max|x|, max|x|] and merges a candidate
-    # [-t, t] into 128 bins in all (64 levels a side), where TensorRT histograms |x| into 128 levels; on one-sided
-    # (post-ReLU) data its threshold clips far more (relu(N(0, 1)): 2.71 of max 4.32; TensorRT's 4.32).
-    "entropy": {"num_bins": 2048, "num_quantized_bins": 128},
+    # TensorRT's KL search (kl_threshold.py) on ONNX Runtime's histograms of |x|; ONNX Runtime's own entropy calibrator
+    # merges signed values into 64 levels a side and clips one-sided (post-ReLU / GELU) data far more (relu(N(0, 1)):
+    # 2.71 of max 4.32, where TensorRT's search keeps 4.32)
+    "entropy": {"num_bins": 2048, "num_quantized_bins": 128, "search": "tensorrt"},
     "percentile": {"num_bins": 2048},  # what quantize_static gives it; `percentile` is added
 }
 
@@ -164,19 +165,30 @@ def calibrate(prepared: Path, data: list[np.ndarray], method: str, options: dict
     quantize_static's TensorQuantOverrides. `report`: told the images calibrated so far."""
     from onnxruntime.quantization import CalibrationMethod, create_calibrator
 
+    # entropy: the percentile calibrator's histograms of |x| (symmetric), searched as TensorRT does (kl_threshold.py)
     calibrator = create_calibrator(
         prepared, QUANTIZED_OPS, augmented_model_path=str(workdir / "augmented.onnx"),
-        calibrate_method={"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+        calibrate_method={"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Percentile,
                           "percentile": CalibrationMethod.Percentile}[method],
-        use_external_data_format=large, extra_options=options,
+        use_external_data_format=large,
+        extra_options={"num_bins": options["num_bins"], "symmetric": True} if method == "entropy" else options,
     )  # fmt: skip
     n = sum(len(b) for b in data)
     with contextlib.redirect_stdout(io.StringIO()):  # the histogram calibrators print every step; stdout stays clean for --json
         for batch in report.track(data, f"calibrating int8 ({method}) on {n} images", total=n, size=len):
             # one batch a call: ONNX Runtime merges the ranges / histograms, so memory holds one batch's activations
             calibrator.collect_data(_reader([batch]))
+        if method == "entropy":
+            return {name: [_kl_range(*histogram[:4])] for name, histogram in calibrator.collector.histogram_dict.items()}
         ranges = calibrator.compute_data()
     return {name: [{"rmin": td.range_value[0], "rmax": td.range_value[1]}] for name, td in ranges.data.items()}
+
+
+def _kl_range(hist: np.ndarray, edges: np.ndarray, low, high) -> dict:
+    """A tensor's range from TensorRT's entropy threshold on its |x| histogram, within the values seen (low, high), as
+    ONNX Runtime bounds its percentile ranges."""
+    amax = np.float32(kl_threshold(hist, edges))
+    return {"rmin": np.maximum(-amax, np.float32(low)), "rmax": np.minimum(amax, np.float32(high))}
 
 
 def nodes_to_exclude(model_path: Path, patterns: Iterable[str], modules: dict[str, str]) -> list[str]:
@@ -255,9 +267,9 @@ def quantize_int8(
     `vitfast.preprocess`'s output) in a tensor, an array or an iterable of batches; integer pixels, and floats far past
     what normalised 8-bit pixels reach (0..255 floats), are refused.
     `method`: each activation's range from ONNX Runtime's calibrator: "minmax" the smallest and largest value over
-    all calibration images (whatever their batching or order); "entropy" ONNX Runtime's KL-divergence threshold on a
-    2048-bin histogram of the signed values, 128 bins over [-t, t] (not TensorRT's: it clips one-sided activations
-    harder); "percentile"
+    all calibration images (whatever their batching or order); "entropy" TensorRT's KL-divergence threshold
+    (IInt8EntropyCalibrator2's search: a 2048-bin histogram of |x|, candidates merged into 128 levels; `kl_threshold`)
+    on ONNX Runtime's histograms; "percentile"
     the `percentile`th percentile of the absolute values (2048 bins). The sidecar's `int8.calibrator` says which ran.
     `exclude`: shell-style patterns of the nodes kept in float, by node name or by the module path a node was exported
     from ('patch_embed.backbone.*': a hybrid's ResNet stem). `keep_float`: also keep the n quantized layers in float whose

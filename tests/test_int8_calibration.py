@@ -47,7 +47,7 @@ def test_minmax_is_the_min_and_max_over_all_calibration_images(fp32, tmp_path):
 
 
 def test_entropy_clips_a_heavy_tailed_activation_and_keeps_parity(fp32, tmp_path):
-    """Entropy (KL) calibration on 2048 bins (ONNX Runtime's search, signed) clips the rare outliers of a heavy-tailed input
+    """Entropy (KL) calibration on 2048 bins (TensorRT's search on |x|) clips the rare outliers of a heavy-tailed input
     that min/max must cover; the int8 model still matches fp32 on held-out images. quantize_static alone ran it on
     128 bins with one candidate threshold, the full range: the same scale as min/max."""
     gen = torch.Generator().manual_seed(2)
@@ -61,7 +61,7 @@ def test_entropy_clips_a_heavy_tailed_activation_and_keeps_parity(fp32, tmp_path
         scales[method], metas[method] = activation_scales(out), vitfast.export.read_sidecar(out)
     assert scales["minmax"]["images"] == pytest.approx(absmax / 127, rel=1e-6)
     assert scales["entropy"]["images"] < 0.5 * absmax / 127  # the outliers are clipped, not covered
-    assert metas["entropy"]["int8"]["calibrator"] == {"num_bins": 2048, "num_quantized_bins": 128}
+    assert metas["entropy"]["int8"]["calibrator"] == {"num_bins": 2048, "num_quantized_bins": 128, "search": "tensorrt"}
     assert metas["entropy"]["parity"]["passed"] and metas["entropy"]["parity"]["cosine"] > 0.99
 
 
