@@ -41,6 +41,8 @@ from .engine_source import EngineSource, check_graph_precision, engine_source
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0) and newer
 TENSORRT_MAJOR = 10
 MAX_OPTIMIZATION_LEVEL = 5  # TensorRT's builder optimization levels are 0..5 (3 is its default)
+# why a graph may have no norm layers to pin
+NO_NORMS = "ONNX opset < 17 splits LayerNorm up, and a graph without torch.onnx's node metadata does not say which ops are RMSNorm's"
 Shape = tuple[int, ...]
 
 
@@ -89,8 +91,8 @@ def trtexec_command(onnx_path: str | os.PathLike, engine_path: str | os.PathLike
                     overrides: dict[str, Any] | None = None) -> str:  # fmt: skip
     """The `trtexec` line that builds what `build_engine` would from the ONNX at `onnx_path` (vitfast's, whose
     sidecar gives the input, or another tool's, read as `build_engine` reads it), for a machine where only trtexec
-    is at hand. Refused where `build_engine` would refuse the ONNX (`check_quantization`). LayerNorm is kept in
-    fp32 as `build_engine` keeps it (`fp32_layernorm`), by layer name: `normalization_layer_names`. The engine it
+    is at hand. Refused where `build_engine` would refuse the ONNX (`check_quantization`). LayerNorm and RMSNorm are
+    kept in fp32 as `build_engine` keeps them (`fp32_layernorm`), by layer name: `normalization_layer_names`. The engine it
     writes has no vitfast sidecar: `load_engine` runs it as another tool's engine, with `--config ONNX.json` for
     the preprocessing. It needs TensorRT 10's trtexec (11's has no --fp16 / --int8)."""
     require(precision, TENSORRT, "TensorRT")
@@ -117,27 +119,38 @@ def trtexec_command(onnx_path: str | os.PathLike, engine_path: str | os.PathLike
 
 
 def normalization_layer_names(onnx_path: str | os.PathLike) -> list[str]:
-    """The names TensorRT 10's ONNX parser gives the NORMALIZATION layers of the ONNX at `onnx_path`: one per
-    LayerNormalization node, named after it (`node_of_<its output>` for an unnamed node; onnx-tensorrt's
-    `getNodeName`), the names `trtexec --layerPrecisions` matches. Nodes sharing a name would get suffixed layer
-    names; vitfast's exporter names each node once."""
+    """The names TensorRT 10's ONNX parser gives the norm layers of the ONNX at `onnx_path`, the layers kept in fp32: one
+    NORMALIZATION layer per LayerNormalization node, then one per op of each RMSNorm (elementary ops in every opset
+    vitfast writes, found by the module the exporter's node metadata says they came from; Casts set their own types).
+    Each is named after its node (`node_of_<its output>` for an unnamed node; onnx-tensorrt's `getNodeName`), the names
+    `trtexec --layerPrecisions` matches. Nodes sharing a name would get suffixed layer names; vitfast's exporter names
+    each node once."""
     import onnx
 
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
-    names = [n.name or f"node_of_{n.output[0]}" for n in graph.node if n.op_type == "LayerNormalization"]
-    return list(dict.fromkeys(names))
+    norms = [n for n in graph.node if n.op_type == "LayerNormalization"]
+    norms += [n for n in graph.node if n.op_type not in ("Cast", "Constant") and _is_rmsnorm_op(n)]
+    return list(dict.fromkeys(n.name or f"node_of_{n.output[0]}" for n in norms))
+
+
+def _is_rmsnorm_op(node) -> bool:
+    """Whether torch.onnx's node metadata `namespace` ("...blocks.0.norm1: torch.nn.modules.normalization.RMSNorm/pow_1:
+    aten.pow.Tensor_Scalar") says the node came from an RMSNorm module (its innermost module; the last part is the op)."""
+    scope = next((p.value for p in node.metadata_props if p.key == "namespace"), "")
+    modules = scope.split("/")[:-1]
+    return bool(modules) and modules[-1].rsplit(".", 1)[-1].strip().lower().endswith("rmsnorm")
 
 
 def _trtexec_fp32_layers(names: list[str]) -> list[str]:
-    """trtexec flags that keep the layers `names` in fp32 with fp32 outputs, as `_pin_normalization_fp32` does, under
+    """trtexec flags that keep the layers `names` in fp32 with fp32 outputs, as `_pin_norms_fp32` does, under
     `prefer` constraints as `precision_flags` sets them. trtexec splits its specs at ',' (and each at its last ':'),
     reads quotes and takes '*' as a wildcard, so a name holding ',', a quote or '*' cannot be given; such layers stay
-    unpinned, with a warning, as does a graph without LayerNormalization."""
+    unpinned, with a warning, as does a graph without norm layers."""
     usable = [n for n in names if not set(n) & set(",'\"*")]
     if len(usable) < len(names) or not names:
         left = [n for n in names if n not in usable]
-        warnings.warn(f"the trtexec line keeps {len(usable)} of {len(names)} LayerNormalization layers in fp32"
-                      + (f" (trtexec cannot name {', '.join(map(repr, left))})" if left else " (ONNX opset < 17 splits them up)")
+        warnings.warn(f"the trtexec line keeps {len(usable)} of {len(names)} norm layers in fp32"
+                      + (f" (trtexec cannot name {', '.join(map(repr, left))})" if left else f" ({NO_NORMS})")
                       + "; fp16 norms may overflow: build with vitfast export --format trt where TensorRT's Python package is at hand")  # fmt: skip
     if not usable:
         return []
@@ -151,7 +164,7 @@ def precision_flags(precision: str, compute_capability: str | Sequence[int], *, 
     fp32: none. fp16: FP16. int8: INT8 + FP16, for an explicitly quantized (Q/DQ) ONNX: the layers
     left unquantized then run in fp16 rather than fp32. fp8: FP8 + FP16, likewise, and only on
     compute capability >= 8.9. `fp32_layernorm` (reduced precisions only) adds
-    PREFER_PRECISION_CONSTRAINTS so the LayerNorm layers pinned to fp32 keep it, while TensorRT may
+    PREFER_PRECISION_CONSTRAINTS so the norm layers pinned to fp32 keep it, while TensorRT may
     still fall back (with a warning) where no fp32 kernel fits a fusion, rather than fail the build.
     """
     require(precision, TENSORRT, "TensorRT")
@@ -216,8 +229,8 @@ def build_engine(
     >= 8.9). batch: the optimization profile's (min, opt, max) batch sizes. workspace_gib: TensorRT's
     workspace pool limit in GiB. optimization_level: builder optimization level 0..5. timing_cache:
     a file of tactic timings, read when it exists and written back (atomically) after the build.
-    fp32_layernorm: keep LayerNorm layers in fp32 in reduced-precision engines (fp16 LayerNorm
-    can overflow). image_sizes: for a --dynamic-img-size ONNX, the (min, opt, max) image sizes the engine
+    fp32_layernorm: keep LayerNorm and RMSNorm layers in fp32 in reduced-precision engines (an fp16 RMSNorm
+    can overflow; the sidecar's `tensorrt.fp32_layers` names the layers). image_sizes: for a --dynamic-img-size ONNX, the (min, opt, max) image sizes the engine
     takes ('MIN:OPT:MAX', each N or HxW; default half to twice img_size, optimised for img_size: see
     `parse_image_sizes`). The engine and sidecar are written atomically; `force` overwrites an existing
     engine. `intermediate`: `onnx_path` is the caller's temporary, not kept; the sidecar's `built_from` records it by
@@ -247,7 +260,7 @@ def build_engine(
     input_name, shapes, dynamic_batch = _input_profile(network, batch, source)
     config = builder.create_builder_config()
     _set_options(trt, config, precision, flags, workspace_gib, optimization_level)
-    fp32_layers = _pin_normalization_fp32(trt, network) if pin_layernorm else 0
+    fp32_layers = _pin_norms_fp32(trt, network, normalization_layer_names(onnx_path)) if pin_layernorm else []
     _add_profile(builder, config, input_name, shapes)
     cache = _attach_timing_cache(config, timing_cache)
     serialized = _build(trt, builder, network, config, show_progress=progress and sys.stderr.isatty())
@@ -361,19 +374,19 @@ def _set_options(trt, config, precision: str, flags: list[str], workspace_gib: f
         config.set_flag(getattr(trt.BuilderFlag, name))
 
 
-def _pin_normalization_fp32(trt, network) -> int:
-    """Run every NORMALIZATION layer (ONNX LayerNormalization, opset >= 17) in fp32 with fp32
-    outputs; fp16 LayerNorm statistics overflow on large activations. Returns how many were pinned."""
-    pinned = 0
+def _pin_norms_fp32(trt, network, names: list[str]) -> list[str]:
+    """Run every NORMALIZATION layer (ONNX LayerNormalization, opset >= 17) and the layers named `names` (an RMSNorm's
+    elementary ops: `normalization_layer_names`) in fp32 with fp32 outputs; fp16 LayerNorm statistics overflow on large
+    activations, as does an RMSNorm's fp16 x^2 past |x| = 256. Returns the names of the layers pinned."""
+    wanted, pinned = set(names), []
     for layer in _layers(network):
-        if layer.type == trt.LayerType.NORMALIZATION:
+        if layer.type == trt.LayerType.NORMALIZATION or layer.name in wanted:
             layer.precision = trt.DataType.FLOAT
             for index in range(layer.num_outputs):
                 layer.set_output_type(index, trt.DataType.FLOAT)
-            pinned += 1
+            pinned.append(layer.name)
     if not pinned:
-        warnings.warn("no LayerNormalization layers to keep in fp32 (ONNX opset < 17 splits them up, and RMSNorm is always exported "
-                      "as elementary ops, with casts to fp32 around its statistics); fp16 norms may overflow")
+        warnings.warn(f"no norm layers to keep in fp32 ({NO_NORMS}); fp16 norms may overflow")
     return pinned
 
 

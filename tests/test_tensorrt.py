@@ -564,6 +564,41 @@ def test_trtexec_command_pins_the_layers_build_engine_pins(rec, gpu, exported, t
     assert "--layerPrecisions" not in unpinned and "--precisionConstraints" not in unpinned
 
 
+@pytest.fixture(scope="module")
+def rmsnorm_onnx(tmp_path_factory) -> Path:
+    """A one-block RMSNorm ViT exported by vitfast in fp32 (as --format trt hands TensorRT): each RMSNorm is Pow,
+    ReduceMean, Add, Sqrt, Reciprocal and two Muls, without Casts."""
+    from vitfast.export.onnx_export import to_onnx
+
+    model = vitfast.create_model("vit_cifar_patch4_32", norm_layer="rmsnorm", depth=1).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return to_onnx(model, tmp_path_factory.mktemp("rms") / "rms.onnx", batch=(1, 2, 4), progress=False)
+
+
+def rmsnorm_node_names(path: Path) -> list[str]:
+    import onnx
+
+    return [n.name for n in onnx.load(str(path), load_external_data=False).graph.node
+            if any(p.key == "namespace" and "RMSNorm/" in p.value for p in n.metadata_props)]  # fmt: skip
+
+
+def test_an_rmsnorm_engine_keeps_its_norms_ops_in_fp32(rmsnorm_onnx, rec, gpu, tmp_path):
+    """An fp16 engine pins every op of each RMSNorm (x^2 overflows fp16 past |x| = 256), says which in its sidecar, and
+    the trtexec line names the same layers; the GELU's own Pow stays free."""
+    names = rmsnorm_node_names(rmsnorm_onnx)
+    assert len(names) == 3 * 7 and not any("Cast" in n for n in names)  # norm1, norm2, the final norm
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "no norm layers" warning: the norms are found
+        path = build(rmsnorm_onnx, tmp_path / "rms.engine")
+    layers = rec.networks[-1].layers
+    pinned = [layer.name for layer in layers if layer.precision == "DataType.FLOAT" and layer.output_types == {0: "DataType.FLOAT"}]
+    assert pinned == names and all(layer._precision is None for layer in layers if layer.name not in names)
+    assert read_sidecar(path)["tensorrt"]["fp32_layers"] == names
+    line = shlex.split(trt_export.trtexec_command(rmsnorm_onnx, "rms.engine", precision="fp16", batch=(1, 2, 4)))
+    assert f"--layerPrecisions={','.join(f'{n}:fp32' for n in names)}" in line and "--precisionConstraints=prefer" in line
+
+
 def test_trtexec_names_unnamed_norms_as_the_parser_does_and_warns_for_names_it_cannot_pass(onnx_file, tmp_path):
     import onnx
 
@@ -574,7 +609,7 @@ def test_trtexec_names_unnamed_norms_as_the_parser_does_and_warns_for_names_it_c
     onnx.save(model, str(renamed))
     write_sidecar(renamed, read_sidecar(onnx_file, verify=False))
     assert trt_export.normalization_layer_names(renamed)[:3] == [f"node_of_{norms[0].output[0]}", "blocks.0/norm,2", "blocks:1/norm"]
-    with pytest.warns(UserWarning, match=f"keeps {len(norms) - 1} of {len(norms)} LayerNormalization layers in fp32 .*'blocks.0/norm,2'"):
+    with pytest.warns(UserWarning, match=f"keeps {len(norms) - 1} of {len(norms)} norm layers in fp32 .*'blocks.0/norm,2'"):
         line = trt_export.trtexec_command(renamed, "vit.engine", precision="fp16", batch=(1, 8, 32))
     assert f"node_of_{norms[0].output[0]}:fp32" in line and "blocks:1/norm:fp32" in line and "norm,2" not in line
 
@@ -717,7 +752,7 @@ def test_build_fp16_end_to_end(rec, gpu, onnx_file, tmp_path):
         "workspace_gib": 2.5,
         "flags": ["FP16", "PREFER_PRECISION_CONSTRAINTS"],
         "fp32_layernorm": True,
-        "fp32_layers": 9,
+        "fp32_layers": [n.name for n in norms],
         "timing_cache": str(cache_file),
     }
 
@@ -728,7 +763,7 @@ def test_build_fp32_clears_tf32_and_pins_nothing(rec, gpu, onnx_file, tmp_path):
     assert config.flags == set() and config.cleared == {"BuilderFlag.TF32"}
     assert all(layer._precision is None for layer in rec.networks[0].layers)
     assert config.profiles[0].shapes["images"][2] == (4, 3, 32, 32)
-    assert read_sidecar(tmp_path / "vit.engine")["tensorrt"]["fp32_layers"] == 0
+    assert read_sidecar(tmp_path / "vit.engine")["tensorrt"]["fp32_layers"] == []
 
 
 def test_build_without_fp32_layernorm_sets_no_constraints(rec, gpu, onnx_file, tmp_path):
