@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import sys
 import threading
@@ -32,6 +33,7 @@ from vitfast.runtime.tensorrt_engine import (  # noqa: F401  (TensorRTEngine, ch
     require_tensorrt,
     trt_logger,
 )
+from vitfast.runtime.tensorrt_foreign import format_precision, inspected_layers
 
 from vitfast.atomic import atomic_write, check_output_free, claim_output
 
@@ -230,7 +232,8 @@ def build_engine(
     workspace pool limit in GiB. optimization_level: builder optimization level 0..5. timing_cache:
     a file of tactic timings, read when it exists and written back (atomically) after the build.
     fp32_layernorm: keep LayerNorm and RMSNorm layers in fp32 in reduced-precision engines (an fp16 RMSNorm
-    can overflow; the sidecar's `tensorrt.fp32_layers` names the layers). image_sizes: for a --dynamic-img-size ONNX, the (min, opt, max) image sizes the engine
+    can overflow; the sidecar's `tensorrt.fp32_layers` names the layers, and those the engine says run in fp32:
+    `_pinned_precisions`). image_sizes: for a --dynamic-img-size ONNX, the (min, opt, max) image sizes the engine
     takes ('MIN:OPT:MAX', each N or HxW; default half to twice img_size, optimised for img_size: see
     `parse_image_sizes`). The engine and sidecar are written atomically; `force` overwrites an existing
     engine. `intermediate`: `onnx_path` is the caller's temporary, not kept; the sidecar's `built_from` records it by
@@ -264,6 +267,7 @@ def build_engine(
     _add_profile(builder, config, input_name, shapes)
     cache = _attach_timing_cache(config, timing_cache)
     serialized = _build(trt, builder, network, config, show_progress=progress and sys.stderr.isatty())
+    fp32_layers = _pinned_precisions(trt, serialized, fp32_layers, input_name, shapes[1])
 
     meta = _engine_metadata(onnx_path, source_meta, achieved, batch, dynamic_batch, input_name, intermediate)
     if source.sizes and not source.graph:  # another tool's graph of any size is built for one: the config's
@@ -366,6 +370,8 @@ def _input_profile(network, batch: tuple[int, int, int], source: EngineSource) -
 def _set_options(trt, config, precision: str, flags: list[str], workspace_gib: float, optimization_level: int) -> None:
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gib * 2**30))
     config.builder_optimization_level = optimization_level
+    # the engine then lists its layers' formats: what the fp32 pins achieved (`_pinned_precisions`), what it runs at load
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     if precision == "fp32":
         # TF32 is on by default; it rounds matmul inputs to 10-bit mantissas (~1e-3 relative
         # error), far past what an fp32 engine promises.
@@ -388,6 +394,33 @@ def _pin_norms_fp32(trt, network, names: list[str]) -> list[str]:
     if not pinned:
         warnings.warn(f"no norm layers to keep in fp32 ({NO_NORMS}); fp16 norms may overflow")
     return pinned
+
+
+def _pinned_precisions(trt, serialized, pinned: list[str], input_name: str, shape: Shape) -> dict[str, Any]:
+    """What the engine says of the layers pinned to fp32 (PREFER_PRECISION_CONSTRAINTS lets TensorRT fall back): {"requested":
+    their names, "fp32": those its inspector lists with fp32 outputs, "not_fp32": {name: the precision listed}}, the last
+    two None when it lists no formats. A requested layer in neither was fused out of sight (a Myelin ForeignNode lists
+    only its own I/O). Warns of each pinned layer listed below fp32."""
+    record = {"requested": pinned, "fp32": None, "not_fp32": None}
+    engine = trt.Runtime(trt_logger(trt)).deserialize_cuda_engine(serialized) if pinned else None
+    context = engine.create_execution_context() if engine is not None else None
+    if context is None or not context.set_input_shape(input_name, shape):  # the inspector names formats at a set shape
+        return record
+    formats = {}
+    for layer in inspected_layers(trt, engine, context):
+        outputs = " ".join(str(t.get("Format/Datatype", "")) for t in layer.get("Outputs", ()) if isinstance(t, dict))
+        for name in re.split(r" \+ |PWN\(|\)|, ", str(layer.get("Name", ""))):  # fused layers: "a + b", "PWN(PWN(a, b), c)"
+            formats[name] = format_precision(outputs)
+    listed = {name: formats[name] for name in pinned if formats.get(name)}
+    if not listed:
+        return record
+    record |= {"fp32": [n for n, p in listed.items() if p == "fp32"], "not_fp32": {n: p for n, p in listed.items() if p != "fp32"}}
+    if record["not_fp32"]:
+        below = ", ".join(f"{n} ({p})" for n, p in record["not_fp32"].items())
+        warnings.warn(VitfastWarning(f"TensorRT ran {len(record['not_fp32'])} of the {len(pinned)} norm layers pinned to fp32 in lower "
+                                     f"precision: {below}; large activations may overflow there: check the engine's parity, or "
+                                     "build it with --precision fp32"), stacklevel=3)  # fmt: skip
+    return record
 
 
 def _add_profile(builder, config, input_name: str, shapes: tuple[Shape, Shape, Shape]) -> None:

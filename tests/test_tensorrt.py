@@ -47,6 +47,9 @@ class Record:
     networks: list = field(default_factory=list)
     configs: list = field(default_factory=list)
     step_results: list[bool] = field(default_factory=list)
+    fallback: set[str] = field(default_factory=set)  # pinned layers the builder runs in fp16 anyway (PREFER constraints)
+    fusions: dict[str, list[str]] = field(default_factory=dict)  # engine layer name -> the network layers fused into it
+    engine_layers: list | None = None  # the built engine's inspector listing (a detailed-verbosity build's)
 
 
 ONNX_TO_LAYER = {"LayerNormalization": "NORMALIZATION", "QuantizeLinear": "QUANTIZE", "DequantizeLinear": "DEQUANTIZE",
@@ -71,6 +74,7 @@ def fake_tensorrt(rec: Record) -> types.ModuleType:  # noqa: C901 - one class pe
     trt.MemoryPoolType = enum("MemoryPoolType", "WORKSPACE", "TACTIC_SHARED_MEMORY")
     trt.TensorIOMode = enum("TensorIOMode", "NONE", "INPUT", "OUTPUT")
     trt.LayerInformationFormat = enum("LayerInformationFormat", "ONELINE", "JSON")
+    trt.ProfilingVerbosity = enum("ProfilingVerbosity", "LAYER_NAMES_ONLY", "NONE", "DETAILED")
 
     class Logger:
         __slots__ = ("min_severity",)
@@ -191,10 +195,11 @@ def fake_tensorrt(rec: Record) -> types.ModuleType:  # noqa: C901 - one class pe
 
     class IBuilderConfig:
         __slots__ = ("flags", "cleared", "pool_limits", "builder_optimization_level", "profiles", "timing_cache",
-                     "ignore_mismatch", "_monitor")  # fmt: skip
+                     "ignore_mismatch", "_monitor", "profiling_verbosity")  # fmt: skip
 
         def __init__(self):
             self.flags, self.cleared, self.pool_limits, self.profiles = set(), set(), {}, []
+            self.profiling_verbosity = trt.ProfilingVerbosity.LAYER_NAMES_ONLY
             self.builder_optimization_level, self.timing_cache, self.ignore_mismatch, self._monitor = 3, None, None, None
 
         def set_memory_pool_limit(self, pool, pool_size):
@@ -264,7 +269,24 @@ def fake_tensorrt(rec: Record) -> types.ModuleType:  # noqa: C901 - one class pe
                 monitor.phase_finish("Building engine")
             if config.timing_cache is not None:
                 config.timing_cache.data += b"+timings"
+            if config.profiling_verbosity == trt.ProfilingVerbosity.DETAILED:
+                rec.engine_layers = engine_layers(network, config)
             return None if rec.build_fails else b"fake-engine-plan"
+
+    def engine_layers(network, config):
+        """The inspector's JSON listing of the built engine, in TensorRT's form: one entry per engine layer, a fused one
+        named after its members, each output's "Format/Datatype" FP32 where the layer was pinned (and kept) to fp32."""
+        def fmt(layers):
+            fp32 = all(layer.output_types.get(0) == trt.DataType.FLOAT and layer.name not in rec.fallback for layer in layers)
+            return f"Row major linear {'FP32' if fp32 or trt.BuilderFlag.FP16 not in config.flags else 'FP16'} format"
+
+        by_name = {layer.name: layer for layer in network.layers}
+        fused = {member for members in rec.fusions.values() for member in members}
+        groups = [(name, [by_name[m] for m in members]) for name, members in rec.fusions.items()]
+        groups += [(layer.name, [layer]) for layer in network.layers if layer.name not in fused]
+        return [{"Name": name, "Inputs": [{"Name": f"{name}_in", "Location": "Device", "Dimensions": [-1], "Format/Datatype": fmt(members)}],
+                 "Outputs": [{"Name": f"{name}_out", "Location": "Device", "Dimensions": [-1], "Format/Datatype": fmt(members)}],
+                 "TacticValue": "0x0", "StreamId": 0, "Metadata": ""} for name, members in groups]  # fmt: skip
 
     class IExecutionContext:
         __slots__ = ("engine", "shapes")
@@ -308,7 +330,7 @@ def fake_tensorrt(rec: Record) -> types.ModuleType:  # noqa: C901 - one class pe
 
         def __init__(self, plan):
             self.plan = plan
-            self.spec = json.loads(plan) if plan.startswith(b"{") else VITFAST_PLAN
+            self.spec = json.loads(plan) if plan.startswith(b"{") else VITFAST_PLAN | {"layers": rec.engine_layers}
 
         num_io_tensors = property(lambda self: len(self.spec["io"]))
         num_optimization_profiles = property(lambda self: self.spec["profiles"])
@@ -594,9 +616,30 @@ def test_an_rmsnorm_engine_keeps_its_norms_ops_in_fp32(rmsnorm_onnx, rec, gpu, t
     layers = rec.networks[-1].layers
     pinned = [layer.name for layer in layers if layer.precision == "DataType.FLOAT" and layer.output_types == {0: "DataType.FLOAT"}]
     assert pinned == names and all(layer._precision is None for layer in layers if layer.name not in names)
-    assert read_sidecar(path)["tensorrt"]["fp32_layers"] == names
+    assert read_sidecar(path)["tensorrt"]["fp32_layers"]["requested"] == names
     line = shlex.split(trt_export.trtexec_command(rmsnorm_onnx, "rms.engine", precision="fp16", batch=(1, 2, 4)))
     assert f"--layerPrecisions={','.join(f'{n}:fp32' for n in names)}" in line and "--precisionConstraints=prefer" in line
+
+
+def test_the_sidecar_records_which_pinned_layers_the_engine_runs_in_fp32(rmsnorm_onnx, rec, gpu, tmp_path):
+    """PREFER_PRECISION_CONSTRAINTS may fall back: the sidecar records what the engine's inspector lists (detailed verbosity),
+    a fused layer by its members' names, and warns of a pinned layer below fp32; layers fused out of sight (a Myelin
+    ForeignNode) are in neither list."""
+    names = rmsnorm_node_names(rmsnorm_onnx)
+    rec.fallback = {names[1]}
+    rec.fusions = {f"PWN(PWN({names[2]}, {names[3]}), {names[4]})": names[2:5], f"{names[5]} + {names[6]}": names[5:7],
+                   f"{{ForeignNode[{names[7]}...{names[-1]}]}}": names[7:]}  # fmt: skip
+    with pytest.warns(VitfastWarning, match=f"TensorRT ran 1 of the 21 norm layers pinned to fp32 in lower precision: {names[1]} \\(fp16\\)"):
+        path = build(rmsnorm_onnx, tmp_path / "rms.engine")
+    assert rec.configs[0].profiling_verbosity == "ProfilingVerbosity.DETAILED"
+    assert read_sidecar(path)["tensorrt"]["fp32_layers"] == {"requested": names, "fp32": [names[0], *names[2:7]], "not_fp32": {names[1]: "fp16"}}
+
+
+def test_without_a_layer_listing_the_sidecar_records_the_pins_only_as_requested(onnx_file, rec, gpu, monkeypatch, tmp_path):
+    """An engine whose inspector lists no formats says nothing of what the pins achieved: nothing is claimed."""
+    monkeypatch.setattr(trt_export, "inspected_layers", lambda trt, engine, context: [{"Name": "node_1", "Outputs": []}])
+    meta = read_sidecar(build(onnx_file, tmp_path / "vit.engine"))
+    assert meta["tensorrt"]["fp32_layers"] == {"requested": layernorm_nodes(onnx_file), "fp32": None, "not_fp32": None}
 
 
 def test_trtexec_names_unnamed_norms_as_the_parser_does_and_warns_for_names_it_cannot_pass(onnx_file, tmp_path):
@@ -752,7 +795,7 @@ def test_build_fp16_end_to_end(rec, gpu, onnx_file, tmp_path):
         "workspace_gib": 2.5,
         "flags": ["FP16", "PREFER_PRECISION_CONSTRAINTS"],
         "fp32_layernorm": True,
-        "fp32_layers": [n.name for n in norms],
+        "fp32_layers": {"requested": [n.name for n in norms], "fp32": [n.name for n in norms], "not_fp32": {}},
         "timing_cache": str(cache_file),
     }
 
@@ -763,7 +806,7 @@ def test_build_fp32_clears_tf32_and_pins_nothing(rec, gpu, onnx_file, tmp_path):
     assert config.flags == set() and config.cleared == {"BuilderFlag.TF32"}
     assert all(layer._precision is None for layer in rec.networks[0].layers)
     assert config.profiles[0].shapes["images"][2] == (4, 3, 32, 32)
-    assert read_sidecar(tmp_path / "vit.engine")["tensorrt"]["fp32_layers"] == []
+    assert read_sidecar(tmp_path / "vit.engine")["tensorrt"]["fp32_layers"] == {"requested": [], "fp32": None, "not_fp32": None}
 
 
 def test_build_without_fp32_layernorm_sets_no_constraints(rec, gpu, onnx_file, tmp_path):

@@ -76,19 +76,31 @@ def built_precision(trt, engine, context) -> str | None:
     """The coarsest precision the engine's layers run in, from its inspector's layer listing, which names each tensor's
     format only for an engine built with detailed profiling verbosity (trtexec --profilingVerbosity=detailed); None
     when it does not. `context` has its input shape set, so the formats of a dynamic-shape engine are resolved."""
+    layers = inspected_layers(trt, engine, context)
+    return format_precision(" ".join(str(t.get("Format/Datatype", "")) for layer in layers
+                                     for t in (*layer.get("Inputs", ()), *layer.get("Outputs", ())) if isinstance(t, dict)))  # fmt: skip
+
+
+def inspected_layers(trt, engine, context) -> list[dict]:
+    """The engine inspector's JSON layer listing ({"Name", "LayerType", "Inputs", "Outputs": [{"Name", "Format/Datatype",
+    ...}], ...} per engine layer); [] when the engine has no inspector or its listing is not JSON. `context`, when not
+    None, has its input shape set: the inspector names formats only at a known shape."""
     make = getattr(engine, "create_engine_inspector", None)
     if make is None:
-        return None
+        return []
     inspector = make()
-    inspector.execution_context = context
+    if context is not None:
+        inspector.execution_context = context
     try:
         info = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
     except (TypeError, ValueError):
-        return None
-    layers = [layer for layer in info.get("Layers", ()) if isinstance(layer, dict)] if isinstance(info, dict) else []
-    formats = " ".join(str(t.get("Format/Datatype", "")) for layer in layers
-                       for t in (*layer.get("Inputs", ()), *layer.get("Outputs", ())) if isinstance(t, dict)).lower()  # fmt: skip
-    words = set(re.findall(r"[a-z0-9]+", formats))  # whole words: "UInt8" is no int8, "BFloat16" no float
+        return []
+    return [layer for layer in info.get("Layers", ()) if isinstance(layer, dict)] if isinstance(info, dict) else []
+
+
+def format_precision(formats: str) -> str | None:
+    """The coarsest precision the inspector's "Format/Datatype" strings name, None when they name none."""
+    words = set(re.findall(r"[a-z0-9]+", formats.lower()))  # whole words: "UInt8" is no int8, "BFloat16" no float
     return next((precision for precision, names in LAYER_FORMATS if words & set(names)), None)
 
 
