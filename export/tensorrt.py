@@ -382,8 +382,9 @@ def _set_options(trt, config, precision: str, flags: list[str], workspace_gib: f
 
 def _pin_norms_fp32(trt, network, names: list[str]) -> list[str]:
     """Run every NORMALIZATION layer (ONNX LayerNormalization, opset >= 17) and the layers named `names` (an RMSNorm's
-    elementary ops: `normalization_layer_names`) in fp32 with fp32 outputs; fp16 LayerNorm statistics overflow on large
-    activations, as does an RMSNorm's fp16 x^2 past |x| = 256. Returns the names of the layers pinned."""
+    elementary ops: `normalization_layer_names`) in fp32 with fp32 outputs. onnx-tensorrt computes a LayerNormalization's
+    statistics in its stash_type (fp32 by default) whatever the flags, but its input and output may become fp16; an
+    RMSNorm's fp16 x^2 overflows past |x| = 256. Returns the names of the layers pinned."""
     wanted, pinned = set(names), []
     for layer in _layers(network):
         if layer.type == trt.LayerType.NORMALIZATION or layer.name in wanted:

@@ -454,7 +454,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--workspace", type=positive_float, default=4.0, help="TensorRT workspace limit in GiB")
     p.add_argument("--opt-level", type=int_in(0, 5), default=3, help="TensorRT builder optimization level 0-5")
     p.add_argument("--timing-cache", help="TensorRT timing cache file, reused across builds")
-    p.add_argument("--no-fp32-layernorm", action="store_true", help="let TensorRT run LayerNorm in fp16")
+    p.add_argument("--no-fp32-layernorm", action="store_true", help="let TensorRT pick the precision of the norm layers: LayerNorm's input and output may become fp16 (its statistics "
+                        "stay fp32), RMSNorm's ops too (its x^2 overflows fp16 past |x| 256)")
     p.add_argument("--image-sizes", metavar="MIN:OPT:MAX",
                    help="with --dynamic-img-size: the image sizes the TensorRT engine takes, each N or HxW in whole patches "
                         "(default: half to twice --img-size, optimised for it)")  # fmt: skip
