@@ -164,8 +164,9 @@ def precision_flags(precision: str, compute_capability: str | Sequence[int], *, 
     """Names of the `tensorrt.BuilderFlag` members to set for `precision` on a GPU of `compute_capability`.
 
     fp32: none. fp16: FP16. int8: INT8 + FP16, for an explicitly quantized (Q/DQ) ONNX: the layers
-    left unquantized then run in fp16 rather than fp32. fp8: FP8 + FP16, likewise, and only on
-    compute capability >= 8.9. `fp32_layernorm` (reduced precisions only) adds
+    left unquantized then run in fp16 rather than fp32. fp8: FP16 for the layers left unquantized (the fp8 Q/DQ
+    nodes set their own types), and FP8, which TensorRT documents as enabling plugins with fp8 I/O (harmless
+    otherwise); only on compute capability >= 8.9. `fp32_layernorm` (reduced precisions only) adds
     PREFER_PRECISION_CONSTRAINTS so the norm layers pinned to fp32 keep it, while TensorRT may
     still fall back (with a warning) where no fp32 kernel fits a fusion, rather than fail the build.
     """
