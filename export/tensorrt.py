@@ -450,8 +450,8 @@ def _build(trt, builder, network, config, *, show_progress: bool):
     """builder.build_serialized_network, with a progress bar on a terminal -> the engine bytes (IHostMemory)."""
     with _build_progress(trt, config, show_progress) as monitor:
         serialized = builder.build_serialized_network(network, config)
-    if monitor is not None and monitor.cancelled:
-        raise KeyboardInterrupt
+    if monitor is not None and monitor.error is not None:
+        raise monitor.error  # Ctrl-C, or the progress display's own failure: not TensorRT's
     if serialized is None:
         raise ArtifactError(
             "TensorRT could not build the engine (its log above says why); try a larger workspace, "
@@ -478,19 +478,24 @@ def _build_progress(trt, config, enabled: bool):
 
 def _progress_monitor(trt, bar):
     """A `trt.IProgressMonitor` showing each builder phase as a task of `bar` (a rich Progress),
-    nested phases indented. TensorRT calls it from several threads, hence the lock."""
+    nested phases indented. TensorRT calls it from several threads, hence the lock. TensorRT's trampoline
+    prints and swallows whatever a callback raises (a raising step_complete cancels the build), so each
+    callback keeps its exception in `error` (Ctrl-C included) and cancels; `_build` raises it afterwards."""
 
     class RichProgressMonitor(trt.IProgressMonitor):
         def __init__(self):
             trt.IProgressMonitor.__init__(self)  # pybind11 trampolines need the explicit base __init__
             self._tasks: dict[str, tuple[Any, int]] = {}  # phase -> (task id, nesting depth)
             self._lock = threading.Lock()
-            self.cancelled = False
+            self.error: BaseException | None = None
 
         def phase_start(self, phase_name, parent_phase, num_steps):
-            with self._lock:
-                depth = self._tasks[parent_phase][1] + 1 if parent_phase in self._tasks else 0
-                self._tasks[phase_name] = (bar.add_task("  " * depth + phase_name, total=num_steps), depth)
+            try:
+                with self._lock:
+                    depth = self._tasks[parent_phase][1] + 1 if parent_phase in self._tasks else 0
+                    self._tasks[phase_name] = (bar.add_task("  " * depth + phase_name, total=num_steps), depth)
+            except BaseException as exc:  # noqa: BLE001 - kept for _build, see the docstring
+                self.error = self.error or exc
 
         def step_complete(self, phase_name, step):
             try:
@@ -498,15 +503,18 @@ def _progress_monitor(trt, bar):
                     task = self._tasks.get(phase_name)
                 if task is not None:
                     bar.update(task[0], completed=step + 1)  # steps count from 0
-            except KeyboardInterrupt:
-                self.cancelled = True  # Ctrl-C lands here: cancel the build instead of crashing TensorRT
-            return not self.cancelled
+            except BaseException as exc:  # noqa: BLE001
+                self.error = self.error or exc
+            return self.error is None  # False cancels the build
 
         def phase_finish(self, phase_name):
-            with self._lock:
-                task = self._tasks.pop(phase_name, None)
-            if task is not None:
-                bar.remove_task(task[0])
+            try:
+                with self._lock:
+                    task = self._tasks.pop(phase_name, None)
+                if task is not None:
+                    bar.remove_task(task[0])
+            except BaseException as exc:  # noqa: BLE001
+                self.error = self.error or exc
 
     return RichProgressMonitor()
 

@@ -261,17 +261,32 @@ def fake_tensorrt(rec: Record) -> types.ModuleType:  # noqa: C901 - one class pe
             rec.calls.append(("build_serialized_network",))
             monitor = config.progress_monitor
             if monitor is not None:
-                monitor.phase_start("Building engine", None, 2)
-                monitor.phase_start("Tactic timing", "Building engine", 3)
-                rec.step_results += [monitor.step_complete("Tactic timing", s) for s in range(3)]
-                monitor.phase_finish("Tactic timing")
-                rec.step_results += [monitor.step_complete("Building engine", s) for s in range(2)]
-                monitor.phase_finish("Building engine")
+                call = trampoline(monitor)
+                call("phase_start", "Building engine", None, 2)
+                call("phase_start", "Tactic timing", "Building engine", 3)
+                rec.step_results += [call("step_complete", "Tactic timing", s) for s in range(3)]
+                call("phase_finish", "Tactic timing")
+                rec.step_results += [call("step_complete", "Building engine", s) for s in range(2)]
+                call("phase_finish", "Building engine")
+                if False in rec.step_results:
+                    return None  # cancelled
             if config.timing_cache is not None:
                 config.timing_cache.data += b"+timings"
             if config.profiling_verbosity == trt.ProfilingVerbosity.DETAILED:
                 rec.engine_layers = engine_layers(network, config)
             return None if rec.build_fails else b"fake-engine-plan"
+
+    def trampoline(monitor):
+        """pyCore.cpp's IProgressMonitor trampoline: whatever a callback raises is printed and swallowed, and a
+        step_complete that raised answers False (cancel)."""
+        def call(method, *args):
+            try:
+                return getattr(monitor, method)(*args)
+            except BaseException as exc:  # noqa: BLE001 - as the C++ trampoline's catch-all
+                print(f"[TRT] exception in {method}: {exc!r}", file=sys.__stderr__)
+                return False if method == "step_complete" else None
+
+        return call
 
     def engine_layers(network, config):
         """The inspector's JSON listing of the built engine, in TensorRT's form: one entry per engine layer, a fused one
@@ -935,6 +950,30 @@ def test_progress_monitor_on_a_terminal(rec, gpu, monkeypatch, onnx_file, tmp_pa
     build(onnx_file, tmp_path / "vit.engine", progress=True)
     assert isinstance(rec.configs[0].progress_monitor, sys.modules["tensorrt"].IProgressMonitor)
     assert rec.step_results == [True] * 5  # True = keep building
+
+
+@pytest.mark.parametrize("method, error", [("update", RuntimeError("the display broke")), ("add_task", KeyboardInterrupt()),
+                                           ("remove_task", KeyboardInterrupt())])  # fmt: skip
+def test_an_error_in_the_progress_monitor_cancels_the_build_and_is_raised_as_itself(rec, gpu, monkeypatch, onnx_file, tmp_path,
+                                                                                   method, error):  # fmt: skip
+    """TensorRT's trampoline swallows what a callback raises: the monitor keeps it, cancels at the next step and the
+    build raises it, a display failure as itself (not "could not build the engine... larger workspace"), Ctrl-C in any
+    callback as an interrupt."""
+    from rich.progress import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    monkeypatch.setattr(Progress, method, fail)
+    with pytest.raises(type(error), match=str(error) or None):
+        build(onnx_file, tmp_path / "vit.engine", progress=True)
+    assert False in rec.step_results  # cancelled at the next step
+    assert not (tmp_path / "vit.engine").exists()
 
 
 def test_no_progress_monitor_off_a_terminal(rec, gpu, onnx_file, tmp_path):
