@@ -43,6 +43,7 @@ class Record:
     parser_errors: list[str] = field(default_factory=list)
     extra_layers: list[str] = field(default_factory=list)  # LayerType names appended after parsing
     build_fails: bool = False
+    context_fails: bool = False  # create_execution_context returns None (TensorRT's answer to too little device memory)
     calls: list[tuple] = field(default_factory=list)
     networks: list = field(default_factory=list)
     configs: list = field(default_factory=list)
@@ -367,7 +368,7 @@ def fake_tensorrt(rec: Record) -> types.ModuleType:  # noqa: C901 - one class pe
             return [tuple(shape) for shape in self.spec["profile"]]
 
         def create_execution_context(self):
-            return IExecutionContext(self)
+            return None if rec.context_fails else IExecutionContext(self)
 
         def create_engine_inspector(self):
             return IEngineInspector(self)
@@ -996,6 +997,13 @@ def test_engine_loads_a_compatible_build(rec, gpu, onnx_file, tmp_path):
     assert (given.config.mean, given.config.labels, given.config.problem_type) == ((0.5,) * 3, tuple(names), "multi_label_classification")
     with pytest.raises(vitfast.InputError, match=r"fixes what these override: global_pool 'avg' \(it has 'token'\); drop --global-pool"):
         vitfast.load_engine(path, overrides={"global_pool": "avg"})
+
+
+def test_an_engine_without_device_memory_for_its_context_says_so(rec, gpu, onnx_file, tmp_path):
+    path = build(onnx_file, tmp_path / "vit.engine")
+    rec.context_fails = True
+    with pytest.raises(BackendUnavailable, match=r"could not create an execution context for .*free GPU memory, or rebuild the engine with a smaller max batch"):
+        trt_export.TensorRTEngine(path)
 
 
 @pytest.fixture(scope="module")

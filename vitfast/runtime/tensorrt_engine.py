@@ -155,7 +155,7 @@ class TensorRTEngine(Engine):
         self.engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
             raise ArtifactError(f"TensorRT {trt.__version__} cannot load {path} (its log above says why); {REBUILD_HINT if ours else FOREIGN_HINT}")
-        self.context = self.engine.create_execution_context()
+        self.context = self._new_context(path)
         self.layout, self.missing_preprocessing = "NCHW", None  # another tool's engine: its layout; no mean/std given
         if ours:
             self.input_name, self.output_name = _io_names(trt, self.engine, path, (meta.get("output") or {}).get("name"))
@@ -172,6 +172,15 @@ class TensorRTEngine(Engine):
         self.output_dtypes = {n: _torch_dtype(trt, self.engine.get_tensor_dtype(n), path, other=n != self.output_name) for n in self.output_names}
         self.stream: torch.cuda.Stream | None = None  # made on the first run
         self._graphs: dict[Shape, tuple[Any, torch.cuda.CUDAGraph, torch.Tensor, dict[str, torch.Tensor]]] = {}  # context, graph, in, outs
+
+    def _new_context(self, path: Path):
+        """An execution context of the engine, which owns activation memory for the profile's largest shape."""
+        context = self.engine.create_execution_context()
+        if context is None:  # TensorRT logs why and returns None; the usual cause is device memory
+            raise BackendUnavailable(f"TensorRT could not create an execution context for {path} (its log above says why; usually too "
+                                     "little free GPU memory for its largest batch): free GPU memory, or rebuild the engine with a "
+                                     "smaller max batch (--batch MIN:OPT:MAX)")  # fmt: skip
+        return context
 
     def _read_foreign(self, trt, path: Path, overrides: dict[str, Any] | None, output: str | None,
                       gpu: tuple[str, str]) -> tuple[ViTConfig, str, tuple[int, int, int], dict[str, Any]]:  # fmt: skip
@@ -262,7 +271,7 @@ class TensorRTEngine(Engine):
     def _capture(self, x: torch.Tensor) -> tuple[Any, torch.cuda.CUDAGraph, torch.Tensor, dict[str, torch.Tensor]]:
         """A CUDA graph of one engine run for x.shape, with its own context and static in/out buffers. The context
         is kept with the graph: the graph's kernels use the activation memory it owns."""
-        context = self.engine.create_execution_context()
+        context = self._new_context(self.path)
         static_in = static_input(tuple(x.shape), x.dtype, x.device)  # not an inference tensor, whatever mode captures
         static_in.copy_(x)
         stream = torch.cuda.Stream(self.device)  # capture needs a non-default stream
