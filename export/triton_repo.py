@@ -1,7 +1,8 @@
 """A Triton Inference Server model repository from an exported artifact (`--format triton-repo`).
 
     OUT/
-      <name>/config.pbtxt              the network: onnxruntime_onnx (from .onnx) or tensorrt_plan, warmed up
+      <name>/config.pbtxt              the network: onnxruntime_onnx (from .onnx) or tensorrt_plan, warmed up; a plan's
+                                       names in a comment the TensorRT version the Triton release must bundle
       <name>/labels.txt                class names, one per line, when the model has them (`label_filename`)
       <name>/1/model.onnx | model.plan   (from .plan/.engine/.trt), with its vitfast sidecar beside it
       <name>_preprocess/config.pbtxt   python backend: uint8 images [B, H, W, C] -> float [B, C, H, W]
@@ -138,7 +139,10 @@ def model_config(name: str, platform: str, meta: dict[str, Any], max_batch: int,
     kind = "KIND_GPU" if platform == "tensorrt_plan" else "KIND_AUTO"  # ONNX Runtime: GPU when the server has one
     input_name, input_dims = meta["input"]["name"], meta["input"]["shape"][1:]
     native = [input_dims[0], *meta["preprocessing"]["img_size"]]  # a --dynamic-img-size graph warms up at its own size
-    return to_pbtxt({
+    # a plan deserializes only under the TensorRT version that built it: Triton's own, fixed per release
+    built_with = (meta.get("tensorrt") or {}).get("version", "that built it")
+    note = f"# model.plan loads only in a Triton release whose bundled TensorRT is {built_with} (NVIDIA's support matrix)\n"
+    return (note if platform == "tensorrt_plan" else "") + to_pbtxt({
         "name": name,
         "platform": platform,
         "max_batch_size": max_batch,

@@ -184,12 +184,14 @@ def test_every_config_parses_as_triton_model_config(repo):
 
 def test_tensorrt_plan_gets_a_tensorrt_config_and_its_profile_is_respected(onnx_model, tmp_path):
     """A .plan artifact (bytes are only copied; its sidecar has the profile) -> tensorrt_plan on KIND_GPU."""
-    meta = read_sidecar(onnx_model[1]) | {"kind": "tensorrt"}
+    meta = read_sidecar(onnx_model[1]) | {"kind": "tensorrt", "tensorrt": {"version": "10.7.0.23"}}
     plan = tmp_path / "m.plan"
     plan.write_bytes(b"serialized engine")
     write_sidecar(plan, meta)
     repo = triton_repository(plan, tmp_path / "repo", name="cifar")
-    config = model_config((repo / "cifar/config.pbtxt").read_text())
+    text = (repo / "cifar/config.pbtxt").read_text()
+    assert text.startswith("# model.plan loads only in a Triton release whose bundled TensorRT is 10.7.0.23")  # a plan's one requirement
+    config = model_config(text)
     assert (config.platform, config.max_batch_size) == ("tensorrt_plan", 8)
     assert config.instance_group[0].kind == pb().ModelInstanceGroup.KIND_GPU
     assert (repo / "cifar/1/model.plan").read_bytes() == b"serialized engine"
