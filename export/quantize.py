@@ -212,6 +212,29 @@ def nodes_to_exclude(model_path: Path, patterns: Iterable[str], modules: dict[st
 EXTERNAL_DATA_BYTES = 1.8 * 2**30  # graphs this large keep their weights in an external file: protobuf caps a file at 2 GiB
 
 
+def node_namespaces(path: Path) -> dict[str, str]:
+    """{node name: torch.onnx's `namespace` metadata} of the graph at `path`: the module path each node came from."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return {n.name: p.value for n in graph.node for p in n.metadata_props if p.key == "namespace"}
+
+
+def keep_namespaces(path: Path, namespaces: dict[str, str]) -> None:
+    """Give the quantized graph's nodes back the `namespace` metadata ONNX Runtime's preparation and quantizer drop (by
+    node name, which they keep): TensorRT's build finds an RMSNorm's elementary ops by it to keep them in fp32."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)  # the weights stay where they are; only the graph is rewritten
+    restored = 0
+    for node in model.graph.node:
+        if node.name in namespaces and not any(p.key == "namespace" for p in node.metadata_props):
+            node.metadata_props.add(key="namespace", value=namespaces[node.name])
+            restored += 1
+    if restored:
+        onnx.save(model, str(path))
+
+
 def stored_bytes(path: Path) -> int:
     """The bytes of the ONNX graph at `path` with the external weights files it names."""
     import onnx
@@ -337,8 +360,10 @@ def quantize_int8(
                 extra_options=extra,
                 use_external_data_format=large,
             )  # fmt: skip
+            keep_namespaces(tmp, namespaces)
 
         modules = modules if source == onnx_path else modules | module_paths(source)
+        namespaces = node_namespaces(onnx_path) | (node_namespaces(source) if source != onnx_path else {})
         excluded = nodes_to_exclude(prepared, exclude, modules)  # preparing drops the module paths: read from the source
         quantize(excluded)
         kept = None

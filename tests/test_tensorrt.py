@@ -637,6 +637,20 @@ def test_an_rmsnorm_engine_keeps_its_norms_ops_in_fp32(rmsnorm_onnx, rec, gpu, t
     assert f"--layerPrecisions={','.join(f'{n}:fp32' for n in names)}" in line and "--precisionConstraints=prefer" in line
 
 
+def test_an_int8_graph_keeps_the_module_paths_that_find_its_rmsnorm_ops(rmsnorm_onnx, tmp_path):
+    """ONNX Runtime's preparation and quantizer drop the exporter's node metadata; quantize_int8 gives it back by node
+    name, so an int8 engine of an RMSNorm model pins the same ops as an fp16 one (it found none, and warned of no norm)."""
+    pytest.importorskip("onnxruntime", reason="int8 quantization runs ONNX Runtime: pip install 'vitfast[onnx]'")
+    from vitfast.export.quantize import quantize_int8
+
+    calibration = torch.randn(20, 3, 32, 32, generator=torch.Generator().manual_seed(4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a random one-block model's parity is not the point here
+        int8 = quantize_int8(rmsnorm_onnx, tmp_path / "rms.int8.onnx", calibration, samples=16, progress=False)
+    fp32_names = trt_export.normalization_layer_names(rmsnorm_onnx)
+    assert len(fp32_names) == 21 and trt_export.normalization_layer_names(int8) == fp32_names
+
+
 def test_the_sidecar_records_which_pinned_layers_the_engine_runs_in_fp32(rmsnorm_onnx, rec, gpu, tmp_path):
     """PREFER_PRECISION_CONSTRAINTS may fall back: the sidecar records what the engine's inspector lists (detailed verbosity),
     a fused layer by its members' names, and warns of a pinned layer below fp32; layers fused out of sight (a Myelin
