@@ -35,7 +35,7 @@ from vitfast.runtime.tensorrt_engine import (  # noqa: F401  (TensorRTEngine, ch
 )
 from vitfast.runtime.tensorrt_foreign import format_precision, inspected_layers
 
-from vitfast.atomic import atomic_write, check_output_free, claim_output
+from vitfast.atomic import SIDECAR_SUFFIX, atomic_write, check_output_free, claim_output
 
 from .artifacts import base_metadata, made_from, parse_batch, write_sidecar
 from .engine_source import EngineSource, check_graph_precision, engine_source
@@ -249,7 +249,7 @@ def build_engine(
     onnx_path, source_meta = source.path, source.meta
     if source.picked:
         warnings.warn(source.picked)
-    check_output_free(out_path, force)  # fail before a build that can take minutes, not after it
+    check_output_free(out_path, force, beside=(SIDECAR_SUFFIX,))  # fail before a build that can take minutes, not after it
     trt = require_tensorrt()
     _require_tensorrt_10(trt.__version__)
     gpu_name, compute_capability = current_gpu()

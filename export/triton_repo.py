@@ -34,7 +34,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from vitfast.atomic import STAGING, check_output_free, claim_output, clean_leftovers, is_empty_folder
+from vitfast.atomic import SIDECAR_SUFFIX, STAGING, check_output_free, claim_output, clean_leftovers, is_empty_folder
 from vitfast.config import ViTConfig
 from vitfast.errors import ArtifactError, OutputError, VitfastWarning
 from vitfast.runtime import ENGINE_SUFFIXES
@@ -293,10 +293,7 @@ def check_repository_free(path: str | os.PathLike, force: bool) -> Path:
         problem = _not_ours(path)
         if problem:  # before the --force check: never advise --force where it would be refused
             raise OutputError(f"{path} {problem}, so --force will not replace it; move it away or choose another --out")
-    path = check_output_free(path, force, directory=True)
-    if sidecar_path(path).exists() and not force:
-        raise OutputError(f"{sidecar_path(path)} already exists; pass --force to overwrite the repository, or choose another --out")
-    return path
+    return check_output_free(path, force, directory=True, beside=(SIDECAR_SUFFIX,))
 
 
 def _not_ours(path: Path) -> str | None:

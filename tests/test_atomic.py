@@ -318,6 +318,39 @@ def test_sidecar_records_and_checks_its_artifact(tmp_path):
         read_sidecar(path)
 
 
+def test_files_published_beside_the_output_are_guarded_like_it(tmp_path):
+    """A sidecar or `.data` file already beside the output needs --force, and --force replaces only vitfast's: the
+    output's own sidecar, and the `.data` weights it records; another tool's file of that name stays, and nothing is written."""
+    path = tmp_path / "m.onnx"
+
+    def write(force: bool, data: bytes | None = None) -> None:
+        with claim_output(path, force) as out:
+            out.tmp.write_bytes(b"new")
+            if data is not None:
+                Path(str(out.tmp) + ".data").write_bytes(data)
+            write_sidecar(out.tmp, {"config": CONFIG, "precision": "fp32"})
+
+    notes = sidecar_path(path)
+    notes.write_text('{"my": "notes"}')
+    for force, message in [(False, "m.onnx.json already exists; pass --force"), (True, "m.onnx.json is not a vitfast sidecar, so --force will not")]:
+        with pytest.raises(OutputError, match=message):
+            write(force)
+        with pytest.raises(OutputError, match=message):
+            atomic.check_output_free(path, force, beside=(".json",))  # the same, up front
+        assert notes.read_text() == '{"my": "notes"}' and not path.exists() and leftovers(tmp_path) == []
+    notes.unlink()
+    write(False)
+    data = tmp_path / "m.onnx.data"
+    data.write_bytes(b"theirs")  # beside a vitfast pair whose sidecar does not record it
+    with pytest.raises(OutputError, match="m.onnx.data is not a file m.onnx.json records as vitfast's"):
+        write(True, b"weights")
+    assert data.read_bytes() == b"theirs" and read_sidecar(path)["files"][0]["size"] == 3
+    data.unlink()
+    write(True, b"weights")
+    write(True, b"weights 2")  # recorded by the sidecar of the output it replaces: vitfast's own
+    assert data.read_bytes() == b"weights 2" and read_sidecar(path)["files"][1]["name"] == "m.onnx.data"
+
+
 def test_a_live_work_folder_is_never_taken_for_a_dead_one(tmp_path, monkeypatch):
     """The worst moment for a rival's clean-up: it runs in another process just as this one locks its
     new work folder. It must see that folder as live (its lock not yet there, or held), not delete it."""

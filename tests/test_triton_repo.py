@@ -283,6 +283,19 @@ def test_force_refuses_a_repository_with_files_vitfast_did_not_write_or_changed(
         triton_repository(onnx_model[1], out, force=True)
 
 
+def test_force_never_replaces_another_tools_file_where_the_repositorys_sidecar_goes(tmp_path):
+    from vitfast.export.triton_repo import check_repository_free
+
+    notes = tmp_path / "repo.json"
+    notes.write_text('{"my": "notes"}')
+    with pytest.raises(ArtifactError, match="repo.json already exists; pass --force"):
+        check_repository_free(tmp_path / "repo", force=False)
+    with pytest.raises(ArtifactError, match="repo.json is not a vitfast sidecar, so --force will not replace it"):
+        check_repository_free(tmp_path / "repo", force=True)
+    notes.write_text(json.dumps({"kind": "triton-repository", "contents": {}}))  # a repository vitfast wrote, since deleted
+    assert check_repository_free(tmp_path / "repo", force=True) == tmp_path / "repo"
+
+
 def test_a_killed_writes_staging_folder_in_the_repository_is_removed_by_the_next_check_unless_its_writer_lives(onnx_model, tmp_path):
     """A write into an existing folder (a mount point, or --force) is staged in OUT/.vitfast-staging/; a run killed there
     leaves it, and tritonserver, which takes every subfolder for a model, refuses to start ("failed to load model

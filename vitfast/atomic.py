@@ -20,7 +20,8 @@
   own writing and publishing happen there (a pipeline's long work stays in the parent's staging folder), but a run killed
   meanwhile leaves `FOLDER/.vitfast-staging/`, which a server that takes every subfolder for a model (tritonserver)
   refuses: `clean_leftovers(FOLDER)` removes it once no live process uses it (the next claim of the folder does too).
-- Pairs: files beside the output in `out.tmp`'s folder are published first, the sidecar last, and
+- Pairs: files beside the output in `out.tmp`'s folder are published first, the sidecar last, and each is guarded as
+  the output is (`check_beside`: an existing one needs `force`, and then must be vitfast's, never another tool's); and
   an old sidecar is removed before its artifact is replaced; the sidecar records each file's size
   and sha256 (`vitfast.export.artifacts`), so any interruption leaves either a valid pair or a pair
   that loading refuses.
@@ -49,8 +50,9 @@ _held: dict[tuple[int, Path], int] = {}  # (pid, lock file) this process holds -
 _held_guard = threading.Lock()
 
 
-def check_output_free(path: str | os.PathLike, force: bool, *, directory: bool = False) -> Path:
-    """`path` if it may be written: absent, an empty folder (`directory`), or (with `force`) an existing output of the same kind."""
+def check_output_free(path: str | os.PathLike, force: bool, *, directory: bool = False, beside: tuple[str, ...] = ()) -> Path:
+    """`path` if it may be written: absent, an empty folder (`directory`), or (with `force`) an existing output of the same kind.
+    `beside`: suffixes of files that will be published beside it (`.json` for a sidecar), checked as `Claim.publish` does."""
     path = Path(path)
     if str(path) in ("", ".", "..") or path.name in ("", ".", ".."):
         raise OutputError(f"{str(path)!r} is not a file name; give an output path such as out/model.onnx")
@@ -60,7 +62,30 @@ def check_output_free(path: str | os.PathLike, force: bool, *, directory: bool =
     if path.exists() and not force and not (directory and is_empty_folder(path)):
         raise OutputError(f"{path} already exists; pass --force to overwrite it, or choose another output path")
     _check_parent(path.parent)
+    check_beside(path, [path.name + suffix for suffix in beside], force)
     return path
+
+
+def check_beside(path: Path, names: list[str], force: bool) -> None:
+    """Files of these `names` beside `path` (its sidecar, `.data` weights) are guarded as `path` is: one that exists needs
+    `force`, and even then is replaced only if it is vitfast's: `path`'s sidecar, or a file that sidecar records."""
+    there = [path.parent / name for name in names if (path.parent / name).exists() or (path.parent / name).is_symlink()]
+    if there and not force:
+        raise OutputError(f"{there[0]} already exists; pass --force to overwrite it, or choose another output path")
+    side = path.parent / (path.name + SIDECAR_SUFFIX)
+    try:
+        old = json.loads(side.read_text()) if there else None
+    except (OSError, ValueError):
+        old = None
+    files = old.get("files") if isinstance(old, dict) else None
+    records = [r for r in files if isinstance(r, dict)] if isinstance(files, list) else []
+    # a file's sidecar records it (under the name it was written as: a renamed pair keeps it); a repository's says its kind
+    ours = any(r.get("role") == "artifact" for r in records) or (isinstance(old, dict) and old.get("kind") == "triton-repository")
+    recorded = {r.get("name") for r in records if r.get("role") == "external-data"}
+    for file in there:
+        if file.is_symlink() or not (ours if file == side else ours and file.name in recorded):
+            whose = "a vitfast sidecar" if file == side else f"a file {side.name} records as vitfast's"
+            raise OutputError(f"{file} is not {whose}, so --force will not replace it; move it away or choose another output path")
 
 
 def is_empty_folder(path: Path) -> bool:
@@ -105,6 +130,7 @@ class Claim:
         sidecar = staged / (self.path.name + SIDECAR_SUFFIX)
         if not self.tmp.exists():
             raise ArtifactError(f"nothing was written for {self.path}")  # a bug in the writer, not user input
+        check_beside(self.path, sorted(item.name for item in staged.iterdir() if item != self.tmp), self.force)
         mode = _default_file_mode()  # once: reading the umask sets it, process-wide
         for item in staged.iterdir():  # some writers (safetensors) make their files 0600: unreadable to a server's user
             if item.is_file() and not item.is_symlink():

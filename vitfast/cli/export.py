@@ -17,7 +17,7 @@ from vitfast.data import find_images
 from vitfast.errors import ArtifactError, BackendUnavailable, InputError, OutputError, ParityWarning
 from vitfast.foreign import FOREIGN_FIELDS, is_onnx_artifact, report_choice, report_settings
 from vitfast.flags import int_in, non_negative_float, ov_streams, positive_float, positive_int
-from vitfast.atomic import check_output_free, reserve_output
+from vitfast.atomic import SIDECAR_SUFFIX, check_output_free, reserve_output
 from vitfast.export.artifacts import parse_batch, parse_image_sizes, read_sidecar
 from vitfast.export.tensorrt import build_engine, require_tensorrt, trtexec_command
 from vitfast.export.triton_repo import check_repository_free
@@ -56,7 +56,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         out = check_repository_free(args.out, args.force)  # replaces only a repository vitfast wrote
     else:
         _check_out_name(args)
-        out = check_output_free(args.out, args.force)
+        out = check_output_free(args.out, args.force, beside=(SIDECAR_SUFFIX,))
     if args.precision == "int8" and not args.calib_dir:
         raise InputError("--precision int8 needs --calib-dir DIR with calibration images (searched recursively)")
     if args.int8_keep_float and args.precision != "int8":
@@ -92,7 +92,7 @@ def _engine_from_onnx(args: argparse.Namespace, batch: tuple[int, int, int]) -> 
         raise InputError(f"{', '.join('--' + k.replace('_', '-') for k in fixed)} describe a checkpoint's architecture, which the "
                          f"graph {args.onnx} fixes: drop them (a graph takes its preprocessing, --img-size and class names)")  # fmt: skip
     _check_out_name(args)
-    out = check_output_free(args.out, args.force)
+    out = check_output_free(args.out, args.force, beside=(SIDECAR_SUFFIX,))
     sizes = args.image_sizes
     try:
         require_tensorrt()
