@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -72,6 +73,30 @@ def test_non_square_image_size_round_trips():
 def test_invalid_configs_name_the_problem(fields, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         ViTConfig(**fields)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("labels", "l.txt", "labels must be a list of strings or null, got 'l.txt' (a labels file goes in --labels FILE)"),
+        ("mean", 0.5, "mean must be a list of numbers, got 0.5"),
+        ("mean", "0.5", "mean must be a list of numbers, got '0.5'"),
+        ("mean", None, "mean must be a list of numbers, got None"),
+        ("std", [0.5, "x", 0.5], "std must be a list of numbers, got [0.5, 'x', 0.5]"),
+        ("crop_pct", "0.9", "crop_pct must be a number, got '0.9'"),
+        ("norm_eps", "1e-6", "norm_eps must be a number, got '1e-6'"),
+        ("num_classes", "5", "num_classes must be an integer, got '5'"),
+        ("num_classes", 5.0, "num_classes must be an integer, got 5.0"),
+        ("qkv_bias", "false", "qkv_bias must be true or false, got 'false'"),
+        ("init_values", [1e-5], "init_values must be a number or null, got [1e-05]"),
+    ],
+)
+def test_config_json_fields_of_the_wrong_type_name_the_field_the_type_and_the_value(field, value, message):
+    """A `--config` JSON's values are checked against the field types: `"labels": "l.txt"` was read as one label per
+    character, and the others crashed with a Python traceback."""
+    data = ViTConfig(img_size=32, patch_size=8, embed_dim=64, num_heads=4, num_classes=3).to_dict() | {field: value}
+    with pytest.raises(ConfigError, match="^invalid ViTConfig: " + re.escape(message) + "$"):
+        ViTConfig.from_json(json.dumps(data))
 
 
 def test_preprocessing_fields_labels_and_problem_type_round_trip():

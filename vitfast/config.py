@@ -11,6 +11,8 @@ import dataclasses
 import difflib
 import json
 import numbers
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,6 +155,7 @@ class ViTConfig:
     embedding_head: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
+        _check_types(self)
         # Normalise JSON lists into tuples so equal configs compare and hash equal.
         if isinstance(self.img_size, (list, tuple)):
             object.__setattr__(self, "img_size", tuple(int(s) if _is_int(s) else s for s in self.img_size))  # JSON, numpy ints
@@ -494,6 +497,43 @@ class ViTConfig:
 def _is_int(value: Any) -> bool:
     """An integer, Python's or numpy's, and not a bool (nor a float such as 224.0: an image has whole pixels)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+_KINDS = {int: ("an integer", "integers"), float: ("a number", "numbers"), bool: ("true or false", "booleans"),
+          str: ("a string", "strings"), type(None): ("null", "nulls")}
+_OWN_CHECKS = ("img_size", "out_indices")  # `_validate` says what their int-or-list forms must be
+
+
+def _check_types(config: ViTConfig) -> None:
+    """Each field of the type it is declared with (a `--config` JSON's `"mean": 0.5` or `"labels": "l.txt"`): a
+    `ConfigError` naming the field, the type and the value, not a crash later or a string read as a list of characters."""
+    hints = typing.get_type_hints(ViTConfig)
+    for f in dataclasses.fields(ViTConfig):
+        value = getattr(config, f.name)
+        if f.name not in _OWN_CHECKS and not _fits(value, hints[f.name]):
+            hint = " (a labels file goes in --labels FILE)" if f.name == "labels" and isinstance(value, str) else ""
+            name = f" {config.name!r}" if isinstance(config.name, str) else ""
+            raise ConfigError(f"invalid ViTConfig{name}: {f.name} must be {_describe(hints[f.name])}, got {value!r}{hint}")
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_fits(value, h) for h in typing.get_args(hint))
+    if typing.get_origin(hint) is tuple:  # tuple[X, ...] or tuple[X, X]: JSON gives a list; `_validate` checks lengths
+        return isinstance(value, (list, tuple)) and all(_fits(v, typing.get_args(hint)[0]) for v in value)
+    if hint is int:
+        return _is_int(value)
+    if hint is float:  # numpy's floats too, and whole numbers (1 for 1.0)
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _describe(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_describe(h) for h in typing.get_args(hint))
+    if typing.get_origin(hint) is tuple:
+        return f"a list of {_KINDS[typing.get_args(hint)[0]][1]}"
+    return _KINDS[hint][0]
 
 
 def take_indices(depth: int, indices: int | tuple[int, ...] | list[int] | None) -> tuple[int, ...]:
