@@ -230,6 +230,28 @@ def test_saved_pngs_open_with_pillow_at_fixed_sizes_and_are_not_overwritten(tmp_
     vi.save_figures(result, out, index=1, overwrite=True)
 
 
+def test_force_removes_the_pos_embed_figure_of_an_earlier_model_that_this_one_does_not_make(tmp_path):
+    out = tmp_path / "figs"
+    vi.save_figures(vi.inspect_model(randomize(vitfast.create_model(tiny_config())), torch.randn(1, 3, 32, 32)), out)
+    unrelated = out / "notes.png"
+    unrelated.write_bytes(b"mine")
+    no_pos = vi.inspect_model(randomize(vitfast.create_model(tiny_config(abs_pos_embed=False))), torch.randn(1, 3, 32, 32))
+    (out / "heads.png").unlink()
+    with pytest.raises(vitfast.VitfastError, match="already holds rollout.png, pos_embed.png, attention_distance.png; pass --force"):
+        vi.save_figures(no_pos, out)
+    assert set(vi.save_figures(no_pos, out, overwrite=True)) == set(PNG_SIZES) - {"pos_embed"}
+    assert sorted(p.name for p in out.iterdir()) == ["attention_distance.png", "heads.png", "notes.png", "rollout.png"]
+    assert unrelated.read_bytes() == b"mine"  # not a figure name of vitfast's
+
+
+def test_cli_refuses_existing_pngs_before_it_loads_the_model(tmp_path, capsys):
+    img = digit_like_image(tmp_path / "seven.jpg")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "pos_embed.png").write_bytes(b"old")
+    assert main(["inspect", "--checkpoint", str(tmp_path / "missing.safetensors"), "--image", str(img), "--out", str(tmp_path / "out")]) == 2
+    assert "already holds pos_embed.png; pass --force" in capsys.readouterr().err
+
+
 def test_rollout_overlay_keeps_the_image_the_model_saw(tmp_path):
     cfg = tiny_config(in_chans=1, mean=(0.5,), std=(0.25,))
     images = torch.randn(1, 1, 32, 32)

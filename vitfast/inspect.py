@@ -409,21 +409,31 @@ def save_figures(
     """Write `<name>.png` for every figure into `out_dir` (created if missing); returns the paths.
 
     All PNGs are rendered into a staging folder first and renamed into place only when every one
-    succeeded, so a failure leaves none of them. Existing files are refused unless `overwrite`.
+    succeeded, so a failure leaves none of them. Existing files are refused unless `overwrite`, which also removes a
+    figure of an earlier run that this one does not make (pos_embed.png of a model with position embeddings).
     """
-    out = Path(out_dir)
+    out = check_figures_free(out_dir, overwrite)
     names = [n for n in FIGSIZES if n != "pos_embed" or inspection.pos_similarity is not None]
     paths = {name: out / f"{name}.png" for name in names}
-    if not overwrite:
-        existing = [p.name for p in paths.values() if p.exists()]
-        if existing:
-            raise VitfastError(f"{out} already holds {', '.join(existing)}; pass --force to replace them")
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out} is a file; give --out a folder for the PNGs")
     with contextlib.ExitStack() as claims:  # exits (publishes) only after the last figure rendered
         for name, fig in figures(inspection, index).items():
             claims.enter_context(claim_output(paths[name], overwrite)).tmp.write_bytes(_png(fig))
+    for name in FIGSIZES.keys() - names:  # an earlier run's pos_embed.png would pass for this model's
+        with contextlib.suppress(FileNotFoundError):
+            (out / f"{name}.png").unlink()
     return paths
+
+
+def check_figures_free(out_dir: str | os.PathLike, overwrite: bool) -> Path:
+    """`out_dir` as a Path if `save_figures` may write there: every figure name it may write or remove is refused when it
+    exists, unless `overwrite`. Cheap: a caller checks before building and running the model."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} is a file; give --out a folder for the PNGs")
+    existing = [f"{name}.png" for name in FIGSIZES if (out / f"{name}.png").exists()]
+    if existing and not overwrite:
+        raise VitfastError(f"{out} already holds {', '.join(existing)}; pass --force to replace them")
+    return out
 
 
 def _png(fig) -> bytes:

@@ -21,10 +21,10 @@ HEADS_PER_LINE = 8  # 8 distances after the layer's prefix fit an 80-column line
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     image = inspect.load_image(args.image)  # first: a bad image fails before any model is built
+    out_dir = inspect.check_figures_free(args.out or f"inspect-{Path(args.image).stem}", args.force)  # and existing PNGs
     overrides = config_overrides(args)
     model = (random_model(args.model, overrides, img_size=args.img_size) if args.model
              else load_checkpoint(args.checkpoint, img_size=args.img_size, overrides=overrides))  # fmt: skip
-    out_dir = Path(args.out) if args.out else Path(f"inspect-{Path(args.image).stem}")
     result = inspect.inspect_model(model, preprocess(image, model.config))
     paths = inspect.save_figures(result, out_dir, overwrite=args.force)
     if args.json:
