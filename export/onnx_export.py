@@ -35,8 +35,10 @@ def require_onnx():
     try:
         import onnx
         import onnxruntime
-    except ImportError:
-        raise BackendUnavailable("ONNX export needs onnx and onnxruntime: pip install 'vitfast[onnx]'") from None
+        import onnxscript  # noqa: F401 - torch.onnx's exporter imports it half-way through an export
+    except ImportError as exc:
+        raise BackendUnavailable(f"ONNX export needs onnx, onnxruntime and onnxscript ({exc.name or exc} is missing): "
+                                 "pip install 'vitfast[onnx]'") from None  # fmt: skip
     return onnx, onnxruntime
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,27 @@ def test_every_install_hint_names_the_extra_that_lists_its_dependency():
         about.update(dists)
     assert {"onnxruntime", "openvino", "matplotlib", "triton", "nvidia-pytriton"} <= about
 
+
+
+@pytest.mark.parametrize("missing", ["onnx", "onnxruntime", "onnxscript"])
+def test_onnx_export_names_each_missing_package_of_the_onnx_extra(missing, monkeypatch):
+    """torch.onnx imports onnxscript half-way through an export: without it that was a traceback, not this hint."""
+    from vitfast.errors import BackendUnavailable
+    from vitfast.export.onnx_export import require_onnx
+
+    monkeypatch.setitem(sys.modules, missing, None)  # what `import` of an absent package raises: ImportError
+    with pytest.raises(BackendUnavailable, match=rf"^ONNX export needs onnx, onnxruntime and onnxscript \({missing} is missing\): "
+                                                 r"pip install 'vitfast\[onnx\]'$"):  # fmt: skip
+        require_onnx()
+    assert "onnxscript" in extras()["onnx"]
+
+
+def test_reading_an_onnx_graph_without_the_onnx_package_is_the_install_hint(tmp_path, monkeypatch, capsys):
+    """ONNX Runtime alone runs a graph, but vitfast reads its inputs and outputs with the onnx package first."""
+    from vitfast.cli import main
+
+    graph = tmp_path / "m.onnx"
+    graph.write_bytes(b"not read")
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    assert main(["info", str(graph)]) == 2
+    assert capsys.readouterr().err == "vitfast: error: reading an ONNX graph needs the onnx package: pip install 'vitfast[onnx]'\n"

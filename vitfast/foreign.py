@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from .config import OUTPUT_MEANING_FIELDS, PREPROCESSING_FIELDS, ViTConfig
 from .convert import Guesses, hf_labels, hf_preprocessing, hf_problem_type
-from .errors import ArtifactError, ConfigError, first_line
+from .errors import ArtifactError, BackendUnavailable, ConfigError, first_line
 
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
 QUANT_OPS = QDQ_OPS | {"DynamicQuantizeLinear", "QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger"}  # + ONNX Runtime's integer ops
@@ -62,11 +62,20 @@ def _dims(value_info) -> list[int | None] | None:
     return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in t.shape.dim]
 
 
+def import_onnx():
+    """The `onnx` package, which reading a graph's inputs, outputs and weights needs; ONNX Runtime does not bring it."""
+    try:
+        import onnx
+    except ImportError:
+        raise BackendUnavailable("reading an ONNX graph needs the onnx package: pip install 'vitfast[onnx]'") from None
+    return onnx
+
+
 def read_graph_io(path: str | os.PathLike, output_rank: int | None = 2, output: str | None = None) -> GraphIO:
     """Input name/layout/dtype/shape and the output of the ONNX file at `path`: logits [batch, classes] or
     transformers-named features (see `pick_output`), or of any rank with `output_rank=None` (a graph with a
     vitfast sidecar, which says the shape). `output`: the output to run, by name, instead of the rule's choice."""
-    import onnx
+    onnx = import_onnx()
 
     try:
         model = onnx.load(str(path), load_external_data=False)
@@ -303,7 +312,7 @@ def _tensorrt_quantization_problem(graph, constants: dict[str, Any]) -> str | No
     TensorRT 10's ONNX parser imports only signed 8-bit (and fp8 / int4) Q/DQ around a zero point of 0: it refuses a
     non-zero zero point, reads a uint8 one as int8 (onnx-tensorrt's QuantDequantLinearHelper: the upper half of the
     range would clip) and has no importer for ONNX Runtime's integer ops."""
-    from onnx import numpy_helper
+    numpy_helper = import_onnx().numpy_helper
 
     integer_ops = sorted({n.op_type for n in graph.node if n.op_type in QUANT_OPS - QDQ_OPS})
     if integer_ops:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .errors import InputError
+from .foreign import import_onnx
 from .parity import tolerance
 
 # Suffixes quantizers and float16 converters append to the tensor they wrap (ORT's QDQ quantizer,
@@ -36,9 +37,9 @@ class MarkedGraph:
     graph's node order; calling it on a checked float input x [B, C, H, W] -> {tensor: array}, in that order."""
 
     def __init__(self, engine):
-        import onnx
         import onnxruntime as ort
 
+        onnx = import_onnx()
         # The weights stay on disk: with them loaded, type inference serialises the model and a graph over protobuf's
         # 2 GiB cap (ViT-H fp32, whose weights are external data) could not be read. Only the graph is rewritten.
         model = onnx.load(str(engine.path), load_external_data=False)
