@@ -331,6 +331,38 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "not a `vitfast bench --out` file" in capsys.readouterr().err
 
 
+def test_compare_and_report_refuse_the_sweeps_flags_they_would_ignore(sweep, tmp_path, capsys):
+    """--compare and --report measure and write nothing: --out, --csv, --model ... were silently dropped (rc 0, no file)."""
+    result = tmp_path / "r.json"
+    result.write_text(json.dumps(sweep))
+    for argv, refused in [(["--compare", str(result), str(result), "--out", str(tmp_path / "c.json"), "--csv", str(tmp_path / "c.csv"),
+                            "--model", "vit_base_patch16_224"], "--model, --out, --csv do not apply to --compare"),
+                          (["--report", str(result), "--markdown", str(tmp_path / "r.md")], "--markdown does not apply to --report"),
+                          (["--report", str(result), "--plot", str(tmp_path / "r.png"), "--json", "--noise-floor", "0.1"],
+                           "--plot, --json, --noise-floor do not apply to --report"),
+                          (["--model", "vit_tiny_patch16_224", "--noise-floor", "0.1"], "--noise-floor sets what --compare calls a change")]:  # fmt: skip
+        assert main(["bench", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"vitfast: error: {refused}") and len(err.splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]  # nothing written
+    with pytest.raises(SystemExit):
+        main(["bench", "--compare", str(result), str(result), "--report", str(result)])
+    assert "argument --report: not allowed with argument --compare" in capsys.readouterr().err
+    for bad in ("nan", "-1"):
+        with pytest.raises(SystemExit):
+            main(["bench", "--compare", str(result), str(result), "--noise-floor", bad])
+        assert f"must be a finite number >= 0, got '{bad}'" in capsys.readouterr().err
+    assert main(["bench", "--compare", str(result), str(result), "--noise-floor", "0.1", "--json"]) == 0
+    compared = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"bare {name} in --json"))
+    assert compared["noise_floor"] == 0.1 and any(r["status"] != "ok" for r in compared["rows"])
+    odd = json.loads(json.dumps(sweep))
+    next(r for r in odd["rows"] if r["status"] == "ok")["p99_ms"] = float("nan")  # a hand-edited file (Python's json reads NaN)
+    (tmp_path / "odd.json").write_text(json.dumps(odd))
+    assert main(["bench", "--compare", str(result), str(tmp_path / "odd.json"), "--json"]) == 0
+    compared = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"bare {name} in --json"))
+    assert None in [r.get("p99_ratio", 0) for r in compared["rows"]]  # strict JSON: null
+
+
 def test_two_outputs_naming_one_file_are_refused_before_measuring(tmp_path, monkeypatch, capsys):
     """--out r.json --csv r.json used to measure everything, write r.json and then refuse the CSV (or, with
     --force, overwrite the JSON with it)."""

@@ -19,9 +19,9 @@ from vitfast.bench.stats import MIN_NOISE, compare_rows
 from vitfast.bench.sweep import Settings, load_result, run_sweep
 from vitfast.data import find_images
 from vitfast.errors import ArtifactError, InputError
-from vitfast.flags import int_in, positive_float, positive_int
+from vitfast.flags import int_in, non_negative_float, positive_float, positive_int
 
-from .output import console, fitting
+from .output import console, fitting, to_json
 from .progress import add_quiet
 
 
@@ -112,11 +112,30 @@ def _output_flags(args: argparse.Namespace) -> str:
     return " ".join(flags)
 
 
+# The sweep's flags, with their defaults: --compare and --report measure nothing, and refuse a flag that differs from its default
+DEFAULTS = {"model": None, "artifact": None, "backends": ",".join(BACKENDS), "batch": "1,8", "precision": "auto", "img_size": None,
+            "repeats": 30, "warmup": 5, "max_seconds": 20.0, "buffers": 4, "compile_mode": "default", "engine": None,
+            "ort_provider": "auto", "threads": None, "ov_hint": None, "work_dir": None, "calib_samples": 16, "calib_dir": None,
+            "out": None, "csv": None, "plot": None, "markdown": None}  # fmt: skip
+
+
+def _refuse_flags(args: argparse.Namespace, mode: str, defaults: dict) -> None:
+    """One line naming the flags given that `mode` (--compare, --report) does not use, which it would silently ignore."""
+    given = [f"--{flag.replace('_', '-')}" for flag, default in defaults.items() if getattr(args, flag) != default]
+    if given:
+        raise InputError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to {mode}, which measures and writes "
+                         f"nothing (it prints to stdout): drop {'it' if len(given) == 1 else 'them'}")  # fmt: skip
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.compare:
+        _refuse_flags(args, "--compare", DEFAULTS)
         return cmd_compare(args)
     if args.report:
+        _refuse_flags(args, "--report", DEFAULTS | {"json": False, "noise_floor": MIN_NOISE})
         return cmd_report(args)
+    if args.noise_floor != MIN_NOISE:
+        raise InputError("--noise-floor sets what --compare calls a change: it goes with --compare BASE.json NEW.json")
     if not args.model and not args.artifact:
         raise InputError("give --model NAME[,NAME...] and/or --artifact PATH to measure (or --compare A.json B.json, or --report FILE...)")
     settings = settings_from_args(args)
@@ -133,7 +152,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if plotted:
         report.save_plot(result, outputs["plot"], force=args.force)
     if args.json:
-        print(json.dumps(result))
+        print(to_json(result))
         return 0
     out = console()
     out.print(fitting(out, Group(*report.rich_tables(result)), Group(*report.rich_tables(result, compact=True))))
@@ -161,7 +180,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     base, new = load_result(base_path), load_result(new_path)
     rows = compare_rows(base["rows"], new["rows"], args.noise_floor)
     if args.json:
-        print(json.dumps({"base": base_path, "new": new_path, "noise_floor": args.noise_floor, "rows": rows}))
+        print(to_json({"base": base_path, "new": new_path, "noise_floor": args.noise_floor, "rows": rows}))
         return 0
     out = console()
     for name, result in ((base_path, base), (new_path, new)):
@@ -195,27 +214,27 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--artifact", metavar="PATH", action="append",
                    help="your own artifact (ONNX file, Optimum folder, TensorRT engine, checkpoint), measured as it is "
                         "beside the --model rows; repeatable")  # fmt: skip
-    p.add_argument("--backends", metavar="LIST", default=",".join(BACKENDS),
+    p.add_argument("--backends", metavar="LIST", default=DEFAULTS["backends"],
                    help=f"comma-separated, from {','.join(BACKENDS)} (default: all; unavailable ones are skipped with the reason)")  # fmt: skip
-    p.add_argument("--batch", metavar="LIST", default="1,8", help="batch sizes, comma-separated (default 1,8)")
-    p.add_argument("--precision", metavar="LIST", default="auto",
+    p.add_argument("--batch", metavar="LIST", default=DEFAULTS["batch"], help="batch sizes, comma-separated (default 1,8)")
+    p.add_argument("--precision", metavar="LIST", default=DEFAULTS["precision"],
                    help=f"from {','.join(PRECISIONS)}, comma-separated (default: fp16 on a GPU, fp32 on CPU)")  # fmt: skip
     p.add_argument("--img-size", metavar="LIST", help="image sizes, comma-separated (default: each model's own)")
-    p.add_argument("--repeats", type=positive_int, default=30, help="timed calls in each of the two repeats per row (default 30)")
-    p.add_argument("--warmup", type=int_in(0), default=5, help="untimed calls after the first (compiling) call (default 5)")
-    p.add_argument("--max-seconds", type=positive_float, default=20.0,
+    p.add_argument("--repeats", type=positive_int, default=DEFAULTS["repeats"], help="timed calls in each of the two repeats per row (default 30)")
+    p.add_argument("--warmup", type=int_in(0), default=DEFAULTS["warmup"], help="untimed calls after the first (compiling) call (default 5)")
+    p.add_argument("--max-seconds", type=positive_float, default=DEFAULTS["max_seconds"],
                    help="cut a repeat short after this many seconds (at least 5 calls still run; default 20)")  # fmt: skip
-    p.add_argument("--buffers", type=positive_int, default=4, help="input batches rotated through (default 4)")
-    p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES,
+    p.add_argument("--buffers", type=positive_int, default=DEFAULTS["buffers"], help="input batches rotated through (default 4)")
+    p.add_argument("--compile-mode", default=DEFAULTS["compile_mode"], choices=COMPILE_MODES,
                    help="torch.compile mode; rows of another mode than default are labelled compile-MODE (vitfast-compile-MODE)")
     p.add_argument("--engine", metavar="PATH", action="append",
                    help="TensorRT engine for the tensorrt backend; repeat for several models/precisions")  # fmt: skip
-    p.add_argument("--ort-provider", default="auto", choices=["auto", "cpu", "cuda"], help="ONNX Runtime execution provider")
+    p.add_argument("--ort-provider", default=DEFAULTS["ort_provider"], choices=["auto", "cpu", "cuda"], help="ONNX Runtime execution provider")
     p.add_argument("--threads", type=positive_int, help="CPU threads for PyTorch, ONNX Runtime and OpenVINO (default: their own)")
     p.add_argument("--ov-hint", choices=["latency", "throughput"],
                    help="OpenVINO PERFORMANCE_HINT (default OpenVINO's: latency; throughput splits a batch across streams)")
     p.add_argument("--work-dir", metavar="DIR", help="cache for exported ONNX files (default: ~/.cache/vitfast/bench, or $XDG_CACHE_HOME/vitfast/bench)")
-    p.add_argument("--calib-samples", type=positive_int, default=16, help="calibration images for onnxruntime int8 (default 16)")
+    p.add_argument("--calib-samples", type=positive_int, default=DEFAULTS["calib_samples"], help="calibration images for onnxruntime int8 (default 16)")
     p.add_argument("--calib-dir", metavar="DIR", help="real calibration images for int8 rows (default: seeded random pixels)")
     p.add_argument("--out", metavar="FILE.json", help="every raw number and the environment")
     p.add_argument("--csv", metavar="FILE", help="one line per row")
@@ -224,9 +243,10 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="overwrite existing output files")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object (no table)")
     add_quiet(p)
-    p.add_argument("--compare", nargs=2, metavar=("BASE.json", "NEW.json"), help="ratios new / base per row instead of measuring")
-    p.add_argument("--noise-floor", type=float, default=MIN_NOISE, metavar="FRACTION",
+    modes = p.add_mutually_exclusive_group()
+    modes.add_argument("--compare", nargs=2, metavar=("BASE.json", "NEW.json"), help="ratios new / base per row instead of measuring")
+    p.add_argument("--noise-floor", type=non_negative_float, default=MIN_NOISE, metavar="FRACTION",
                    help=f"--compare calls nothing closer than this a win or regression (default {MIN_NOISE}; "
                         "raise it across runs on a shared machine)")  # fmt: skip
-    p.add_argument("--report", nargs="+", metavar="FILE.json", help="print benchmarks/README.md from result files")
+    modes.add_argument("--report", nargs="+", metavar="FILE.json", help="print benchmarks/README.md from result files")
     p.set_defaults(func=cmd_bench)
