@@ -634,6 +634,19 @@ def test_trt_export_without_tensorrt_tells_a_terminal_before_the_onnx_export(mon
          "--image-sizes sets the image sizes a TensorRT engine takes: it goes with --format trt"),
         (["export", "--model", "vit_cifar_patch4_32", "--format", "trt", "--image-sizes", "16:32:64", "--out", "x.engine"],
          "this model takes one (32x32); export with --dynamic-img-size"),  # refused before the ONNX export, not after
+        # flags that would do nothing here: refused, never ignored (an fp32 export where int8 was meant)
+        (["export", "--model", "vit_cifar_patch4_32", "--format", "onnx", "--calib-dir", "bad", "--calib-method", "entropy", "--int8-target",
+          "cpu", "--exclude", "blocks.0.*", "--out", "x.onnx"], "--calib-dir, --calib-method, --int8-target, --exclude configure int8 "
+                                                             "calibration; this export is fp32: add --precision int8 or drop them"),
+        (["export", "--model", "vit_cifar_patch4_32", "--format", "trt", "--precision", "fp16", "--calib-samples", "8", "--out", "x.engine"],
+         "--calib-samples configures int8 calibration; this export is fp16: add --precision int8 or drop it"),
+        (["export", "--model", "vit_cifar_patch4_32", "--format", "onnx", "--workspace", "64", "--opt-level", "5", "--timing-cache", "tc",
+          "--no-fp32-layernorm", "--out", "x.onnx"], "--workspace, --opt-level, --timing-cache, --no-fp32-layernorm set how TensorRT "
+                                                     "builds an engine: they go with --format trt; drop them"),
+        (["export", "--model", "vit_cifar_patch4_32", "--format", "triton-repo", "--opt-level", "3", "--out", "repo"],
+         "--opt-level sets how TensorRT builds an engine: it goes with --format trt"),
+        (["export", "--onnx", "nosidecar.onnx", "--format", "trt", "--calib-method", "entropy", "--out", "x.engine"],
+         "--calib-method set vitfast's own ONNX export and int8 calibration; --onnx takes the graph as it is"),
         (["export", "--model", "vit_cifar_patch4_32", "--dynamic-img-size", "--format", "trt", "--image-sizes", "16:30:64", "--out", "x.engine"],
          "--image-sizes 16:30:64 are not whole 4-pixel patches; e.g. 16x16:28x28:64x64"),
     ],

@@ -43,12 +43,33 @@ def cmd_export(args: argparse.Namespace) -> int:
         return _cmd_export(args)
 
 
+# Flags whose default is None in the parser, so that one given where it does nothing is refused, not ignored; filled in after
+DEFAULTS = {"calib_method": "minmax", "calib_samples": 256, "int8_target": "tensorrt", "workspace": 4.0, "opt_level": 3}
+INT8_FLAGS = ("calib_dir", "calib_method", "calib_samples", "int8_target", "exclude")
+TENSORRT_FLAGS = ("workspace", "opt_level", "timing_cache", "no_fp32_layernorm")
+
+
+def _given(args: argparse.Namespace, dests: tuple[str, ...]) -> list[str]:
+    """The flags of `dests` given on the command line (`--exclude` with no pattern too)."""
+    return ["--" + dest.replace("_", "-") for dest in dests if getattr(args, dest) not in (None, False)]
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     batch = parse_batch(args.batch)
     if args.no_ema and not args.checkpoint:
         raise InputError("--no-ema picks a training checkpoint's weights: it goes with --checkpoint")
     if args.onnx:
         return _engine_from_onnx(args, batch)
+    unused = _given(args, TENSORRT_FLAGS) if args.format != "trt" else []
+    if unused:
+        raise InputError(f"{', '.join(unused)} {'sets' if len(unused) == 1 else 'set'} how TensorRT builds an engine: "
+                         f"{'it goes' if len(unused) == 1 else 'they go'} with --format trt; drop {'it' if len(unused) == 1 else 'them'}")  # fmt: skip
+    unused = _given(args, INT8_FLAGS) if args.precision != "int8" else []
+    if unused:
+        raise InputError(f"{', '.join(unused)} {'configures' if len(unused) == 1 else 'configure'} int8 calibration; this export "
+                         f"is {args.precision}: add --precision int8 or drop {'it' if len(unused) == 1 else 'them'}")  # fmt: skip
+    for dest, default in DEFAULTS.items():
+        setattr(args, dest, default if getattr(args, dest) is None else getattr(args, dest))
     if args.precision == "fp8":
         raise InputError("--precision fp8 builds a TensorRT engine from an fp8 Q/DQ graph another tool made (NVIDIA ModelOpt): "
                          "pass it with --onnx PATH --format trt")  # fmt: skip
@@ -81,11 +102,12 @@ def _engine_from_onnx(args: argparse.Namespace, batch: tuple[int, int, int]) -> 
     if args.format != "trt":
         raise InputError(f"--onnx builds a TensorRT engine from an existing graph: add --format trt (to run {args.onnx} itself, "
                          "pass it to check / eval / predict / serve)")  # fmt: skip
-    given = [flag for flag, on in (("--calib-dir", args.calib_dir), ("--int8-keep-float", args.int8_keep_float), ("--exclude", args.exclude),
-                                   ("--opset", args.opset != 18)) if on]  # fmt: skip
+    given = _given(args, INT8_FLAGS) + [flag for flag, on in (("--int8-keep-float", args.int8_keep_float), ("--opset", args.opset != 18)) if on]
     if given:
         raise InputError(f"{', '.join(given)} set vitfast's own ONNX export and int8 calibration; --onnx takes the graph as it is "
                          "(quantize it with its own tool, e.g. ModelOpt): drop them")  # fmt: skip
+    for dest, default in DEFAULTS.items():
+        setattr(args, dest, default if getattr(args, dest) is None else getattr(args, dest))
     overrides = config_overrides(args) | ({"img_size": args.img_size} if args.img_size else {})
     fixed = [k for k in overrides if k not in FOREIGN_FIELDS]
     if fixed:
@@ -438,9 +460,9 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="fp32", choices=EXPORT_PRECISIONS,
                    help="fp8 (and int8 without --calib-dir): from a Q/DQ graph given with --onnx")
     p.add_argument("--calib-dir", help="calibration images (searched recursively) for int8")
-    p.add_argument("--calib-method", default="minmax", choices=["minmax", "entropy", "percentile"])
-    p.add_argument("--calib-samples", type=positive_int, default=256, help="calibration images to use (default 256)")
-    p.add_argument("--int8-target", default="tensorrt", choices=["tensorrt", "openvino", "cpu"],
+    p.add_argument("--calib-method", choices=["minmax", "entropy", "percentile"], help="int8 calibration method (default minmax)")
+    p.add_argument("--calib-samples", type=positive_int, help="calibration images to use (default 256)")
+    p.add_argument("--int8-target", choices=["tensorrt", "openvino", "cpu"],
                    help="QDQ form: TensorRT's symmetric int8 (default), the same with q/k/v split (fastest in OpenVINO, slower in ONNX Runtime), "
                         "or ONNX Runtime CPU's uint8 activations")  # fmt: skip
     p.add_argument("--exclude", nargs="*", help="nodes kept in float (per-layer fallback), by ONNX node name or by the module path "
@@ -451,8 +473,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", default="1:8:32", help="MIN:OPT:MAX batch profile (default 1:8:32)")
     p.add_argument("--img-size", type=positive_int, help="export at this resolution (position embeddings resized)")
     p.add_argument("--opset", type=positive_int, default=18, help="ONNX opset (default 18; 17 is the oldest with LayerNormalization)")
-    p.add_argument("--workspace", type=positive_float, default=4.0, help="TensorRT workspace limit in GiB")
-    p.add_argument("--opt-level", type=int_in(0, 5), default=3, help="TensorRT builder optimization level 0-5")
+    p.add_argument("--workspace", type=positive_float, help="TensorRT workspace limit in GiB (default 4)")
+    p.add_argument("--opt-level", type=int_in(0, 5), help="TensorRT builder optimization level 0-5 (default 3)")
     p.add_argument("--timing-cache", help="TensorRT timing cache file, reused across builds")
     p.add_argument("--no-fp32-layernorm", action="store_true", help="let TensorRT pick the precision of the norm layers: LayerNorm's input and output may become fp16 (its statistics "
                         "stay fp32), RMSNorm's ops too (its x^2 overflows fp16 past |x| 256)")
