@@ -66,6 +66,32 @@ def test_unknown_command_exits_2():
     assert out.returncode == 2 and "invalid choice" in out.stderr
 
 
+@pytest.mark.parametrize("argv, flag", [
+    (["predict", "m.onnx", "a.png", "--out", ""], "--out"),
+    (["predict", "m.onnx", "a.png", "--labels", ""], "--labels"),
+    (["predict", "m.onnx", "a.png", "--config", ""], "--config"),
+    (["bench", "--model", "vit_tiny_patch16_224", "--csv", ""], "--csv"),
+    (["bench", "--model", "vit_tiny_patch16_224", "--artifact", "m.onnx", "--artifact", ""], "--artifact"),
+    (["check", "m.onnx", "--checkpoint", ""], "--checkpoint"),
+])  # fmt: skip
+def test_an_empty_value_is_refused_not_taken_for_a_flag_not_given(argv, flag, capsys):
+    """`--out "$OUT"` with OUT unset: predict printed to stdout and bench wrote nothing, exit 0."""
+    from vitfast.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and f"error: argument {flag}: expected a value, got an empty string" in capsys.readouterr().err
+
+
+def test_an_empty_string_stays_a_value_where_it_is_one_of_the_choices():
+    from vitfast.cli.main import _refuse_empty_values, build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["check", "m.onnx", "--global-pool", ""])  # timm's name for no pooling
+    _refuse_empty_values(parser, args)
+    assert args.global_pool == ""
+
+
 def test_no_cuda_call_at_import_or_on_the_cpu_path(tmp_path):
     """Poison every CUDA entry point, then import everything and run a model and a checkpoint."""
     script = """

@@ -75,12 +75,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _refuse_empty_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """argparse turns `--flag=--` into [] without calling the flag's type: refuse it like any bad value."""
+    """argparse turns `--flag=--` into [] without calling the flag's type, and takes `--out ""` (an unset shell variable)
+    as given, which the commands then read as not given (predict printed to stdout, bench wrote nothing): refuse both
+    like any bad value. A flag whose choices hold "" (--global-pool: timm's name for none) keeps it."""
     sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)  # noqa: SLF001
     command = sub.choices.get(args.command) if sub else None
     for action in command._actions if command else ():  # noqa: SLF001
-        if action.nargs is None and action.option_strings and getattr(args, action.dest, None) == []:
+        value = getattr(args, action.dest, None)
+        if not action.option_strings:
+            continue
+        if action.nargs is None and value == []:
             command.error(f"argument {'/'.join(action.option_strings)}: expected a value")
+        if (value == "" or isinstance(value, list) and "" in value) and "" not in (action.choices or ()):
+            command.error(f"argument {'/'.join(action.option_strings)}: expected a value, got an empty string")
 
 
 def _fail(args: argparse.Namespace, message: str) -> int:
