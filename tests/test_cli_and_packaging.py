@@ -61,6 +61,22 @@ def test_user_error_is_one_line_exit_2_and_debug_shows_traceback():
     assert debug.returncode == 2 and "Traceback" in debug.stderr
 
 
+def test_an_unexpected_exception_is_one_line_exit_3_and_debug_shows_traceback(monkeypatch, capsys):
+    """A bug is neither a user error (2) nor a failed parity (1), the code it shared as an uncaught traceback."""
+    from vitfast.cli import info, main
+
+    def broken(args):
+        raise RuntimeError("index 7 is out of bounds\nsecond line")
+
+    monkeypatch.setattr(info, "cmd_models", broken)
+    assert main(["models"]) == 3
+    assert capsys.readouterr().err == ("vitfast: error: internal error: RuntimeError: index 7 is out of bounds; rerun with --debug "
+                                       "for the traceback and report it\n")  # fmt: skip
+    assert main(["models", "--debug"]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "second line" in err and err.endswith("report it\n")
+
+
 def test_unknown_command_exits_2():
     out = run("frobnicate")
     assert out.returncode == 2 and "invalid choice" in out.stderr

@@ -1,4 +1,5 @@
-"""`vitfast` entry point. User errors: one line on stderr, exit code 2 (`--debug` for the traceback)."""
+"""`vitfast` entry point. User errors: one line on stderr, exit code 2; anything unexpected: one line, exit code 3
+(`--debug` for the traceback of either)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import traceback
 import warnings
 
 from vitfast._version import __version__
-from vitfast.errors import VitfastError, VitfastWarning
+from vitfast.errors import VitfastError, VitfastWarning, describe_exception
 
 from . import bench, export, info, inspect, predict, serve
 from .config_args import warn_guesses
+
+
+INTERNAL_ERROR = 3  # 0 done, 1 parity failed (check, export), 2 a user error (one line), 3 a bug (the traceback with --debug)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("vitfast: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug of vitfast's or a library's: its own exit code, never taken for a failed parity (1)
+        if args.debug:
+            traceback.print_exc()
+        print(f"vitfast: error: internal error: {describe_exception(exc)}; rerun with --debug for the traceback and report it",
+              file=sys.stderr)  # fmt: skip
+        return INTERNAL_ERROR
     finally:
         signal.signal(signal.SIGTERM, previous)
 
