@@ -177,6 +177,13 @@ def test_numbered_class_folders_are_classes_in_numeric_order(tmp_path, capsys):
     assert (result["top1"], result["top5"], result["n"]) == (pytest.approx(top1), pytest.approx(top5), n)
 
 
+def test_eval_help_gives_the_folder_order_eval_uses(capsys):
+    """It said "sorted", which puts folder 10 before 2; eval takes them in natural order (the test above)."""
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    assert "else in natural order (2 before 10) = class index" in " ".join(capsys.readouterr().out.split())
+
+
 def test_folders_partly_named_after_labels_are_refused(ckpt, tmp_path, capsys):
     """Folders "ant", "bee", "cats": sorted order would score the ants as class 0 but the bees as class 1 and "cats" as
     class 2 only by luck of spelling; a folder set where some names are labels and some are not is refused by name."""

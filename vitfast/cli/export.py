@@ -510,7 +510,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("eval", parents=[common], help="top-1 / top-5 accuracy on an image folder DIR/<class>/*")
     p.add_argument("artifact")
-    p.add_argument("--data", required=True, help="DIR/<class>/*.png|jpg: folders named by the model's labels, else sorted = class index")
+    p.add_argument("--data", required=True,
+                   help="DIR/<class>/*.png|jpg: folders named by the model's labels, else in natural order (2 before 10) = class index")
     p.add_argument("--labels", metavar="FILE", help="class names (one per line, or a JSON list / {index: name}) to match folders by")
     p.add_argument("--against", metavar="REF", help="also evaluate REF (e.g. the fp32 checkpoint) and report the accuracy difference")
     add_loading_args(p)
