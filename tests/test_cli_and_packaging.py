@@ -77,6 +77,11 @@ def test_an_unexpected_exception_is_one_line_exit_3_and_debug_shows_traceback(mo
     assert "Traceback" in err and "second line" in err and err.endswith("report it\n")
 
 
+def test_python_dash_m_vitfast_is_the_cli():
+    out = subprocess.run([sys.executable, "-m", "vitfast", "models", "--filter", "nothing*"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr == "vitfast: error: no registered model matches 'nothing*'; run `vitfast models` to see them all\n"
+
+
 def test_unknown_command_exits_2():
     out = run("frobnicate")
     assert out.returncode == 2 and "invalid choice" in out.stderr
