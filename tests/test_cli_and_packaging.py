@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -80,6 +81,16 @@ def test_an_unexpected_exception_is_one_line_exit_3_and_debug_shows_traceback(mo
 def test_python_dash_m_vitfast_is_the_cli():
     out = subprocess.run([sys.executable, "-m", "vitfast", "models", "--filter", "nothing*"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr == "vitfast: error: no registered model matches 'nothing*'; run `vitfast models` to see them all\n"
+
+
+@pytest.mark.parametrize("signum, code, said", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
+def test_a_signal_exits_128_plus_its_number(signum, code, said, monkeypatch, capsys):
+    """SIGTERM (docker stop, kill) exited 130, Ctrl-C's code."""
+    from vitfast.cli import info, main
+
+    monkeypatch.setattr(info, "cmd_models", lambda args: os.kill(os.getpid(), signum))
+    assert main(["models"]) == code
+    assert capsys.readouterr().err == f"vitfast: {said}\n"
 
 
 def test_unknown_command_exits_2():

@@ -71,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # the environment (a file that vanished, a full disk): still one line, never a traceback
         where = f" ({exc.filename})" if exc.filename else ""
         return _fail(args, f"{exc.strerror or exc}{where}; check the path and its permissions and free space")
-    except KeyboardInterrupt:
-        print("vitfast: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print("vitfast: terminated" if isinstance(exc, Terminated) else "vitfast: interrupted", file=sys.stderr)
+        return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)  # the shell's convention: 143, 130
     except Exception as exc:  # a bug of vitfast's or a library's: its own exit code, never taken for a failed parity (1)
         if args.debug:
             traceback.print_exc()
@@ -107,5 +107,9 @@ def _fail(args: argparse.Namespace, message: str) -> int:
     return 2
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is so that cleanup (staging folders) runs as it does on Ctrl-C."""
+
+
 def _terminate(signum, frame) -> None:
-    raise KeyboardInterrupt
+    raise Terminated
