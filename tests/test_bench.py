@@ -363,6 +363,23 @@ def test_compare_and_report_refuse_the_sweeps_flags_they_would_ignore(sweep, tmp
     assert None in [r.get("p99_ratio", 0) for r in compared["rows"]]  # strict JSON: null
 
 
+def test_a_sweep_whose_every_row_failed_exits_2(sweep, monkeypatch, capsys):
+    """`--work-dir` on a read-only disk: every row was `error`, and the exit code 0."""
+    from vitfast.cli import bench as cli_bench
+
+    failed = json.loads(json.dumps(sweep))
+    for row in failed["rows"]:
+        row |= {"status": "error", "reason": "OutputError: cannot write /ro/x.onnx: read-only filesystem"}
+    monkeypatch.setattr(cli_bench, "run_sweep", lambda settings, **kwargs: failed)
+    for json_flag in ([], ["--json"]):
+        assert main(["bench", "--model", "vit_tiny_patch16_224", *json_flag]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert err[-1] == (f"vitfast: error: every row failed (the first: {failed['rows'][0]['backend']}: OutputError: cannot "
+                           "write /ro/x.onnx: read-only filesystem)")  # fmt: skip
+    failed["rows"][0]["status"] = "skipped"  # a backend this machine lacks: reported, not a failure of the run
+    assert main(["bench", "--model", "vit_tiny_patch16_224"]) == 0
+
+
 def test_two_outputs_naming_one_file_are_refused_before_measuring(tmp_path, monkeypatch, capsys):
     """--out r.json --csv r.json used to measure everything, write r.json and then refuse the CSV (or, with
     --force, overwrite the JSON with it)."""

@@ -153,14 +153,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
         report.save_plot(result, outputs["plot"], force=args.force)
     if args.json:
         print(to_json(result))
-        return 0
+        return _all_failed(result)
     out = console()
     out.print(fitting(out, Group(*report.rich_tables(result)), Group(*report.rich_tables(result, compact=True))))
     if args.markdown == "-":
         print(report.to_markdown(result))
     for kind, path in outputs.items():
         print(f"no plot written to {path}: nothing was measured" if kind == "plot" and not plotted else f"wrote {path}", file=sys.stderr)
-    return 0
+    return _all_failed(result)
+
+
+def _all_failed(result: dict) -> int:
+    """2, with one error line, when every row failed (an unwritable --work-dir, ...): a sweep that measured nothing is no
+    success; skipped rows (a backend this machine lacks) and a partly failed sweep keep 0, their reasons in the table."""
+    rows = result["rows"]
+    if not rows or any(r["status"] != "error" for r in rows):
+        return 0
+    print(f"vitfast: error: every row failed (the first: {rows[0]['backend']}: {rows[0]['reason']})", file=sys.stderr)
+    return 2
 
 
 def _run_with_progress(settings, command: str, quiet: bool) -> dict:
