@@ -282,6 +282,11 @@ def test_a_non_image_file_is_a_clear_input_error(tmp_path):
         vi.load_image(tmp_path / "missing.png")
 
 
+def test_a_folder_given_as_the_image_is_named_a_folder_not_missing(tmp_path):
+    with pytest.raises(vitfast.errors.InputError, match=f"^{tmp_path} is a folder; inspect looks at one image: give --image a file"):
+        vi.load_image(tmp_path)
+
+
 def test_cli_non_image_exits_2_with_one_stderr_line(tmp_path):
     bad = tmp_path / "notes.txt"
     bad.write_text("hello")

@@ -246,6 +246,8 @@ def load_image(path: str | os.PathLike) -> Image.Image:
     """An image file read as predict and eval read it (`vitfast.data.open_image`: upright, 16-bit greyscale in 8 bits,
     decompression bombs refused), or `InputError` saying why it cannot be used."""
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path} is a folder; inspect looks at one image: give --image a file such as {path / 'img.png'}")
     if not path.is_file():
         raise InputError(f"image not found: {path}")
     return open_image(path)
