@@ -73,6 +73,14 @@ def test_symlinked_class_folders_are_evaluated_and_a_link_cycle_is_entered_once(
     assert (result["top1"], result["top5"], result["n"], result["classes"]) == (pytest.approx(top1), pytest.approx(top5), n, 3)
 
 
+def test_eval_data_that_is_a_file_or_missing_says_which(ckpt, tmp_path, capsys):
+    image = _folder(tmp_path / "data", ["one"]) / "one" / "0.png"
+    assert main(["eval", str(ckpt), "--data", str(image)]) == 2
+    assert f"{image} is a file, not a folder of images" in capsys.readouterr().err
+    assert main(["eval", str(ckpt), "--data", str(tmp_path / "nowhere")]) == 2
+    assert "image folder not found" in capsys.readouterr().err
+
+
 def test_a_class_count_mismatch_is_refused(ckpt, tmp_path, capsys):
     data = _folder(tmp_path / "data", ["one", "two"])
     assert main(["eval", str(ckpt), "--data", str(data)]) == 2

@@ -27,7 +27,7 @@ def find_images(root: str | Path) -> list[Path]:
     `Path.rglob` before Python 3.13 skips them; a link back to a folder it lies in is not entered again."""
     root = Path(root)
     if not root.is_dir():
-        raise InputError(f"image folder not found: {root}")
+        raise InputError(f"{root} is a file, not a folder of images" if root.exists() else f"image folder not found: {root}")
     files = []
     above = {str(root): {os.path.realpath(root)}}  # each folder still to walk -> the real paths of it and its parents
     for folder, subfolders, names in os.walk(root, followlinks=True):
