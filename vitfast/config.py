@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import numbers
 import types
@@ -507,13 +508,18 @@ _OWN_CHECKS = ("img_size", "out_indices")  # `_validate` says what their int-or-
 def _check_types(config: ViTConfig) -> None:
     """Each field of the type it is declared with (a `--config` JSON's `"mean": 0.5` or `"labels": "l.txt"`): a
     `ConfigError` naming the field, the type and the value, not a crash later or a string read as a list of characters."""
-    hints = typing.get_type_hints(ViTConfig)
+    hints = _field_types()
     for f in dataclasses.fields(ViTConfig):
         value = getattr(config, f.name)
         if f.name not in _OWN_CHECKS and not _fits(value, hints[f.name]):
             hint = " (a labels file goes in --labels FILE)" if f.name == "labels" and isinstance(value, str) else ""
             name = f" {config.name!r}" if isinstance(config.name, str) else ""
             raise ConfigError(f"invalid ViTConfig{name}: {f.name} must be {_describe(hints[f.name])}, got {value!r}{hint}")
+
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(ViTConfig)  # evaluated once: every config made (each `replace`) is checked
 
 
 def _fits(value: Any, hint: Any) -> bool:
