@@ -240,3 +240,18 @@ def test_cli_runtime_flags_reach_the_engine_or_are_refused(exported, tmp_path):
     assert wrong.returncode == 2 and "use --backend openvino (or auto)" in wrong.stderr and "Traceback" not in wrong.stderr
     bad_streams = run("serve", fp32, "--ov-streams", "0")
     assert bad_streams.returncode == 2 and "--ov-streams" in bad_streams.stderr
+
+
+def test_a_signal_after_two_engines_were_freed_is_handled_not_a_crash(exported):
+    """Each engine made its own openvino.Core: with two Cores' compiled models freed (a bench's fp16 and fp32 rows), the
+    next signal Python handled crashed the process with SIGSEGV in OpenVINO's threads. One Core per process now."""
+    script = (
+        "import gc, os, signal, sys, torch\n"
+        "from vitfast.runtime import load_engine\n"
+        "engines = [load_engine(sys.argv[1], backend='openvino') for _ in range(2)]\n"
+        "for e in engines:\n    e(torch.randn(2, 3, 112, 112))\n"
+        "del engines, e\ngc.collect()\n"
+        "try:\n    os.kill(os.getpid(), signal.SIGINT)\nexcept KeyboardInterrupt:\n    print('handled')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(exported[1])], capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout) == (0, "handled\n"), done.stderr[-2000:]

@@ -85,9 +85,9 @@ def detect_platform(backends: list[str]) -> Platform:
     ov_reason = None if importlib.util.find_spec("openvino") else "OpenVINO is not installed: pip install 'vitfast[openvino]'"
     ov_capabilities = ()
     if "openvino" in backends and ov_reason is None:
-        import openvino
+        from vitfast.runtime.openvino_engine import openvino_core
 
-        ov_capabilities = tuple(openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+        ov_capabilities = tuple(openvino_core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
     return Platform(
         cuda=torch.cuda.is_available(),
         triton_interpret=os.environ.get("TRITON_INTERPRET") == "1",

@@ -12,6 +12,7 @@ batch is split across that many infer requests running at once, each on its own 
 
 from __future__ import annotations
 
+import functools
 import threading
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,14 @@ def require_openvino():
     except ImportError:
         raise BackendUnavailable("the openvino backend needs OpenVINO: pip install 'vitfast[openvino]'") from None
     return openvino
+
+
+@functools.cache
+def openvino_core():
+    """The process's one `openvino.Core`, as OpenVINO advises. Each engine made its own: with two Cores' compiled models
+    freed (a bench's fp16 and fp32 rows), the next signal Python handles (Ctrl-C, SIGTERM) crashed the process in
+    OpenVINO 2026.4's threads (SIGSEGV; tests/test_openvino.py)."""
+    return require_openvino().Core()
 
 
 def compile_properties(*, threads: int | None = None, streams: int | str | None = None, hint: str | None = None,
@@ -90,7 +99,7 @@ class OpenVinoEngine(Engine):
         self.properties = compile_properties(threads=threads, streams=streams, hint=hint, properties=properties)
         if path.suffix.lower() == ".onnx":  # refused before OpenVINO's parser logs protobuf errors on stderr
             read_graph_io(path, output_rank=None, output=output)  # (an OpenVINO IR .xml with a sidecar loads too)
-        core = ov.Core()
+        core = openvino_core()
         try:
             self.compiled = core.compile_model(core.read_model(str(path)), device.upper(), self.properties)
         except RuntimeError as exc:  # OpenVINO reports unreadable models and bad properties as RuntimeError
