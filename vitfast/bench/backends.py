@@ -26,6 +26,7 @@ from vitfast.data import find_images, random_images
 from vitfast.errors import ArtifactError, BackendUnavailable, InputError
 from vitfast.foreign import is_onnx_artifact, read_graph_io, resolve_onnx_path
 from vitfast.info import library_version
+from vitfast.runtime.openvino_engine import openvino_core
 from vitfast.export import quantize_int8, to_onnx
 from vitfast.export.artifacts import read_sidecar, sidecar_path
 from vitfast.export.tensorrt import require_tensorrt
@@ -85,8 +86,6 @@ def detect_platform(backends: list[str]) -> Platform:
     ov_reason = None if importlib.util.find_spec("openvino") else "OpenVINO is not installed: pip install 'vitfast[openvino]'"
     ov_capabilities = ()
     if "openvino" in backends and ov_reason is None:
-        from vitfast.runtime.openvino_engine import openvino_core
-
         ov_capabilities = tuple(openvino_core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
     return Platform(
         cuda=torch.cuda.is_available(),
