@@ -37,7 +37,7 @@ def rank_layers(int8_path: Path, fp32_path: Path, images: np.ndarray, op_types: 
     """Every `op_types` node of the QDQ graph `int8_path` whose inputs are quantized, most sensitive first
     (least error left when it alone runs in float). `fp32_path`: the float graph it was quantized from (its
     weights are restored from there). `images`: float32 [n, C, H, W] inputs of both graphs. `workdir`: an empty
-    scratch folder for the graphs measured. `modules`: {node name: module path} (`module_paths`).
+    scratch folder for the graphs measured. `modules`: {node name: module path} (`scopes.module_paths`).
 
     Each measured graph is a file whose weights stay in one external file written once, so only the changed
     node and its restored fp32 weight are written per layer, and graphs over protobuf's 2 GiB cap (ViT-H and
@@ -69,21 +69,6 @@ def quantized_layers(graph, op_types: list[str]) -> list[tuple]:
     `rank_layers` measures."""
     producers = {out: n for n in graph.node for out in n.output}
     return [(node, sources) for node in graph.node if node.op_type in op_types and (sources := _dequantized_inputs(producers, node))]
-
-
-def module_paths(path: Path) -> dict[str, str]:
-    """{node name: the PyTorch module it was exported from} as torch.onnx records it in node metadata `namespace`
-    (".../blocks.2.mlp.fc2: torch.nn.modules.linear.Linear/linear_11: aten.linear.default"). ONNX Runtime's graph
-    preparation drops it, so it is read from the exported file. Empty for graphs without it."""
-    import onnx
-
-    found = {}
-    for node in onnx.load(str(path), load_external_data=False).graph.node:
-        scope = next((p.value for p in node.metadata_props if p.key == "namespace"), "")
-        modules = [part.split(":", 1)[0].strip() for part in scope.split("/")[:-1]]  # "path: class" parts; the last is the op
-        if modules and modules[-1]:
-            found[node.name] = modules[-1]
-    return found
 
 
 def _run(path: Path, images: np.ndarray, ort) -> np.ndarray:

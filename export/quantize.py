@@ -37,10 +37,11 @@ from vitfast.progress import Reporter, reporting
 from vitfast.atomic import claim_output, temporaries_in
 
 from .artifacts import made_from, read_sidecar, warn_if_parity_failed, write_sidecar
-from .int8_sensitivity import module_paths, quantized_layers, rank_layers
+from .int8_sensitivity import quantized_layers, rank_layers
 from .kl_threshold import kl_threshold
 from .onnx_export import require_onnx
 from .qkv_split import write_split_qkv
+from .scopes import keep_scopes, module_paths, node_scopes
 
 METHODS = ("minmax", "entropy", "percentile")
 TARGETS = ("tensorrt", "openvino", "cpu")
@@ -193,7 +194,7 @@ def _kl_range(hist: np.ndarray, edges: np.ndarray, low, high) -> dict:
 
 def nodes_to_exclude(model_path: Path, patterns: Iterable[str], modules: dict[str, str]) -> list[str]:
     """Names of the nodes whose name, or the module path it was exported from (`modules`: {node name: module path},
-    `module_paths`), matches any shell-style pattern (e.g. 'node_Conv_2*', '*attn*' or 'patch_embed.backbone.*')."""
+    `scopes.module_paths`), matches any shell-style pattern (e.g. 'node_Conv_2*', '*attn*' or 'patch_embed.backbone.*')."""
     import onnx
 
     patterns = list(patterns)
@@ -210,29 +211,6 @@ def nodes_to_exclude(model_path: Path, patterns: Iterable[str], modules: dict[st
 
 
 EXTERNAL_DATA_BYTES = 1.8 * 2**30  # graphs this large keep their weights in an external file: protobuf caps a file at 2 GiB
-
-
-def node_namespaces(path: Path) -> dict[str, str]:
-    """{node name: torch.onnx's `namespace` metadata} of the graph at `path`: the module path each node came from."""
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False).graph
-    return {n.name: p.value for n in graph.node for p in n.metadata_props if p.key == "namespace"}
-
-
-def keep_namespaces(path: Path, namespaces: dict[str, str]) -> None:
-    """Give the quantized graph's nodes back the `namespace` metadata ONNX Runtime's preparation and quantizer drop (by
-    node name, which they keep): TensorRT's build finds an RMSNorm's elementary ops by it to keep them in fp32."""
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)  # the weights stay where they are; only the graph is rewritten
-    restored = 0
-    for node in model.graph.node:
-        if node.name in namespaces and not any(p.key == "namespace" for p in node.metadata_props):
-            node.metadata_props.add(key="namespace", value=namespaces[node.name])
-            restored += 1
-    if restored:
-        onnx.save(model, str(path))
 
 
 def stored_bytes(path: Path) -> int:
@@ -320,7 +298,8 @@ def quantize_int8(
     if meta.get("precision") != "fp32":
         raise ArtifactError(f"{onnx_path} is {meta.get('precision')}; quantize an fp32 ONNX export")
     config = ViTConfig.from_dict(meta["config"])
-    exclude, modules = list(exclude), module_paths(onnx_path)
+    exclude, scopes = list(exclude), node_scopes(onnx_path)
+    modules = module_paths(scopes)
     nodes_to_exclude(onnx_path, exclude, modules)  # a typo is told now, not after the calibration
     data, held_out = split_calibration(calibration, config, samples=samples)
     n_samples = sum(len(b) for b in data)
@@ -360,10 +339,11 @@ def quantize_int8(
                 extra_options=extra,
                 use_external_data_format=large,
             )  # fmt: skip
-            keep_namespaces(tmp, namespaces)
+            keep_scopes(tmp, scopes)
 
-        modules = modules if source == onnx_path else modules | module_paths(source)
-        namespaces = node_namespaces(onnx_path) | (node_namespaces(source) if source != onnx_path else {})
+        if source != onnx_path:  # the split-qkv graph's new nodes
+            scopes |= node_scopes(source)
+            modules = module_paths(scopes)
         excluded = nodes_to_exclude(prepared, exclude, modules)  # preparing drops the module paths: read from the source
         quantize(excluded)
         kept = None

@@ -39,6 +39,7 @@ from vitfast.atomic import SIDECAR_SUFFIX, atomic_write, check_output_free, clai
 
 from .artifacts import base_metadata, made_from, parse_batch, write_sidecar
 from .engine_source import EngineSource, check_graph_precision, engine_source
+from .scopes import graph_scopes, innermost_module
 
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0) and newer
 TENSORRT_MAJOR = 10
@@ -130,17 +131,15 @@ def normalization_layer_names(onnx_path: str | os.PathLike) -> list[str]:
     import onnx
 
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    scopes = graph_scopes(graph)
     norms = [n for n in graph.node if n.op_type == "LayerNormalization"]
-    norms += [n for n in graph.node if n.op_type not in ("Cast", "Constant") and _is_rmsnorm_op(n)]
+    norms += [n for n in graph.node if n.op_type not in ("Cast", "Constant") and _from_rmsnorm(scopes.get(n.name, ""))]
     return list(dict.fromkeys(n.name or f"node_of_{n.output[0]}" for n in norms))
 
 
-def _is_rmsnorm_op(node) -> bool:
-    """Whether torch.onnx's node metadata `namespace` ("...blocks.0.norm1: torch.nn.modules.normalization.RMSNorm/pow_1:
-    aten.pow.Tensor_Scalar") says the node came from an RMSNorm module (its innermost module; the last part is the op)."""
-    scope = next((p.value for p in node.metadata_props if p.key == "namespace"), "")
-    modules = scope.split("/")[:-1]
-    return bool(modules) and modules[-1].rsplit(".", 1)[-1].strip().lower().endswith("rmsnorm")
+def _from_rmsnorm(scope: str) -> bool:
+    """Whether a node's `namespace` says it came from an RMSNorm module (its innermost one; `scopes.innermost_module`)."""
+    return innermost_module(scope)[1].lower().endswith("rmsnorm")
 
 
 def _trtexec_fp32_layers(names: list[str]) -> list[str]:

@@ -73,19 +73,29 @@ def check_beside(path: Path, names: list[str], force: bool) -> None:
     if there and not force:
         raise OutputError(f"{there[0]} already exists; pass --force to overwrite it, or choose another output path")
     side = path.parent / (path.name + SIDECAR_SUFFIX)
-    try:
-        old = json.loads(side.read_text()) if there else None
-    except (OSError, ValueError):
-        old = None
-    files = old.get("files") if isinstance(old, dict) else None
-    records = [r for r in files if isinstance(r, dict)] if isinstance(files, list) else []
+    old = _old_sidecar(path) if there else None
     # a file's sidecar records it (under the name it was written as: a renamed pair keeps it); a repository's says its kind
-    ours = any(r.get("role") == "artifact" for r in records) or (isinstance(old, dict) and old.get("kind") == "triton-repository")
-    recorded = {r.get("name") for r in records if r.get("role") == "external-data"}
+    ours = bool(_recorded(old, "artifact")) or (old or {}).get("kind") == "triton-repository"
+    recorded = {r.get("name") for r in _recorded(old, "external-data")}
     for file in there:
         if file.is_symlink() or not (ours if file == side else ours and file.name in recorded):
             whose = "a vitfast sidecar" if file == side else f"a file {side.name} records as vitfast's"
             raise OutputError(f"{file} is not {whose}, so --force will not replace it; move it away or choose another output path")
+
+
+def _old_sidecar(path: Path) -> dict | None:
+    """The JSON object in `path`'s sidecar; None where there is none, or it is no JSON object (not one vitfast wrote)."""
+    try:
+        old = json.loads(Path(str(path) + SIDECAR_SUFFIX).read_text())
+    except (OSError, ValueError):
+        return None
+    return old if isinstance(old, dict) else None
+
+
+def _recorded(sidecar: dict | None, role: str) -> list[dict]:
+    """The `files` records of `sidecar` (`vitfast.export.artifacts`) with this role ("artifact", "external-data")."""
+    files = sidecar.get("files") if sidecar else None
+    return [r for r in files if isinstance(r, dict) and r.get("role") == role] if isinstance(files, list) else []
 
 
 def is_empty_folder(path: Path) -> bool:
@@ -159,14 +169,8 @@ class Claim:
         """The old output's companions (`PATH.data` weights) that the new output does not bring: an fp32 graph over 2 GiB
         re-exported as fp16, inline, left its `.data` behind, which a Triton repository then copied. Only files the
         old sidecar records as its output's external data, still of the recorded size: never a file of someone else's."""
-        try:
-            records = json.loads(Path(str(self.path) + SIDECAR_SUFFIX).read_text()).get("files") or []
-        except (OSError, ValueError, AttributeError):  # no sidecar, or not one vitfast wrote: nothing is known to be ours
-            return []
         stale = []
-        for record in records if isinstance(records, list) else []:
-            if not isinstance(record, dict) or record.get("role") != "external-data":
-                continue
+        for record in _recorded(_old_sidecar(self.path), "external-data"):  # none without a sidecar vitfast wrote
             name = record.get("name")
             old = self.path.parent / name if isinstance(name, str) and name == Path(name).name else None
             if old and not (staged / name).exists() and old.is_file() and not old.is_symlink() and old.stat().st_size == record.get("size"):

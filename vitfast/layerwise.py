@@ -59,11 +59,13 @@ class MarkedGraph:
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(Path(engine.path).parent))
         self.session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         self.names = [o.name for o in self.session.get_outputs() if o.name in self.order]
+        returned = set(self.names)
+        self.tensors = [n for n in self.order if n in returned]  # what a call returns, in node order
         self.feed = engine.feed
 
     def __call__(self, x: torch.Tensor) -> dict[str, np.ndarray]:
         values = dict(zip(self.names, self.session.run(self.names, self.feed(x))))
-        return {n: values[n] for n in self.order if n in values}
+        return {n: values[n] for n in self.tensors}
 
 
 def match_tensors(names_a: list[str], names_b: set[str], ops_a: dict[str, str] | None = None,
@@ -156,11 +158,12 @@ def compare_layers(engine_a, engine_b, images, precision: str, *, atol: float | 
             raise InputError(f"--mark-all compares two ONNX graphs in ONNX Runtime; {engine.path} is a {engine.kind} artifact{fix}")
     runs = layer_runs(images, engine_a, engine_b)
     graph_a, graph_b = MarkedGraph(engine_a), MarkedGraph(engine_b)
+    pairs = match_tensors(graph_a.tensors, set(graph_b.tensors), graph_a.order, graph_b.order)  # the same for every run
     errors: dict[tuple[str, str], TensorError] = {}  # in A's node order
     for part in runs:
         x = engine_a.prepare(part)
         out_a, out_b = graph_a(x), graph_b(x)
-        for pair in match_tensors(list(out_a), set(out_b), graph_a.order, graph_b.order):
+        for pair in pairs:
             a, b = out_a[pair[0]], out_b[pair[1]]
             if a.shape == b.shape:  # else the same name means another thing (a re-laid-out tensor): nothing to compare
                 errors.setdefault(pair, TensorError()).add(a, b)

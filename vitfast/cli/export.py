@@ -49,6 +49,13 @@ INT8_FLAGS = ("calib_dir", "calib_method", "calib_samples", "int8_target", "excl
 TENSORRT_FLAGS = ("workspace", "opt_level", "timing_cache", "no_fp32_layernorm")
 
 
+def _fill_defaults(args: argparse.Namespace) -> None:
+    """The `DEFAULTS` of the flags not given, once `_given` has been asked about them."""
+    for dest, default in DEFAULTS.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
+
+
 def _given(args: argparse.Namespace, dests: tuple[str, ...]) -> list[str]:
     """The flags of `dests` given on the command line (`--exclude` with no pattern too)."""
     return ["--" + dest.replace("_", "-") for dest in dests if getattr(args, dest) not in (None, False)]
@@ -68,8 +75,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if unused:
         raise InputError(f"{', '.join(unused)} {'configures' if len(unused) == 1 else 'configure'} int8 calibration; this export "
                          f"is {args.precision}: add --precision int8 or drop {'it' if len(unused) == 1 else 'them'}")  # fmt: skip
-    for dest, default in DEFAULTS.items():
-        setattr(args, dest, default if getattr(args, dest) is None else getattr(args, dest))
+    _fill_defaults(args)
     if args.precision == "fp8":
         raise InputError("--precision fp8 builds a TensorRT engine from an fp8 Q/DQ graph another tool made (NVIDIA ModelOpt): "
                          "pass it with --onnx PATH --format trt")  # fmt: skip
@@ -106,8 +112,7 @@ def _engine_from_onnx(args: argparse.Namespace, batch: tuple[int, int, int]) -> 
     if given:
         raise InputError(f"{', '.join(given)} set vitfast's own ONNX export and int8 calibration; --onnx takes the graph as it is "
                          "(quantize it with its own tool, e.g. ModelOpt): drop them")  # fmt: skip
-    for dest, default in DEFAULTS.items():
-        setattr(args, dest, default if getattr(args, dest) is None else getattr(args, dest))
+    _fill_defaults(args)
     overrides = config_overrides(args) | ({"img_size": args.img_size} if args.img_size else {})
     fixed = [k for k in overrides if k not in FOREIGN_FIELDS]
     if fixed:
@@ -460,8 +465,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="fp32", choices=EXPORT_PRECISIONS,
                    help="fp8 (and int8 without --calib-dir): from a Q/DQ graph given with --onnx")
     p.add_argument("--calib-dir", help="calibration images (searched recursively) for int8")
-    p.add_argument("--calib-method", choices=["minmax", "entropy", "percentile"], help="int8 calibration method (default minmax)")
-    p.add_argument("--calib-samples", type=positive_int, help="calibration images to use (default 256)")
+    p.add_argument("--calib-method", choices=["minmax", "entropy", "percentile"], help=f"int8 calibration method (default {DEFAULTS['calib_method']})")
+    p.add_argument("--calib-samples", type=positive_int, help=f"calibration images to use (default {DEFAULTS['calib_samples']})")
     p.add_argument("--int8-target", choices=["tensorrt", "openvino", "cpu"],
                    help="QDQ form: TensorRT's symmetric int8 (default), the same with q/k/v split (fastest in OpenVINO, slower in ONNX Runtime), "
                         "or ONNX Runtime CPU's uint8 activations")  # fmt: skip
@@ -473,8 +478,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", default="1:8:32", help="MIN:OPT:MAX batch profile (default 1:8:32)")
     p.add_argument("--img-size", type=positive_int, help="export at this resolution (position embeddings resized)")
     p.add_argument("--opset", type=positive_int, default=18, help="ONNX opset (default 18; 17 is the oldest with LayerNormalization)")
-    p.add_argument("--workspace", type=positive_float, help="TensorRT workspace limit in GiB (default 4)")
-    p.add_argument("--opt-level", type=int_in(0, 5), help="TensorRT builder optimization level 0-5 (default 3)")
+    p.add_argument("--workspace", type=positive_float, help=f"TensorRT workspace limit in GiB (default {DEFAULTS['workspace']:g})")
+    p.add_argument("--opt-level", type=int_in(0, 5), help=f"TensorRT builder optimization level 0-5 (default {DEFAULTS['opt_level']})")
     p.add_argument("--timing-cache", help="TensorRT timing cache file, reused across builds")
     p.add_argument("--no-fp32-layernorm", action="store_true", help="let TensorRT pick the precision of the norm layers: LayerNorm's input and output may become fp16 (its statistics "
                         "stay fp32), RMSNorm's ops too (its x^2 overflows fp16 past |x| 256)")
